@@ -1,0 +1,68 @@
+//! The command line (DESIGN.md §2): every flag has an environment twin.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+use crate::rules::FailureMode;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "tokenbucket-rls",
+    version,
+    about = "Envoy rate-limit service with token buckets"
+)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    #[command(flatten)]
+    pub serve: ServeArgs,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Load and validate rules as the server would; print every error as `FILE: message`.
+    CheckConfig {
+        /// A rules file or a directory of *.yaml / *.yml files.
+        path: PathBuf,
+        /// One domain may span several files.
+        #[arg(long, env = "RLS_MERGE_DOMAINS")]
+        merge_domains: bool,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum StoreKind {
+    /// Buckets in this process's memory.
+    Memory,
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct ServeArgs {
+    /// Rules: a file, or a directory of *.yaml / *.yml files.
+    #[arg(long, env = "RLS_CONFIG", default_value = "config")]
+    pub config: PathBuf,
+    /// Where ShouldRateLimit is served.
+    #[arg(long, env = "RLS_GRPC_ADDR", default_value = "0.0.0.0:8081")]
+    pub grpc_addr: SocketAddr,
+    /// Where /healthz, /readyz and /config are served.
+    #[arg(long, env = "RLS_ADMIN_ADDR", default_value = "0.0.0.0:8080")]
+    pub admin_addr: SocketAddr,
+    /// Where buckets live.
+    #[arg(long, env = "RLS_STORE", value_enum, default_value = "memory")]
+    pub store: StoreKind,
+    /// What rules without their own `failure_mode` do when the store fails.
+    #[arg(long, env = "RLS_FAILURE_MODE", value_enum, default_value = "open")]
+    pub failure_mode: FailureMode,
+    /// Expected replicas: the `local` failure mode gives each B/N and r/N.
+    #[arg(long, env = "RLS_INSTANCES", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub instances: u32,
+    /// Add RateLimit-Limit / RateLimit-Remaining / RateLimit-Reset to every answer.
+    #[arg(long, env = "RLS_RESPONSE_HEADERS")]
+    pub response_headers: bool,
+    /// One domain may span several files.
+    #[arg(long, env = "RLS_MERGE_DOMAINS")]
+    pub merge_domains: bool,
+}

@@ -1,0 +1,412 @@
+//! The token-bucket arithmetic, as pure functions of (parameters, state, now, cost).
+//!
+//! A bucket holds up to `capacity` (B) tokens and refills continuously at
+//! `r = tokens_per_unit / unit` tokens per second:
+//! `tokens = min(B, tokens + r * elapsed)`. A request of cost `c` is admitted
+//! when `tokens >= c` and then deducts `c`; otherwise it is rejected and told to
+//! retry after `ceil((c - tokens) / r)` seconds. `r = 0` rejects everything and
+//! `c > B` can never be admitted: both with no retry time.
+//!
+//! This file is the one Rust copy of the arithmetic; `store/redis/bucket.lua`
+//! is the other, and the shared case table in `tests/bucket_cases.rs` checks
+//! that both give the same answers. Time is in microseconds and never goes
+//! backwards as far as a bucket is concerned: an earlier "now" adds no tokens.
+
+/// Tolerance for float comparisons, so that 0.1 s at 10/s refills exactly one token.
+pub const EPSILON: f64 = 1e-9;
+
+/// The parameters of one bucket, straight from a rule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct BucketParams {
+    /// B: the most tokens the bucket holds (the burst).
+    pub capacity: u64,
+    /// Tokens added per `unit_secs`.
+    pub tokens_per_unit: u64,
+    /// Length of the rule's unit in seconds (1 for `second`, 60 for `minute`, …).
+    pub unit_secs: u64,
+}
+
+/// What a bucket remembers between decisions.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BucketState {
+    /// Tokens in the bucket at `updated_micros`, possibly fractional.
+    pub tokens: f64,
+    /// When `tokens` was last computed.
+    pub updated_micros: u64,
+}
+
+/// How much a request spends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cost {
+    /// Spend this many tokens when admitted.
+    Spend(u64),
+    /// Answer as if spending one token, but deduct nothing (`hits_addend: 0`).
+    Check,
+}
+
+impl Cost {
+    /// Tokens that must be present for the request to be admitted.
+    pub fn needed(self) -> u64 {
+        match self {
+            Cost::Spend(n) => n,
+            Cost::Check => 1,
+        }
+    }
+
+    /// Tokens taken out of the bucket when admitted.
+    pub fn deducted(self) -> u64 {
+        match self {
+            Cost::Spend(n) => n,
+            Cost::Check => 0,
+        }
+    }
+}
+
+/// The answer of one bucket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BucketOutcome {
+    pub admitted: bool,
+    /// Whole tokens left after this decision.
+    pub remaining: u64,
+    /// For a rejection that waiting can cure: whole seconds until it would be admitted.
+    pub retry_after_secs: Option<u64>,
+    /// Whole seconds until the bucket is full again (0 when full).
+    pub full_in_secs: u64,
+    /// Why a rejection can never be cured by waiting, if that is the case.
+    pub never: Option<NeverReason>,
+}
+
+/// A rejection no amount of waiting fixes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NeverReason {
+    /// `requests_per_unit: 0`: the rule blocks everything.
+    ZeroRate,
+    /// The cost is larger than the bucket can ever hold.
+    CostAboveCapacity,
+}
+
+impl BucketParams {
+    /// Refill rate in tokens per second.
+    pub fn rate_per_sec(&self) -> f64 {
+        if self.unit_secs == 0 {
+            return 0.0;
+        }
+        self.tokens_per_unit as f64 / self.unit_secs as f64
+    }
+
+    /// Tokens added over `elapsed_micros`; the same expression as the Lua script.
+    fn refill_amount(&self, elapsed_micros: u64) -> f64 {
+        elapsed_micros as f64 * self.tokens_per_unit as f64 / (self.unit_secs as f64 * 1e6)
+    }
+
+    /// The state brought up to `now`: a missing bucket is full; time that went
+    /// backwards adds nothing and does not move the timestamp back.
+    pub fn refill(&self, state: Option<BucketState>, now_micros: u64) -> BucketState {
+        let capacity = self.capacity as f64;
+        match state {
+            None => BucketState {
+                tokens: capacity,
+                updated_micros: now_micros,
+            },
+            Some(s) if now_micros <= s.updated_micros => BucketState {
+                tokens: s.tokens.min(capacity),
+                updated_micros: s.updated_micros,
+            },
+            Some(s) => BucketState {
+                tokens: (s.tokens + self.refill_amount(now_micros - s.updated_micros))
+                    .min(capacity),
+                updated_micros: now_micros,
+            },
+        }
+    }
+
+    /// Whether `cost` fits into a bucket holding `tokens` (already refilled).
+    fn verdict(&self, tokens: f64, cost: Cost) -> Result<(), Rejection> {
+        if self.tokens_per_unit == 0 || self.unit_secs == 0 {
+            return Err(Rejection::Never(NeverReason::ZeroRate));
+        }
+        let needed = cost.needed();
+        if needed > self.capacity {
+            return Err(Rejection::Never(NeverReason::CostAboveCapacity));
+        }
+        if tokens + EPSILON >= needed as f64 {
+            Ok(())
+        } else {
+            let secs = ((needed as f64 - tokens) / self.rate_per_sec() - EPSILON).ceil();
+            Err(Rejection::Wait(secs.max(1.0) as u64))
+        }
+    }
+
+    /// Whole seconds until a bucket holding `tokens` is full.
+    fn full_in_secs(&self, tokens: f64) -> u64 {
+        let missing = self.capacity as f64 - tokens;
+        let rate = self.rate_per_sec();
+        if missing <= EPSILON || rate <= 0.0 {
+            0
+        } else {
+            (missing / rate - EPSILON).ceil().max(0.0) as u64
+        }
+    }
+
+    /// When a bucket in `state` will be full again; after that it can be
+    /// forgotten, because a missing bucket is a full one. `None`: never refills.
+    pub fn full_at_micros(&self, state: &BucketState) -> Option<u64> {
+        let missing = self.capacity as f64 - state.tokens;
+        if missing <= EPSILON {
+            return Some(state.updated_micros);
+        }
+        if self.tokens_per_unit == 0 || self.unit_secs == 0 {
+            return None;
+        }
+        let micros = (missing * self.unit_secs as f64 * 1e6 / self.tokens_per_unit as f64).ceil();
+        Some(state.updated_micros.saturating_add(micros as u64))
+    }
+}
+
+enum Rejection {
+    Wait(u64),
+    Never(NeverReason),
+}
+
+fn whole_tokens(tokens: f64) -> u64 {
+    (tokens + EPSILON).floor().max(0.0) as u64
+}
+
+/// Decides one request against several buckets together (a descriptor with
+/// `limits`): it is admitted only if every bucket admits it, and then every
+/// bucket pays; if any rejects, none is charged.
+///
+/// `states[i]` is bucket `i`'s stored state (`None` for a bucket never seen or
+/// forgotten). Returns the states to store and one outcome per bucket.
+pub fn decide(
+    params: &[BucketParams],
+    states: &[Option<BucketState>],
+    now_micros: u64,
+    cost: Cost,
+) -> (Vec<BucketState>, Vec<BucketOutcome>) {
+    debug_assert_eq!(params.len(), states.len());
+    let mut refilled: Vec<BucketState> = params
+        .iter()
+        .zip(states)
+        .map(|(p, s)| p.refill(*s, now_micros))
+        .collect();
+    let verdicts: Vec<Result<(), Rejection>> = params
+        .iter()
+        .zip(&refilled)
+        .map(|(p, s)| p.verdict(s.tokens, cost))
+        .collect();
+    let admitted = verdicts.iter().all(Result::is_ok);
+    if admitted {
+        for state in &mut refilled {
+            state.tokens = (state.tokens - cost.deducted() as f64).max(0.0);
+        }
+    }
+    let outcomes = params
+        .iter()
+        .zip(&refilled)
+        .zip(verdicts)
+        .map(|((p, s), verdict)| {
+            let (retry_after_secs, never) = match verdict {
+                Ok(()) => (None, None),
+                Err(Rejection::Wait(secs)) => (Some(secs), None),
+                Err(Rejection::Never(reason)) => (None, Some(reason)),
+            };
+            BucketOutcome {
+                admitted,
+                remaining: if never == Some(NeverReason::ZeroRate) {
+                    0
+                } else {
+                    whole_tokens(s.tokens)
+                },
+                retry_after_secs: if admitted { None } else { retry_after_secs },
+                full_in_secs: p.full_in_secs(s.tokens),
+                never,
+            }
+        })
+        .collect();
+    (refilled, outcomes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SEC: u64 = 1_000_000;
+
+    fn per_second(capacity: u64, rate: u64) -> BucketParams {
+        BucketParams {
+            capacity,
+            tokens_per_unit: rate,
+            unit_secs: 1,
+        }
+    }
+
+    fn one(
+        p: BucketParams,
+        s: Option<BucketState>,
+        now: u64,
+        cost: Cost,
+    ) -> (BucketState, BucketOutcome) {
+        let (states, outcomes) = decide(&[p], &[s], now, cost);
+        (states[0], outcomes[0])
+    }
+
+    #[test]
+    fn new_bucket_starts_full_and_spends() {
+        let (s, o) = one(per_second(10, 1), None, SEC, Cost::Spend(3));
+        assert!(o.admitted);
+        assert_eq!(o.remaining, 7);
+        assert_eq!(s.tokens, 7.0);
+        assert_eq!(o.full_in_secs, 3);
+    }
+
+    #[test]
+    fn drains_then_rejects_with_retry_after() {
+        let p = per_second(5, 2);
+        let mut state = None;
+        for i in 0..5 {
+            let (s, o) = one(p, state, SEC, Cost::Spend(1));
+            assert!(o.admitted, "request {i}");
+            state = Some(s);
+        }
+        let (_, o) = one(p, state, SEC, Cost::Spend(1));
+        assert!(!o.admitted);
+        assert_eq!(o.remaining, 0);
+        // one token at 2/s takes 0.5 s: rounded up to whole seconds
+        assert_eq!(o.retry_after_secs, Some(1));
+        let (_, o) = one(p, state, SEC, Cost::Spend(5));
+        assert_eq!(o.retry_after_secs, Some(3)); // 5 tokens at 2/s = 2.5 s
+    }
+
+    #[test]
+    fn refill_is_capped_at_capacity() {
+        let p = per_second(10, 100);
+        let start = Some(BucketState {
+            tokens: 0.0,
+            updated_micros: SEC,
+        });
+        let s = p.refill(start, SEC + 60 * SEC);
+        assert_eq!(s.tokens, 10.0);
+        let s = p.refill(start, SEC + SEC / 20); // 50 ms at 100/s
+        assert!((s.tokens - 5.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn fractional_tokens_accumulate() {
+        let p = per_second(1, 10);
+        let empty = Some(BucketState {
+            tokens: 0.0,
+            updated_micros: 0,
+        });
+        let (_, o) = one(p, empty, SEC / 20, Cost::Spend(1));
+        assert!(!o.admitted, "0.5 token is not enough");
+        let (_, o) = one(p, empty, SEC / 10, Cost::Spend(1));
+        assert!(o.admitted, "0.1 s at 10/s is exactly one token");
+    }
+
+    #[test]
+    fn cost_above_capacity_is_never_admitted() {
+        let (s, o) = one(per_second(5, 5), None, SEC, Cost::Spend(6));
+        assert!(!o.admitted);
+        assert_eq!(o.retry_after_secs, None);
+        assert_eq!(o.never, Some(NeverReason::CostAboveCapacity));
+        assert_eq!(s.tokens, 5.0, "nothing deducted");
+        assert_eq!(o.remaining, 5);
+    }
+
+    #[test]
+    fn zero_rate_rejects_everything_without_retry() {
+        let p = BucketParams {
+            capacity: 0,
+            tokens_per_unit: 0,
+            unit_secs: 1,
+        };
+        let (_, o) = one(p, None, SEC, Cost::Spend(1));
+        assert!(!o.admitted);
+        assert_eq!(o.retry_after_secs, None);
+        assert_eq!(o.never, Some(NeverReason::ZeroRate));
+        let with_burst = BucketParams { capacity: 10, ..p };
+        let (_, o) = one(with_burst, None, SEC, Cost::Spend(1));
+        assert!(!o.admitted, "r = 0 rejects even with a burst");
+        assert_eq!(o.remaining, 0);
+    }
+
+    #[test]
+    fn time_going_backwards_adds_nothing() {
+        let p = per_second(10, 10);
+        let state = Some(BucketState {
+            tokens: 2.0,
+            updated_micros: 100 * SEC,
+        });
+        let s = p.refill(state, 50 * SEC);
+        assert_eq!(s.tokens, 2.0);
+        assert_eq!(s.updated_micros, 100 * SEC, "timestamp never moves back");
+        // and the refill afterwards counts from the later time only
+        let s = p.refill(Some(s), 100 * SEC + SEC / 10);
+        assert!((s.tokens - 3.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn check_deducts_nothing_but_answers() {
+        let p = per_second(2, 1);
+        let (s, o) = one(p, None, SEC, Cost::Check);
+        assert!(o.admitted);
+        assert_eq!(s.tokens, 2.0);
+        let empty = Some(BucketState {
+            tokens: 0.2,
+            updated_micros: SEC,
+        });
+        let (_, o) = one(p, empty, SEC, Cost::Check);
+        assert!(!o.admitted);
+        assert_eq!(o.retry_after_secs, Some(1));
+    }
+
+    #[test]
+    fn several_buckets_all_or_nothing() {
+        let burst = per_second(5, 5);
+        let hourly = BucketParams {
+            capacity: 2,
+            tokens_per_unit: 2,
+            unit_secs: 3600,
+        };
+        let params = [burst, hourly];
+        let (states, outcomes) = decide(&params, &[None, None], SEC, Cost::Spend(2));
+        assert!(outcomes.iter().all(|o| o.admitted));
+        let stored: Vec<_> = states.into_iter().map(Some).collect();
+        let (after, outcomes) = decide(&params, &stored, SEC, Cost::Spend(1));
+        assert!(outcomes.iter().all(|o| !o.admitted), "hourly is empty");
+        assert_eq!(after[0].tokens, 3.0, "the burst bucket was not charged");
+        assert_eq!(outcomes[1].retry_after_secs, Some(1800));
+        assert_eq!(outcomes[0].retry_after_secs, None, "burst bucket had room");
+    }
+
+    #[test]
+    fn full_at_tells_when_a_bucket_can_be_forgotten() {
+        let p = per_second(10, 2);
+        let s = BucketState {
+            tokens: 4.0,
+            updated_micros: SEC,
+        };
+        assert_eq!(p.full_at_micros(&s), Some(4 * SEC));
+        let zero = BucketParams {
+            tokens_per_unit: 0,
+            ..p
+        };
+        assert_eq!(zero.full_at_micros(&s), None);
+    }
+
+    #[test]
+    fn long_units_use_exact_lengths() {
+        let yearly = BucketParams {
+            capacity: 365,
+            tokens_per_unit: 365,
+            unit_secs: 365 * 86_400,
+        };
+        let empty = Some(BucketState {
+            tokens: 0.0,
+            updated_micros: 0,
+        });
+        let s = yearly.refill(empty, 86_400 * SEC);
+        assert!((s.tokens - 1.0).abs() < 1e-9, "one day refills one token");
+    }
+}

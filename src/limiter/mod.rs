@@ -1,0 +1,383 @@
+//! Decisions: from matched rules to one verdict per descriptor.
+//!
+//! For each request descriptor the limiter finds its rule (or the request's
+//! own limit override), drops limits that another matched limit `replaces`,
+//! asks the store to decide that descriptor's buckets, and turns the bucket
+//! outcomes into a [`Decision`]. When the store fails, the rule's
+//! [`FailureMode`] answers instead.
+
+pub mod bucket;
+pub mod key;
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use futures::future::join_all;
+
+use crate::clock::MonotonicClock;
+use crate::rules::{
+    BucketValue, DescriptorEntry, FailureMode, Limit, Rule, RuleAction, RuleSet, Unit,
+};
+use crate::store::memory::MemoryStore;
+use crate::store::{BucketRef, DescriptorBuckets, Store, StoreError};
+use bucket::{BucketOutcome, BucketParams, Cost};
+use key::KeyOrigin;
+
+/// One descriptor of a request, as the limiter needs it.
+#[derive(Debug)]
+pub struct DescriptorInput<'a, E> {
+    pub entries: &'a [E],
+    pub cost: Cost,
+    /// `RateLimitDescriptor.limit`: requests per unit, sent by Envoy.
+    pub limit_override: Option<(u32, Unit)>,
+}
+
+/// What happened to one descriptor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Admitted by its buckets.
+    Ok,
+    OverLimit,
+    /// Over the limit, but the rule is in shadow mode: answered OK.
+    Shadow,
+    /// Over the limit, but the rule is in quota mode: answered OK and reported.
+    QuotaExceeded,
+    Unlimited,
+    /// No rule applies (or its only limits were replaced).
+    NoRule,
+    /// The store failed and the rule fails open: answered OK.
+    FailedOpen,
+}
+
+impl Verdict {
+    /// The `result` label of `rls_decisions_total`.
+    pub fn result_label(self) -> &'static str {
+        match self {
+            Verdict::Ok | Verdict::FailedOpen => "ok",
+            Verdict::OverLimit | Verdict::QuotaExceeded => "over_limit",
+            Verdict::Shadow => "shadow",
+            Verdict::Unlimited => "unlimited",
+            Verdict::NoRule => "no_rule",
+        }
+    }
+
+    pub fn is_over_limit(self) -> bool {
+        self == Verdict::OverLimit
+    }
+}
+
+/// The limit reported back to Envoy as `current_limit`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShownLimit {
+    pub name: String,
+    pub requests_per_unit: u32,
+    pub unit: Unit,
+}
+
+/// The answer for one descriptor.
+#[derive(Debug, Clone)]
+pub struct Decision {
+    pub verdict: Verdict,
+    pub limit: Option<ShownLimit>,
+    /// Whole tokens left in the deciding bucket.
+    pub remaining: u64,
+    /// OVER_LIMIT: seconds until a retry can pass (`None`: never, e.g. r = 0);
+    /// OK: seconds until the bucket is full again.
+    pub reset_secs: Option<u64>,
+    /// The rule that decided, for metrics and logs.
+    pub rule: Option<Arc<Rule>>,
+}
+
+impl Decision {
+    fn without_limit(verdict: Verdict, rule: Option<Arc<Rule>>) -> Self {
+        Self {
+            verdict,
+            limit: None,
+            remaining: 0,
+            reset_secs: None,
+            rule,
+        }
+    }
+}
+
+/// A store failure that the rule's failure mode turns into a failed call.
+#[derive(Debug, thiserror::Error)]
+#[error("rate limit store unavailable for a fail-closed rule: {0}")]
+pub struct Unavailable(pub StoreError);
+
+/// What a descriptor will be decided by, before any store call.
+enum Plan<'a> {
+    Done(Decision),
+    Buckets {
+        rule: Option<&'a Arc<Rule>>,
+        limits: Vec<LimitRef<'a>>,
+        buckets: DescriptorBuckets,
+        cost: Cost,
+    },
+}
+
+/// A limit taken from a rule, or made from a request override.
+enum LimitRef<'a> {
+    Rule(&'a Limit),
+    Override(u32, Unit),
+}
+
+impl LimitRef<'_> {
+    fn shown(&self) -> ShownLimit {
+        match self {
+            LimitRef::Rule(l) => ShownLimit {
+                name: l.name.clone().unwrap_or_default(),
+                requests_per_unit: l.requests_per_unit,
+                unit: l.unit,
+            },
+            LimitRef::Override(rpu, unit) => ShownLimit {
+                name: String::new(),
+                requests_per_unit: *rpu,
+                unit: *unit,
+            },
+        }
+    }
+}
+
+/// Turns requests into decisions against a store.
+pub struct Limiter {
+    store: Arc<dyn Store>,
+    default_failure_mode: FailureMode,
+    /// Decides for `local` rules while the store is failing: B/N and r/N.
+    local: MemoryStore<MonotonicClock>,
+    instances: u32,
+}
+
+impl Limiter {
+    pub fn new(store: Arc<dyn Store>, default_failure_mode: FailureMode, instances: u32) -> Self {
+        Self {
+            store,
+            default_failure_mode,
+            local: MemoryStore::new(MonotonicClock::new()),
+            instances: instances.max(1),
+        }
+    }
+
+    pub fn store_name(&self) -> &'static str {
+        self.store.name()
+    }
+
+    /// Decides every descriptor of one request. Each descriptor is decided on
+    /// its own (one may spend while another rejects), as in Envoy's reference
+    /// service; the buckets of one descriptor are decided together.
+    pub async fn decide<E: DescriptorEntry>(
+        &self,
+        rules: &RuleSet,
+        domain: &str,
+        descriptors: &[DescriptorInput<'_, E>],
+    ) -> Result<Vec<Decision>, Unavailable> {
+        let plans = plan(rules, domain, descriptors);
+        if let [only] = plans.as_slice() {
+            return Ok(vec![self.decide_plan(only).await?]);
+        }
+        join_all(plans.iter().map(|p| self.decide_plan(p)))
+            .await
+            .into_iter()
+            .collect()
+    }
+
+    async fn decide_plan(&self, plan: &Plan<'_>) -> Result<Decision, Unavailable> {
+        match plan {
+            Plan::Done(decision) => Ok(decision.clone()),
+            Plan::Buckets {
+                rule,
+                limits,
+                buckets,
+                cost,
+            } => match self.store.decide(buckets, *cost).await {
+                Ok(outcomes) => Ok(decision_from(*rule, limits, &outcomes)),
+                Err(e) => self.on_store_error(*rule, limits, buckets, *cost, e),
+            },
+        }
+    }
+
+    fn on_store_error(
+        &self,
+        rule: Option<&Arc<Rule>>,
+        limits: &[LimitRef<'_>],
+        buckets: &DescriptorBuckets,
+        cost: Cost,
+        error: StoreError,
+    ) -> Result<Decision, Unavailable> {
+        let mode = rule
+            .and_then(|r| r.failure_mode)
+            .unwrap_or(self.default_failure_mode);
+        match mode {
+            FailureMode::Open => Ok(Decision::without_limit(Verdict::FailedOpen, rule.cloned())),
+            FailureMode::Closed => Err(Unavailable(error)),
+            FailureMode::Local => {
+                let n = u64::from(self.instances);
+                let share = DescriptorBuckets {
+                    tag: buckets.tag.clone(),
+                    buckets: buckets
+                        .buckets
+                        .iter()
+                        .map(|b| BucketRef {
+                            key: b.key.clone(),
+                            params: BucketParams {
+                                capacity: b.params.capacity / n,
+                                tokens_per_unit: b.params.tokens_per_unit,
+                                unit_secs: b.params.unit_secs * n,
+                            },
+                        })
+                        .collect(),
+                };
+                let outcomes = self.local.decide_now(&share, cost);
+                Ok(decision_from(rule, limits, &outcomes))
+            }
+        }
+    }
+}
+
+/// Works out, without any I/O, what each descriptor will be decided by.
+fn plan<'a, E: DescriptorEntry>(
+    rules: &'a RuleSet,
+    domain: &str,
+    descriptors: &'a [DescriptorInput<'a, E>],
+) -> Vec<Plan<'a>> {
+    let known_domain = rules.has_domain(domain);
+    let matches: Vec<_> = descriptors
+        .iter()
+        .map(|d| {
+            if d.limit_override.is_some() && known_domain {
+                None
+            } else {
+                rules.lookup(domain, d.entries)
+            }
+        })
+        .collect();
+
+    // A limit named in another matched limit's `replaces` is dropped.
+    let replaced: HashSet<&str> = matches
+        .iter()
+        .flatten()
+        .filter_map(|m| match &m.rule.action {
+            RuleAction::Limited(limits) => Some(limits),
+            RuleAction::Unlimited { .. } => None,
+        })
+        .flatten()
+        .flat_map(|l| l.replaces.iter().map(String::as_str))
+        .collect();
+
+    descriptors
+        .iter()
+        .zip(matches)
+        .map(|(d, m)| {
+            if let (Some((rpu, unit)), true) = (d.limit_override, known_domain) {
+                let tag = key::descriptor_tag(
+                    KeyOrigin::Override,
+                    domain,
+                    d.entries
+                        .iter()
+                        .map(|e| (e.key(), BucketValue::Value(e.value()))),
+                );
+                let params = BucketParams {
+                    capacity: u64::from(rpu),
+                    tokens_per_unit: u64::from(rpu),
+                    unit_secs: unit.seconds(),
+                };
+                return Plan::Buckets {
+                    rule: None,
+                    limits: vec![LimitRef::Override(rpu, unit)],
+                    buckets: DescriptorBuckets {
+                        buckets: vec![BucketRef {
+                            key: key::bucket_key(&tag, "override"),
+                            params,
+                        }],
+                        tag,
+                    },
+                    cost: d.cost,
+                };
+            }
+            let Some(m) = m else {
+                return Plan::Done(Decision::without_limit(Verdict::NoRule, None));
+            };
+            let limits: Vec<&Limit> = match &m.rule.action {
+                RuleAction::Unlimited { .. } => {
+                    return Plan::Done(Decision {
+                        remaining: u64::from(u32::MAX),
+                        ..Decision::without_limit(Verdict::Unlimited, Some(m.rule.clone()))
+                    })
+                }
+                RuleAction::Limited(limits) => limits
+                    .iter()
+                    .filter(|l| l.name.as_deref().is_none_or(|n| !replaced.contains(n)))
+                    .collect(),
+            };
+            if limits.is_empty() {
+                return Plan::Done(Decision::without_limit(
+                    Verdict::NoRule,
+                    Some(m.rule.clone()),
+                ));
+            }
+            let tag = key::descriptor_tag(
+                KeyOrigin::Rule,
+                domain,
+                d.entries
+                    .iter()
+                    .map(|e| e.key())
+                    .zip(m.values.iter().copied()),
+            );
+            let buckets = limits
+                .iter()
+                .map(|l| BucketRef {
+                    key: key::bucket_key(&tag, &l.bucket_id),
+                    params: l.params,
+                })
+                .collect();
+            Plan::Buckets {
+                rule: Some(m.rule),
+                limits: limits.into_iter().map(LimitRef::Rule).collect(),
+                buckets: DescriptorBuckets { tag, buckets },
+                cost: d.cost,
+            }
+        })
+        .collect()
+}
+
+/// Picks the bucket that speaks for the descriptor: the one that rejected
+/// (the longest wait first), else the one with the fewest tokens left.
+fn decision_from(
+    rule: Option<&Arc<Rule>>,
+    limits: &[LimitRef<'_>],
+    outcomes: &[BucketOutcome],
+) -> Decision {
+    let admitted = outcomes.iter().all(|o| o.admitted);
+    let speaker = if admitted {
+        outcomes.iter().enumerate().min_by_key(|(_, o)| o.remaining)
+    } else {
+        outcomes
+            .iter()
+            .enumerate()
+            .filter(|(_, o)| o.retry_after_secs.is_some() || o.never.is_some())
+            .max_by_key(|(_, o)| (o.never.is_some(), o.retry_after_secs))
+    };
+    let Some((i, outcome)) = speaker else {
+        return Decision::without_limit(Verdict::NoRule, rule.cloned());
+    };
+    let verdict = match (admitted, rule) {
+        (true, _) => Verdict::Ok,
+        (false, Some(r)) if r.shadow_mode => Verdict::Shadow,
+        (false, Some(r)) if r.quota_mode => Verdict::QuotaExceeded,
+        (false, _) => Verdict::OverLimit,
+    };
+    Decision {
+        verdict,
+        limit: limits.get(i).map(LimitRef::shown),
+        remaining: outcome.remaining,
+        reset_secs: if admitted {
+            Some(outcome.full_in_secs)
+        } else {
+            outcome.retry_after_secs
+        },
+        rule: rule.cloned(),
+    }
+}
+
+#[cfg(test)]
+mod tests;

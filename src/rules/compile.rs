@@ -1,0 +1,319 @@
+//! Validation and compilation of parsed rule files into the matcher tree.
+//!
+//! Everything the YAML types cannot express is checked here, and every
+//! problem is reported (not just the first) with its file and its place in
+//! the tree, e.g. `domain 'edge', descriptor tenant=acme > api_key: …`.
+
+use std::collections::HashSet;
+use std::path::Path;
+use std::sync::Arc;
+
+use super::error::{ConfigError, ConfigErrors};
+use super::matcher::{KeyBranch, Level, Limit, Node, Rule, RuleAction, WildcardNode};
+use super::schema::{DescriptorDoc, RateLimitDoc};
+use super::unit::{FailureMode, Unit};
+use super::wildcard::Wildcard;
+
+/// What a descriptor passes down to the ones nested in it.
+#[derive(Clone)]
+struct Scope<'a> {
+    file: &'a Path,
+    domain: &'a Arc<str>,
+    /// Human-readable place, for error messages.
+    place: String,
+    /// Config path, for the rule's metric label.
+    path: String,
+    failure_mode: Option<FailureMode>,
+    detailed_metric: bool,
+}
+
+impl Scope<'_> {
+    fn error(&self, errors: &mut ConfigErrors, message: impl AsRef<str>) {
+        errors.push(ConfigError::new(
+            self.file,
+            format!("{}: {}", self.place, message.as_ref()),
+        ));
+    }
+}
+
+/// Compiles the top-level descriptors of one domain, which may come from
+/// several files (with `--merge-domains`), into `root`.
+pub(super) fn compile_top_level(
+    root: &mut Level,
+    domain: &Arc<str>,
+    file: &Path,
+    docs: &[DescriptorDoc],
+    errors: &mut ConfigErrors,
+) {
+    let scope = Scope {
+        file,
+        domain,
+        place: format!("domain '{domain}'"),
+        path: String::new(),
+        failure_mode: None,
+        detailed_metric: false,
+    };
+    compile_level(root, &scope, docs, errors);
+}
+
+fn compile_level(
+    level: &mut Level,
+    scope: &Scope<'_>,
+    docs: &[DescriptorDoc],
+    errors: &mut ConfigErrors,
+) {
+    for (i, doc) in docs.iter().enumerate() {
+        let key = match doc.key.as_deref() {
+            Some(k) if !k.is_empty() => k,
+            _ => {
+                let value = doc
+                    .value
+                    .as_deref()
+                    .map(|v| format!(" (value '{v}')"))
+                    .unwrap_or_default();
+                scope.error(
+                    errors,
+                    format!("descriptors[{i}]{value}: `key` is missing or empty; every descriptor needs a key"),
+                );
+                continue;
+            }
+        };
+        let value = doc.value.as_deref().filter(|v| !v.is_empty());
+        let label = match value {
+            Some(v) => format!("{key}={v}"),
+            None => key.to_string(),
+        };
+        let here = Scope {
+            place: format!("{}, descriptor {label}", scope.place),
+            path: match (scope.path.is_empty(), value) {
+                (true, Some(v)) => format!("{key}_{v}"),
+                (true, None) => key.to_string(),
+                (false, Some(v)) => format!("{}.{key}_{v}", scope.path),
+                (false, None) => format!("{}.{key}", scope.path),
+            },
+            ..scope.clone()
+        };
+        let here = match doc
+            .failure_mode
+            .as_deref()
+            .map(|m| (m, FailureMode::parse(m)))
+        {
+            None => here,
+            Some((_, Some(mode))) => Scope {
+                failure_mode: Some(mode),
+                ..here
+            },
+            Some((raw, None)) => {
+                here.error(
+                    errors,
+                    format!("failure_mode '{raw}' is not one of {}", FailureMode::NAMES),
+                );
+                here
+            }
+        };
+        let here = Scope {
+            detailed_metric: here.detailed_metric || doc.detailed_metric,
+            ..here
+        };
+
+        let mut node = Node {
+            rule: compile_rule(&here, doc, errors).map(Arc::new),
+            ..Node::default()
+        };
+        if let Some(children) = &doc.descriptors {
+            compile_level(&mut node.children, &here, children, errors);
+        }
+
+        let branch: &mut KeyBranch = level.keys.entry(key.to_string()).or_default();
+        let duplicate = match value {
+            None if branch.default.is_some() => true,
+            None => {
+                branch.default = Some(node);
+                false
+            }
+            Some(v) => match Wildcard::parse(v) {
+                Some(pattern) => {
+                    if branch.wildcards.iter().any(|w| w.pattern == pattern) {
+                        true
+                    } else {
+                        branch.wildcards.push(WildcardNode {
+                            pattern,
+                            share_threshold: doc.share_threshold,
+                            node,
+                        });
+                        false
+                    }
+                }
+                None if branch.exact.contains_key(v) => true,
+                None => {
+                    branch.exact.insert(v.to_string(), node);
+                    false
+                }
+            },
+        };
+        if duplicate {
+            here.error(
+                errors,
+                "defined twice at the same level (each key/value pair may appear once per level)",
+            );
+        }
+    }
+}
+
+fn compile_rule(scope: &Scope<'_>, doc: &DescriptorDoc, errors: &mut ConfigErrors) -> Option<Rule> {
+    let action = match (&doc.rate_limit, &doc.limits) {
+        (Some(_), Some(_)) => {
+            scope.error(
+                errors,
+                "`rate_limit` and `limits` cannot both be set; put every bucket under `limits`",
+            );
+            return None;
+        }
+        (None, None) => return None,
+        (Some(rl), None) if rl.unlimited => {
+            if rl.unit.is_some() || rl.requests_per_unit.is_some() || rl.burst.is_some() {
+                scope.error(
+                    errors,
+                    "rate_limit has `unlimited: true` and also a unit, requests_per_unit or burst; an unlimited rule has none",
+                );
+                return None;
+            }
+            check_replaces(scope, "rate_limit", rl, errors);
+            RuleAction::Unlimited {
+                name: rl.name.clone(),
+            }
+        }
+        (Some(rl), None) => {
+            RuleAction::Limited(vec![compile_limit(scope, "rate_limit", rl, "0", errors)?])
+        }
+        (None, Some(limits)) => {
+            if limits.is_empty() {
+                scope.error(
+                    errors,
+                    "`limits` is empty; list at least one limit or remove it",
+                );
+                return None;
+            }
+            let mut seen = HashSet::new();
+            let mut compiled = Vec::with_capacity(limits.len());
+            for (i, rl) in limits.iter().enumerate() {
+                let at = format!("limits[{i}]");
+                if rl.unlimited {
+                    scope.error(
+                        errors,
+                        format!("{at}: `unlimited` belongs in `rate_limit`, not in `limits`"),
+                    );
+                    continue;
+                }
+                if let Some(name) = &rl.name {
+                    if !seen.insert(name.clone()) {
+                        scope.error(
+                            errors,
+                            format!("{at}: the name '{name}' is used by two limits"),
+                        );
+                        continue;
+                    }
+                }
+                let bucket_id = rl.name.clone().unwrap_or_else(|| format!("#{i}"));
+                if let Some(limit) = compile_limit(scope, &at, rl, &bucket_id, errors) {
+                    compiled.push(limit);
+                }
+            }
+            if compiled.len() != limits.len() {
+                return None;
+            }
+            RuleAction::Limited(compiled)
+        }
+    };
+    Some(Rule {
+        domain: scope.domain.clone(),
+        path: scope.path.clone(),
+        source: scope.file.to_path_buf(),
+        action,
+        shadow_mode: doc.shadow_mode,
+        quota_mode: doc.quota_mode,
+        detailed_metric: scope.detailed_metric,
+        value_to_metric: doc.value_to_metric,
+        failure_mode: scope.failure_mode,
+    })
+}
+
+fn compile_limit(
+    scope: &Scope<'_>,
+    at: &str,
+    rl: &RateLimitDoc,
+    bucket_id: &str,
+    errors: &mut ConfigErrors,
+) -> Option<Limit> {
+    let unit = match rl.unit.as_deref() {
+        None => {
+            scope.error(
+                errors,
+                format!("{at}: `unit` is missing; use one of {}", Unit::NAMES),
+            );
+            None
+        }
+        Some(raw) => {
+            let unit = Unit::parse(raw);
+            if unit.is_none() {
+                scope.error(
+                    errors,
+                    format!("{at}: unit '{raw}' is not one of {}", Unit::NAMES),
+                );
+            }
+            unit
+        }
+    };
+    // As in envoyproxy/ratelimit, a missing requests_per_unit is 0: block everything.
+    let requests_per_unit = rl.requests_per_unit.unwrap_or(0);
+    let burst = match rl.burst {
+        Some(0) => {
+            scope.error(
+                errors,
+                format!("{at}: burst is 0, so no request could ever pass; use requests_per_unit: 0 to block, or a burst of at least 1"),
+            );
+            return None;
+        }
+        Some(b) => b,
+        None => requests_per_unit,
+    };
+    let replaces = check_replaces(scope, at, rl, errors)?;
+    Some(Limit::new(
+        rl.name.clone(),
+        unit?,
+        requests_per_unit,
+        burst,
+        replaces,
+        bucket_id.to_string(),
+    ))
+}
+
+fn check_replaces(
+    scope: &Scope<'_>,
+    at: &str,
+    rl: &RateLimitDoc,
+    errors: &mut ConfigErrors,
+) -> Option<Vec<String>> {
+    let mut names = Vec::new();
+    let mut ok = true;
+    for (i, r) in rl.replaces.iter().flatten().enumerate() {
+        match r.name.as_deref() {
+            None | Some("") => {
+                scope.error(
+                    errors,
+                    format!("{at}.replaces[{i}]: `name` is missing or empty; name the limit being replaced"),
+                );
+                ok = false;
+            }
+            Some(name) if Some(name) == rl.name.as_deref() => {
+                scope.error(
+                    errors,
+                    format!("{at}.replaces[{i}]: the limit '{name}' replaces itself"),
+                );
+                ok = false;
+            }
+            Some(name) => names.push(name.to_string()),
+        }
+    }
+    ok.then_some(names)
+}

@@ -1,0 +1,149 @@
+//! Reading rules from disk: a single file, or every `*.yaml`/`*.yml` in a
+//! directory (symlinks followed, dot-entries such as Kubernetes' `..data`
+//! skipped), parsed, checked across files for domains, then compiled.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use super::compile::compile_top_level;
+use super::error::{ConfigError, ConfigErrors};
+use super::matcher::Level;
+use super::schema::RulesFile;
+use super::{Domain, LoadedFile, RuleSet};
+
+/// Knobs of one load.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LoadOptions {
+    /// One domain may span several files (`--merge-domains`).
+    pub merge_domains: bool,
+    /// Accept files with no YAML document at all. True at start-up; a reload
+    /// that sees an empty file is more likely looking at a half-written one.
+    pub allow_empty_files: bool,
+}
+
+/// The rule files a config path stands for, sorted by name.
+pub fn rule_files(path: &Path) -> Result<Vec<PathBuf>, ConfigErrors> {
+    let meta = fs::metadata(path).map_err(|e| one(path, format!("cannot read: {e}")))?;
+    if !meta.is_dir() {
+        return Ok(vec![path.to_path_buf()]);
+    }
+    let entries =
+        fs::read_dir(path).map_err(|e| one(path, format!("cannot list directory: {e}")))?;
+    let mut files = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|e| one(path, format!("cannot list directory: {e}")))?;
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with('.') || !(name.ends_with(".yaml") || name.ends_with(".yml")) {
+            continue;
+        }
+        let file = entry.path();
+        // Follow symlinks (ConfigMap files are links through `..data`).
+        if fs::metadata(&file).map(|m| m.is_file()).unwrap_or(false) {
+            files.push(file);
+        }
+    }
+    files.sort();
+    Ok(files)
+}
+
+/// Loads and compiles every rule file under `path`.
+pub fn load_path(path: &Path, opts: LoadOptions) -> Result<RuleSet, ConfigErrors> {
+    let mut errors = ConfigErrors::default();
+    let mut sources = Vec::new();
+    for file in rule_files(path)? {
+        match fs::read_to_string(&file) {
+            Ok(text) => sources.push((file, text)),
+            Err(e) => errors.push(ConfigError::new(&file, format!("cannot read: {e}"))),
+        }
+    }
+    if !errors.is_empty() {
+        return Err(errors);
+    }
+    load_sources(sources, opts)
+}
+
+/// Parses and compiles rule files given as (path, contents).
+pub fn load_sources(
+    sources: Vec<(PathBuf, String)>,
+    opts: LoadOptions,
+) -> Result<RuleSet, ConfigErrors> {
+    let mut errors = ConfigErrors::default();
+    let mut parsed: Vec<LoadedFile> = Vec::new();
+    for (path, text) in sources {
+        match serde_yaml::from_str::<Option<RulesFile>>(&text) {
+            Ok(Some(doc)) => parsed.push(LoadedFile { path, doc }),
+            Ok(None) if opts.allow_empty_files => {}
+            Ok(None) => errors.push(ConfigError::new(
+                &path,
+                "the file holds no rules (empty, or only comments); a file seen mid-write looks like this, so the change is not applied",
+            )),
+            Err(e) => errors.push(ConfigError::new(&path, format!("invalid YAML: {e}"))),
+        }
+    }
+
+    // Group files by domain, in file order.
+    let mut by_domain: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+    for (i, file) in parsed.iter().enumerate() {
+        let domain = file.doc.domain.as_deref().unwrap_or("");
+        if domain.is_empty() {
+            errors.push(ConfigError::new(
+                &file.path,
+                "`domain` is missing or empty; every rules file names its domain",
+            ));
+            continue;
+        }
+        match file.doc.descriptors {
+            None => errors.push(ConfigError::new(
+                &file.path,
+                format!("domain '{domain}': `descriptors` is missing; list the domain's descriptors (or write `descriptors: []`)"),
+            )),
+            Some(None) => errors.push(ConfigError::new(
+                &file.path,
+                format!("domain '{domain}': `descriptors:` is empty, as in a file cut short; list the descriptors, or write `descriptors: []` for a domain with no rules"),
+            )),
+            Some(Some(_)) => {}
+        }
+        let files = by_domain.entry(domain.to_string()).or_default();
+        if let (Some(&first), false) = (files.first(), opts.merge_domains) {
+            errors.push(ConfigError::new(
+                &file.path,
+                format!(
+                    "domain '{domain}' is already defined in {}; a domain lives in one file unless --merge-domains is set",
+                    parsed[first].path.display()
+                ),
+            ));
+        }
+        files.push(i);
+    }
+
+    let mut domains = HashMap::new();
+    for (name, files) in by_domain {
+        let name: Arc<str> = Arc::from(name.as_str());
+        let mut root = Level::default();
+        for &i in &files {
+            let file = &parsed[i];
+            if let Some(Some(docs)) = &file.doc.descriptors {
+                compile_top_level(&mut root, &name, &file.path, docs, &mut errors);
+            }
+        }
+        let files = files.iter().map(|&i| parsed[i].path.clone()).collect();
+        domains.insert(name.to_string(), Domain { name, root, files });
+    }
+
+    if errors.is_empty() {
+        Ok(RuleSet {
+            domains,
+            files: parsed,
+            generation: 0,
+        })
+    } else {
+        Err(errors)
+    }
+}
+
+fn one(path: &Path, message: String) -> ConfigErrors {
+    ConfigErrors(vec![ConfigError::new(path, message)])
+}

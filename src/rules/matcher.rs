@@ -1,0 +1,207 @@
+//! The compiled descriptor tree and its lookup.
+//!
+//! Each level maps a descriptor key to its branch: exact values in a hash map,
+//! `*` patterns in file order, and the key-only default. A request descriptor
+//! walks the tree entry by entry (exact, then patterns, then default) and the
+//! node reached by its last entry decides: its rule applies, or none does.
+//! A lookup is a couple of hash hits per entry plus the patterns of one key.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use serde::Serialize;
+
+use super::unit::{FailureMode, Unit};
+use super::wildcard::Wildcard;
+use crate::limiter::bucket::BucketParams;
+
+/// What a descriptor path leads to.
+#[derive(Debug, Serialize)]
+pub struct Rule {
+    pub domain: Arc<str>,
+    /// The descriptor path from the config (`tenant_acme.api_key`): the metric label
+    /// when the rule has no name; never holds a raw request value.
+    pub path: String,
+    pub source: PathBuf,
+    pub action: RuleAction,
+    pub shadow_mode: bool,
+    pub quota_mode: bool,
+    pub detailed_metric: bool,
+    pub value_to_metric: bool,
+    /// Own or inherited from an enclosing descriptor; `None`: the server default.
+    pub failure_mode: Option<FailureMode>,
+}
+
+impl Rule {
+    /// The label used for this rule in metrics: its (first) limit's name, else its path.
+    pub fn label(&self) -> &str {
+        match &self.action {
+            RuleAction::Limited(limits) => limits
+                .iter()
+                .find_map(|l| l.name.as_deref())
+                .unwrap_or(&self.path),
+            RuleAction::Unlimited { name } => name.as_deref().unwrap_or(&self.path),
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RuleAction {
+    Unlimited {
+        name: Option<String>,
+    },
+    /// One bucket per limit; all must admit (a single `rate_limit` is one limit).
+    Limited(Vec<Limit>),
+}
+
+/// One bucket's definition.
+#[derive(Debug, Clone, Serialize)]
+pub struct Limit {
+    pub name: Option<String>,
+    pub unit: Unit,
+    pub requests_per_unit: u32,
+    pub burst: u32,
+    pub replaces: Vec<String>,
+    /// Tells this bucket apart from the rule's other buckets in the store key.
+    pub bucket_id: String,
+    #[serde(skip)]
+    pub params: BucketParams,
+}
+
+impl Limit {
+    pub fn new(
+        name: Option<String>,
+        unit: Unit,
+        requests_per_unit: u32,
+        burst: u32,
+        replaces: Vec<String>,
+        bucket_id: String,
+    ) -> Self {
+        Self {
+            params: BucketParams {
+                capacity: u64::from(burst),
+                tokens_per_unit: u64::from(requests_per_unit),
+                unit_secs: unit.seconds(),
+            },
+            name,
+            unit,
+            requests_per_unit,
+            burst,
+            replaces,
+            bucket_id,
+        }
+    }
+}
+
+/// One level of the tree: the descriptors at one depth under one parent.
+#[derive(Debug, Default)]
+pub struct Level {
+    pub(super) keys: HashMap<String, KeyBranch>,
+}
+
+#[derive(Debug, Default)]
+pub(super) struct KeyBranch {
+    pub(super) exact: HashMap<String, Node>,
+    pub(super) wildcards: Vec<WildcardNode>,
+    pub(super) default: Option<Node>,
+}
+
+#[derive(Debug)]
+pub(super) struct WildcardNode {
+    pub(super) pattern: Wildcard,
+    pub(super) share_threshold: bool,
+    pub(super) node: Node,
+}
+
+#[derive(Debug, Default)]
+pub(super) struct Node {
+    pub(super) rule: Option<Arc<Rule>>,
+    pub(super) children: Level,
+}
+
+/// A request descriptor entry, as the matcher sees it.
+pub trait DescriptorEntry {
+    fn key(&self) -> &str;
+    fn value(&self) -> &str;
+}
+
+impl DescriptorEntry for (&str, &str) {
+    fn key(&self) -> &str {
+        self.0
+    }
+    fn value(&self) -> &str {
+        self.1
+    }
+}
+
+/// How one request entry contributes to the bucket's identity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BucketValue<'a> {
+    /// The request's own value: one bucket per distinct value.
+    Value(&'a str),
+    /// A `share_threshold` pattern: every matching value shares one bucket.
+    Shared(&'a str),
+}
+
+/// The rule a descriptor reached, and what names its bucket.
+#[derive(Debug)]
+pub struct Match<'a> {
+    pub rule: &'a Arc<Rule>,
+    pub values: Vec<BucketValue<'a>>,
+}
+
+impl Level {
+    /// Walks `entries` down the tree; `None` when no rule applies.
+    pub fn lookup<'a, E: DescriptorEntry>(&'a self, entries: &'a [E]) -> Option<Match<'a>> {
+        let mut level = self;
+        let mut values = Vec::with_capacity(entries.len());
+        let mut reached = None;
+        for entry in entries {
+            let branch = level.keys.get(entry.key())?;
+            let value = entry.value();
+            let node = if let Some(node) = branch.exact.get(value) {
+                values.push(BucketValue::Value(value));
+                node
+            } else if let Some(w) = branch.wildcards.iter().find(|w| w.pattern.matches(value)) {
+                values.push(if w.share_threshold {
+                    BucketValue::Shared(w.pattern.pattern())
+                } else {
+                    BucketValue::Value(value)
+                });
+                &w.node
+            } else {
+                values.push(BucketValue::Value(value));
+                branch.default.as_ref()?
+            };
+            reached = Some(node);
+            level = &node.children;
+        }
+        let rule = reached?.rule.as_ref()?;
+        Some(Match { rule, values })
+    }
+
+    /// Every rule in the tree, depth first in file order of keys' first appearance.
+    pub fn rules(&self) -> Vec<&Arc<Rule>> {
+        let mut out = Vec::new();
+        self.collect(&mut out);
+        out
+    }
+
+    fn collect<'a>(&'a self, out: &mut Vec<&'a Arc<Rule>>) {
+        for branch in self.keys.values() {
+            let nodes = branch
+                .exact
+                .values()
+                .chain(branch.wildcards.iter().map(|w| &w.node))
+                .chain(branch.default.iter());
+            for node in nodes {
+                if let Some(rule) = &node.rule {
+                    out.push(rule);
+                }
+                node.children.collect(out);
+            }
+        }
+    }
+}

@@ -1,0 +1,92 @@
+//! Rules: the YAML format, its validation, the compiled matcher, and loading.
+//!
+//! The request path asks a [`RuleSet`] which rule a descriptor reaches
+//! ([`RuleSet::lookup`]); everything else here exists to build one from files
+//! and to explain, file by file, why a file cannot be used.
+
+mod compile;
+pub mod error;
+pub mod loader;
+pub mod matcher;
+pub mod schema;
+pub mod unit;
+pub mod wildcard;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use serde::Serialize;
+
+pub use error::{ConfigError, ConfigErrors};
+pub use loader::{load_path, load_sources, rule_files, LoadOptions};
+pub use matcher::{BucketValue, DescriptorEntry, Limit, Match, Rule, RuleAction};
+pub use unit::{FailureMode, Unit};
+
+/// One domain's compiled tree and where it came from.
+#[derive(Debug)]
+pub struct Domain {
+    pub name: Arc<str>,
+    pub(crate) root: matcher::Level,
+    pub files: Vec<PathBuf>,
+}
+
+/// A parsed rules file, kept for `/config`.
+#[derive(Debug, Serialize)]
+pub struct LoadedFile {
+    pub path: PathBuf,
+    #[serde(flatten)]
+    pub doc: schema::RulesFile,
+}
+
+/// Every loaded domain: an immutable snapshot, swapped whole on reload.
+#[derive(Debug, Default)]
+pub struct RuleSet {
+    domains: HashMap<String, Domain>,
+    files: Vec<LoadedFile>,
+    generation: u64,
+}
+
+impl RuleSet {
+    /// The rule `entries` reach in `domain`, if any.
+    pub fn lookup<'a, E: DescriptorEntry>(
+        &'a self,
+        domain: &str,
+        entries: &'a [E],
+    ) -> Option<Match<'a>> {
+        self.domains.get(domain)?.root.lookup(entries)
+    }
+
+    pub fn has_domain(&self, domain: &str) -> bool {
+        self.domains.contains_key(domain)
+    }
+
+    pub fn domains(&self) -> impl Iterator<Item = &Domain> {
+        self.domains.values()
+    }
+
+    pub fn files(&self) -> &[LoadedFile] {
+        &self.files
+    }
+
+    /// Every compiled rule of a domain.
+    pub fn rules(&self, domain: &str) -> Vec<&Arc<Rule>> {
+        self.domains
+            .get(domain)
+            .map(|d| d.root.rules())
+            .unwrap_or_default()
+    }
+
+    /// Counts loads: 1 for the first, +1 for each reload that was applied.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    pub fn with_generation(mut self, generation: u64) -> Self {
+        self.generation = generation;
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,114 @@
+//! The YAML rule format as written by operators, before validation.
+//!
+//! A superset of envoyproxy/ratelimit's schema (see DESIGN.md §3). Every struct
+//! denies unknown fields, so `ratelimit:` for `rate_limit:` is an error with
+//! a line number instead of a rule that silently does nothing. Keys and values
+//! accept any YAML scalar (`value: 500` means the string "500"), as Go's YAML
+//! decoder does for envoyproxy/ratelimit.
+
+use serde::{Deserialize, Deserializer, Serialize};
+
+/// One rules file: one domain.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RulesFile {
+    #[serde(default, deserialize_with = "opt_scalar_string")]
+    pub domain: Option<String>,
+    /// Outer `None`: the field is absent; `Some(None)`: present but null.
+    #[serde(
+        default,
+        deserialize_with = "present_or_null",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub descriptors: Option<Option<Vec<DescriptorDoc>>>,
+}
+
+/// One node of the descriptor tree.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct DescriptorDoc {
+    #[serde(default, deserialize_with = "opt_scalar_string")]
+    pub key: Option<String>,
+    #[serde(
+        default,
+        deserialize_with = "opt_scalar_string",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub value: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_limit: Option<RateLimitDoc>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<Vec<RateLimitDoc>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub descriptors: Option<Vec<DescriptorDoc>>,
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub shadow_mode: bool,
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub quota_mode: bool,
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub detailed_metric: bool,
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub value_to_metric: bool,
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub share_threshold: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure_mode: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<serde_yaml::Value>,
+}
+
+/// A `rate_limit:` block, or one entry of `limits:`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RateLimitDoc {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unit: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requests_per_unit: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub burst: Option<u32>,
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub unlimited: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replaces: Option<Vec<ReplacesDoc>>,
+}
+
+/// One `replaces:` entry: the name of a limit this one supersedes.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReplacesDoc {
+    #[serde(default, deserialize_with = "opt_scalar_string")]
+    pub name: Option<String>,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+fn present_or_null<'de, D, T>(d: D) -> Result<Option<Option<T>>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    Option::<T>::deserialize(d).map(Some)
+}
+
+/// Any YAML scalar as a string; null as `None`; maps and lists are errors.
+fn opt_scalar_string<'de, D>(d: D) -> Result<Option<String>, D::Error>
+where
+    D: Deserializer<'de>,
+{
+    use serde::de::Error;
+    use serde_yaml::Value;
+    match Value::deserialize(d)? {
+        Value::Null => Ok(None),
+        Value::String(s) => Ok(Some(s)),
+        Value::Bool(b) => Ok(Some(b.to_string())),
+        Value::Number(n) => Ok(Some(n.to_string())),
+        Value::Sequence(_) => Err(D::Error::custom("expected a string, found a list")),
+        Value::Mapping(_) => Err(D::Error::custom("expected a string, found a map")),
+        Value::Tagged(_) => Err(D::Error::custom("expected a string, found a tagged value")),
+    }
+}

@@ -1,0 +1,277 @@
+//! Matcher and validation cases.
+
+use std::path::PathBuf;
+
+use super::*;
+
+fn load(yaml: &str) -> Result<RuleSet, ConfigErrors> {
+    load_sources(
+        vec![(PathBuf::from("rules.yaml"), yaml.to_string())],
+        LoadOptions::default(),
+    )
+}
+
+fn errors(yaml: &str) -> String {
+    match load(yaml) {
+        Ok(_) => panic!("expected an error for:\n{yaml}"),
+        Err(e) => e.to_string(),
+    }
+}
+
+/// The rule path reached by `entries`, or "-" for none.
+fn reach(rules: &RuleSet, domain: &str, entries: &[(&str, &str)]) -> String {
+    rules
+        .lookup(domain, entries)
+        .map(|m| m.rule.path.clone())
+        .unwrap_or_else(|| "-".into())
+}
+
+const BASIC: &str = r#"
+domain: test
+descriptors:
+  - key: key1
+    value: value1
+    descriptors:
+      - key: subkey1
+        rate_limit: {unit: second, requests_per_unit: 5}
+      - key: subkey1
+        value: subvalue1
+        rate_limit: {unit: second, requests_per_unit: 10}
+  - key: key2
+    rate_limit: {unit: minute, requests_per_unit: 20}
+  - key: key2
+    value: value2
+    rate_limit: {unit: minute, requests_per_unit: 30}
+  - key: key2
+    value: value3
+  - key: wild
+    value: foo*
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: wild
+    value: f*
+    share_threshold: true
+    rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: wild
+    value: foobar
+    rate_limit: {unit: minute, requests_per_unit: 3}
+"#;
+
+#[test]
+fn exact_then_wildcards_in_file_order_then_default() {
+    let r = load(BASIC).expect("valid");
+    assert_eq!(reach(&r, "test", &[("key2", "value2")]), "key2_value2");
+    assert_eq!(reach(&r, "test", &[("key2", "other")]), "key2");
+    assert_eq!(
+        reach(&r, "test", &[("key2", "value3")]),
+        "-",
+        "whitelisted value"
+    );
+    assert_eq!(reach(&r, "test", &[("wild", "foobar")]), "wild_foobar");
+    assert_eq!(reach(&r, "test", &[("wild", "foozle")]), "wild_foo*");
+    assert_eq!(reach(&r, "test", &[("wild", "fizz")]), "wild_f*");
+    assert_eq!(reach(&r, "test", &[("wild", "zzz")]), "-");
+}
+
+#[test]
+fn nested_descriptors_need_every_entry() {
+    let r = load(BASIC).expect("valid");
+    assert_eq!(
+        reach(&r, "test", &[("key1", "value1")]),
+        "-",
+        "no limit on the parent"
+    );
+    assert_eq!(
+        reach(&r, "test", &[("key1", "value1"), ("subkey1", "x")]),
+        "key1_value1.subkey1"
+    );
+    assert_eq!(
+        reach(&r, "test", &[("key1", "value1"), ("subkey1", "subvalue1")]),
+        "key1_value1.subkey1_subvalue1"
+    );
+    assert_eq!(
+        reach(&r, "test", &[("key1", "other"), ("subkey1", "x")]),
+        "-"
+    );
+    assert_eq!(
+        reach(
+            &r,
+            "test",
+            &[("key1", "value1"), ("subkey1", "x"), ("deeper", "y")]
+        ),
+        "-",
+        "an entry past the tree matches nothing"
+    );
+    assert_eq!(reach(&r, "other-domain", &[("key2", "x")]), "-");
+}
+
+#[test]
+fn share_threshold_names_the_bucket_by_pattern() {
+    let r = load(BASIC).expect("valid");
+    let entries = [("wild", "fizz")];
+    let m = r.lookup("test", &entries).expect("match");
+    assert_eq!(m.values, vec![BucketValue::Shared("f*")]);
+    let entries = [("wild", "foozle")];
+    let m = r.lookup("test", &entries).expect("match");
+    assert_eq!(m.values, vec![BucketValue::Value("foozle")]);
+}
+
+#[test]
+fn burst_defaults_to_requests_per_unit_and_limits_are_kept_in_order() {
+    let r = load(
+        r#"
+domain: d
+descriptors:
+  - key: path
+    value: /login
+    failure_mode: closed
+    limits:
+      - {unit: second, requests_per_unit: 5, burst: 20, name: login-burst}
+      - {unit: hour, requests_per_unit: 300}
+    descriptors:
+      - key: user
+        rate_limit: {unit: second, requests_per_unit: 1}
+"#,
+    )
+    .expect("valid");
+    let entries = [("path", "/login")];
+    let m = r.lookup("d", &entries).expect("match");
+    let RuleAction::Limited(limits) = &m.rule.action else {
+        panic!("limited")
+    };
+    assert_eq!(limits.len(), 2);
+    assert_eq!(
+        (limits[0].burst, limits[0].bucket_id.as_str()),
+        (20, "login-burst")
+    );
+    assert_eq!((limits[1].burst, limits[1].bucket_id.as_str()), (300, "#1"));
+    assert_eq!(limits[1].params.unit_secs, 3600);
+    assert_eq!(m.rule.failure_mode, Some(FailureMode::Closed));
+    let nested = [("path", "/login"), ("user", "u")];
+    let m = r.lookup("d", &nested).expect("match");
+    assert_eq!(m.rule.failure_mode, Some(FailureMode::Closed), "inherited");
+}
+
+#[test]
+fn scalar_values_are_strings() {
+    let r = load("domain: d\ndescriptors:\n  - key: status\n    value: 500\n    rate_limit: {unit: second, requests_per_unit: 1}\n")
+        .expect("valid");
+    assert_eq!(reach(&r, "d", &[("status", "500")]), "status_500");
+}
+
+#[test]
+fn validation_errors_name_file_place_and_problem() {
+    let cases: &[(&str, &str)] = &[
+        ("domain: d\ndescriptors:\n  - key: k\n    ratelimit: {unit: second}\n", "unknown field `ratelimit`"),
+        ("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requestsperunit: 1}\n", "unknown field `requestsperunit`"),
+        ("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n", "unit 'fortnight' is not one of"),
+        ("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {requests_per_unit: 1}\n", "`unit` is missing"),
+        ("domain: d\ndescriptors:\n  - value: v\n", "`key` is missing or empty"),
+        ("domain: d\ndescriptors:\n  - key: ''\n", "`key` is missing or empty"),
+        ("descriptors: []\n", "`domain` is missing or empty"),
+        ("domain: ''\ndescriptors: []\n", "`domain` is missing or empty"),
+        ("domain: d\ndescriptors:\n", "`descriptors:` is empty"),
+        ("domain: d\n", "`descriptors` is missing"),
+        ("domain: d\ndescriptors:\n  - key: k\n    value: v\n  - key: k\n    value: v\n", "descriptor k=v: defined twice"),
+        ("domain: d\ndescriptors:\n  - key: k\n  - key: k\n", "descriptor k: defined twice"),
+        ("domain: d\ndescriptors:\n  - key: k\n    value: a*\n  - key: k\n    value: a*\n", "defined twice"),
+        ("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unlimited: true, unit: day}\n", "`unlimited: true` and also a unit"),
+        ("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, burst: 0}\n", "burst is 0"),
+        ("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n    limits: [{unit: second, requests_per_unit: 1}]\n", "cannot both be set"),
+        ("domain: d\ndescriptors:\n  - key: k\n    limits: []\n", "`limits` is empty"),
+        ("domain: d\ndescriptors:\n  - key: k\n    limits: [{unlimited: true}]\n", "belongs in `rate_limit`"),
+        ("domain: d\ndescriptors:\n  - key: k\n    limits: [{name: a, unit: second, requests_per_unit: 1}, {name: a, unit: hour, requests_per_unit: 1}]\n", "used by two limits"),
+        ("domain: d\ndescriptors:\n  - key: k\n    failure_mode: sometimes\n", "failure_mode 'sometimes' is not one of open, closed, local"),
+        ("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {name: a, unit: second, requests_per_unit: 1, replaces: [{name: a}]}\n", "replaces itself"),
+        ("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, replaces: [{name: }]}\n", "`name` is missing or empty"),
+        ("domain: d\ndescriptors:\n  - a\n  - b\n", "invalid YAML"),
+        ("'''\n", "invalid YAML"),
+        ("0.25: d\ndescriptors: []\n", "invalid YAML"),
+        ("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: -1}\n", "invalid YAML"),
+    ];
+    for (yaml, expected) in cases {
+        let msg = errors(yaml);
+        assert!(msg.starts_with("rules.yaml: "), "names the file: {msg}");
+        assert!(
+            msg.contains(expected),
+            "expected {expected:?} in {msg:?}\nfor:\n{yaml}"
+        );
+    }
+}
+
+#[test]
+fn yaml_errors_carry_the_line() {
+    let msg = errors("domain: d\ndescriptors:\n  - key: k\n    ratelimit: {unit: second}\n");
+    assert!(msg.contains("line 4"), "{msg}");
+}
+
+#[test]
+fn all_errors_are_reported_not_just_the_first() {
+    let msg = errors(
+        "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: x}\n  - key: b\n    rate_limit: {unit: y}\n",
+    );
+    assert!(
+        msg.contains("unit 'x'") && msg.contains("unit 'y'"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn a_domain_in_two_files_needs_merge_domains() {
+    let one = "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1}\n";
+    let two = "domain: d\ndescriptors:\n  - key: b\n    rate_limit: {unit: second, requests_per_unit: 1}\n";
+    let sources = || {
+        vec![
+            (PathBuf::from("one.yaml"), one.to_string()),
+            (PathBuf::from("two.yaml"), two.to_string()),
+        ]
+    };
+    let err = load_sources(sources(), LoadOptions::default())
+        .expect_err("split domain")
+        .to_string();
+    assert!(
+        err.contains("two.yaml") && err.contains("one.yaml") && err.contains("--merge-domains"),
+        "{err}"
+    );
+    let merged = load_sources(
+        sources(),
+        LoadOptions {
+            merge_domains: true,
+            ..LoadOptions::default()
+        },
+    )
+    .expect("merged");
+    assert_eq!(reach(&merged, "d", &[("a", "x")]), "a");
+    assert_eq!(reach(&merged, "d", &[("b", "x")]), "b");
+    let clash = load_sources(
+        vec![
+            (PathBuf::from("one.yaml"), one.to_string()),
+            (PathBuf::from("again.yaml"), one.to_string()),
+        ],
+        LoadOptions {
+            merge_domains: true,
+            ..LoadOptions::default()
+        },
+    )
+    .expect_err("same key twice across merged files")
+    .to_string();
+    assert!(
+        clash.contains("again.yaml") && clash.contains("defined twice"),
+        "{clash}"
+    );
+}
+
+#[test]
+fn empty_files_only_when_allowed() {
+    let sources = || vec![(PathBuf::from("empty.yaml"), "# nothing yet\n".to_string())];
+    let err = load_sources(sources(), LoadOptions::default()).expect_err("empty");
+    assert!(err.to_string().contains("holds no rules"));
+    let ok = load_sources(
+        sources(),
+        LoadOptions {
+            allow_empty_files: true,
+            ..LoadOptions::default()
+        },
+    )
+    .expect("allowed");
+    assert_eq!(ok.domains().count(), 0);
+}

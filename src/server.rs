@@ -1,0 +1,157 @@
+//! Wiring: load the rules, build store → limiter → service, serve gRPC and
+//! admin HTTP until told to stop, then drain in-flight calls.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use arc_swap::ArcSwap;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::admin::{self, AdminState};
+use crate::cli::{ServeArgs, StoreKind};
+use crate::clock::MonotonicClock;
+use crate::limiter::Limiter;
+use crate::rules::{self, LoadOptions};
+use crate::service::{RateLimitGrpc, ResponseOptions, SharedRules};
+use crate::store::memory::MemoryStore;
+use crate::store::Store;
+
+/// A started server: its bound addresses and a way to stop it.
+pub struct RunningServer {
+    pub grpc_addr: SocketAddr,
+    pub admin_addr: SocketAddr,
+    pub rules: SharedRules,
+    stop: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<Result<()>>>,
+}
+
+impl RunningServer {
+    /// Stops accepting, lets in-flight calls finish, and waits for both servers.
+    pub async fn shutdown(self) -> Result<()> {
+        let _ = self.stop.send(true);
+        for task in self.tasks {
+            task.await.context("server task panicked")??;
+        }
+        Ok(())
+    }
+
+    /// Waits until either server stops on its own (an error) .
+    pub async fn wait(&mut self) -> Result<()> {
+        let (result, _, rest) = futures::future::select_all(self.tasks.drain(..)).await;
+        self.tasks = rest;
+        result.context("server task panicked")?
+    }
+}
+
+/// Loads the rules and starts serving on the configured addresses (port 0 picks one).
+pub async fn start(args: &ServeArgs) -> Result<RunningServer> {
+    let opts = LoadOptions {
+        merge_domains: args.merge_domains,
+        allow_empty_files: true,
+    };
+    let loaded = rules::load_path(&args.config, opts)
+        .map_err(|e| anyhow::anyhow!("cannot load rules from {}:\n{e}", args.config.display()))?;
+    if loaded.domains().count() == 0 {
+        tracing::warn!(config = %args.config.display(), "no rules loaded: every request will be answered OK");
+    }
+    let rules: SharedRules = Arc::new(ArcSwap::from_pointee(loaded.with_generation(1)));
+
+    let store: Arc<dyn Store> = match args.store {
+        StoreKind::Memory => {
+            let memory = Arc::new(MemoryStore::new(MonotonicClock::new()));
+            memory.spawn_sweeper(Duration::from_secs(1));
+            memory
+        }
+    };
+    let limiter = Arc::new(Limiter::new(store, args.failure_mode, args.instances));
+    let service = RateLimitGrpc::new(
+        rules.clone(),
+        limiter.clone(),
+        ResponseOptions {
+            rate_limit_headers: args.response_headers,
+        },
+    );
+
+    let grpc_listener = TcpListener::bind(args.grpc_addr)
+        .await
+        .with_context(|| format!("cannot listen for gRPC on {}", args.grpc_addr))?;
+    let admin_listener = TcpListener::bind(args.admin_addr)
+        .await
+        .with_context(|| format!("cannot listen for admin HTTP on {}", args.admin_addr))?;
+    let grpc_addr = grpc_listener.local_addr()?;
+    let admin_addr = admin_listener.local_addr()?;
+
+    let (stop, stopped) = watch::channel(false);
+    let until_stopped = |mut rx: watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+
+    let grpc = tonic::transport::Server::builder()
+        .add_service(RateLimitServiceServer::new(service))
+        .serve_with_incoming_shutdown(
+            tonic::transport::server::TcpIncoming::from(grpc_listener).with_nodelay(Some(true)),
+            until_stopped(stopped.clone()),
+        );
+    let admin = axum::serve(
+        admin_listener,
+        admin::router(AdminState {
+            rules: rules.clone(),
+            store: limiter.store_name(),
+        }),
+    )
+    .with_graceful_shutdown(until_stopped(stopped));
+
+    let tasks = vec![
+        tokio::spawn(async move { grpc.await.context("gRPC server failed") }),
+        tokio::spawn(async move { admin.await.context("admin server failed") }),
+    ];
+    tracing::info!(
+        version = env!("CARGO_PKG_VERSION"),
+        %grpc_addr,
+        %admin_addr,
+        store = limiter.store_name(),
+        generation = rules.load().generation(),
+        domains = rules.load().domains().count(),
+        "tokenbucket-rls serving"
+    );
+    Ok(RunningServer {
+        grpc_addr,
+        admin_addr,
+        rules,
+        stop,
+        tasks,
+    })
+}
+
+/// Serves until SIGTERM or SIGINT, then shuts down gracefully.
+pub async fn run(args: ServeArgs) -> Result<()> {
+    let mut server = start(&args).await?;
+    tokio::select! {
+        result = server.wait() => return result,
+        signal = shutdown_signal() => signal?,
+    }
+    tracing::info!("shutting down: draining in-flight calls");
+    server.shutdown().await
+}
+
+async fn shutdown_signal() -> Result<()> {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term = signal(SignalKind::terminate()).context("cannot watch SIGTERM")?;
+        tokio::select! {
+            r = tokio::signal::ctrl_c() => r.context("cannot watch SIGINT")?,
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    tokio::signal::ctrl_c()
+        .await
+        .context("cannot watch Ctrl-C")?;
+    Ok(())
+}

@@ -1,0 +1,126 @@
+//! Building the `RateLimitResponse` from the limiter's decisions (DESIGN.md §4).
+
+use envoy_types::pb::envoy::config::core::v3::HeaderValue;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
+    Code, DescriptorStatus, RateLimit,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
+use envoy_types::pb::google::protobuf::{value::Kind, Duration, ListValue, Struct, Value};
+
+use crate::limiter::{Decision, Verdict};
+
+/// What to add beyond the statuses.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ResponseOptions {
+    /// Add `RateLimit-Limit/Remaining/Reset` for the descriptor closest to its limit.
+    pub rate_limit_headers: bool,
+}
+
+pub fn build(decisions: &[Decision], opts: ResponseOptions) -> RateLimitResponse {
+    let statuses: Vec<DescriptorStatus> = decisions.iter().map(status).collect();
+    let over = decisions.iter().any(|d| d.verdict.is_over_limit());
+    let mut headers = Vec::new();
+    if over {
+        // The request passes only once every rejecting descriptor would admit it.
+        let retry = decisions
+            .iter()
+            .filter(|d| d.verdict.is_over_limit())
+            .filter_map(|d| d.reset_secs)
+            .max();
+        if let Some(secs) = retry {
+            headers.push(header("retry-after", secs.to_string()));
+        }
+    }
+    if opts.rate_limit_headers {
+        if let Some(closest) = decisions
+            .iter()
+            .filter(|d| d.limit.is_some())
+            .min_by_key(|d| (!d.verdict.is_over_limit(), d.remaining))
+        {
+            if let Some(limit) = &closest.limit {
+                headers.push(header(
+                    "ratelimit-limit",
+                    limit.requests_per_unit.to_string(),
+                ));
+                headers.push(header("ratelimit-remaining", closest.remaining.to_string()));
+                headers.push(header(
+                    "ratelimit-reset",
+                    closest.reset_secs.unwrap_or(0).to_string(),
+                ));
+            }
+        }
+    }
+    RateLimitResponse {
+        overall_code: if over { Code::OverLimit } else { Code::Ok } as i32,
+        statuses,
+        response_headers_to_add: headers,
+        dynamic_metadata: quota_metadata(decisions),
+        ..Default::default()
+    }
+}
+
+fn status(d: &Decision) -> DescriptorStatus {
+    let code = if d.verdict.is_over_limit() {
+        Code::OverLimit
+    } else {
+        Code::Ok
+    };
+    DescriptorStatus {
+        code: code as i32,
+        current_limit: d.limit.as_ref().map(|l| RateLimit {
+            name: l.name.clone(),
+            requests_per_unit: l.requests_per_unit,
+            unit: l.unit.to_proto(),
+        }),
+        limit_remaining: u32::try_from(d.remaining).unwrap_or(u32::MAX),
+        duration_until_reset: match (&d.limit, d.reset_secs) {
+            (Some(_), Some(secs)) => Some(Duration {
+                seconds: i64::try_from(secs).unwrap_or(i64::MAX),
+                nanos: 0,
+            }),
+            _ => None,
+        },
+        quota: None,
+    }
+}
+
+fn header(key: &str, value: String) -> HeaderValue {
+    HeaderValue {
+        key: key.to_string(),
+        value,
+        ..Default::default()
+    }
+}
+
+/// For rules in `quota_mode` (envoyproxy/ratelimit's soft limits): which
+/// descriptors exceeded their quota, in the response's dynamic metadata.
+fn quota_metadata(decisions: &[Decision]) -> Option<Struct> {
+    let enabled = decisions
+        .iter()
+        .any(|d| d.rule.as_ref().is_some_and(|r| r.quota_mode));
+    if !enabled {
+        return None;
+    }
+    let violations = decisions
+        .iter()
+        .enumerate()
+        .filter(|(_, d)| d.verdict == Verdict::QuotaExceeded)
+        .map(|(i, _)| Value {
+            kind: Some(Kind::NumberValue(i as f64)),
+        })
+        .collect();
+    let mut fields = std::collections::HashMap::new();
+    fields.insert(
+        "quotaModeEnabled".to_string(),
+        Value {
+            kind: Some(Kind::BoolValue(true)),
+        },
+    );
+    fields.insert(
+        "quotaModeViolations".to_string(),
+        Value {
+            kind: Some(Kind::ListValue(ListValue { values: violations })),
+        },
+    );
+    Some(Struct { fields })
+}

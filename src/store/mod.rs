@@ -1,0 +1,66 @@
+//! Where bucket state lives. A [`Store`] decides one descriptor's buckets
+//! atomically: it reads their state, applies the bucket math of
+//! [`crate::limiter::bucket`], and writes the result, with no other decision on
+//! those buckets in between.
+
+pub mod memory;
+
+use async_trait::async_trait;
+
+use crate::limiter::bucket::{BucketOutcome, BucketParams, Cost};
+
+/// One bucket of a descriptor: its store key and its parameters.
+#[derive(Debug, Clone)]
+pub struct BucketRef {
+    pub key: Vec<u8>,
+    pub params: BucketParams,
+}
+
+/// The buckets one descriptor spends from, decided together.
+#[derive(Debug, Clone)]
+pub struct DescriptorBuckets {
+    /// Shared by every bucket of the descriptor: picks the memory shard or the
+    /// Redis slot, so that they can be decided in one atomic step.
+    pub tag: Vec<u8>,
+    pub buckets: Vec<BucketRef>,
+}
+
+/// Why a store could not decide.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum StoreError {
+    #[error("store call timed out")]
+    Timeout,
+    #[error("store connection failed: {0}")]
+    Connection(String),
+    #[error("store script failed: {0}")]
+    Script(String),
+    #[error("store unavailable (circuit breaker open)")]
+    BreakerOpen,
+}
+
+impl StoreError {
+    /// The `kind` label of `rls_store_errors_total`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            StoreError::Timeout => "timeout",
+            StoreError::Connection(_) => "connection",
+            StoreError::Script(_) => "script",
+            StoreError::BreakerOpen => "breaker_open",
+        }
+    }
+}
+
+/// A place that decides buckets.
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// Decides `cost` against every bucket of `descriptor`: admitted only if
+    /// all admit, and then all pay. Returns one outcome per bucket, in order.
+    async fn decide(
+        &self,
+        descriptor: &DescriptorBuckets,
+        cost: Cost,
+    ) -> Result<Vec<BucketOutcome>, StoreError>;
+
+    /// A short name for logs (`memory`, `redis`).
+    fn name(&self) -> &'static str;
+}
