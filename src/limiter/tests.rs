@@ -1,1 +1,292 @@
+//! Limiter cases: replaces, shadow and quota modes, overrides, several limits,
+//! and the failure policy against a store that always fails.
 
+use std::path::PathBuf;
+
+use async_trait::async_trait;
+
+use super::*;
+use crate::clock::ManualClock;
+use crate::rules::{load_sources, LoadOptions};
+
+const RULES: &str = r#"
+domain: d
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 2, name: per-user}
+  - key: vip
+    rate_limit: {unit: minute, requests_per_unit: 100, replaces: [{name: per-user}]}
+  - key: shadow
+    shadow_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: quota
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: free
+    rate_limit: {unlimited: true}
+  - key: login
+    limits:
+      - {unit: second, requests_per_unit: 1, burst: 3, name: burst}
+      - {unit: hour, requests_per_unit: 4, name: hourly}
+  - key: closed
+    failure_mode: closed
+    rate_limit: {unit: second, requests_per_unit: 1}
+  - key: local
+    failure_mode: local
+    rate_limit: {unit: hour, requests_per_unit: 10}
+  - key: block
+    rate_limit: {unit: second, requests_per_unit: 0}
+"#;
+
+fn rules() -> RuleSet {
+    load_sources(
+        vec![(PathBuf::from("r.yaml"), RULES.to_string())],
+        LoadOptions::default(),
+    )
+    .expect("valid rules")
+}
+
+fn memory_limiter() -> Limiter {
+    Limiter::new(
+        Arc::new(MemoryStore::new(ManualClock::new(1_000_000))),
+        FailureMode::Open,
+        1,
+    )
+}
+
+type Entries = Vec<(&'static str, &'static str)>;
+
+fn input(entries: &Entries, cost: Cost) -> DescriptorInput<'_, (&'static str, &'static str)> {
+    DescriptorInput {
+        entries,
+        cost,
+        limit_override: None,
+    }
+}
+
+async fn verdicts(limiter: &Limiter, rules: &RuleSet, descriptors: &[Entries]) -> Vec<Verdict> {
+    let inputs: Vec<_> = descriptors
+        .iter()
+        .map(|e| input(e, Cost::Spend(1)))
+        .collect();
+    limiter
+        .decide(rules, "d", &inputs)
+        .await
+        .expect("decided")
+        .into_iter()
+        .map(|d| d.verdict)
+        .collect()
+}
+
+#[tokio::test]
+async fn spends_until_empty_then_over_limit() {
+    let (l, r) = (memory_limiter(), rules());
+    let user = vec![("user", "alice")];
+    let seen: Vec<_> = {
+        let mut v = Vec::new();
+        for _ in 0..3 {
+            v.extend(verdicts(&l, &r, std::slice::from_ref(&user)).await);
+        }
+        v
+    };
+    assert_eq!(seen, [Verdict::Ok, Verdict::Ok, Verdict::OverLimit]);
+    // another value of the key-only default has its own bucket
+    assert_eq!(
+        verdicts(&l, &r, &[vec![("user", "bob")]]).await,
+        [Verdict::Ok]
+    );
+}
+
+#[tokio::test]
+async fn reports_limit_remaining_and_reset() {
+    let (l, r) = (memory_limiter(), rules());
+    let user = vec![("user", "carol")];
+    let d = l
+        .decide(&r, "d", &[input(&user, Cost::Spend(1))])
+        .await
+        .expect("ok");
+    let shown = d[0].limit.clone().expect("limit");
+    assert_eq!(
+        (shown.name.as_str(), shown.requests_per_unit, shown.unit),
+        ("per-user", 2, Unit::Minute)
+    );
+    assert_eq!(d[0].remaining, 1);
+    assert_eq!(d[0].reset_secs, Some(30), "one token at 2/min");
+    l.decide(&r, "d", &[input(&user, Cost::Spend(1))])
+        .await
+        .expect("ok");
+    let d = l
+        .decide(&r, "d", &[input(&user, Cost::Spend(1))])
+        .await
+        .expect("ok");
+    assert_eq!(d[0].verdict, Verdict::OverLimit);
+    assert_eq!(d[0].reset_secs, Some(30), "retry after one token's refill");
+}
+
+#[tokio::test]
+async fn replaces_drops_the_named_limit_of_another_descriptor() {
+    let (l, r) = (memory_limiter(), rules());
+    let both = [vec![("user", "dave")], vec![("vip", "dave")]];
+    for _ in 0..5 {
+        assert_eq!(
+            verdicts(&l, &r, &both).await,
+            [Verdict::NoRule, Verdict::Ok]
+        );
+    }
+    // alone, the per-user limit applies again (and was never spent)
+    assert_eq!(
+        verdicts(&l, &r, &[vec![("user", "dave")]]).await,
+        [Verdict::Ok]
+    );
+}
+
+#[tokio::test]
+async fn shadow_and_quota_answer_ok_when_over() {
+    let (l, r) = (memory_limiter(), rules());
+    let s = vec![("shadow", "x")];
+    let q = vec![("quota", "x")];
+    assert_eq!(
+        verdicts(&l, &r, &[s.clone(), q.clone()]).await,
+        [Verdict::Ok, Verdict::Ok]
+    );
+    assert_eq!(
+        verdicts(&l, &r, &[s, q]).await,
+        [Verdict::Shadow, Verdict::QuotaExceeded]
+    );
+}
+
+#[tokio::test]
+async fn unlimited_unknown_and_blocked() {
+    let (l, r) = (memory_limiter(), rules());
+    assert_eq!(
+        verdicts(
+            &l,
+            &r,
+            &[
+                vec![("free", "x")],
+                vec![("nope", "x")],
+                vec![("block", "x")]
+            ]
+        )
+        .await,
+        [Verdict::Unlimited, Verdict::NoRule, Verdict::OverLimit]
+    );
+    let blocked = vec![("block", "x")];
+    let d = l
+        .decide(&r, "d", &[input(&blocked, Cost::Spend(1))])
+        .await
+        .expect("ok");
+    assert_eq!(d[0].reset_secs, None, "r = 0 has no retry time");
+    let unknown_domain = vec![("user", "x")];
+    let d = l
+        .decide(&r, "elsewhere", &[input(&unknown_domain, Cost::Spend(1))])
+        .await
+        .expect("ok");
+    assert_eq!(d[0].verdict, Verdict::NoRule);
+}
+
+#[tokio::test]
+async fn several_limits_decide_together_and_the_tightest_speaks() {
+    let (l, r) = (memory_limiter(), rules());
+    let login = vec![("login", "/")];
+    let d = l
+        .decide(&r, "d", &[input(&login, Cost::Spend(1))])
+        .await
+        .expect("ok");
+    // burst has 2 left, hourly 3: the fewest tokens speak
+    assert_eq!(d[0].limit.as_ref().map(|l| l.name.as_str()), Some("burst"));
+    assert_eq!(d[0].remaining, 2);
+    let d = l
+        .decide(&r, "d", &[input(&login, Cost::Spend(3))])
+        .await
+        .expect("ok");
+    assert_eq!(d[0].verdict, Verdict::OverLimit, "burst has only 2");
+    assert_eq!(d[0].limit.as_ref().map(|l| l.name.as_str()), Some("burst"));
+    let d = l
+        .decide(&r, "d", &[input(&login, Cost::Spend(2))])
+        .await
+        .expect("ok");
+    assert_eq!(
+        d[0].verdict,
+        Verdict::Ok,
+        "the rejected request charged nothing"
+    );
+    assert_eq!(d[0].remaining, 0);
+    let d = l
+        .decide(&r, "d", &[input(&login, Cost::Spend(1))])
+        .await
+        .expect("ok");
+    assert_eq!(d[0].verdict, Verdict::OverLimit);
+}
+
+#[tokio::test]
+async fn request_overrides_replace_the_rule() {
+    let (l, r) = (memory_limiter(), rules());
+    let user = vec![("user", "erin")];
+    let with = DescriptorInput {
+        entries: &user,
+        cost: Cost::Spend(1),
+        limit_override: Some((5, Unit::Second)),
+    };
+    for _ in 0..5 {
+        let d = l
+            .decide(&r, "d", std::slice::from_ref(&with))
+            .await
+            .expect("ok");
+        assert_eq!(d[0].verdict, Verdict::Ok);
+        assert_eq!(d[0].limit.as_ref().map(|l| l.requests_per_unit), Some(5));
+    }
+    let d = l
+        .decide(&r, "d", std::slice::from_ref(&with))
+        .await
+        .expect("ok");
+    assert_eq!(d[0].verdict, Verdict::OverLimit);
+    // the rule's own bucket was untouched
+    assert_eq!(verdicts(&l, &r, std::slice::from_ref(&user)).await, [Verdict::Ok]);
+}
+
+/// A store that always fails, as a dead Redis would.
+struct DeadStore;
+
+#[async_trait]
+impl Store for DeadStore {
+    async fn decide(
+        &self,
+        _: &DescriptorBuckets,
+        _: Cost,
+    ) -> Result<Vec<BucketOutcome>, StoreError> {
+        Err(StoreError::Connection("refused".into()))
+    }
+    fn name(&self) -> &'static str {
+        "dead"
+    }
+}
+
+#[tokio::test]
+async fn failure_modes_when_the_store_is_down() {
+    let r = rules();
+    let open = Limiter::new(Arc::new(DeadStore), FailureMode::Open, 2);
+    assert_eq!(
+        verdicts(&open, &r, &[vec![("user", "x")]]).await,
+        [Verdict::FailedOpen]
+    );
+    let closed = open
+        .decide(&r, "d", &[input(&vec![("closed", "x")], Cost::Spend(1))])
+        .await;
+    assert!(closed.is_err(), "a closed rule fails the call");
+    // local: B/N = 10/2 = 5 admitted by this instance, then over the limit
+    let local = vec![("local", "x")];
+    let mut admitted = 0;
+    for _ in 0..8 {
+        if verdicts(&open, &r, std::slice::from_ref(&local)).await == [Verdict::Ok] {
+            admitted += 1;
+        }
+    }
+    assert_eq!(admitted, 5);
+    // the server default applies to rules without their own mode
+    let default_closed = Limiter::new(Arc::new(DeadStore), FailureMode::Closed, 1);
+    assert!(default_closed
+        .decide(&r, "d", &[input(&vec![("user", "x")], Cost::Spend(1))])
+        .await
+        .is_err());
+}

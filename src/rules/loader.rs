@@ -80,7 +80,7 @@ pub fn load_sources(
                 &path,
                 "the file holds no rules (empty, or only comments); a file seen mid-write looks like this, so the change is not applied",
             )),
-            Err(e) => errors.push(ConfigError::new(&path, format!("invalid YAML: {e}"))),
+            Err(e) => errors.push(ConfigError::new(&path, format!("invalid rules file: {e}"))),
         }
     }
 

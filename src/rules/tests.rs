@@ -183,10 +183,10 @@ fn validation_errors_name_file_place_and_problem() {
         ("domain: d\ndescriptors:\n  - key: k\n    failure_mode: sometimes\n", "failure_mode 'sometimes' is not one of open, closed, local"),
         ("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {name: a, unit: second, requests_per_unit: 1, replaces: [{name: a}]}\n", "replaces itself"),
         ("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, replaces: [{name: }]}\n", "`name` is missing or empty"),
-        ("domain: d\ndescriptors:\n  - a\n  - b\n", "invalid YAML"),
-        ("'''\n", "invalid YAML"),
-        ("0.25: d\ndescriptors: []\n", "invalid YAML"),
-        ("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: -1}\n", "invalid YAML"),
+        ("domain: d\ndescriptors:\n  - a\n  - b\n", "invalid rules file"),
+        ("'''\n", "invalid rules file"),
+        ("0.25: d\ndescriptors: []\n", "invalid rules file"),
+        ("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: -1}\n", "invalid rules file"),
     ];
     for (yaml, expected) in cases {
         let msg = errors(yaml);

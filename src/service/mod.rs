@@ -40,6 +40,7 @@ impl RateLimitGrpc {
         &self,
         request: &RateLimitRequest,
     ) -> Result<RateLimitResponse, Status> {
+        tracing::debug!(?request, "ShouldRateLimit");
         let inputs = request::descriptor_inputs(request).map_err(Status::invalid_argument)?;
         let rules = self.rules.load();
         let decisions = self

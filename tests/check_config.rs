@@ -1,0 +1,136 @@
+//! `tokenbucket-rls check-config` against envoyproxy/ratelimit's own config
+//! fixtures: every file must give the result listed in
+//! `tests/fixtures/envoyproxy-ratelimit/EXPECTATIONS.md`, which this test
+//! reads, so the table and the test cannot drift apart.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+const FIXTURES: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/fixtures/envoyproxy-ratelimit"
+);
+
+fn check_config(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_tokenbucket-rls"))
+        .arg("check-config")
+        .args(args)
+        .output()
+        .expect("run tokenbucket-rls")
+}
+
+/// (file pattern, expected validity) rows of the EXPECTATIONS.md table.
+fn expectations() -> Vec<(String, bool)> {
+    let text = std::fs::read_to_string(Path::new(FIXTURES).join("EXPECTATIONS.md"))
+        .expect("EXPECTATIONS.md");
+    text.lines()
+        .filter_map(|line| {
+            let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+            match cells.as_slice() {
+                ["", file, "valid", ..] => Some((file.to_string(), true)),
+                ["", file, "invalid", ..] => Some((file.to_string(), false)),
+                _ => None,
+            }
+        })
+        .collect()
+}
+
+/// Expands `dir/*.yaml` rows; plain rows name one file.
+fn files_of(pattern: &str) -> Vec<PathBuf> {
+    match pattern.split_once("/*") {
+        Some((dir, ext)) => {
+            let mut files: Vec<PathBuf> = std::fs::read_dir(Path::new(FIXTURES).join(dir))
+                .expect("fixture dir")
+                .map(|e| e.expect("entry").path())
+                .filter(|p| p.to_string_lossy().ends_with(ext))
+                .collect();
+            files.sort();
+            files
+        }
+        None => vec![Path::new(FIXTURES).join(pattern)],
+    }
+}
+
+#[test]
+fn every_peer_fixture_gives_the_expected_result() {
+    let rows = expectations();
+    assert!(rows.len() >= 20, "the table was read: {rows:?}");
+    let mut checked = 0;
+    for (pattern, valid) in rows {
+        let files = files_of(&pattern);
+        assert!(!files.is_empty(), "{pattern} names files");
+        for file in files {
+            let out = check_config(&[file.to_str().expect("utf-8 path")]);
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            assert_eq!(out.status.success(), valid, "{}: {stdout}", file.display());
+            if !valid {
+                let name = file.file_name().and_then(|n| n.to_str()).expect("name");
+                for line in stdout.lines() {
+                    assert!(line.contains(name), "every error names the file: {line}");
+                }
+                assert!(!stdout.trim().is_empty(), "{name}: says what is wrong");
+            }
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, 26, "all 26 fixture files were checked");
+}
+
+#[test]
+fn a_domain_split_over_two_files_needs_merge_domains() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for name in ["merge_domain_key1.yaml", "merge_domain_key2.yaml"] {
+        std::fs::copy(
+            Path::new(FIXTURES).join("config").join(name),
+            dir.path().join(name),
+        )
+        .expect("copy");
+    }
+    let path = dir.path().to_str().expect("utf-8 path");
+    let out = check_config(&[path]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success());
+    assert!(
+        stdout.contains("merge_domain_key1.yaml") && stdout.contains("merge_domain_key2.yaml"),
+        "names both files: {stdout}"
+    );
+    let out = check_config(&[path, "--merge-domains"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
+#[test]
+fn errors_carry_lines_and_places() {
+    let out = check_config(&[&format!("{FIXTURES}/config/misspelled_key.yaml")]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("unknown field `ratelimit`") && stdout.contains("line 5"),
+        "{stdout}"
+    );
+    let out = check_config(&[&format!("{FIXTURES}/config/bad_limit_unit.yaml")]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("key1=value1") && stdout.contains("'foo'"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn the_shipped_config_directory_is_valid() {
+    let out = check_config(&[concat!(env!("CARGO_MANIFEST_DIR"), "/config")]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
+#[test]
+fn a_missing_path_is_an_error_naming_it() {
+    let out = check_config(&["/nonexistent/rules"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("/nonexistent/rules"));
+}

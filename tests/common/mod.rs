@@ -1,0 +1,74 @@
+//! Helpers shared by the integration tests: servers on free loopback ports,
+//! child processes that are killed when the test ends, and request builders.
+#![allow(dead_code)]
+
+use std::net::{SocketAddr, TcpListener};
+use std::path::PathBuf;
+use std::process::Child;
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use tokenbucket_rls::cli::{ServeArgs, StoreKind};
+use tokenbucket_rls::rules::FailureMode;
+
+/// A loopback port nobody listens on right now.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
+
+/// Server arguments for a test: loopback, OS-chosen ports, the given rules.
+pub fn serve_args(config: PathBuf) -> ServeArgs {
+    let any: SocketAddr = "127.0.0.1:0".parse().expect("addr");
+    ServeArgs {
+        config,
+        grpc_addr: any,
+        admin_addr: any,
+        store: StoreKind::Memory,
+        failure_mode: FailureMode::Open,
+        instances: 1,
+        response_headers: false,
+        merge_domains: false,
+    }
+}
+
+/// Writes `yaml` as the only rules file of a fresh directory.
+pub fn rules_dir(yaml: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("rules.yaml"), yaml).expect("write rules");
+    dir
+}
+
+/// A child process killed (and reaped) when dropped, also on panic.
+pub struct ChildGuard(pub Child);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+pub fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
+    RateLimitDescriptor {
+        entries: entries
+            .iter()
+            .map(|(k, v)| Entry {
+                key: k.to_string(),
+                value: v.to_string(),
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+pub fn request(domain: &str, descriptors: Vec<RateLimitDescriptor>) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: domain.to_string(),
+        descriptors,
+        hits_addend: 0,
+    }
+}

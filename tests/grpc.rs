@@ -1,0 +1,443 @@
+//! ShouldRateLimit over real gRPC: a server on a loopback port and a tonic
+//! client, asserting codes, limits, remaining tokens, reset times, headers,
+//! hits_addend and every INVALID_ARGUMENT case; plus the admin endpoints.
+
+mod common;
+
+use common::{descriptor, request, rules_dir, serve_args};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::google::protobuf::UInt64Value;
+use tokenbucket_rls::server::{self, RunningServer};
+use tonic::transport::Channel;
+
+const RULES: &str = r#"
+domain: api
+descriptors:
+  - key: api_key
+    rate_limit: {unit: second, requests_per_unit: 1, burst: 5, name: keys}
+  - key: weighted
+    rate_limit: {unit: minute, requests_per_unit: 60, burst: 10}
+  - key: free
+    rate_limit: {unlimited: true}
+  - key: tenant
+    value: acme
+    descriptors:
+      - key: user
+        rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: shadow
+    shadow_mode: true
+    rate_limit: {unit: hour, requests_per_unit: 1}
+  - key: quota
+    quota_mode: true
+    rate_limit: {unit: hour, requests_per_unit: 1}
+  - key: block
+    rate_limit: {unit: second, requests_per_unit: 0}
+  - key: login
+    limits:
+      - {unit: second, requests_per_unit: 1, burst: 3, name: login-burst}
+      - {unit: hour, requests_per_unit: 10, name: login-hourly}
+"#;
+
+struct Harness {
+    server: Option<RunningServer>,
+    client: RateLimitServiceClient<Channel>,
+    _rules: tempfile::TempDir,
+}
+
+impl Harness {
+    async fn start_with(response_headers: bool) -> Self {
+        let rules = rules_dir(RULES);
+        let mut args = serve_args(rules.path().to_path_buf());
+        args.response_headers = response_headers;
+        let server = server::start(&args).await.expect("server starts");
+        let client = RateLimitServiceClient::connect(format!("http://{}", server.grpc_addr))
+            .await
+            .expect("client connects");
+        Self {
+            server: Some(server),
+            client,
+            _rules: rules,
+        }
+    }
+
+    async fn start() -> Self {
+        Self::start_with(false).await
+    }
+
+    async fn call(&mut self, req: RateLimitRequest) -> Result<RateLimitResponse, tonic::Status> {
+        self.client
+            .should_rate_limit(req)
+            .await
+            .map(|r| r.into_inner())
+    }
+
+    async fn ok(&mut self, req: RateLimitRequest) -> RateLimitResponse {
+        self.call(req).await.expect("call succeeds")
+    }
+
+    fn admin(&self, path: &str) -> String {
+        let addr = self.server.as_ref().expect("running").admin_addr;
+        format!("http://{addr}{path}")
+    }
+}
+
+fn header<'a>(resp: &'a RateLimitResponse, key: &str) -> Option<&'a str> {
+    resp.response_headers_to_add
+        .iter()
+        .find(|h| h.key == key)
+        .map(|h| h.value.as_str())
+}
+
+#[tokio::test]
+async fn burst_then_over_limit_with_retry_after() {
+    let mut h = Harness::start().await;
+    for i in 0..5u32 {
+        let r = h
+            .ok(request("api", vec![descriptor(&[("api_key", "k1")])]))
+            .await;
+        assert_eq!(r.overall_code, Code::Ok as i32, "request {i}");
+        let s = &r.statuses[0];
+        assert_eq!(s.code, Code::Ok as i32);
+        let limit = s.current_limit.as_ref().expect("current_limit");
+        assert_eq!(
+            (limit.name.as_str(), limit.requests_per_unit, limit.unit),
+            ("keys", 1, 1)
+        );
+        assert_eq!(s.limit_remaining, 4 - i);
+        // time until full: (i + 1) tokens at 1/s
+        assert_eq!(
+            s.duration_until_reset.as_ref().map(|d| d.seconds),
+            Some(i64::from(i) + 1)
+        );
+        assert!(header(&r, "retry-after").is_none());
+    }
+    let r = h
+        .ok(request("api", vec![descriptor(&[("api_key", "k1")])]))
+        .await;
+    assert_eq!(r.overall_code, Code::OverLimit as i32);
+    assert_eq!(r.statuses[0].code, Code::OverLimit as i32);
+    assert_eq!(r.statuses[0].limit_remaining, 0);
+    assert_eq!(
+        r.statuses[0]
+            .duration_until_reset
+            .as_ref()
+            .map(|d| d.seconds),
+        Some(1)
+    );
+    assert_eq!(header(&r, "retry-after"), Some("1"));
+    // another key has its own bucket
+    let r = h
+        .ok(request("api", vec![descriptor(&[("api_key", "k2")])]))
+        .await;
+    assert_eq!(r.overall_code, Code::Ok as i32);
+}
+
+#[tokio::test]
+async fn hits_addend_from_request_and_descriptor() {
+    let mut h = Harness::start().await;
+    let mut req = request("api", vec![descriptor(&[("weighted", "a")])]);
+    req.hits_addend = 4;
+    let r = h.ok(req.clone()).await;
+    assert_eq!(r.statuses[0].limit_remaining, 6);
+    // the descriptor's own hits_addend wins over the request's
+    let mut d = descriptor(&[("weighted", "a")]);
+    d.hits_addend = Some(UInt64Value { value: 5 });
+    let r = h.ok(request("api", vec![d.clone()])).await;
+    assert_eq!(r.statuses[0].limit_remaining, 1);
+    // 0 on the descriptor: a check that spends nothing
+    d.hits_addend = Some(UInt64Value { value: 0 });
+    let r = h.ok(request("api", vec![d.clone()])).await;
+    assert_eq!(r.overall_code, Code::Ok as i32);
+    assert_eq!(r.statuses[0].limit_remaining, 1);
+    // 4 more than the 1 left: over the limit, retry after 3 s at 1 token/s
+    let r = h.ok(req).await;
+    assert_eq!(r.overall_code, Code::OverLimit as i32);
+    assert_eq!(header(&r, "retry-after"), Some("3"));
+    // more than the burst can ever hold: rejected with no retry time
+    d.hits_addend = Some(UInt64Value { value: 11 });
+    let r = h.ok(request("api", vec![d])).await;
+    assert_eq!(r.overall_code, Code::OverLimit as i32);
+    assert!(header(&r, "retry-after").is_none());
+    assert!(r.statuses[0].duration_until_reset.is_none());
+}
+
+#[tokio::test]
+async fn unlimited_unknown_nested_shadow_and_blocked() {
+    let mut h = Harness::start().await;
+    for _ in 0..20 {
+        let r = h
+            .ok(request(
+                "api",
+                vec![
+                    descriptor(&[("free", "x")]),
+                    descriptor(&[("nothing", "x")]),
+                    descriptor(&[("tenant", "other"), ("user", "u")]),
+                ],
+            ))
+            .await;
+        assert_eq!(r.overall_code, Code::Ok as i32);
+        assert_eq!(r.statuses[0].limit_remaining, u32::MAX, "unlimited");
+        assert!(r.statuses.iter().all(|s| s.current_limit.is_none()));
+    }
+    let r = h
+        .ok(request(
+            "unknown-domain",
+            vec![descriptor(&[("api_key", "k")])],
+        ))
+        .await;
+    assert_eq!(r.overall_code, Code::Ok as i32);
+    assert!(r.statuses[0].current_limit.is_none());
+
+    let acme = || {
+        request(
+            "api",
+            vec![descriptor(&[("tenant", "acme"), ("user", "u1")])],
+        )
+    };
+    assert_eq!(h.ok(acme()).await.overall_code, Code::Ok as i32);
+    assert_eq!(h.ok(acme()).await.overall_code, Code::Ok as i32);
+    let r = h.ok(acme()).await;
+    assert_eq!(r.overall_code, Code::OverLimit as i32);
+    assert_eq!(header(&r, "retry-after"), Some("30"), "one token at 2/min");
+
+    let shadow = || request("api", vec![descriptor(&[("shadow", "s")])]);
+    for _ in 0..3 {
+        let r = h.ok(shadow()).await;
+        assert_eq!(r.overall_code, Code::Ok as i32, "shadow mode never rejects");
+        assert_eq!(r.statuses[0].code, Code::Ok as i32);
+    }
+    let r = h
+        .ok(request("api", vec![descriptor(&[("block", "b")])]))
+        .await;
+    assert_eq!(r.overall_code, Code::OverLimit as i32);
+    assert!(header(&r, "retry-after").is_none(), "r = 0: no retry time");
+}
+
+#[tokio::test]
+async fn quota_mode_reports_violations_in_metadata() {
+    let mut h = Harness::start().await;
+    let req = || {
+        request(
+            "api",
+            vec![descriptor(&[("free", "x")]), descriptor(&[("quota", "q")])],
+        )
+    };
+    let r = h.ok(req()).await;
+    let meta = r.dynamic_metadata.expect("quota metadata");
+    assert!(meta.fields.contains_key("quotaModeEnabled"));
+    let r = h.ok(req()).await;
+    assert_eq!(r.overall_code, Code::Ok as i32, "quota mode admits");
+    let meta = r.dynamic_metadata.expect("quota metadata");
+    let violations = format!("{:?}", meta.fields.get("quotaModeViolations"));
+    assert!(violations.contains("NumberValue(1.0)"), "{violations}");
+}
+
+#[tokio::test]
+async fn one_descriptor_over_fails_the_request_but_others_still_spend() {
+    let mut h = Harness::start().await;
+    let req = || {
+        request(
+            "api",
+            vec![
+                descriptor(&[("api_key", "both")]),
+                descriptor(&[("block", "b")]),
+            ],
+        )
+    };
+    let r = h.ok(req()).await;
+    assert_eq!(r.overall_code, Code::OverLimit as i32);
+    assert_eq!(r.statuses[0].code, Code::Ok as i32);
+    assert_eq!(
+        r.statuses[0].limit_remaining, 4,
+        "the other descriptor spent"
+    );
+    assert_eq!(r.statuses[1].code, Code::OverLimit as i32);
+}
+
+#[tokio::test]
+async fn several_limits_on_one_descriptor() {
+    let mut h = Harness::start().await;
+    let login = || request("api", vec![descriptor(&[("login", "/")])]);
+    for left in [2, 1, 0] {
+        let r = h.ok(login()).await;
+        assert_eq!(r.overall_code, Code::Ok as i32);
+        let s = &r.statuses[0];
+        assert_eq!(
+            s.current_limit.as_ref().map(|l| l.name.as_str()),
+            Some("login-burst")
+        );
+        assert_eq!(s.limit_remaining, left);
+    }
+    let r = h.ok(login()).await;
+    assert_eq!(r.overall_code, Code::OverLimit as i32);
+    assert_eq!(
+        r.statuses[0]
+            .current_limit
+            .as_ref()
+            .map(|l| l.name.as_str()),
+        Some("login-burst")
+    );
+}
+
+#[tokio::test]
+async fn sixty_four_descriptors_are_decided() {
+    let mut h = Harness::start().await;
+    let values: Vec<String> = (0..64).map(|i| format!("k{i}")).collect();
+    let descriptors = values
+        .iter()
+        .map(|v| descriptor(&[("api_key", v)]))
+        .collect();
+    let r = h.ok(request("api", descriptors)).await;
+    assert_eq!(r.statuses.len(), 64);
+    assert!(r.statuses.iter().all(|s| s.limit_remaining == 4));
+}
+
+#[tokio::test]
+async fn bad_requests_are_invalid_argument_and_store_nothing() {
+    let mut h = Harness::start().await;
+    let long = "x".repeat(1025);
+    let mut empty_entries = descriptor(&[]);
+    empty_entries.entries.clear();
+    let mut bad_unit = descriptor(&[("api_key", "o")]);
+    bad_unit.limit = Some(Default::default());
+    let cases: Vec<(RateLimitRequest, &str)> = vec![
+        (request("", vec![descriptor(&[("api_key", "k")])]), "domain"),
+        (request("api", vec![]), "no descriptors"),
+        (request("api", vec![empty_entries]), "no entries"),
+        (request("api", vec![descriptor(&[("", "v")])]), "empty key"),
+        (
+            request(
+                "api",
+                (0..65).map(|_| descriptor(&[("api_key", "k")])).collect(),
+            ),
+            "65 descriptors",
+        ),
+        (
+            request(
+                "api",
+                vec![descriptor(
+                    &(0..33).map(|_| ("api_key", "k")).collect::<Vec<_>>(),
+                )],
+            ),
+            "33 entries",
+        ),
+        (
+            request("api", vec![descriptor(&[(long.as_str(), "v")])]),
+            "key is longer",
+        ),
+        (
+            request("api", vec![descriptor(&[("api_key", long.as_str())])]),
+            "value is longer",
+        ),
+        (request("api", vec![bad_unit]), "limit.unit"),
+    ];
+    for (req, expected) in cases {
+        // a valid descriptor rides along: it must not be charged either
+        let mut req = req;
+        if !req.domain.is_empty() && !req.descriptors.is_empty() && req.descriptors.len() < 64 {
+            req.descriptors
+                .insert(0, descriptor(&[("api_key", "bystander")]));
+        }
+        let err = h.call(req).await.expect_err("rejected");
+        assert_eq!(err.code(), tonic::Code::InvalidArgument, "{expected}");
+        assert!(
+            err.message().contains(expected),
+            "{expected:?} in {:?}",
+            err.message()
+        );
+    }
+    let r = h
+        .ok(request(
+            "api",
+            vec![descriptor(&[("api_key", "bystander")])],
+        ))
+        .await;
+    assert_eq!(
+        r.statuses[0].limit_remaining, 4,
+        "nothing was spent by rejected requests"
+    );
+}
+
+#[tokio::test]
+async fn request_limit_override() {
+    let mut h = Harness::start().await;
+    let mut d = descriptor(&[("api_key", "ov")]);
+    d.limit = Some(envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride {
+        requests_per_unit: 2,
+        unit: 2, // MINUTE
+    });
+    for _ in 0..2 {
+        let r = h.ok(request("api", vec![d.clone()])).await;
+        assert_eq!(r.overall_code, Code::Ok as i32);
+        assert_eq!(
+            r.statuses[0]
+                .current_limit
+                .as_ref()
+                .map(|l| (l.requests_per_unit, l.unit)),
+            Some((2, 2))
+        );
+    }
+    let r = h.ok(request("api", vec![d])).await;
+    assert_eq!(r.overall_code, Code::OverLimit as i32);
+    assert_eq!(header(&r, "retry-after"), Some("30"));
+}
+
+#[tokio::test]
+async fn rate_limit_headers_when_asked() {
+    let mut h = Harness::start_with(true).await;
+    let r = h
+        .ok(request(
+            "api",
+            vec![
+                descriptor(&[("api_key", "h")]),
+                descriptor(&[("weighted", "h")]),
+            ],
+        ))
+        .await;
+    assert_eq!(
+        header(&r, "ratelimit-limit"),
+        Some("1"),
+        "the key bucket has fewer left"
+    );
+    assert_eq!(header(&r, "ratelimit-remaining"), Some("4"));
+    assert_eq!(header(&r, "ratelimit-reset"), Some("1"));
+}
+
+#[tokio::test]
+async fn admin_endpoints_answer() {
+    let h = Harness::start().await;
+    let get = |path: &str| {
+        let url = h.admin(path);
+        async move {
+            let r = reqwest::get(url).await.expect("admin answers");
+            (r.status().as_u16(), r.text().await.expect("body"))
+        }
+    };
+    assert_eq!(get("/healthz").await.0, 200);
+    let (code, body) = get("/readyz").await;
+    assert_eq!(code, 200);
+    assert!(body.contains("generation 1"), "{body}");
+    let (code, body) = get("/config").await;
+    assert_eq!(code, 200);
+    let json: serde_json::Value = serde_json::from_str(&body).expect("json");
+    assert_eq!(json["generation"], 1);
+    assert_eq!(json["domains"][0]["domain"], "api");
+    assert!(json["files"][0]["path"]
+        .as_str()
+        .is_some_and(|p| p.ends_with("rules.yaml")));
+}
+
+#[tokio::test]
+async fn graceful_shutdown_stops_serving() {
+    let mut h = Harness::start().await;
+    h.ok(request("api", vec![descriptor(&[("api_key", "s")])]))
+        .await;
+    let server = h.server.take().expect("running");
+    let addr = server.grpc_addr;
+    server.shutdown().await.expect("clean shutdown");
+    assert!(RateLimitServiceClient::connect(format!("http://{addr}"))
+        .await
+        .is_err());
+}
