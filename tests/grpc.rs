@@ -16,9 +16,9 @@ const RULES: &str = r#"
 domain: api
 descriptors:
   - key: api_key
-    rate_limit: {unit: second, requests_per_unit: 1, burst: 5, name: keys}
+    rate_limit: {unit: minute, requests_per_unit: 6, burst: 5, name: keys}
   - key: weighted
-    rate_limit: {unit: minute, requests_per_unit: 60, burst: 10}
+    rate_limit: {unit: minute, requests_per_unit: 6, burst: 10}
   - key: free
     rate_limit: {unlimited: true}
   - key: tenant
@@ -36,7 +36,7 @@ descriptors:
     rate_limit: {unit: second, requests_per_unit: 0}
   - key: login
     limits:
-      - {unit: second, requests_per_unit: 1, burst: 3, name: login-burst}
+      - {unit: minute, requests_per_unit: 6, burst: 3, name: login-burst}
       - {unit: hour, requests_per_unit: 10, name: login-hourly}
 "#;
 
@@ -103,13 +103,13 @@ async fn burst_then_over_limit_with_retry_after() {
         let limit = s.current_limit.as_ref().expect("current_limit");
         assert_eq!(
             (limit.name.as_str(), limit.requests_per_unit, limit.unit),
-            ("keys", 1, 1)
+            ("keys", 6, 2)
         );
         assert_eq!(s.limit_remaining, 4 - i);
-        // time until full: (i + 1) tokens at 1/s
+        // time until full: (i + 1) tokens at 6/min
         assert_eq!(
             s.duration_until_reset.as_ref().map(|d| d.seconds),
-            Some(i64::from(i) + 1)
+            Some(10 * (i64::from(i) + 1))
         );
         assert!(header(&r, "retry-after").is_none());
     }
@@ -124,9 +124,9 @@ async fn burst_then_over_limit_with_retry_after() {
             .duration_until_reset
             .as_ref()
             .map(|d| d.seconds),
-        Some(1)
+        Some(10)
     );
-    assert_eq!(header(&r, "retry-after"), Some("1"));
+    assert_eq!(header(&r, "retry-after"), Some("10"));
     // another key has its own bucket
     let r = h
         .ok(request("api", vec![descriptor(&[("api_key", "k2")])]))
@@ -151,10 +151,10 @@ async fn hits_addend_from_request_and_descriptor() {
     let r = h.ok(request("api", vec![d.clone()])).await;
     assert_eq!(r.overall_code, Code::Ok as i32);
     assert_eq!(r.statuses[0].limit_remaining, 1);
-    // 4 more than the 1 left: over the limit, retry after 3 s at 1 token/s
+    // 4 more than the 1 left: over the limit, retry after 3 tokens at 6/min
     let r = h.ok(req).await;
     assert_eq!(r.overall_code, Code::OverLimit as i32);
-    assert_eq!(header(&r, "retry-after"), Some("3"));
+    assert_eq!(header(&r, "retry-after"), Some("30"));
     // more than the burst can ever hold: rejected with no retry time
     d.hits_addend = Some(UInt64Value { value: 11 });
     let r = h.ok(request("api", vec![d])).await;
@@ -398,11 +398,11 @@ async fn rate_limit_headers_when_asked() {
         .await;
     assert_eq!(
         header(&r, "ratelimit-limit"),
-        Some("1"),
+        Some("6"),
         "the key bucket has fewer left"
     );
     assert_eq!(header(&r, "ratelimit-remaining"), Some("4"));
-    assert_eq!(header(&r, "ratelimit-reset"), Some("1"));
+    assert_eq!(header(&r, "ratelimit-reset"), Some("10"));
 }
 
 #[tokio::test]

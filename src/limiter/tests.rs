@@ -242,7 +242,10 @@ async fn request_overrides_replace_the_rule() {
         .expect("ok");
     assert_eq!(d[0].verdict, Verdict::OverLimit);
     // the rule's own bucket was untouched
-    assert_eq!(verdicts(&l, &r, std::slice::from_ref(&user)).await, [Verdict::Ok]);
+    assert_eq!(
+        verdicts(&l, &r, std::slice::from_ref(&user)).await,
+        [Verdict::Ok]
+    );
 }
 
 /// A store that always fails, as a dead Redis would.

