@@ -1,0 +1,79 @@
+//! The `tokenbucket-rls` binary as an operator runs it: flags from the
+//! environment, readiness, and a clean exit on SIGTERM and SIGINT.
+
+mod common;
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{free_port, ChildGuard};
+
+fn start() -> (ChildGuard, u16) {
+    let admin = free_port();
+    let child = Command::new(env!("CARGO_BIN_EXE_tokenbucket-rls"))
+        .env("RLS_CONFIG", concat!(env!("CARGO_MANIFEST_DIR"), "/config"))
+        .env("RLS_GRPC_ADDR", format!("127.0.0.1:{}", free_port()))
+        .env("RLS_ADMIN_ADDR", format!("127.0.0.1:{admin}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start tokenbucket-rls");
+    (ChildGuard(child), admin)
+}
+
+fn wait_ready(admin: u16) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::net::TcpStream::connect(("127.0.0.1", admin)).is_err() {
+        assert!(Instant::now() < deadline, "admin port never opened");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn exits_cleanly_on(signal: &str) {
+    let (mut child, admin) = start();
+    wait_ready(admin);
+    let sent = Command::new("kill")
+        .args([signal, &child.0.id().to_string()])
+        .status()
+        .expect("run kill");
+    assert!(sent.success());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(status) = child.0.try_wait().expect("wait") {
+            assert!(status.success(), "{signal}: exit status {status}");
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{signal}: still running after 10 s"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn sigterm_stops_the_server_cleanly() {
+    exits_cleanly_on("-TERM");
+}
+
+#[test]
+fn sigint_stops_the_server_cleanly() {
+    exits_cleanly_on("-INT");
+}
+
+#[test]
+fn invalid_rules_stop_the_start_with_the_errors() {
+    let dir = common::rules_dir("domain: d\ndescriptors:\n  - key: k\n    ratelimit: {}\n");
+    let out = Command::new(env!("CARGO_BIN_EXE_tokenbucket-rls"))
+        .args(["--config"])
+        .arg(dir.path())
+        .args(["--grpc-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"])
+        .output()
+        .expect("run");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("rules.yaml") && stderr.contains("unknown field `ratelimit`"),
+        "{stderr}"
+    );
+}
