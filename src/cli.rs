@@ -2,6 +2,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
@@ -37,6 +38,8 @@ pub enum Command {
 pub enum StoreKind {
     /// Buckets in this process's memory.
     Memory,
+    /// Buckets in Redis or Redis Cluster, shared by every instance (needs --redis-url).
+    Redis,
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -53,6 +56,15 @@ pub struct ServeArgs {
     /// Where buckets live.
     #[arg(long, env = "RLS_STORE", value_enum, default_value = "memory")]
     pub store: StoreKind,
+    /// redis://, rediss://, redis-cluster://h1:p1,h2:p2 or rediss-cluster://; user:password@ allowed.
+    #[arg(long, env = "RLS_REDIS_URL")]
+    pub redis_url: Option<String>,
+    /// Time allowed for one decision in Redis; keep it below Envoy's filter timeout.
+    #[arg(long, env = "RLS_REDIS_TIMEOUT", default_value = "10ms", value_parser = humantime::parse_duration)]
+    pub redis_timeout: Duration,
+    /// Redis connections shared by all requests (each pipelines many calls).
+    #[arg(long, env = "RLS_REDIS_POOL_SIZE", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub redis_pool_size: u32,
     /// What rules without their own `failure_mode` do when the store fails.
     #[arg(long, env = "RLS_FAILURE_MODE", value_enum, default_value = "open")]
     pub failure_mode: FailureMode,

@@ -19,6 +19,7 @@ use crate::limiter::Limiter;
 use crate::rules::{self, LoadOptions};
 use crate::service::{RateLimitGrpc, ResponseOptions, SharedRules};
 use crate::store::memory::MemoryStore;
+use crate::store::redis::{RedisSettings, RedisStore};
 use crate::store::Store;
 
 /// A started server: its bound addresses and a way to stop it.
@@ -66,6 +67,22 @@ pub async fn start(args: &ServeArgs) -> Result<RunningServer> {
             let memory = Arc::new(MemoryStore::new(MonotonicClock::new()));
             memory.spawn_sweeper(Duration::from_secs(1));
             memory
+        }
+        StoreKind::Redis => {
+            let url = args
+                .redis_url
+                .clone()
+                .context("--store redis needs --redis-url (or RLS_REDIS_URL)")?;
+            let settings = RedisSettings {
+                url,
+                timeout: args.redis_timeout,
+                pool_size: args.redis_pool_size as usize,
+            };
+            Arc::new(
+                RedisStore::connect(&settings)
+                    .await
+                    .map_err(anyhow::Error::msg)?,
+            )
         }
     };
     let limiter = Arc::new(Limiter::new(store, args.failure_mode, args.instances));

@@ -4,6 +4,7 @@
 //! those buckets in between.
 
 pub mod memory;
+pub mod redis;
 
 use async_trait::async_trait;
 

@@ -6,6 +6,8 @@ use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
 use std::process::Child;
 
+pub mod redis;
+
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
@@ -28,6 +30,9 @@ pub fn serve_args(config: PathBuf) -> ServeArgs {
         grpc_addr: any,
         admin_addr: any,
         store: StoreKind::Memory,
+        redis_url: None,
+        redis_timeout: std::time::Duration::from_millis(500),
+        redis_pool_size: 4,
         failure_mode: FailureMode::Open,
         instances: 1,
         response_headers: false,

@@ -1,0 +1,94 @@
+-- tokenbucket-rls: decide one descriptor's token buckets atomically.
+--
+-- The Lua copy of src/limiter/bucket.rs; tests/bucket_cases.rs checks that
+-- both give the same answers. Keep the expressions in the same order.
+--
+-- KEYS[i]  one hash per bucket: t = tokens (float), u = last update (µs)
+-- ARGV[1]  tokens needed to admit
+-- ARGV[2]  tokens to deduct when admitted (0 for a check)
+-- ARGV[3]  expiry margin in ms, added to the time a bucket needs to refill
+-- ARGV[4 + 3(i-1) ..]  per bucket: capacity, tokens_per_unit, unit_secs
+--
+-- Returns {admitted, then per bucket: remaining, retry_after (-1: none),
+-- full_in, never (0: no, 1: zero rate, 2: cost above capacity)}.
+-- Time is this server's TIME; an earlier time adds no tokens. A bucket is
+-- only written when the request is admitted and spends; it expires once it
+-- would be full again, plus the margin, never sooner.
+
+local EPSILON = 1e-9
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
+local needed = tonumber(ARGV[1])
+local deducted = tonumber(ARGV[2])
+local margin_ms = tonumber(ARGV[3])
+
+local n = #KEYS
+local caps, rates, units, tokens, stamps = {}, {}, {}, {}, {}
+local all_admit = true
+local retry, never = {}, {}
+
+for i = 1, n do
+  local cap = tonumber(ARGV[4 + 3 * (i - 1)])
+  local rate = tonumber(ARGV[5 + 3 * (i - 1)])
+  local unit = tonumber(ARGV[6 + 3 * (i - 1)])
+  caps[i], rates[i], units[i] = cap, rate, unit
+  local state = redis.call('HMGET', KEYS[i], 't', 'u')
+  local t, u
+  if not state[1] or not state[2] then
+    t, u = cap, now
+  else
+    t, u = tonumber(state[1]), tonumber(state[2])
+    if now > u then
+      t = math.min(cap, t + (now - u) * rate / (unit * 1e6))
+      u = now
+    else
+      t = math.min(cap, t)
+    end
+  end
+  tokens[i], stamps[i] = t, u
+
+  retry[i], never[i] = -1, 0
+  if rate == 0 or unit == 0 then
+    never[i] = 1
+  elseif needed > cap then
+    never[i] = 2
+  elseif t + EPSILON < needed then
+    local secs = math.ceil((needed - t) / (rate / unit) - EPSILON)
+    retry[i] = math.max(1, secs)
+  end
+  if never[i] ~= 0 or retry[i] ~= -1 then
+    all_admit = false
+  end
+end
+
+if all_admit and deducted > 0 then
+  for i = 1, n do
+    local t = math.max(0, tokens[i] - deducted)
+    tokens[i] = t
+    local per_sec = rates[i] / units[i]
+    local ttl_ms = math.ceil((caps[i] - t) / per_sec * 1000) + margin_ms
+    redis.call('HSET', KEYS[i], 't', string.format('%.17g', t), 'u', string.format('%d', stamps[i]))
+    redis.call('PEXPIRE', KEYS[i], ttl_ms)
+  end
+end
+
+local out = { all_admit and 1 or 0 }
+for i = 1, n do
+  local t = tokens[i]
+  local remaining = math.floor(t + EPSILON)
+  if remaining < 0 or never[i] == 1 then remaining = 0 end
+  local full_in = 0
+  local missing = caps[i] - t
+  local per_sec = 0
+  if units[i] ~= 0 then per_sec = rates[i] / units[i] end
+  if missing > EPSILON and per_sec > 0 then
+    full_in = math.max(0, math.ceil(missing / per_sec - EPSILON))
+  end
+  local r = retry[i]
+  if all_admit then r = -1 end
+  out[#out + 1] = remaining
+  out[#out + 1] = r
+  out[#out + 1] = full_in
+  out[#out + 1] = never[i]
+end
+return out

@@ -1,0 +1,282 @@
+//! Buckets in Redis or Redis Cluster, one atomic Lua decision per descriptor.
+//!
+//! Each bucket is a hash `rls:{H}:<key>`: `H` is a hash of the descriptor's
+//! tag, so every bucket of one descriptor lands in one slot and a single
+//! `EVALSHA` of `bucket.lua` decides them together with the owning server's
+//! clock. The key bytes after the tag are the unambiguous encoding of
+//! `limiter::key`. A script missing from the server's cache (`NOSCRIPT`,
+//! after `SCRIPT FLUSH` or a failover) is sent once with `EVAL`. A call that
+//! timed out or lost its connection is never re-sent, since it may have
+//! deducted: the caller's failure policy answers instead.
+
+pub mod url;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use fred::bytes::Bytes;
+use fred::error::{Error as RedisError, ErrorKind};
+use fred::prelude::*;
+use fred::types::config::{Options, ReconnectPolicy};
+use parking_lot::RwLock;
+
+use super::{DescriptorBuckets, Store, StoreError};
+use crate::limiter::bucket::{BucketOutcome, Cost, NeverReason};
+
+/// The decision script, kept in its own file.
+pub const SCRIPT: &str = include_str!("bucket.lua");
+
+/// Added to a bucket's refill time for its expiry, so a key never expires
+/// before its bucket would be full.
+const EXPIRY_MARGIN_MS: i64 = 1_000;
+
+/// How the store connects.
+#[derive(Debug, Clone)]
+pub struct RedisSettings {
+    pub url: String,
+    /// Per decision; must stay below Envoy's rate-limit filter timeout.
+    pub timeout: Duration,
+    /// Connections (clients) shared by all requests; each pipelines.
+    pub pool_size: usize,
+}
+
+/// What the store has learned about its servers, for `/readyz` and logs.
+#[derive(Debug, Clone, Default)]
+pub struct RedisStatus {
+    /// Servers whose `maxmemory-policy` may evict bucket keys.
+    pub eviction_warnings: Vec<String>,
+}
+
+pub struct RedisStore {
+    pool: Pool,
+    sha: String,
+    options: Options,
+    status: Arc<RwLock<RedisStatus>>,
+}
+
+impl RedisStore {
+    /// Connects (waiting a few seconds at most: a Redis that is down at
+    /// start-up is the failure policy's business, not a reason not to start),
+    /// and checks the servers' eviction policy.
+    pub async fn connect(settings: &RedisSettings) -> Result<Self, String> {
+        let config = url::parse(&settings.url)?;
+        let pool = Builder::from_config(config)
+            .with_connection_config(|c| {
+                c.connection_timeout = Duration::from_secs(2);
+                c.internal_command_timeout = Duration::from_secs(2);
+                // Never re-send a written command: it may have deducted.
+                c.max_command_attempts = 1;
+                c.max_redirections = 5;
+            })
+            .with_performance_config(|p| {
+                p.default_command_timeout = settings.timeout;
+            })
+            .set_policy(ReconnectPolicy::new_exponential(0, 50, 2_000, 2))
+            .build_pool(settings.pool_size.max(1))
+            .map_err(|e| format!("cannot configure Redis client: {e}"))?;
+        pool.connect();
+        let redacted = url::redact(&settings.url);
+        match tokio::time::timeout(Duration::from_secs(5), pool.wait_for_connect()).await {
+            Ok(Ok(())) => tracing::info!(url = %redacted, "connected to Redis"),
+            Ok(Err(e)) => {
+                tracing::warn!(url = %redacted, error = %e, "Redis not reachable at start-up; failure policies answer until it is")
+            }
+            Err(_) => {
+                tracing::warn!(url = %redacted, "Redis not reachable within 5 s at start-up; failure policies answer until it is")
+            }
+        }
+        let store = Self {
+            pool,
+            sha: sha1_smol::Sha1::from(SCRIPT).digest().to_string(),
+            options: Options {
+                timeout: Some(settings.timeout),
+                max_attempts: Some(1),
+                // Fail at once while disconnected instead of queueing in memory.
+                fail_fast: true,
+                ..Options::default()
+            },
+            status: Arc::default(),
+        };
+        store.check_eviction_policy().await;
+        Ok(store)
+    }
+
+    /// Shared view of what the store found about its servers.
+    pub fn status(&self) -> Arc<RwLock<RedisStatus>> {
+        self.status.clone()
+    }
+
+    /// Warns when a server may evict keys: every bucket key has a TTL, so
+    /// `volatile-*` policies would evict them too, resetting budgets silently.
+    pub async fn check_eviction_policy(&self) {
+        let client = self.pool.next();
+        let servers: Vec<Option<fred::types::config::Server>> = match client.cached_cluster_state()
+        {
+            Some(state) => state.unique_primary_nodes().into_iter().map(Some).collect(),
+            None => vec![None],
+        };
+        let mut warnings = Vec::new();
+        for server in servers {
+            let opts = Options {
+                cluster_node: server.clone(),
+                timeout: Some(Duration::from_secs(2)),
+                ..Options::default()
+            };
+            let name = server.map_or_else(|| "redis".to_string(), |s| s.to_string());
+            match client
+                .with_options(&opts)
+                .config_get::<Vec<String>, _>("maxmemory-policy")
+                .await
+            {
+                Ok(v) => {
+                    let policy = v.get(1).cloned().unwrap_or_default();
+                    if policy != "noeviction" {
+                        tracing::warn!(server = %name, policy = %policy, "Redis may evict rate-limit buckets (maxmemory-policy is not noeviction): evicted buckets reset to full");
+                        warnings.push(format!(
+                            "{name}: maxmemory-policy is {policy}, not noeviction"
+                        ));
+                    }
+                }
+                Err(e) => {
+                    tracing::info!(server = %name, error = %e, "cannot read maxmemory-policy (CONFIG may be disabled); make sure it is noeviction")
+                }
+            }
+        }
+        self.status.write().eviction_warnings = warnings;
+    }
+
+    async fn run(&self, keys: &[Key], args: &[i64]) -> Result<Vec<i64>, RedisError> {
+        let client = self.pool.next().with_options(&self.options);
+        match client
+            .evalsha(&self.sha, keys.to_vec(), args.to_vec())
+            .await
+        {
+            Err(e) if e.details().starts_with("NOSCRIPT") => {
+                // The script cache is empty (flush, restart, failover): EVAL once,
+                // which also caches it on that server.
+                client.eval(SCRIPT, keys.to_vec(), args.to_vec()).await
+            }
+            other => other,
+        }
+    }
+}
+
+/// `rls:{<16 hex digits>}:<key>`: the braces hold the slot's hash tag.
+pub fn redis_key(tag_hash: u64, key: &[u8]) -> Bytes {
+    let mut out = Vec::with_capacity(key.len() + 24);
+    out.extend_from_slice(format!("rls:{{{tag_hash:016x}}}:").as_bytes());
+    out.extend_from_slice(key);
+    Bytes::from(out)
+}
+
+/// FNV-1a: a fixed hash, so that every instance (whatever its Rust version)
+/// puts a descriptor's buckets in the same slot.
+pub fn tag_hash(tag: &[u8]) -> u64 {
+    tag.iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+fn store_error(e: RedisError) -> StoreError {
+    match e.kind() {
+        ErrorKind::Timeout => StoreError::Timeout,
+        ErrorKind::IO
+        | ErrorKind::Canceled
+        | ErrorKind::Routing
+        | ErrorKind::Cluster
+        | ErrorKind::Backpressure => StoreError::Connection(e.to_string()),
+        _ => StoreError::Script(e.to_string()),
+    }
+}
+
+/// Reads the script's reply: `{admitted, then 4 numbers per bucket}`.
+fn outcomes(reply: &[i64], buckets: usize) -> Result<Vec<BucketOutcome>, StoreError> {
+    if reply.len() != 1 + 4 * buckets {
+        return Err(StoreError::Script(format!(
+            "unexpected script reply of {} values for {buckets} buckets",
+            reply.len()
+        )));
+    }
+    let admitted = reply[0] == 1;
+    Ok(reply[1..]
+        .chunks_exact(4)
+        .map(|c| BucketOutcome {
+            admitted,
+            remaining: c[0].max(0) as u64,
+            retry_after_secs: (c[1] >= 0).then_some(c[1] as u64),
+            full_in_secs: c[2].max(0) as u64,
+            never: match c[3] {
+                1 => Some(NeverReason::ZeroRate),
+                2 => Some(NeverReason::CostAboveCapacity),
+                _ => None,
+            },
+        })
+        .collect())
+}
+
+#[async_trait]
+impl Store for RedisStore {
+    async fn decide(
+        &self,
+        descriptor: &DescriptorBuckets,
+        cost: Cost,
+    ) -> Result<Vec<BucketOutcome>, StoreError> {
+        let hash = tag_hash(&descriptor.tag);
+        let keys: Vec<Key> = descriptor
+            .buckets
+            .iter()
+            .map(|b| Key::from(redis_key(hash, &b.key)))
+            .collect();
+        let mut args = Vec::with_capacity(3 + 3 * descriptor.buckets.len());
+        args.extend([
+            cost.needed() as i64,
+            cost.deducted() as i64,
+            EXPIRY_MARGIN_MS,
+        ]);
+        for b in &descriptor.buckets {
+            args.extend([
+                b.params.capacity as i64,
+                b.params.tokens_per_unit as i64,
+                b.params.unit_secs as i64,
+            ]);
+        }
+        let reply = self.run(&keys, &args).await.map_err(store_error)?;
+        outcomes(&reply, descriptor.buckets.len())
+    }
+
+    fn name(&self) -> &'static str {
+        "redis"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_of_one_descriptor_share_a_slot() {
+        let h = tag_hash(b"some descriptor");
+        let a = redis_key(h, b"some descriptor#0");
+        let b = redis_key(h, b"some descriptor#1");
+        assert_ne!(a, b);
+        assert_eq!(fred::util::redis_keyslot(&a), fred::util::redis_keyslot(&b));
+        // braces in the request's bytes do not move the tag
+        let c = redis_key(h, b"{x}#0");
+        assert_eq!(fred::util::redis_keyslot(&a), fred::util::redis_keyslot(&c));
+    }
+
+    #[test]
+    fn tag_hash_is_fixed() {
+        assert_eq!(tag_hash(b""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(tag_hash(b"a"), 0xaf63_dc4c_8601_ec8c);
+    }
+
+    #[test]
+    fn replies_are_checked() {
+        assert!(outcomes(&[1, 5], 1).is_err());
+        let o = outcomes(&[0, 0, 3, 7, 0], 1).expect("valid");
+        assert_eq!(o[0].retry_after_secs, Some(3));
+        assert!(!o[0].admitted);
+    }
+}

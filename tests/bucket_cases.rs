@@ -1,0 +1,234 @@
+//! One table of token-bucket cases, run against both copies of the
+//! arithmetic: the Rust one (`limiter::bucket`, used by the memory store) and
+//! the Lua one (`store/redis/bucket.lua`) on a real `redis-server`. Each case
+//! writes a bucket state into Redis relative to the server's clock, decides,
+//! and compares every field of the outcome with the Rust answer for the same
+//! state and time, plus the state Redis stored.
+//!
+//! The server's clock moves a little between set-up and the script, so the
+//! rates are chosen so that those microseconds cannot change a whole number.
+
+mod common;
+
+use common::redis::RedisServer;
+use fred::prelude::*;
+use tokenbucket_rls::limiter::bucket::{self, BucketParams, BucketState, Cost};
+use tokenbucket_rls::store::redis::{redis_key, tag_hash, RedisSettings, RedisStore};
+use tokenbucket_rls::store::{BucketRef, DescriptorBuckets, Store};
+
+const SEC: i64 = 1_000_000;
+
+struct Case {
+    name: &'static str,
+    /// Per bucket: params and the stored state as (tokens, age in µs; negative = in the future).
+    buckets: Vec<(BucketParams, Option<(f64, i64)>)>,
+    cost: Cost,
+}
+
+fn p(capacity: u64, tokens_per_unit: u64, unit_secs: u64) -> BucketParams {
+    BucketParams {
+        capacity,
+        tokens_per_unit,
+        unit_secs,
+    }
+}
+
+fn cases() -> Vec<Case> {
+    vec![
+        Case {
+            name: "new bucket starts full",
+            buckets: vec![(p(10, 6, 60), None)],
+            cost: Cost::Spend(1),
+        },
+        Case {
+            name: "weighted cost",
+            buckets: vec![(p(10, 6, 60), None)],
+            cost: Cost::Spend(7),
+        },
+        Case {
+            name: "refill over 30 s",
+            buckets: vec![(p(100, 60, 60), Some((0.0, 30 * SEC)))],
+            cost: Cost::Spend(1),
+        },
+        Case {
+            name: "refill capped at B",
+            buckets: vec![(p(10, 60, 60), Some((5.0, 3600 * SEC)))],
+            cost: Cost::Spend(1),
+        },
+        Case {
+            name: "empty bucket rejects with retry",
+            buckets: vec![(p(10, 6, 60), Some((0.0, 0)))],
+            cost: Cost::Spend(1),
+        },
+        Case {
+            name: "retry for a weighted cost",
+            buckets: vec![(p(10, 6, 60), Some((1.0, 0)))],
+            cost: Cost::Spend(4),
+        },
+        Case {
+            name: "fractional tokens are not enough",
+            buckets: vec![(p(5, 1, 60), Some((0.5, 0)))],
+            cost: Cost::Spend(1),
+        },
+        Case {
+            name: "fractional tokens add up",
+            buckets: vec![(p(5, 1, 60), Some((0.5, 45 * SEC)))],
+            cost: Cost::Spend(1),
+        },
+        Case {
+            name: "cost above B never passes",
+            buckets: vec![(p(5, 5, 1), None)],
+            cost: Cost::Spend(6),
+        },
+        Case {
+            name: "r = 0 rejects everything",
+            buckets: vec![(p(0, 0, 1), None)],
+            cost: Cost::Spend(1),
+        },
+        Case {
+            name: "r = 0 with a burst still rejects",
+            buckets: vec![(p(10, 0, 1), Some((10.0, 0)))],
+            cost: Cost::Spend(1),
+        },
+        Case {
+            name: "long idle yearly bucket",
+            buckets: vec![(p(365, 365, 31_536_000), Some((0.0, 400 * 86_400 * SEC)))],
+            cost: Cost::Spend(1),
+        },
+        Case {
+            name: "check spends nothing",
+            buckets: vec![(p(10, 6, 60), Some((3.0, 0)))],
+            cost: Cost::Check,
+        },
+        Case {
+            name: "check on an empty bucket",
+            buckets: vec![(p(10, 6, 60), Some((0.2, 0)))],
+            cost: Cost::Check,
+        },
+        Case {
+            name: "clock behind the stored time adds nothing",
+            buckets: vec![(p(10, 60, 60), Some((2.0, -3600 * SEC)))],
+            cost: Cost::Spend(1),
+        },
+        Case {
+            name: "several buckets: one rejects, none pays",
+            buckets: vec![
+                (p(5, 6, 60), Some((4.0, 0))),
+                (p(2, 2, 3600), Some((0.0, 0))),
+            ],
+            cost: Cost::Spend(1),
+        },
+        Case {
+            name: "several buckets: all admit, all pay",
+            buckets: vec![
+                (p(5, 6, 60), Some((4.0, 0))),
+                (p(20, 20, 3600), Some((3.0, 0))),
+            ],
+            cost: Cost::Spend(2),
+        },
+    ]
+}
+
+async fn server_now(client: &Client) -> i64 {
+    let t: Vec<String> = client
+        .custom(fred::cmd!("TIME"), Vec::<String>::new())
+        .await
+        .expect("TIME");
+    t[0].parse::<i64>().expect("secs") * SEC + t[1].parse::<i64>().expect("micros")
+}
+
+#[tokio::test]
+async fn lua_and_rust_give_the_same_answers() {
+    let redis = RedisServer::standalone();
+    let store = RedisStore::connect(&RedisSettings {
+        url: redis.url(),
+        timeout: std::time::Duration::from_secs(2),
+        pool_size: 1,
+    })
+    .await
+    .expect("connect");
+    let client = Builder::from_config(Config::from_url(&redis.url()).expect("url"))
+        .build()
+        .expect("client");
+    client.init().await.expect("raw client connects");
+
+    for (n, case) in cases().into_iter().enumerate() {
+        let tag = format!("case-{n}").into_bytes();
+        let descriptor = DescriptorBuckets {
+            buckets: case
+                .buckets
+                .iter()
+                .enumerate()
+                .map(|(i, (params, _))| BucketRef {
+                    key: [tag.as_slice(), format!("#{i}").as_bytes()].concat(),
+                    params: *params,
+                })
+                .collect(),
+            tag,
+        };
+        let now = server_now(&client).await;
+        let mut states = Vec::new();
+        for (b, (_, state)) in descriptor.buckets.iter().zip(&case.buckets) {
+            let key = redis_key(tag_hash(&descriptor.tag), &b.key);
+            states.push(state.map(|(tokens, age)| BucketState {
+                tokens,
+                updated_micros: (now - age) as u64,
+            }));
+            if let Some((tokens, age)) = state {
+                let _: () = client
+                    .hset(
+                        key,
+                        [
+                            ("t", format!("{tokens:.17}")),
+                            ("u", (now - age).to_string()),
+                        ],
+                    )
+                    .await
+                    .expect("HSET");
+            }
+        }
+        let params: Vec<_> = case.buckets.iter().map(|(p, _)| *p).collect();
+        let (rust_states, rust) = bucket::decide(&params, &states, now as u64, case.cost);
+        let lua = store
+            .decide(&descriptor, case.cost)
+            .await
+            .expect("script runs");
+        assert_eq!(lua, rust, "case '{}'", case.name);
+
+        // what Redis stored is what Rust would store (within the clock's drift)
+        let admitted_and_spent = rust[0].admitted && case.cost.deducted() > 0;
+        for ((b, rust_state), before) in descriptor.buckets.iter().zip(&rust_states).zip(&states) {
+            let key = redis_key(tag_hash(&descriptor.tag), &b.key);
+            let stored: Vec<Option<String>> = client
+                .hmget(key.clone(), vec!["t", "u"])
+                .await
+                .expect("HMGET");
+            match (&stored[0], admitted_and_spent, before) {
+                (Some(t), true, _) => {
+                    let t: f64 = t.parse().expect("float");
+                    assert!(
+                        (t - rust_state.tokens).abs() < 1e-3,
+                        "case '{}': stored {t}, rust {}",
+                        case.name,
+                        rust_state.tokens
+                    );
+                    let ttl: i64 = client.pttl(key).await.expect("PTTL");
+                    assert!(ttl > 0, "case '{}': written buckets expire", case.name);
+                }
+                (None, false, None) => {}
+                (Some(t), false, Some(before)) => {
+                    let t: f64 = t.parse().expect("float");
+                    assert!(
+                        (t - before.tokens).abs() < 1e-9,
+                        "case '{}': a rejection or check writes nothing",
+                        case.name
+                    );
+                }
+                (s, spent, b) => panic!(
+                    "case '{}': stored {s:?}, spent {spent}, before {b:?}",
+                    case.name
+                ),
+            }
+        }
+    }
+}

@@ -1,0 +1,226 @@
+//! Real `redis-server` processes for tests: a standalone server, or a
+//! Redis Cluster of 3 primaries + 3 replicas on loopback ports, built with
+//! `redis-cli --cluster create`. Every process is killed when the value is
+//! dropped, also when a test panics.
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::ChildGuard;
+
+/// One `redis-server` process.
+pub struct RedisServer {
+    pub port: u16,
+    pub dir: PathBuf,
+    guard: Option<ChildGuard>,
+    extra: Vec<String>,
+    _tmp: Option<tempfile::TempDir>,
+}
+
+fn port_pair_free(port: u16) -> bool {
+    std::net::TcpListener::bind(("127.0.0.1", port)).is_ok()
+        && std::net::TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok()
+}
+
+/// A port `p` with `p` and `p + 10000` (the cluster bus) both free.
+pub fn free_cluster_port() -> u16 {
+    for _ in 0..1000 {
+        let p = super::free_port();
+        if (1024..55_000).contains(&p) && port_pair_free(p) {
+            return p;
+        }
+    }
+    panic!("no free port pair for a Redis cluster node");
+}
+
+impl RedisServer {
+    /// Starts a server with `extra` arguments (e.g. `--cluster-enabled yes`).
+    pub fn start(port: u16, extra: &[&str]) -> Self {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let mut server = Self {
+            port,
+            dir: tmp.path().to_path_buf(),
+            guard: None,
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+            _tmp: Some(tmp),
+        };
+        server.spawn();
+        server
+    }
+
+    pub fn standalone() -> Self {
+        Self::start(super::free_port(), &[])
+    }
+
+    fn spawn(&mut self) {
+        assert!(
+            Command::new("redis-server")
+                .arg("--version")
+                .output()
+                .is_ok(),
+            "redis-server is not installed: run the README's test command (it installs it)"
+        );
+        let child = Command::new("redis-server")
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
+            .args(["--maxmemory-policy", "noeviction"])
+            .arg("--dir")
+            .arg(&self.dir)
+            .args(&self.extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start redis-server");
+        self.guard = Some(ChildGuard(child));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.cli(&["PING"]).trim() != "PONG" {
+            assert!(
+                Instant::now() < deadline,
+                "redis-server on {} never answered",
+                self.port
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Runs `redis-cli` against this server; returns its output.
+    pub fn cli(&self, args: &[&str]) -> String {
+        redis_cli(self.port, args)
+    }
+
+    pub fn kill(&mut self) {
+        self.guard = None;
+    }
+
+    /// Starts the server again on the same port and directory.
+    pub fn restart(&mut self) {
+        self.kill();
+        self.spawn();
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.guard.as_ref().map(|g| g.0.id()).expect("running")
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+}
+
+pub fn redis_cli(port: u16, args: &[&str]) -> String {
+    let out = Command::new("redis-cli")
+        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+        .args(args)
+        .output()
+        .expect("run redis-cli");
+    String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr)
+}
+
+/// A Redis Cluster: 3 primaries, each with one replica.
+pub struct RedisCluster {
+    pub nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    pub fn start() -> Self {
+        let nodes: Vec<RedisServer> = (0..6)
+            .map(|_| {
+                RedisServer::start(
+                    free_cluster_port(),
+                    &[
+                        "--cluster-enabled",
+                        "yes",
+                        "--cluster-config-file",
+                        "nodes.conf",
+                        "--cluster-node-timeout",
+                        "1000",
+                    ],
+                )
+            })
+            .collect();
+        let addrs: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect();
+        let out = Command::new("redis-cli")
+            .arg("--cluster")
+            .arg("create")
+            .args(&addrs)
+            .args(["--cluster-replicas", "1", "--cluster-yes"])
+            .output()
+            .expect("redis-cli --cluster create");
+        assert!(
+            out.status.success(),
+            "cluster create: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        let cluster = Self { nodes };
+        cluster.wait_ok();
+        cluster
+    }
+
+    /// Waits until every node reports `cluster_state:ok` and 3 primaries each have a replica.
+    pub fn wait_ok(&self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let all_ok = self
+                .live()
+                .all(|n| n.cli(&["CLUSTER", "INFO"]).contains("cluster_state:ok"));
+            let replicas = self
+                .live()
+                .filter(|n| n.cli(&["ROLE"]).starts_with("slave"))
+                .count();
+            if all_ok && replicas >= 3 {
+                return;
+            }
+            assert!(Instant::now() < deadline, "cluster never became ok");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn live(&self) -> impl Iterator<Item = &RedisServer> {
+        self.nodes.iter().filter(|n| n.guard.is_some())
+    }
+
+    /// `redis-cluster://h:p,h:p,…` with every node as a seed.
+    pub fn url(&self) -> String {
+        let hosts: Vec<String> = self
+            .nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect();
+        format!("redis-cluster://{}", hosts.join(","))
+    }
+
+    /// Nodes that are primaries right now.
+    pub fn primaries(&self) -> Vec<usize> {
+        (0..self.nodes.len())
+            .filter(|&i| {
+                self.nodes[i].guard.is_some() && self.nodes[i].cli(&["ROLE"]).starts_with("master")
+            })
+            .collect()
+    }
+
+    /// The node that owns `slot` as primary.
+    pub fn owner_of_slot(&self, slot: u16) -> usize {
+        for i in self.primaries() {
+            let id = self.nodes[i].cli(&["CLUSTER", "MYID"]).trim().to_string();
+            let nodes = self.nodes[i].cli(&["CLUSTER", "NODES"]);
+            for line in nodes.lines().filter(|l| l.starts_with(&id)) {
+                for range in line.split_whitespace().skip(8) {
+                    let (lo, hi) = match range.split_once('-') {
+                        Some((a, b)) => (a.parse::<u16>(), b.parse::<u16>()),
+                        None => (range.parse::<u16>(), range.parse::<u16>()),
+                    };
+                    if let (Ok(lo), Ok(hi)) = (lo, hi) {
+                        if (lo..=hi).contains(&slot) {
+                            return i;
+                        }
+                    }
+                }
+            }
+        }
+        panic!("no primary owns slot {slot}");
+    }
+}
