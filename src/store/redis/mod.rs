@@ -65,8 +65,6 @@ impl RedisStore {
             .with_connection_config(|c| {
                 c.connection_timeout = Duration::from_secs(2);
                 c.internal_command_timeout = Duration::from_secs(2);
-                // Never re-send a written command: it may have deducted.
-                c.max_command_attempts = 1;
                 c.max_redirections = 5;
             })
             .with_performance_config(|p| {
@@ -91,9 +89,15 @@ impl RedisStore {
             sha: sha1_smol::Sha1::from(SCRIPT).digest().to_string(),
             options: Options {
                 timeout: Some(settings.timeout),
-                max_attempts: Some(1),
-                // Fail at once while disconnected instead of queueing in memory.
+                // `fail_fast` answers every command that was written when its
+                // connection dies with an error, never re-sending it (it may have
+                // deducted), and fails at once while disconnected instead of
+                // queueing in memory. The second attempt is only for the ASKING
+                // that an ASK redirection (a slot being migrated) needs: fred
+                // takes it from the command's attempts, and ASK means the
+                // command did not run.
                 fail_fast: true,
+                max_attempts: Some(2),
                 ..Options::default()
             },
             status: Arc::default(),

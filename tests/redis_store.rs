@@ -1,0 +1,367 @@
+//! The Redis store against real `redis-server` processes: a 3+3 Redis
+//! Cluster and standalone servers. Exact admission under concurrency from two
+//! service instances, several limits all-or-nothing, key TTLs and hash tags,
+//! NOSCRIPT recovery, a slot migrated while serving, ACL users.
+
+mod common;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::redis::{RedisCluster, RedisServer};
+use common::{descriptor, request, rules_dir, serve_args};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
+use fred::prelude::*;
+use fred::types::config::Options;
+use tokenbucket_rls::cli::StoreKind;
+use tokenbucket_rls::limiter::key::{bucket_key, descriptor_tag, KeyOrigin};
+use tokenbucket_rls::rules::{BucketValue, FailureMode};
+use tokenbucket_rls::server::{self, RunningServer};
+use tokenbucket_rls::store::redis::{redis_key, tag_hash};
+use tonic::transport::Channel;
+
+const RULES: &str = r#"
+domain: d
+descriptors:
+  - key: hot
+    failure_mode: closed
+    rate_limit: {unit: day, requests_per_unit: 1, burst: 200}
+  - key: login
+    failure_mode: closed
+    limits:
+      - {unit: day, requests_per_unit: 1, burst: 3, name: short}
+      - {unit: day, requests_per_unit: 1, burst: 5, name: long}
+  - key: moving
+    failure_mode: closed
+    rate_limit: {unit: day, requests_per_unit: 1, burst: 100}
+"#;
+
+async fn start(url: &str, rules: &tempfile::TempDir) -> RunningServer {
+    let mut args = serve_args(rules.path().to_path_buf());
+    args.store = StoreKind::Redis;
+    args.redis_url = Some(url.to_string());
+    args.redis_timeout = Duration::from_millis(500);
+    args.failure_mode = FailureMode::Closed;
+    server::start(&args).await.expect("server starts")
+}
+
+async fn client(server: &RunningServer) -> RateLimitServiceClient<Channel> {
+    RateLimitServiceClient::connect(format!("http://{}", server.grpc_addr))
+        .await
+        .expect("connect")
+}
+
+async fn call(
+    c: &mut RateLimitServiceClient<Channel>,
+    entries: &[(&str, &str)],
+) -> Result<RateLimitResponse, tonic::Status> {
+    c.should_rate_limit(request("d", vec![descriptor(entries)]))
+        .await
+        .map(|r| r.into_inner())
+}
+
+/// The Redis key of bucket `id` of the descriptor `entries` in domain `d`.
+fn key_of(entries: &[(&str, &str)], id: &str) -> fred::bytes::Bytes {
+    let tag = descriptor_tag(
+        KeyOrigin::Rule,
+        "d",
+        entries.iter().map(|(k, v)| (*k, BucketValue::Value(v))),
+    );
+    redis_key(tag_hash(&tag), &bucket_key(&tag, id))
+}
+
+async fn raw_client(url: &str) -> Client {
+    let config = tokenbucket_rls::store::redis::url::parse(url).expect("url");
+    let client = Builder::from_config(config).build().expect("client");
+    client.init().await.expect("raw client connects");
+    client
+}
+
+/// (keys, keys without a TTL) under `rls:` on every node given.
+fn count_keys(ports: impl Iterator<Item = u16>) -> (u64, u64) {
+    const SCRIPT: &str = "local n, bad = 0, 0 for _, k in ipairs(redis.call('KEYS', 'rls:*')) do n = n + 1 if redis.call('PTTL', k) < 0 then bad = bad + 1 end end return {n, bad}";
+    ports
+        .map(|p| {
+            let out = common::redis::redis_cli(p, &["EVAL", SCRIPT, "0"]);
+            let nums: Vec<u64> = out
+                .split_whitespace()
+                .filter_map(|s| s.parse().ok())
+                .collect();
+            (nums[0], nums[1])
+        })
+        .fold((0, 0), |(a, b), (c, d)| (a + c, b + d))
+}
+
+#[tokio::test]
+async fn cluster_two_instances_many_clients_exact_burst() {
+    let cluster = RedisCluster::start();
+    let rules = rules_dir(RULES);
+    let a = start(&cluster.url(), &rules).await;
+    let b = start(&cluster.url(), &rules).await;
+    let admitted = Arc::new(AtomicUsize::new(0));
+    let sent = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for i in 0..40 {
+        let mut c = client(if i % 2 == 0 { &a } else { &b }).await;
+        let (admitted, sent) = (admitted.clone(), sent.clone());
+        tasks.push(tokio::spawn(async move {
+            while sent.fetch_add(1, Ordering::SeqCst) < 2000 {
+                let r = call(&mut c, &[("hot", "k")]).await.expect("decided");
+                if r.overall_code == Code::Ok as i32 {
+                    admitted.fetch_add(1, Ordering::SeqCst);
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("client task");
+    }
+    assert_eq!(
+        admitted.load(Ordering::SeqCst),
+        200,
+        "exactly the burst, across two instances"
+    );
+
+    // the key carries the hash tag and a TTL: ≈ 200 tokens at 1/day + margin
+    let raw = raw_client(&cluster.url()).await;
+    let ttl: i64 = raw.pttl(key_of(&[("hot", "k")], "0")).await.expect("PTTL");
+    assert!(
+        ttl > 199 * 86_400_000 && ttl <= 200 * 86_400_000 + 1_000,
+        "ttl {ttl}"
+    );
+    let (keys, without_ttl) = count_keys(cluster.nodes.iter().map(|n| n.port));
+    assert!(keys >= 1);
+    assert_eq!(without_ttl, 0, "every bucket key expires");
+    a.shutdown().await.expect("stop a");
+    b.shutdown().await.expect("stop b");
+}
+
+#[tokio::test]
+async fn several_limits_are_all_or_nothing_in_one_slot() {
+    let cluster = RedisCluster::start();
+    let rules = rules_dir(RULES);
+    let s = start(&cluster.url(), &rules).await;
+    let mut c = client(&s).await;
+    let login = [("login", "u")];
+    let codes = {
+        let mut v = Vec::new();
+        for _ in 0..4 {
+            v.push(call(&mut c, &login).await.expect("decided").overall_code);
+        }
+        v
+    };
+    let (ok, over) = (Code::Ok as i32, Code::OverLimit as i32);
+    assert_eq!(codes, [ok, ok, ok, over]);
+    // the long bucket paid only for the three admitted requests
+    let raw = raw_client(&cluster.url()).await;
+    let short = key_of(&login, "short");
+    let long = key_of(&login, "long");
+    assert_eq!(
+        fred::util::redis_keyslot(&short),
+        fred::util::redis_keyslot(&long)
+    );
+    let tokens: Option<String> = raw.hget(long, "t").await.expect("HGET");
+    let tokens: f64 = tokens.expect("stored").parse().expect("float");
+    assert!((tokens - 2.0).abs() < 0.01, "long bucket holds {tokens}");
+    s.shutdown().await.expect("stop");
+}
+
+/// EVAL (not EVALSHA) calls served by the whole cluster so far.
+fn eval_calls(cluster: &RedisCluster) -> u64 {
+    cluster
+        .nodes
+        .iter()
+        .map(|n| n.cli(&["INFO", "commandstats"]))
+        .filter_map(|info| {
+            info.lines()
+                .find(|l| l.starts_with("cmdstat_eval:"))
+                .and_then(|l| l.split("calls=").nth(1))
+                .and_then(|v| v.split(',').next())
+                .and_then(|v| v.parse::<u64>().ok())
+        })
+        .sum()
+}
+
+#[tokio::test]
+async fn script_cache_flush_is_recovered() {
+    let cluster = RedisCluster::start();
+    let rules = rules_dir(RULES);
+    let s = start(&cluster.url(), &rules).await;
+    let mut c = client(&s).await;
+    for _ in 0..3 {
+        call(&mut c, &[("hot", "flush")]).await.expect("decided");
+    }
+    let evals_before = eval_calls(&cluster);
+    for node in &cluster.nodes {
+        assert!(node.cli(&["SCRIPT", "FLUSH"]).contains("OK"));
+    }
+    let r = call(&mut c, &[("hot", "flush")])
+        .await
+        .expect("decided after flush");
+    assert_eq!(
+        r.statuses[0].limit_remaining, 196,
+        "state kept, script reloaded"
+    );
+    assert_eq!(
+        eval_calls(&cluster) - evals_before,
+        1,
+        "exactly one EVAL after NOSCRIPT"
+    );
+    let r = call(&mut c, &[("hot", "flush")]).await.expect("decided");
+    assert_eq!(r.statuses[0].limit_remaining, 195, "EVALSHA works again");
+    s.shutdown().await.expect("stop");
+}
+
+/// Moves `slot` from its owner to another primary with the commands
+/// `redis-cli --cluster reshard` uses, keys included.
+async fn migrate_slot(cluster: &RedisCluster, slot: u16, raw: &Client) -> (usize, usize) {
+    let src = cluster.owner_of_slot(slot);
+    let dst = *cluster
+        .primaries()
+        .iter()
+        .find(|&&p| p != src)
+        .expect("another primary");
+    let id = |i: usize| {
+        cluster.nodes[i]
+            .cli(&["CLUSTER", "MYID"])
+            .trim()
+            .to_string()
+    };
+    let (src_id, dst_id) = (id(src), id(dst));
+    let slot_s = slot.to_string();
+    assert!(cluster.nodes[dst]
+        .cli(&["CLUSTER", "SETSLOT", &slot_s, "IMPORTING", &src_id])
+        .contains("OK"));
+    assert!(cluster.nodes[src]
+        .cli(&["CLUSTER", "SETSLOT", &slot_s, "MIGRATING", &dst_id])
+        .contains("OK"));
+    let on_src = Options {
+        cluster_node: Some(fred::types::config::Server::new(
+            "127.0.0.1",
+            cluster.nodes[src].port,
+        )),
+        ..Options::default()
+    };
+    let keys: Vec<fred::bytes::Bytes> = raw
+        .with_options(&on_src)
+        .custom(
+            fred::cmd!("CLUSTER"),
+            vec!["GETKEYSINSLOT".to_string(), slot.to_string(), "100".into()],
+        )
+        .await
+        .expect("GETKEYSINSLOT");
+    if !keys.is_empty() {
+        let mut args: Vec<Value> = vec![
+            "127.0.0.1".into(),
+            i64::from(cluster.nodes[dst].port).into(),
+            "".into(),
+            0.into(),
+            5000.into(),
+            "KEYS".into(),
+        ];
+        args.extend(keys.into_iter().map(Value::Bytes));
+        let _: Value = raw
+            .with_options(&on_src)
+            .custom(fred::cmd!("MIGRATE"), args)
+            .await
+            .expect("MIGRATE");
+    }
+    for p in cluster.primaries() {
+        assert!(cluster.nodes[p]
+            .cli(&["CLUSTER", "SETSLOT", &slot_s, "NODE", &dst_id])
+            .contains("OK"));
+    }
+    (src, dst)
+}
+
+#[tokio::test]
+async fn a_slot_moved_while_serving_keeps_its_budget() {
+    let cluster = RedisCluster::start();
+    let rules = rules_dir(RULES);
+    let s = start(&cluster.url(), &rules).await;
+    let entries = [("moving", "m")];
+    let key = key_of(&entries, "0");
+    let slot = fred::util::redis_keyslot(&key);
+    let mut c = client(&s).await;
+    let mut admitted = 0;
+    for _ in 0..40 {
+        if call(&mut c, &entries).await.expect("decided").overall_code == Code::Ok as i32 {
+            admitted += 1;
+        }
+    }
+    // keep deciding from 8 clients while the slot moves
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let during = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        let mut c = client(&s).await;
+        let (stop, during) = (stop.clone(), during.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut calls = 0;
+            while !stop.load(Ordering::SeqCst) && calls < 500 {
+                calls += 1;
+                let r = call(&mut c, &[("moving", "m")])
+                    .await
+                    .expect("every call is decided");
+                if r.overall_code == Code::Ok as i32 {
+                    during.fetch_add(1, Ordering::SeqCst);
+                }
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        }));
+    }
+    let raw = raw_client(&cluster.url()).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let (src, dst) = migrate_slot(&cluster, slot, &raw).await;
+    assert_ne!(src, dst);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    stop.store(true, Ordering::SeqCst);
+    for t in tasks {
+        t.await.expect("client task");
+    }
+    admitted += during.load(Ordering::SeqCst);
+    for _ in 0..100 {
+        if call(&mut c, &entries).await.expect("decided").overall_code == Code::Ok as i32 {
+            admitted += 1;
+        }
+    }
+    assert_eq!(
+        admitted, 100,
+        "the budget moved with the slot: nothing lost, nothing doubled"
+    );
+    assert_eq!(cluster.owner_of_slot(slot), dst);
+    s.shutdown().await.expect("stop");
+}
+
+#[tokio::test]
+async fn acl_user_authenticates_and_a_wrong_password_fails_closed() {
+    let redis = RedisServer::standalone();
+    assert!(redis
+        .cli(&["ACL", "SETUSER", "rls", "on", ">s3cret", "~rls:*", "+@all"])
+        .contains("OK"));
+    let rules = rules_dir(RULES);
+    let good = start(
+        &format!("redis://rls:s3cret@127.0.0.1:{}", redis.port),
+        &rules,
+    )
+    .await;
+    let mut c = client(&good).await;
+    let r = call(&mut c, &[("hot", "acl")]).await.expect("decided");
+    assert_eq!(r.statuses[0].limit_remaining, 199);
+    good.shutdown().await.expect("stop");
+
+    let bad = start(
+        &format!("redis://rls:wrong@127.0.0.1:{}", redis.port),
+        &rules,
+    )
+    .await;
+    let mut c = client(&bad).await;
+    let err = call(&mut c, &[("hot", "acl")])
+        .await
+        .expect_err("cannot decide");
+    assert_eq!(err.code(), tonic::Code::Unavailable, "closed rule: {err:?}");
+    bad.shutdown().await.expect("stop");
+}
