@@ -135,6 +135,10 @@ impl RedisCluster {
                         "nodes.conf",
                         "--cluster-node-timeout",
                         "1000",
+                        // Redis 7 waits 5 s before a diskless full sync; a replica
+                        // that never synced refuses to take over.
+                        "--repl-diskless-sync-delay",
+                        "0",
                     ],
                 )
             })
@@ -160,7 +164,7 @@ impl RedisCluster {
         cluster
     }
 
-    /// Waits until every node reports `cluster_state:ok` and 3 primaries each have a replica.
+    /// Waits until every node reports `cluster_state:ok` and 3 replicas are in sync.
     pub fn wait_ok(&self) {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
@@ -169,7 +173,10 @@ impl RedisCluster {
                 .all(|n| n.cli(&["CLUSTER", "INFO"]).contains("cluster_state:ok"));
             let replicas = self
                 .live()
-                .filter(|n| n.cli(&["ROLE"]).starts_with("slave"))
+                .filter(|n| {
+                    let info = n.cli(&["INFO", "replication"]);
+                    info.contains("role:slave") && info.contains("master_link_status:up")
+                })
                 .count();
             if all_ok && replicas >= 3 {
                 return;
