@@ -16,6 +16,7 @@ use crate::admin::{self, AdminState};
 use crate::cli::{ServeArgs, StoreKind};
 use crate::clock::MonotonicClock;
 use crate::limiter::Limiter;
+use crate::rules::reload::Reloader;
 use crate::rules::{self, LoadOptions};
 use crate::service::{RateLimitGrpc, ResponseOptions, SharedRules};
 use crate::store::memory::MemoryStore;
@@ -27,6 +28,7 @@ pub struct RunningServer {
     pub grpc_addr: SocketAddr,
     pub admin_addr: SocketAddr,
     pub rules: SharedRules,
+    pub reloader: Arc<Reloader>,
     stop: watch::Sender<bool>,
     tasks: Vec<JoinHandle<Result<()>>>,
 }
@@ -61,6 +63,10 @@ pub async fn start(args: &ServeArgs) -> Result<RunningServer> {
         tracing::warn!(config = %args.config.display(), "no rules loaded: every request will be answered OK");
     }
     let rules: SharedRules = Arc::new(ArcSwap::from_pointee(loaded.with_generation(1)));
+    let reloader = Reloader::new(args.config.clone(), args.merge_domains, rules.clone());
+    reloader
+        .spawn()
+        .with_context(|| format!("cannot watch {} for changes", args.config.display()))?;
 
     let store: Arc<dyn Store> = match args.store {
         StoreKind::Memory => {
@@ -140,6 +146,7 @@ pub async fn start(args: &ServeArgs) -> Result<RunningServer> {
         grpc_addr,
         admin_addr,
         rules,
+        reloader,
         stop,
         tasks,
     })

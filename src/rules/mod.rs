@@ -8,6 +8,7 @@ mod compile;
 pub mod error;
 pub mod loader;
 pub mod matcher;
+pub mod reload;
 pub mod schema;
 pub mod unit;
 pub mod wildcard;

@@ -1,0 +1,395 @@
+//! `rls-bench`: a gRPC load generator for any Envoy rate-limit service
+//! (this one, Limitador, envoyproxy/ratelimit).
+//!
+//! Closed loop: `--connections` × `--concurrency` callers, each sending its
+//! next request when the last one is answered. Open loop (`--rate`): requests
+//! are due at fixed intervals whatever the service does, and latency counts
+//! from when a request was due, so a stalled service shows up as latency
+//! instead of being hidden by a slower send rate (coordinated omission).
+//! Keys: one hot key, uniform over K keys, or zipf(s) over K keys.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use clap::{Parser, ValueEnum};
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use hdrhistogram::Histogram;
+use tonic::transport::{Channel, Endpoint};
+
+#[derive(Debug, Clone, Copy, PartialEq, ValueEnum)]
+enum Distribution {
+    /// Every request on one key.
+    Hot,
+    /// Uniform over --keys keys.
+    Uniform,
+    /// Zipf over --keys keys with exponent --zipf-s.
+    Zipf,
+}
+
+#[derive(Debug, Clone, Parser)]
+#[command(
+    name = "rls-bench",
+    version,
+    about = "Load generator for Envoy rate-limit services (gRPC ShouldRateLimit)"
+)]
+struct Args {
+    /// The service, e.g. http://127.0.0.1:8081.
+    #[arg(long, default_value = "http://127.0.0.1:8081")]
+    target: String,
+    #[arg(long, default_value = "bench")]
+    domain: String,
+    /// Descriptor key; its value is the chosen key (`k<N>`).
+    #[arg(long, default_value = "key")]
+    key: String,
+    #[arg(long, value_enum, default_value = "hot")]
+    distribution: Distribution,
+    /// Distinct values for uniform and zipf.
+    #[arg(long, default_value_t = 10_000)]
+    keys: u64,
+    #[arg(long, default_value_t = 1.0)]
+    zipf_s: f64,
+    /// Descriptors per request (each with its own key draw).
+    #[arg(long, default_value_t = 1)]
+    descriptors: usize,
+    /// hits_addend of every request (0: unset, which means 1).
+    #[arg(long, default_value_t = 0)]
+    hits_addend: u32,
+    /// HTTP/2 connections.
+    #[arg(long, default_value_t = 8)]
+    connections: usize,
+    /// Closed loop: requests in flight per connection.
+    #[arg(long, default_value_t = 16)]
+    concurrency: usize,
+    /// Open loop: requests per second in total (closed loop when absent).
+    #[arg(long)]
+    rate: Option<u64>,
+    /// How long to measure.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    duration: Duration,
+    /// Stop after this many requests instead (whichever comes first).
+    #[arg(long)]
+    requests: Option<u64>,
+    /// Unmeasured warm-up before the run.
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    warmup: Duration,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+/// SplitMix64: fast, small, good enough to pick keys.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn unit(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// Chooses key indexes according to the distribution.
+struct Keys {
+    dist: Distribution,
+    count: u64,
+    /// Zipf: cumulative probabilities, searched with a uniform draw.
+    cdf: Vec<f64>,
+}
+
+impl Keys {
+    fn new(dist: Distribution, count: u64, s: f64) -> Self {
+        let count = count.max(1);
+        let cdf = if dist == Distribution::Zipf {
+            let weights: Vec<f64> = (1..=count).map(|k| 1.0 / (k as f64).powf(s)).collect();
+            let total: f64 = weights.iter().sum();
+            let mut acc = 0.0;
+            weights
+                .iter()
+                .map(|w| {
+                    acc += w / total;
+                    acc
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        Self { dist, count, cdf }
+    }
+
+    fn pick(&self, rng: &mut Rng) -> u64 {
+        match self.dist {
+            Distribution::Hot => 0,
+            Distribution::Uniform => rng.next() % self.count,
+            Distribution::Zipf => {
+                let u = rng.unit();
+                self.cdf.partition_point(|&c| c < u).min(self.cdf.len() - 1) as u64
+            }
+        }
+    }
+}
+
+#[derive(Default)]
+struct Counts {
+    ok: AtomicU64,
+    over: AtomicU64,
+    errors: AtomicU64,
+}
+
+struct Shared {
+    args: Args,
+    keys: Keys,
+    counts: Counts,
+    sent: AtomicU64,
+}
+
+impl Shared {
+    fn request(&self, rng: &mut Rng) -> RateLimitRequest {
+        RateLimitRequest {
+            domain: self.args.domain.clone(),
+            descriptors: (0..self.args.descriptors)
+                .map(|_| RateLimitDescriptor {
+                    entries: vec![Entry {
+                        key: self.args.key.clone(),
+                        value: format!("k{}", self.keys.pick(rng)),
+                    }],
+                    ..Default::default()
+                })
+                .collect(),
+            hits_addend: self.args.hits_addend,
+        }
+    }
+
+    /// Reserves one request slot; false when --requests is used up.
+    fn take(&self) -> bool {
+        let n = self.sent.fetch_add(1, Ordering::Relaxed);
+        self.args.requests.is_none_or(|max| n < max)
+    }
+
+    fn record(
+        &self,
+        result: &Result<
+            tonic::Response<envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse>,
+            tonic::Status,
+        >,
+    ) {
+        let counter = match result {
+            Ok(r) if r.get_ref().overall_code == Code::OverLimit as i32 => &self.counts.over,
+            Ok(_) => &self.counts.ok,
+            Err(_) => &self.counts.errors,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+fn histogram() -> Histogram<u64> {
+    // 1 µs to 60 s, 3 significant digits.
+    Histogram::new_with_bounds(1, 60_000_000, 3).expect("valid histogram bounds")
+}
+
+async fn connect(target: &str) -> Result<RateLimitServiceClient<Channel>> {
+    let channel = Endpoint::from_shared(target.to_string())
+        .context("invalid --target")?
+        .tcp_nodelay(true)
+        .connect()
+        .await
+        .with_context(|| format!("cannot connect to {target}"))?;
+    Ok(RateLimitServiceClient::new(channel))
+}
+
+/// Closed loop: each caller sends when its last request was answered.
+async fn closed_loop(
+    shared: Arc<Shared>,
+    clients: Vec<RateLimitServiceClient<Channel>>,
+    until: Instant,
+) -> Histogram<u64> {
+    let mut tasks = Vec::new();
+    for (c, client) in clients.into_iter().enumerate() {
+        for m in 0..shared.args.concurrency {
+            let (shared, mut client) = (shared.clone(), client.clone());
+            let seed = (c * 1000 + m) as u64 + 1;
+            tasks.push(tokio::spawn(async move {
+                let mut rng = Rng(seed);
+                let mut hist = histogram();
+                while Instant::now() < until && shared.take() {
+                    let req = shared.request(&mut rng);
+                    let start = Instant::now();
+                    let result = client.should_rate_limit(req).await;
+                    let _ = hist.record(start.elapsed().as_micros().max(1) as u64);
+                    shared.record(&result);
+                }
+                hist
+            }));
+        }
+    }
+    let mut total = histogram();
+    for t in tasks {
+        if let Ok(h) = t.await {
+            let _ = total.add(&h);
+        }
+    }
+    total
+}
+
+/// Open loop: request i is due at start + i / rate; latency counts from then.
+async fn open_loop(
+    shared: Arc<Shared>,
+    clients: Vec<RateLimitServiceClient<Channel>>,
+    rate: u64,
+    until: Instant,
+) -> Histogram<u64> {
+    let interval = Duration::from_secs_f64(1.0 / rate.max(1) as f64);
+    let hist = Arc::new(parking_lot::Mutex::new(histogram()));
+    let start = Instant::now();
+    let mut rng = Rng(7);
+    let mut tasks = Vec::new();
+    let mut i: u64 = 0;
+    loop {
+        let due = start + interval.mul_f64(i as f64);
+        if due >= until || !shared.take() {
+            break;
+        }
+        tokio::time::sleep_until(due.into()).await;
+        let req = shared.request(&mut rng);
+        let mut client = clients[(i as usize) % clients.len()].clone();
+        let (shared, hist) = (shared.clone(), hist.clone());
+        tasks.push(tokio::spawn(async move {
+            let result = client.should_rate_limit(req).await;
+            let _ = hist.lock().record(due.elapsed().as_micros().max(1) as u64);
+            shared.record(&result);
+        }));
+        if tasks.len() >= 10_000 {
+            tasks.retain(|t: &tokio::task::JoinHandle<()>| !t.is_finished());
+        }
+        i += 1;
+    }
+    for t in tasks {
+        let _ = t.await;
+    }
+    let h = hist.lock().clone();
+    h
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let args = Args::parse();
+    let mut clients = Vec::with_capacity(args.connections.max(1));
+    for _ in 0..args.connections.max(1) {
+        clients.push(connect(&args.target).await?);
+    }
+    let shared = Arc::new(Shared {
+        keys: Keys::new(args.distribution, args.keys, args.zipf_s),
+        counts: Counts::default(),
+        sent: AtomicU64::new(0),
+        args,
+    });
+
+    if !shared.args.warmup.is_zero() {
+        // Same callers and keys, no request cap, nothing recorded.
+        let warm = Arc::new(Shared {
+            args: Args {
+                requests: None,
+                ..shared.args.clone()
+            },
+            keys: Keys::new(
+                shared.args.distribution,
+                shared.args.keys,
+                shared.args.zipf_s,
+            ),
+            counts: Counts::default(),
+            sent: AtomicU64::new(0),
+        });
+        closed_loop(warm, clients.clone(), Instant::now() + shared.args.warmup).await;
+    }
+
+    let started = Instant::now();
+    let until = started + shared.args.duration;
+    let hist = match shared.args.rate {
+        Some(rate) => open_loop(shared.clone(), clients, rate, until).await,
+        None => closed_loop(shared.clone(), clients, until).await,
+    };
+    let elapsed = started.elapsed().as_secs_f64();
+    let (ok, over, errors) = (
+        shared.counts.ok.load(Ordering::Relaxed),
+        shared.counts.over.load(Ordering::Relaxed),
+        shared.counts.errors.load(Ordering::Relaxed),
+    );
+    let total = ok + over + errors;
+    let rps = total as f64 / elapsed;
+    let q = |p: f64| hist.value_at_quantile(p);
+    let a = &shared.args;
+    let mode = match a.rate {
+        Some(r) => format!("open loop at {r}/s"),
+        None => format!("closed loop {}x{}", a.connections, a.concurrency),
+    };
+    if a.json {
+        let json = serde_json::json!({
+            "target": a.target, "mode": mode, "distribution": format!("{:?}", a.distribution).to_lowercase(),
+            "keys": a.keys, "descriptors": a.descriptors, "seconds": elapsed,
+            "requests": total, "ok": ok, "over_limit": over, "errors": errors, "throughput_rps": rps,
+            "latency_us": {"p50": q(0.5), "p90": q(0.9), "p99": q(0.99), "p999": q(0.999), "max": hist.max()},
+        });
+        println!("{json}");
+    } else {
+        println!(
+            "{} {mode}, {:?} keys ({}), {} descriptor(s)/request, {elapsed:.1} s",
+            a.target, a.distribution, a.keys, a.descriptors
+        );
+        println!("requests {total}: ok {ok}, over_limit {over}, errors {errors}");
+        println!("throughput {rps:.0} requests/s");
+        println!(
+            "latency µs: p50 {} p90 {} p99 {} p999 {} max {}",
+            q(0.5),
+            q(0.9),
+            q(0.99),
+            q(0.999),
+            hist.max()
+        );
+    }
+    if errors > 0 && errors == total {
+        anyhow::bail!("every request failed");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn zipf_prefers_low_ranks_and_stays_in_range() {
+        let keys = Keys::new(Distribution::Zipf, 100, 1.0);
+        let mut rng = Rng(1);
+        let mut counts = [0u32; 100];
+        for _ in 0..100_000 {
+            counts[keys.pick(&mut rng) as usize] += 1;
+        }
+        assert!(counts[0] > counts[1] && counts[1] > counts[10] && counts[10] > counts[99]);
+        // rank 1 has 1/H(100) ≈ 19.3 % of the mass
+        assert!((17_000..21_500).contains(&counts[0]), "{}", counts[0]);
+    }
+
+    #[test]
+    fn uniform_and_hot() {
+        let mut rng = Rng(3);
+        let hot = Keys::new(Distribution::Hot, 100, 1.0);
+        assert!((0..1000).all(|_| hot.pick(&mut rng) == 0));
+        let uniform = Keys::new(Distribution::Uniform, 10, 1.0);
+        let mut seen = [false; 10];
+        for _ in 0..1000 {
+            seen[uniform.pick(&mut rng) as usize] = true;
+        }
+        assert!(seen.iter().all(|s| *s));
+    }
+}
