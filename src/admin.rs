@@ -1,47 +1,51 @@
-//! The admin HTTP endpoint: `/healthz`, `/readyz` and `/config`.
+//! The admin HTTP endpoint: `/metrics`, `/healthz`, `/readyz` and `/config`.
 //!
-//! Sits beside the request path and only reads the shared rules snapshot.
+//! Sits beside the request path and only reads shared state.
+
+use std::sync::Arc;
 
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Json};
 use axum::routing::get;
 use axum::Router;
 use serde_json::json;
 
+use crate::health::Health;
 use crate::service::SharedRules;
+use crate::telemetry::Metrics;
 
 #[derive(Clone)]
 pub struct AdminState {
     pub rules: SharedRules,
-    pub store: &'static str,
+    pub health: Health,
+    pub metrics: Arc<Metrics>,
 }
 
 pub fn router(state: AdminState) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
         .route("/config", get(config))
         .with_state(state)
 }
 
 async fn readyz(State(state): State<AdminState>) -> impl IntoResponse {
-    let rules = state.rules.load();
-    if rules.generation() == 0 {
-        (
+    match state.health.readiness() {
+        Ok(detail) => (StatusCode::OK, format!("ready: {detail}\n")),
+        Err(reason) => (
             StatusCode::SERVICE_UNAVAILABLE,
-            "rules not loaded\n".to_string(),
-        )
-    } else {
-        (
-            StatusCode::OK,
-            format!(
-                "ready: rules generation {}, store {}\n",
-                rules.generation(),
-                state.store
-            ),
-        )
+            format!("not ready: {reason}\n"),
+        ),
     }
+}
+
+async fn metrics(State(state): State<AdminState>) -> impl IntoResponse {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        state.metrics.render(),
+    )
 }
 
 async fn config(State(state): State<AdminState>) -> impl IntoResponse {
@@ -59,7 +63,7 @@ async fn config(State(state): State<AdminState>) -> impl IntoResponse {
     domains.sort_by(|a, b| a["domain"].as_str().cmp(&b["domain"].as_str()));
     Json(json!({
         "generation": rules.generation(),
-        "store": state.store,
+        "store": state.health.limiter.store_name(),
         "files": rules.files(),
         "domains": domains,
     }))

@@ -7,6 +7,7 @@ use std::time::Duration;
 use clap::{Parser, Subcommand, ValueEnum};
 
 use crate::rules::FailureMode;
+use crate::telemetry::tracing::LogFormat;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -77,4 +78,10 @@ pub struct ServeArgs {
     /// One domain may span several files.
     #[arg(long, env = "RLS_MERGE_DOMAINS")]
     pub merge_domains: bool,
+    /// OTLP/gRPC collector for traces, e.g. http://127.0.0.1:4317 (none: tracing off).
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
+    pub otlp_endpoint: Option<String>,
+    /// Log lines as text or JSON (level from RUST_LOG, default info).
+    #[arg(long, env = "RLS_LOG_FORMAT", value_enum, default_value = "text")]
+    pub log_format: LogFormat,
 }

@@ -3,13 +3,15 @@
 //! The request path reads top to bottom: [`service`] (gRPC, request checks,
 //! the answer) → [`rules`] (which rule a descriptor reaches) → [`limiter`]
 //! (bucket math, decisions, failure policy) → [`store`] (where bucket state
-//! lives). [`admin`] and [`server`] sit beside it.
+//! lives). [`admin`], [`health`], [`telemetry`] and [`server`] sit beside it.
 
 pub mod admin;
 pub mod cli;
 pub mod clock;
+pub mod health;
 pub mod limiter;
 pub mod rules;
 pub mod server;
 pub mod service;
 pub mod store;
+pub mod telemetry;

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use clap::Parser;
 use tokenbucket_rls::cli::{Cli, Command};
 use tokenbucket_rls::rules::{self, LoadOptions};
-use tracing_subscriber::EnvFilter;
+use tokenbucket_rls::telemetry::tracing;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -15,11 +15,6 @@ fn main() -> ExitCode {
             merge_domains,
         }) => check_config(&path, merge_domains),
         None => {
-            tracing_subscriber::fmt()
-                .with_env_filter(
-                    EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
-                )
-                .init();
             let runtime = match tokio::runtime::Runtime::new() {
                 Ok(rt) => rt,
                 Err(e) => {
@@ -27,7 +22,12 @@ fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
-            match runtime.block_on(tokenbucket_rls::server::run(cli.serve)) {
+            let result = runtime.block_on(async {
+                let _tracing =
+                    tracing::init(cli.serve.log_format, cli.serve.otlp_endpoint.as_deref())?;
+                tokenbucket_rls::server::run(cli.serve).await
+            });
+            match result {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("error: {e:#}");

@@ -15,6 +15,7 @@ use tokio::task::JoinHandle;
 use crate::admin::{self, AdminState};
 use crate::cli::{ServeArgs, StoreKind};
 use crate::clock::MonotonicClock;
+use crate::health::Health;
 use crate::limiter::Limiter;
 use crate::rules::reload::Reloader;
 use crate::rules::{self, LoadOptions};
@@ -22,6 +23,7 @@ use crate::service::{RateLimitGrpc, ResponseOptions, SharedRules};
 use crate::store::memory::MemoryStore;
 use crate::store::redis::{RedisSettings, RedisStore};
 use crate::store::Store;
+use crate::telemetry::Metrics;
 
 /// A started server: its bound addresses and a way to stop it.
 pub struct RunningServer {
@@ -29,6 +31,7 @@ pub struct RunningServer {
     pub admin_addr: SocketAddr,
     pub rules: SharedRules,
     pub reloader: Arc<Reloader>,
+    pub metrics: Arc<Metrics>,
     stop: watch::Sender<bool>,
     tasks: Vec<JoinHandle<Result<()>>>,
 }
@@ -63,7 +66,13 @@ pub async fn start(args: &ServeArgs) -> Result<RunningServer> {
         tracing::warn!(config = %args.config.display(), "no rules loaded: every request will be answered OK");
     }
     let rules: SharedRules = Arc::new(ArcSwap::from_pointee(loaded.with_generation(1)));
-    let reloader = Reloader::new(args.config.clone(), args.merge_domains, rules.clone());
+    let metrics = Arc::new(Metrics::new());
+    let reloader = Reloader::new(
+        args.config.clone(),
+        args.merge_domains,
+        rules.clone(),
+        metrics.clone(),
+    );
     reloader
         .spawn()
         .with_context(|| format!("cannot watch {} for changes", args.config.display()))?;
@@ -91,10 +100,16 @@ pub async fn start(args: &ServeArgs) -> Result<RunningServer> {
             )
         }
     };
-    let limiter = Arc::new(Limiter::new(store, args.failure_mode, args.instances));
+    let limiter = Arc::new(Limiter::new(
+        store,
+        args.failure_mode,
+        args.instances,
+        metrics.clone(),
+    ));
     let service = RateLimitGrpc::new(
         rules.clone(),
         limiter.clone(),
+        metrics.clone(),
         ResponseOptions {
             rate_limit_headers: args.response_headers,
         },
@@ -114,7 +129,15 @@ pub async fn start(args: &ServeArgs) -> Result<RunningServer> {
         let _ = rx.wait_for(|s| *s).await;
     };
 
+    let health = Health {
+        rules: rules.clone(),
+        limiter: limiter.clone(),
+    };
+    let (reporter, health_service) = tonic_health::server::health_reporter();
+    health.clone().spawn_grpc_sync(reporter);
+
     let grpc = tonic::transport::Server::builder()
+        .add_service(health_service)
         .add_service(RateLimitServiceServer::new(service))
         .serve_with_incoming_shutdown(
             tonic::transport::server::TcpIncoming::from(grpc_listener).with_nodelay(Some(true)),
@@ -124,7 +147,8 @@ pub async fn start(args: &ServeArgs) -> Result<RunningServer> {
         admin_listener,
         admin::router(AdminState {
             rules: rules.clone(),
-            store: limiter.store_name(),
+            health,
+            metrics: metrics.clone(),
         }),
     )
     .with_graceful_shutdown(until_stopped(stopped));
@@ -147,6 +171,7 @@ pub async fn start(args: &ServeArgs) -> Result<RunningServer> {
         admin_addr,
         rules,
         reloader,
+        metrics,
         stop,
         tasks,
     })

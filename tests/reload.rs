@@ -66,9 +66,10 @@ impl Running {
         }
     }
 
+    /// rls_config_reloads_total for ok and error.
     fn counts(&self) -> (u64, u64) {
-        let c = &self.server.reloader.counts;
-        (c.ok.load(Ordering::SeqCst), c.error.load(Ordering::SeqCst))
+        let m = &self.server.metrics;
+        (m.reloads("ok"), m.reloads("error"))
     }
 }
 

@@ -12,7 +12,10 @@ pub mod key;
 use std::collections::HashSet;
 use std::sync::Arc;
 
+use std::time::Instant;
+
 use futures::future::join_all;
+use tracing::Instrument;
 
 use crate::clock::MonotonicClock;
 use crate::rules::{
@@ -20,6 +23,8 @@ use crate::rules::{
 };
 use crate::store::memory::MemoryStore;
 use crate::store::{BucketRef, DescriptorBuckets, Store, StoreError};
+use crate::telemetry::tracing::SPAN_TARGET;
+use crate::telemetry::Metrics;
 use bucket::{BucketOutcome, BucketParams, Cost};
 use key::KeyOrigin;
 
@@ -142,6 +147,7 @@ impl LimitRef<'_> {
 /// Turns requests into decisions against a store.
 pub struct Limiter {
     store: Arc<dyn Store>,
+    metrics: Arc<Metrics>,
     default_failure_mode: FailureMode,
     /// Decides for `local` rules while the store is failing: B/N and r/N.
     local: MemoryStore<MonotonicClock>,
@@ -149,9 +155,15 @@ pub struct Limiter {
 }
 
 impl Limiter {
-    pub fn new(store: Arc<dyn Store>, default_failure_mode: FailureMode, instances: u32) -> Self {
+    pub fn new(
+        store: Arc<dyn Store>,
+        default_failure_mode: FailureMode,
+        instances: u32,
+        metrics: Arc<Metrics>,
+    ) -> Self {
         Self {
             store,
+            metrics,
             default_failure_mode,
             local: MemoryStore::new(MonotonicClock::new()),
             instances: instances.max(1),
@@ -160,6 +172,14 @@ impl Limiter {
 
     pub fn store_name(&self) -> &'static str {
         self.store.name()
+    }
+
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    pub fn default_failure_mode(&self) -> FailureMode {
+        self.default_failure_mode
     }
 
     /// Decides every descriptor of one request. Each descriptor is decided on
@@ -189,10 +209,23 @@ impl Limiter {
                 limits,
                 buckets,
                 cost,
-            } => match self.store.decide(buckets, *cost).await {
-                Ok(outcomes) => Ok(decision_from(*rule, limits, &outcomes)),
-                Err(e) => self.on_store_error(*rule, limits, buckets, *cost, e),
-            },
+            } => {
+                let started = Instant::now();
+                let result = self
+                    .store
+                    .decide(buckets, *cost)
+                    .instrument(tracing::info_span!(target: SPAN_TARGET, "store.decide", store = self.store.name()))
+                    .await;
+                self.metrics
+                    .observe_store_call(self.store.name(), started.elapsed().as_secs_f64());
+                match result {
+                    Ok(outcomes) => Ok(decision_from(*rule, limits, &outcomes)),
+                    Err(e) => {
+                        self.metrics.store_error(e.kind());
+                        self.on_store_error(*rule, limits, buckets, *cost, e)
+                    }
+                }
+            }
         }
     }
 
@@ -207,6 +240,7 @@ impl Limiter {
         let mode = rule
             .and_then(|r| r.failure_mode)
             .unwrap_or(self.default_failure_mode);
+        self.metrics.failure_policy(mode);
         match mode {
             FailureMode::Open => Ok(Decision::without_limit(Verdict::FailedOpen, rule.cloned())),
             FailureMode::Closed => Err(Unavailable(error)),

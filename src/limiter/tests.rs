@@ -51,6 +51,7 @@ fn memory_limiter() -> Limiter {
         Arc::new(MemoryStore::new(ManualClock::new(1_000_000))),
         FailureMode::Open,
         1,
+        Arc::default(),
     )
 }
 
@@ -268,7 +269,7 @@ impl Store for DeadStore {
 #[tokio::test]
 async fn failure_modes_when_the_store_is_down() {
     let r = rules();
-    let open = Limiter::new(Arc::new(DeadStore), FailureMode::Open, 2);
+    let open = Limiter::new(Arc::new(DeadStore), FailureMode::Open, 2, Arc::default());
     assert_eq!(
         verdicts(&open, &r, &[vec![("user", "x")]]).await,
         [Verdict::FailedOpen]
@@ -287,7 +288,7 @@ async fn failure_modes_when_the_store_is_down() {
     }
     assert_eq!(admitted, 5);
     // the server default applies to rules without their own mode
-    let default_closed = Limiter::new(Arc::new(DeadStore), FailureMode::Closed, 1);
+    let default_closed = Limiter::new(Arc::new(DeadStore), FailureMode::Closed, 1, Arc::default());
     assert!(default_closed
         .decide(&r, "d", &[input(&vec![("user", "x")], Cost::Spend(1))])
         .await

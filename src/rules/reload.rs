@@ -12,7 +12,6 @@
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,6 +20,7 @@ use parking_lot::Mutex;
 
 use super::{load_path, rule_files, ConfigErrors, LoadOptions, RuleSet};
 use crate::service::SharedRules;
+use crate::telemetry::Metrics;
 
 /// How long the files must be quiet before a reload (an editor's burst of
 /// events, a `cp` of several files, a ConfigMap swap).
@@ -36,13 +36,6 @@ pub enum ReloadOutcome {
     Rejected,
 }
 
-/// Counts of reload results, for `rls_config_reloads_total`.
-#[derive(Debug, Default)]
-pub struct ReloadCounts {
-    pub ok: AtomicU64,
-    pub error: AtomicU64,
-}
-
 pub struct Reloader {
     path: PathBuf,
     merge_domains: bool,
@@ -51,20 +44,26 @@ pub struct Reloader {
     applied: Mutex<Option<u64>>,
     /// Fingerprint of the last rejected files, so an error is logged once.
     rejected: Mutex<Option<u64>>,
-    pub counts: ReloadCounts,
+    metrics: Arc<Metrics>,
 }
 
 impl Reloader {
     /// `rules` holds what was loaded at start-up from `path`.
-    pub fn new(path: PathBuf, merge_domains: bool, rules: SharedRules) -> Arc<Self> {
+    pub fn new(
+        path: PathBuf,
+        merge_domains: bool,
+        rules: SharedRules,
+        metrics: Arc<Metrics>,
+    ) -> Arc<Self> {
         let applied = fingerprint(&path).ok();
+        metrics.set_generation(rules.load().generation());
         Arc::new(Self {
             path,
             merge_domains,
             rules,
             applied: Mutex::new(applied),
             rejected: Mutex::new(None),
-            counts: ReloadCounts::default(),
+            metrics,
         })
     }
 
@@ -86,13 +85,14 @@ impl Reloader {
                 self.rules.store(Arc::new(set.with_generation(generation)));
                 *self.applied.lock() = current;
                 *self.rejected.lock() = None;
-                self.counts.ok.fetch_add(1, Ordering::Relaxed);
+                self.metrics.config_reload(true, generation);
                 tracing::info!(generation, domains, path = %self.path.display(), "rules reloaded");
                 ReloadOutcome::Applied { generation }
             }
             Err(errors) => {
                 *self.rejected.lock() = current;
-                self.counts.error.fetch_add(1, Ordering::Relaxed);
+                self.metrics
+                    .config_reload(false, self.rules.load().generation());
                 for e in errors.iter() {
                     tracing::error!(file = %e.file.display(), "rules change rejected, previous rules keep serving: {}", e.message);
                 }

@@ -7,14 +7,19 @@ pub mod request;
 pub mod response;
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use arc_swap::ArcSwap;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitService;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use tonic::{Request, Response, Status};
+use tracing::Instrument;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use crate::limiter::Limiter;
 use crate::rules::RuleSet;
+use crate::telemetry::tracing::{remote_context, SPAN_TARGET};
+use crate::telemetry::Metrics;
 pub use response::ResponseOptions;
 
 /// The rules currently in force, swapped whole on reload.
@@ -23,14 +28,21 @@ pub type SharedRules = Arc<ArcSwap<RuleSet>>;
 pub struct RateLimitGrpc {
     rules: SharedRules,
     limiter: Arc<Limiter>,
+    metrics: Arc<Metrics>,
     options: ResponseOptions,
 }
 
 impl RateLimitGrpc {
-    pub fn new(rules: SharedRules, limiter: Arc<Limiter>, options: ResponseOptions) -> Self {
+    pub fn new(
+        rules: SharedRules,
+        limiter: Arc<Limiter>,
+        metrics: Arc<Metrics>,
+        options: ResponseOptions,
+    ) -> Self {
         Self {
             rules,
             limiter,
+            metrics,
             options,
         }
     }
@@ -48,6 +60,9 @@ impl RateLimitGrpc {
             .decide(&rules, &request.domain, &inputs)
             .await
             .map_err(|e| Status::unavailable(e.to_string()))?;
+        let entries: Vec<_> = inputs.iter().map(|i| i.entries).collect();
+        self.metrics
+            .record_decisions(&rules, &request.domain, &entries, &decisions);
         Ok(response::build(&decisions, self.options))
     }
 }
@@ -58,8 +73,31 @@ impl RateLimitService for RateLimitGrpc {
         &self,
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
-        RateLimitGrpc::should_rate_limit(self, request.get_ref())
-            .await
-            .map(Response::new)
+        let started = Instant::now();
+        let req = request.get_ref();
+        let span = tracing::info_span!(
+            target: SPAN_TARGET,
+            "ShouldRateLimit",
+            domain = %req.domain,
+            descriptors = req.descriptors.len(),
+            overall_code = tracing::field::Empty,
+        );
+        if !span.is_disabled() {
+            // Continue Envoy's trace when it sent one.
+            let _ = span.set_parent(remote_context(request.metadata()));
+        }
+        let result = RateLimitGrpc::should_rate_limit(self, req)
+            .instrument(span.clone())
+            .await;
+        if !span.is_disabled() {
+            let code = match &result {
+                Ok(r) if r.overall_code == 2 => "OVER_LIMIT",
+                Ok(_) => "OK",
+                Err(_) => "ERROR",
+            };
+            span.record("overall_code", code);
+        }
+        self.metrics.observe_call(started.elapsed().as_secs_f64());
+        result.map(Response::new)
     }
 }

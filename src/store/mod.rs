@@ -64,4 +64,14 @@ pub trait Store: Send + Sync + 'static {
 
     /// A short name for logs (`memory`, `redis`).
     fn name(&self) -> &'static str;
+
+    /// Whether the store is connected right now (for readiness).
+    fn reachable(&self) -> bool {
+        true
+    }
+
+    /// Problems an operator should fix, shown at `/readyz`.
+    fn warnings(&self) -> Vec<String> {
+        Vec::new()
+    }
 }

@@ -37,6 +37,8 @@ pub fn serve_args(config: PathBuf) -> ServeArgs {
         instances: 1,
         response_headers: false,
         merge_domains: false,
+        otlp_endpoint: None,
+        log_format: tokenbucket_rls::telemetry::tracing::LogFormat::Text,
     }
 }
 

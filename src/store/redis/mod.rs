@@ -252,6 +252,14 @@ impl Store for RedisStore {
     fn name(&self) -> &'static str {
         "redis"
     }
+
+    fn reachable(&self) -> bool {
+        self.pool.clients().iter().all(|c| c.is_connected())
+    }
+
+    fn warnings(&self) -> Vec<String> {
+        self.status.read().eviction_warnings.clone()
+    }
 }
 
 #[cfg(test)]

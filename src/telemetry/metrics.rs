@@ -1,0 +1,215 @@
+//! Prometheus metrics, with the names and labels of DESIGN.md §7.
+//!
+//! Label values come from the rules (domain names, rule names or descriptor
+//! paths), never from raw request values unless a rule asks for
+//! `detailed_metric` or `value_to_metric`; a domain no rule file defines is
+//! counted as `_unknown`, so clients cannot grow the label set.
+
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry,
+    TextEncoder,
+};
+
+use crate::limiter::{Decision, Verdict};
+use crate::rules::{DescriptorEntry, FailureMode, RuleSet};
+
+/// Latency buckets in seconds: fine below a millisecond, where a healthy
+/// decision lives, up to a second.
+const LATENCY_BUCKETS: &[f64] = &[
+    0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.000_75, 0.001, 0.002_5, 0.005, 0.01, 0.025,
+    0.05, 0.1, 0.25, 0.5, 1.0,
+];
+
+/// Label for decisions in a domain the rules do not define.
+pub const UNKNOWN_DOMAIN: &str = "_unknown";
+/// Rule label of a descriptor no rule matched.
+pub const NO_RULE: &str = "_none";
+
+pub struct Metrics {
+    registry: Registry,
+    decisions: IntCounterVec,
+    duration: Histogram,
+    store_calls: IntCounterVec,
+    store_duration: HistogramVec,
+    store_errors: IntCounterVec,
+    failure_policy: IntCounterVec,
+    config_reloads: IntCounterVec,
+    config_generation: IntGauge,
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let registry = Registry::new();
+        let decisions = IntCounterVec::new(
+            Opts::new(
+                "rls_decisions_total",
+                "Descriptor decisions by domain, rule and result",
+            ),
+            &["domain", "rule", "result"],
+        )
+        .expect("valid metric");
+        let duration = Histogram::with_opts(
+            HistogramOpts::new(
+                "rls_decision_duration_seconds",
+                "Time to answer a whole ShouldRateLimit call",
+            )
+            .buckets(LATENCY_BUCKETS.to_vec()),
+        )
+        .expect("valid metric");
+        let store_calls = IntCounterVec::new(
+            Opts::new("rls_store_calls_total", "Calls to the bucket store"),
+            &["store"],
+        )
+        .expect("valid metric");
+        let store_duration = HistogramVec::new(
+            HistogramOpts::new(
+                "rls_store_call_duration_seconds",
+                "Time of one store call (one descriptor)",
+            )
+            .buckets(LATENCY_BUCKETS.to_vec()),
+            &["store"],
+        )
+        .expect("valid metric");
+        let store_errors = IntCounterVec::new(
+            Opts::new("rls_store_errors_total", "Store calls that failed, by kind"),
+            &["kind"],
+        )
+        .expect("valid metric");
+        let failure_policy = IntCounterVec::new(
+            Opts::new(
+                "rls_failure_policy_total",
+                "Descriptors decided by a failure mode instead of the store",
+            ),
+            &["mode"],
+        )
+        .expect("valid metric");
+        let config_reloads = IntCounterVec::new(
+            Opts::new("rls_config_reloads_total", "Rule reloads by result"),
+            &["result"],
+        )
+        .expect("valid metric");
+        let config_generation =
+            IntGauge::new("rls_config_generation", "Generation of the rules in force")
+                .expect("valid metric");
+        for c in [
+            Box::new(decisions.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(duration.clone()),
+            Box::new(store_calls.clone()),
+            Box::new(store_duration.clone()),
+            Box::new(store_errors.clone()),
+            Box::new(failure_policy.clone()),
+            Box::new(config_reloads.clone()),
+            Box::new(config_generation.clone()),
+        ] {
+            registry.register(c).expect("metric names are unique");
+        }
+        // Present from the start, so dashboards and alerts see zeros, not gaps.
+        for result in ["ok", "error"] {
+            config_reloads.with_label_values(&[result]);
+        }
+        for mode in [FailureMode::Open, FailureMode::Closed, FailureMode::Local] {
+            failure_policy.with_label_values(&[mode.as_str()]);
+        }
+        Self {
+            registry,
+            decisions,
+            duration,
+            store_calls,
+            store_duration,
+            store_errors,
+            failure_policy,
+            config_reloads,
+            config_generation,
+        }
+    }
+
+    /// Counts one request's decisions.
+    pub fn record_decisions<E: DescriptorEntry>(
+        &self,
+        rules: &RuleSet,
+        domain: &str,
+        entries: &[&[E]],
+        decisions: &[Decision],
+    ) {
+        let domain_label = if rules.has_domain(domain) {
+            domain
+        } else {
+            UNKNOWN_DOMAIN
+        };
+        for (decision, entries) in decisions.iter().zip(entries) {
+            let detailed;
+            let rule = match &decision.rule {
+                None => NO_RULE,
+                Some(r) if r.detailed_metric || r.value_to_metric => {
+                    detailed = entries
+                        .iter()
+                        .map(|e| format!("{}_{}", e.key(), e.value()))
+                        .collect::<Vec<_>>()
+                        .join(".");
+                    &detailed
+                }
+                Some(r) => r.label(),
+            };
+            let result = if decision.verdict == Verdict::NoRule && decision.rule.is_some() {
+                // matched, but its limits were replaced by another descriptor's
+                "ok"
+            } else {
+                decision.verdict.result_label()
+            };
+            self.decisions
+                .with_label_values(&[domain_label, rule, result])
+                .inc();
+        }
+    }
+
+    pub fn observe_call(&self, seconds: f64) {
+        self.duration.observe(seconds);
+    }
+
+    pub fn observe_store_call(&self, store: &str, seconds: f64) {
+        self.store_calls.with_label_values(&[store]).inc();
+        self.store_duration
+            .with_label_values(&[store])
+            .observe(seconds);
+    }
+
+    pub fn store_error(&self, kind: &str) {
+        self.store_errors.with_label_values(&[kind]).inc();
+    }
+
+    pub fn failure_policy(&self, mode: FailureMode) {
+        self.failure_policy
+            .with_label_values(&[mode.as_str()])
+            .inc();
+    }
+
+    pub fn config_reload(&self, ok: bool, generation: u64) {
+        self.config_reloads
+            .with_label_values(&[if ok { "ok" } else { "error" }])
+            .inc();
+        self.set_generation(generation);
+    }
+
+    pub fn set_generation(&self, generation: u64) {
+        self.config_generation
+            .set(i64::try_from(generation).unwrap_or(i64::MAX));
+    }
+
+    /// `rls_config_reloads_total{result}`.
+    pub fn reloads(&self, result: &str) -> u64 {
+        self.config_reloads.with_label_values(&[result]).get()
+    }
+
+    /// Prometheus text exposition of every metric.
+    pub fn render(&self) -> String {
+        let mut out = Vec::new();
+        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
+        String::from_utf8(out).unwrap_or_default()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}

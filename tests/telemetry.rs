@@ -1,0 +1,386 @@
+//! Telemetry: exact Prometheus counts after known traffic, bounded labels,
+//! readiness and gRPC health transitions, and OTLP spans received by a test
+//! collector (continuing the caller's W3C trace).
+
+mod common;
+
+use std::net::SocketAddr;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::redis::RedisServer;
+use common::{descriptor, free_port, request, rules_dir, serve_args, ChildGuard};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
+    TraceService, TraceServiceServer,
+};
+use opentelemetry_proto::tonic::collector::trace::v1::{
+    ExportTraceServiceRequest, ExportTraceServiceResponse,
+};
+use opentelemetry_proto::tonic::trace::v1::Span;
+use tokenbucket_rls::cli::StoreKind;
+use tokenbucket_rls::rules::FailureMode;
+use tokenbucket_rls::server;
+use tonic_health::pb::health_client::HealthClient;
+use tonic_health::pb::HealthCheckRequest;
+
+const RULES: &str = r#"
+domain: d
+descriptors:
+  - key: user
+    rate_limit: {unit: hour, requests_per_unit: 2, name: per-user}
+  - key: path
+    rate_limit: {unit: hour, requests_per_unit: 1}
+  - key: shadow
+    shadow_mode: true
+    rate_limit: {unit: hour, requests_per_unit: 1}
+  - key: free
+    rate_limit: {unlimited: true}
+  - key: detailed
+    detailed_metric: true
+    rate_limit: {unit: hour, requests_per_unit: 100}
+"#;
+
+/// The value of the sample line `name{labels}` in Prometheus text, if present.
+fn sample(text: &str, name_and_labels: &str) -> Option<f64> {
+    text.lines()
+        .find(|l| l.starts_with(name_and_labels) && l[name_and_labels.len()..].starts_with(' '))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+#[tokio::test]
+async fn metrics_count_every_decision_exactly() {
+    let dir = rules_dir(RULES);
+    let s = server::start(&serve_args(dir.path().to_path_buf()))
+        .await
+        .expect("start");
+    let mut c = RateLimitServiceClient::connect(format!("http://{}", s.grpc_addr))
+        .await
+        .expect("connect");
+    let send = |domain: &'static str, entries: Vec<(&'static str, String)>| {
+        let mut c = c.clone();
+        async move {
+            let e: Vec<(&str, &str)> = entries.iter().map(|(k, v)| (*k, v.as_str())).collect();
+            c.should_rate_limit(request(domain, vec![descriptor(&e)]))
+                .await
+                .expect("answered");
+        }
+    };
+    // per-user (2/h): 3 users × 3 requests → 6 ok, 3 over the limit
+    for u in 0..3 {
+        for _ in 0..3 {
+            send("d", vec![("user", format!("secret-user-{u}"))]).await;
+        }
+    }
+    // unnamed rule: 1 ok, 1 over; shadow: 1 ok, 2 shadow; unlimited: 4
+    for _ in 0..2 {
+        send("d", vec![("path", "/x".into())]).await;
+    }
+    for _ in 0..3 {
+        send("d", vec![("shadow", "s".into())]).await;
+    }
+    for _ in 0..4 {
+        send("d", vec![("free", "f".into())]).await;
+    }
+    // no rule, known and unknown domains; a detailed rule shows its value
+    send("d", vec![("nothing", "n".into())]).await;
+    send(
+        "no-such-domain",
+        vec![("user", "random-domain-value".into())],
+    )
+    .await;
+    send("d", vec![("detailed", "v1".into())]).await;
+    // a bad request is not a decision
+    let _ = c.should_rate_limit(request("d", vec![])).await;
+
+    let body = reqwest::get(format!("http://{}/metrics", s.admin_addr))
+        .await
+        .expect("scrape")
+        .text()
+        .await
+        .expect("body");
+    let d = |rule: &str, result: &str| {
+        sample(
+            &body,
+            &format!("rls_decisions_total{{domain=\"d\",result=\"{result}\",rule=\"{rule}\"}}"),
+        )
+    };
+    assert_eq!(d("per-user", "ok"), Some(6.0), "{body}");
+    assert_eq!(d("per-user", "over_limit"), Some(3.0));
+    assert_eq!(
+        d("path", "ok"),
+        Some(1.0),
+        "unnamed rules are labelled by their path"
+    );
+    assert_eq!(d("path", "over_limit"), Some(1.0));
+    assert_eq!(d("shadow", "ok"), Some(1.0));
+    assert_eq!(d("shadow", "shadow"), Some(2.0));
+    assert_eq!(d("free", "unlimited"), Some(4.0));
+    assert_eq!(d("_none", "no_rule"), Some(1.0));
+    assert_eq!(
+        d("detailed_v1", "ok"),
+        Some(1.0),
+        "detailed_metric shows the value"
+    );
+    assert_eq!(
+        sample(
+            &body,
+            "rls_decisions_total{domain=\"_unknown\",result=\"no_rule\",rule=\"_none\"}"
+        ),
+        Some(1.0)
+    );
+    assert!(
+        !body.contains("secret-user"),
+        "no raw request values in labels"
+    );
+    assert!(
+        !body.contains("no-such-domain"),
+        "unknown domains are not labels"
+    );
+    assert_eq!(
+        sample(&body, "rls_decision_duration_seconds_count"),
+        Some(22.0),
+        "every call, bad ones too"
+    );
+    assert!(body.contains("rls_decision_duration_seconds_bucket{le=\"0.0005\"}"));
+    assert_eq!(
+        sample(&body, "rls_store_calls_total{store=\"memory\"}"),
+        Some(15.0),
+        "one per limited descriptor"
+    );
+    assert_eq!(sample(&body, "rls_config_generation"), Some(1.0));
+    assert_eq!(
+        sample(&body, "rls_config_reloads_total{result=\"error\"}"),
+        Some(0.0)
+    );
+    assert_eq!(
+        sample(&body, "rls_failure_policy_total{mode=\"open\"}"),
+        Some(0.0)
+    );
+}
+
+async fn readyz(addr: SocketAddr) -> (u16, String) {
+    let r = reqwest::get(format!("http://{addr}/readyz"))
+        .await
+        .expect("readyz");
+    (r.status().as_u16(), r.text().await.expect("body"))
+}
+
+async fn grpc_health(addr: SocketAddr, service: &str) -> i32 {
+    let channel = tonic::transport::Channel::from_shared(format!("http://{addr}"))
+        .expect("url")
+        .connect()
+        .await
+        .expect("connect");
+    let mut h = HealthClient::new(channel);
+    h.check(HealthCheckRequest {
+        service: service.to_string(),
+    })
+    .await
+    .expect("health answers")
+    .into_inner()
+    .status
+}
+
+/// Waits up to 5 s for the gRPC health status of `service` to become `want`.
+async fn wait_health(addr: SocketAddr, service: &str, want: i32) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while grpc_health(addr, service).await != want {
+        assert!(
+            Instant::now() < deadline,
+            "health of '{service}' never became {want}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+const SERVING: i32 = 1;
+const NOT_SERVING: i32 = 2;
+
+#[tokio::test]
+async fn readiness_follows_rules_and_store() {
+    // No rules yet: alive, not ready.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let s = server::start(&serve_args(dir.path().to_path_buf()))
+        .await
+        .expect("start");
+    let h = reqwest::get(format!("http://{}/healthz", s.admin_addr))
+        .await
+        .expect("healthz");
+    assert_eq!(h.status().as_u16(), 200);
+    let (code, body) = readyz(s.admin_addr).await;
+    assert_eq!(code, 503, "{body}");
+    assert!(body.contains("no rules loaded"));
+    wait_health(s.grpc_addr, "ratelimit", NOT_SERVING).await;
+    // Rules arrive: ready.
+    std::fs::write(dir.path().join("r.yaml"), RULES).expect("write");
+    s.reloader.reload(false);
+    assert_eq!(readyz(s.admin_addr).await.0, 200);
+    wait_health(s.grpc_addr, "ratelimit", SERVING).await;
+    wait_health(s.grpc_addr, "", SERVING).await;
+}
+
+#[tokio::test]
+async fn readiness_with_redis_down_depends_on_failure_modes() {
+    let mut redis = RedisServer::standalone();
+    let dir = rules_dir(RULES);
+    let start = |mode: FailureMode| {
+        let mut args = serve_args(dir.path().to_path_buf());
+        args.store = StoreKind::Redis;
+        args.redis_url = Some(redis.url());
+        args.failure_mode = mode;
+        args
+    };
+    let closed = server::start(&start(FailureMode::Closed))
+        .await
+        .expect("start");
+    let open = server::start(&start(FailureMode::Open))
+        .await
+        .expect("start");
+    let (code, body) = readyz(closed.admin_addr).await;
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains("store redis"));
+    redis.kill();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (code, body) = readyz(closed.admin_addr).await;
+        if code == 503 {
+            assert!(body.contains("fail closed"), "{body}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "never noticed Redis was down: {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    wait_health(closed.grpc_addr, "ratelimit", NOT_SERVING).await;
+    let (code, body) = readyz(open.admin_addr).await;
+    assert_eq!(code, 200, "open rules can still answer: {body}");
+    assert!(body.contains("failure policies answer"), "{body}");
+    // Redis back: ready again.
+    redis.restart();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while readyz(closed.admin_addr).await.0 != 200 {
+        assert!(Instant::now() < deadline, "never noticed Redis was back");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// An OTLP trace collector that keeps every span it receives.
+#[derive(Default, Clone)]
+struct Collector {
+    spans: Arc<parking_lot::Mutex<Vec<Span>>>,
+}
+
+#[tonic::async_trait]
+impl TraceService for Collector {
+    async fn export(
+        &self,
+        request: tonic::Request<ExportTraceServiceRequest>,
+    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+        let mut spans = self.spans.lock();
+        for rs in request.into_inner().resource_spans {
+            for ss in rs.scope_spans {
+                spans.extend(ss.spans);
+            }
+        }
+        Ok(tonic::Response::new(ExportTraceServiceResponse::default()))
+    }
+}
+
+#[tokio::test]
+async fn spans_reach_an_otlp_collector_and_continue_the_callers_trace() {
+    let collector = Collector::default();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let otlp = listener.local_addr().expect("addr");
+    let svc = TraceServiceServer::new(collector.clone());
+    tokio::spawn(async move {
+        let _ = tonic::transport::Server::builder()
+            .add_service(svc)
+            .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener))
+            .await;
+    });
+
+    let dir = rules_dir(RULES);
+    let (grpc, admin) = (free_port(), free_port());
+    let _rls = ChildGuard(
+        Command::new(env!("CARGO_BIN_EXE_tokenbucket-rls"))
+            .arg("--config")
+            .arg(dir.path())
+            .args(["--grpc-addr", &format!("127.0.0.1:{grpc}")])
+            .args(["--admin-addr", &format!("127.0.0.1:{admin}")])
+            .env("OTEL_EXPORTER_OTLP_ENDPOINT", format!("http://{otlp}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start"),
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut client = loop {
+        if let Ok(c) = RateLimitServiceClient::connect(format!("http://127.0.0.1:{grpc}")).await {
+            break c;
+        }
+        assert!(Instant::now() < deadline, "service never started");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+
+    // Envoy's side of the trace.
+    let trace_id = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let envoy_span = "00f067aa0ba902b7";
+    let mut req = tonic::Request::new(request("d", vec![descriptor(&[("user", "traced")])]));
+    req.metadata_mut().insert(
+        "traceparent",
+        format!("00-{trace_id}-{envoy_span}-01")
+            .parse()
+            .expect("ascii"),
+    );
+    client.should_rate_limit(req).await.expect("answered");
+
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let (call, store) = loop {
+        {
+            let spans = collector.spans.lock();
+            let call = spans.iter().find(|s| s.name == "ShouldRateLimit").cloned();
+            let store = spans.iter().find(|s| s.name == "store.decide").cloned();
+            if let (Some(call), Some(store)) = (call, store) {
+                break (call, store);
+            }
+        }
+        assert!(Instant::now() < deadline, "spans never arrived");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
+    assert_eq!(hex(&call.trace_id), trace_id, "continues Envoy's trace");
+    assert_eq!(
+        hex(&call.parent_span_id),
+        envoy_span,
+        "child of Envoy's span"
+    );
+    assert_eq!(store.trace_id, call.trace_id);
+    assert_eq!(
+        store.parent_span_id, call.span_id,
+        "the store call is a child of the request"
+    );
+    let attr = |s: &Span, k: &str| {
+        s.attributes
+            .iter()
+            .find(|a| a.key == k)
+            .and_then(|a| a.value.as_ref())
+            .map(|v| format!("{:?}", v.value))
+    };
+    assert!(
+        attr(&call, "domain").is_some_and(|v| v.contains("\"d\"")),
+        "{:?}",
+        call.attributes
+    );
+    assert!(
+        attr(&call, "overall_code").is_some_and(|v| v.contains("OK")),
+        "{:?}",
+        call.attributes
+    );
+}
