@@ -77,3 +77,40 @@ fn invalid_rules_stop_the_start_with_the_errors() {
         "{stderr}"
     );
 }
+
+#[test]
+fn json_logs_start_with_version_store_and_generation() {
+    let (grpc, admin) = (free_port(), free_port());
+    let mut child = ChildGuard(
+        Command::new(env!("CARGO_BIN_EXE_tokenbucket-rls"))
+            .env("RLS_CONFIG", concat!(env!("CARGO_MANIFEST_DIR"), "/config"))
+            .args(["--grpc-addr", &format!("127.0.0.1:{grpc}")])
+            .args(["--admin-addr", &format!("127.0.0.1:{admin}")])
+            .args(["--log-format", "json"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start"),
+    );
+    wait_ready(admin);
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.0.id().to_string()])
+        .status();
+    let out = std::mem::replace(&mut child.0, Command::new("true").spawn().expect("true"))
+        .wait_with_output()
+        .expect("output");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let first: serde_json::Value =
+        serde_json::from_str(stderr.lines().next().expect("a log line")).expect("JSON log line");
+    let fields = &first["fields"];
+    assert_eq!(fields["message"], "tokenbucket-rls serving", "{stderr}");
+    assert_eq!(fields["version"], env!("CARGO_PKG_VERSION"));
+    assert_eq!(fields["store"], "memory");
+    assert_eq!(fields["generation"], 1);
+    assert!(
+        stderr
+            .lines()
+            .all(|l| serde_json::from_str::<serde_json::Value>(l).is_ok()),
+        "{stderr}"
+    );
+}

@@ -384,3 +384,55 @@ async fn spans_reach_an_otlp_collector_and_continue_the_callers_trace() {
         call.attributes
     );
 }
+
+#[tokio::test]
+async fn the_grafana_dashboard_queries_only_exported_metrics() {
+    let dir = rules_dir(RULES);
+    let s = server::start(&serve_args(dir.path().to_path_buf()))
+        .await
+        .expect("start");
+    // one decision, so that the per-rule series exist
+    let mut c = RateLimitServiceClient::connect(format!("http://{}", s.grpc_addr))
+        .await
+        .expect("connect");
+    c.should_rate_limit(request("d", vec![descriptor(&[("user", "u")])]))
+        .await
+        .expect("answered");
+    let exported = reqwest::get(format!("http://{}/metrics", s.admin_addr))
+        .await
+        .expect("scrape")
+        .text()
+        .await
+        .expect("body");
+    let names: std::collections::HashSet<&str> = exported
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/examples/grafana/tokenbucket-rls.json"
+    ))
+    .expect("dashboard");
+    let dash: serde_json::Value = serde_json::from_str(&text).expect("valid JSON");
+    let mut checked = 0;
+    for panel in dash["panels"].as_array().expect("panels") {
+        for target in panel["targets"].as_array().expect("targets") {
+            let expr = target["expr"].as_str().expect("expr");
+            let used: Vec<&str> = expr
+                .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .filter(|w| w.starts_with("rls_"))
+                .collect();
+            assert!(!used.is_empty(), "{expr}");
+            for metric in used {
+                let base = ["_bucket", "_count", "_sum"]
+                    .iter()
+                    .find_map(|s| metric.strip_suffix(s))
+                    .unwrap_or(metric);
+                assert!(names.contains(base), "{metric} in '{expr}' is not exported");
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked >= 8);
+}

@@ -40,6 +40,9 @@ pub enum StoreError {
 }
 
 impl StoreError {
+    /// Every value of [`StoreError::kind`].
+    pub const KINDS: [&'static str; 4] = ["timeout", "connection", "script", "breaker_open"];
+
     /// The `kind` label of `rls_store_errors_total`.
     pub fn kind(&self) -> &'static str {
         match self {

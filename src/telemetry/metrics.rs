@@ -12,6 +12,7 @@ use prometheus::{
 
 use crate::limiter::{Decision, Verdict};
 use crate::rules::{DescriptorEntry, FailureMode, RuleSet};
+use crate::store::StoreError;
 
 /// Latency buckets in seconds: fine below a millisecond, where a healthy
 /// decision lives, up to a second.
@@ -109,6 +110,9 @@ impl Metrics {
         }
         for mode in [FailureMode::Open, FailureMode::Closed, FailureMode::Local] {
             failure_policy.with_label_values(&[mode.as_str()]);
+        }
+        for kind in StoreError::KINDS {
+            store_errors.with_label_values(&[kind]);
         }
         Self {
             registry,
