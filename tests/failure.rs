@@ -1,0 +1,200 @@
+//! What happens when Redis fails, against real `redis-server` processes:
+//! a hung server (SIGSTOP) is answered within the timeout and then at once
+//! by the open breaker; decisions return to Redis when it thaws, restarts or
+//! comes back as a new cluster on the same ports; a call that timed out is
+//! never sent twice.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::redis::{RedisCluster, RedisServer};
+use common::{descriptor, request, rules_dir, sample, serve_args};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
+use tokenbucket_rls::cli::StoreKind;
+use tokenbucket_rls::rules::FailureMode;
+use tokenbucket_rls::server::{self, RunningServer};
+use tokenbucket_rls::store::breaker::OPEN_AFTER;
+use tonic::transport::Channel;
+
+const RULES: &str = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: day, requests_per_unit: 1, burst: 1000}\n";
+
+async fn start(
+    url: &str,
+    dir: &tempfile::TempDir,
+    timeout_ms: u64,
+) -> (RunningServer, RateLimitServiceClient<Channel>) {
+    let mut args = serve_args(dir.path().to_path_buf());
+    args.store = StoreKind::Redis;
+    args.redis_url = Some(url.to_string());
+    args.redis_timeout = Duration::from_millis(timeout_ms);
+    args.failure_mode = FailureMode::Open;
+    let s = server::start(&args).await.expect("start");
+    let c = RateLimitServiceClient::connect(format!("http://{}", s.grpc_addr))
+        .await
+        .expect("connect");
+    (s, c)
+}
+
+async fn call(c: &mut RateLimitServiceClient<Channel>, value: &str) -> RateLimitResponse {
+    c.should_rate_limit(request("d", vec![descriptor(&[("k", value)])]))
+        .await
+        .expect("an open rule always answers")
+        .into_inner()
+}
+
+/// Whether the answer came from Redis (a decision shows the limit) rather
+/// than from the open failure mode (OK with no limit).
+fn from_store(r: &RateLimitResponse) -> bool {
+    r.statuses[0].current_limit.is_some()
+}
+
+fn metric(s: &RunningServer, name_and_labels: &str) -> f64 {
+    sample(&s.metrics.render(), name_and_labels).unwrap_or(0.0)
+}
+
+/// Calls until an answer comes from Redis again, for at most `secs`.
+async fn until_store_answers(
+    c: &mut RateLimitServiceClient<Channel>,
+    value: &str,
+    secs: u64,
+) -> RateLimitResponse {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        let r = call(c, value).await;
+        if from_store(&r) {
+            return r;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "decisions never returned to Redis"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_hung_redis_opens_the_breaker_and_thawing_closes_it() {
+    let redis = RedisServer::standalone();
+    let dir = rules_dir(RULES);
+    let (s, mut c) = start(&redis.url(), &dir, 50).await;
+    assert!(from_store(&call(&mut c, "a").await));
+
+    redis.signal("-STOP");
+    let mut from_redis = 0;
+    for _ in 0..100 {
+        if from_store(&call(&mut c, "a").await) {
+            from_redis += 1;
+        }
+    }
+    assert_eq!(from_redis, 0, "a frozen Redis decides nothing");
+    let timeouts = metric(&s, "rls_store_errors_total{kind=\"timeout\"}");
+    let fast = metric(&s, "rls_store_errors_total{kind=\"breaker_open\"}");
+    assert_eq!(
+        timeouts,
+        f64::from(OPEN_AFTER),
+        "only the first calls wait out the timeout"
+    );
+    assert_eq!(
+        fast,
+        100.0 - f64::from(OPEN_AFTER),
+        "the rest are answered at once"
+    );
+    assert_eq!(metric(&s, "rls_failure_policy_total{mode=\"open\"}"), 100.0);
+    let ready = reqwest::get(format!("http://{}/readyz", s.admin_addr))
+        .await
+        .expect("readyz");
+    assert!(ready
+        .text()
+        .await
+        .expect("body")
+        .contains("store unreachable"));
+
+    redis.signal("-CONT");
+    let r = until_store_answers(&mut c, "a", 10).await;
+    // 1000 − the first call − the OPEN_AFTER calls that timed out (the frozen
+    // server had received them and ran them when it thawed) − this call.
+    assert_eq!(
+        r.statuses[0].limit_remaining,
+        1000 - 1 - OPEN_AFTER - 1,
+        "the bucket kept its state"
+    );
+}
+
+#[tokio::test]
+async fn a_timed_out_call_is_not_sent_again() {
+    let redis = RedisServer::standalone();
+    let dir = rules_dir(RULES);
+    let (_s, mut c) = start(&redis.url(), &dir, 50).await;
+    let scripts = |r: &RedisServer| -> u64 {
+        let info = r.cli(&["INFO", "commandstats"]);
+        ["cmdstat_evalsha:", "cmdstat_eval:"]
+            .iter()
+            .filter_map(|p| info.lines().find(|l| l.starts_with(p)))
+            .filter_map(|l| {
+                l.split("calls=")
+                    .nth(1)?
+                    .split(',')
+                    .next()?
+                    .parse::<u64>()
+                    .ok()
+            })
+            .sum()
+    };
+    assert!(from_store(&call(&mut c, "once").await));
+    let before = scripts(&redis);
+    redis.signal("-STOP");
+    let r = call(&mut c, "once").await;
+    assert!(!from_store(&r), "timed out: the failure mode answered");
+    redis.signal("-CONT");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The frozen server ran the command it had received once it thawed (so
+    // it did spend a token), and nothing sent it a second time.
+    assert_eq!(scripts(&redis) - before, 1, "the script ran exactly once");
+    let r = until_store_answers(&mut c, "once", 10).await;
+    assert_eq!(
+        r.statuses[0].limit_remaining, 997,
+        "1 + the timed-out call + this one"
+    );
+}
+
+#[tokio::test]
+async fn a_restarted_redis_is_used_again_without_restarting_the_service() {
+    let mut redis = RedisServer::standalone();
+    let dir = rules_dir(RULES);
+    let (_s, mut c) = start(&redis.url(), &dir, 100).await;
+    assert!(from_store(&call(&mut c, "r").await));
+    redis.kill();
+    for _ in 0..10 {
+        assert!(!from_store(&call(&mut c, "r").await));
+    }
+    redis.restart_blank();
+    let r = until_store_answers(&mut c, "r", 20).await;
+    assert_eq!(
+        r.statuses[0].limit_remaining, 999,
+        "a blank Redis: a full bucket"
+    );
+}
+
+#[tokio::test]
+async fn a_new_cluster_on_the_same_ports_is_used_again() {
+    let mut cluster = RedisCluster::start();
+    let dir = rules_dir(RULES);
+    let (_s, mut c) = start(&cluster.url(), &dir, 100).await;
+    for v in ["a", "b", "c", "d"] {
+        assert!(from_store(&call(&mut c, v).await));
+    }
+    cluster.kill_all();
+    for _ in 0..10 {
+        assert!(!from_store(&call(&mut c, "a").await));
+    }
+    cluster.recreate(); // new node ids, same addresses
+    for v in ["a", "b", "c", "d"] {
+        let r = until_store_answers(&mut c, v, 30).await;
+        assert_eq!(
+            r.statuses[0].limit_remaining, 999,
+            "{v}: new cluster, full bucket"
+        );
+    }
+}
