@@ -2,9 +2,12 @@
 # One benchmark run on one machine, everything side by side:
 #   - redis-benchmark running our Lua script (EVALSHA) directly on one shard:
 #     the limit for one hot key;
-#   - rls-bench against tokenbucket-rls with the Redis Cluster store (one hot
-#     key, uniform over 10k keys, zipf over 10k keys) and with the memory store.
-# Prints a summary with ratios. Loopback only, bounded in time.
+#   - h2load (-c8 -m16, one descriptor per call), an independent HTTP/2 load
+#     generator, against the Redis Cluster store and the memory store;
+#   - rls-bench closed loop: hot key, uniform over 10k keys, zipf over 10k keys;
+#   - rls-bench open loop at half of each store's h2load saturation, for p99.
+# Prints a summary with ratios. Loopback only, bounded in time. Needs
+# redis-server and h2load (Debian: redis-server, nghttp2-client).
 #   integration/bench.sh [SECONDS]          (default 10 per run)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,6 +15,7 @@ secs=${1:-10}
 work=$(mktemp -d)
 trap 'integration/redis-cluster.sh stop "$work/cluster" 7101; kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
 
+command -v h2load >/dev/null || { echo "bench: h2load missing (apt-get install nghttp2-client)" >&2; exit 1; }
 cargo build --release --bins --locked 2>&1 | tail -n 1
 url=$(integration/redis-cluster.sh start "$work/cluster" 7101)
 
@@ -49,16 +53,43 @@ bench() {  # port, label, rls-bench args...
     | tee -a "$work/summary.txt"
 }
 
+# A gRPC ShouldRateLimit body for h2load: domain bench, one descriptor (key, k0).
+python3 - "$work/hot.bin" <<'PY'
+import struct, sys
+def v(n):
+    out = b""
+    while True:
+        b, n = n & 0x7f, n >> 7
+        out += bytes([b | 0x80 if n else b])
+        if not n:
+            return out
+f = lambda num, data: v(num << 3 | 2) + v(len(data)) + data
+msg = f(1, b"bench") + f(2, f(1, f(1, b"key") + f(2, b"k0")))
+open(sys.argv[1], "wb").write(b"\0" + struct.pack(">I", len(msg)) + msg)
+PY
+h2() {  # port, label
+  local out rps
+  out=$(h2load -D "$secs" -c 8 -m 16 -t 1 -d "$work/hot.bin" -H content-type:application/grpc -H te:trailers \
+    "http://127.0.0.1:$1/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit" 2>&1)
+  rps=$(echo "$out" | grep -oE '[0-9.]+ req/s' | head -n 1 | cut -d' ' -f1)
+  echo "$2: $rps/s  (h2load -c8 -m16; $(echo "$out" | grep -E '^requests:' | sed 's/^requests: //'); latency $(echo "$out" | grep -E 'time for request' | awk '{print "min " $4 " max " $5 " mean " $6}'))" | tee -a "$work/summary.txt" >&2
+  echo "${rps%.*}"
+}
+
 run_service redis 18181 --redis-url "$url" --redis-timeout 100ms
+redis_h2=$(h2 18181 "h2load, redis store, hot key ")
 bench 18181 "redis store, hot key     " --distribution hot
 bench 18181 "redis store, 10k uniform " --distribution uniform --keys 10000
 bench 18181 "redis store, 10k zipf 1.0" --distribution zipf --keys 10000
+bench 18181 "redis store, open loop at half saturation" --distribution uniform --keys 10000 --rate $((redis_h2 / 2))
 run_service memory 18191
+memory_h2=$(h2 18191 "h2load, memory store, hot key")
 bench 18191 "memory store, hot key    " --distribution hot
 bench 18191 "memory store, 10k uniform" --distribution uniform --keys 10000
+bench 18191 "memory store, open loop at half saturation" --distribution uniform --keys 10000 --rate $((memory_h2 / 2))
 
 echo
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs); $(date -u +%F)"
 echo "redis-benchmark, EVALSHA bucket.lua on one shard, 50 clients: ${baseline}/s"
-hot=$(grep -m1 'redis store, hot key' "$work/summary.txt" | grep -oE '^[^:]+: [0-9]+' | grep -oE '[0-9]+$')
-echo "ratio redis store hot key / redis-benchmark on its shard: $(python3 -c "print(f'{$hot/$baseline:.2f}')")"
+echo "h2load hot key: redis store ${redis_h2}/s, memory store ${memory_h2}/s"
+echo "ratio redis store (h2load, hot key) / redis-benchmark on its shard: $(python3 -c "print(f'{$redis_h2/$baseline:.2f}')")"

@@ -19,6 +19,7 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescript
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use futures::stream::{FuturesUnordered, StreamExt};
 use hdrhistogram::Histogram;
 use tonic::transport::{Channel, Endpoint};
 
@@ -242,43 +243,59 @@ async fn closed_loop(
     total
 }
 
-/// Open loop: request i is due at start + i / rate; latency counts from then.
+/// Open loop: each connection gets rate / connections; its request i is due
+/// at start + i · interval (connections offset from each other), and its
+/// latency counts from then. One task per connection keeps its calls in
+/// flight together, so the generator itself adds no queueing.
 async fn open_loop(
     shared: Arc<Shared>,
     clients: Vec<RateLimitServiceClient<Channel>>,
     rate: u64,
     until: Instant,
 ) -> Histogram<u64> {
-    let interval = Duration::from_secs_f64(1.0 / rate.max(1) as f64);
-    let hist = Arc::new(parking_lot::Mutex::new(histogram()));
+    let n = clients.len() as f64;
+    let interval = Duration::from_secs_f64(n / rate.max(1) as f64);
     let start = Instant::now();
-    let mut rng = Rng(7);
     let mut tasks = Vec::new();
-    let mut i: u64 = 0;
-    loop {
-        let due = start + interval.mul_f64(i as f64);
-        if due >= until || !shared.take() {
-            break;
-        }
-        tokio::time::sleep_until(due.into()).await;
-        let req = shared.request(&mut rng);
-        let mut client = clients[(i as usize) % clients.len()].clone();
-        let (shared, hist) = (shared.clone(), hist.clone());
+    for (c, client) in clients.into_iter().enumerate() {
+        let shared = shared.clone();
+        let offset = interval.mul_f64(c as f64 / n);
         tasks.push(tokio::spawn(async move {
-            let result = client.should_rate_limit(req).await;
-            let _ = hist.lock().record(due.elapsed().as_micros().max(1) as u64);
-            shared.record(&result);
+            let mut rng = Rng(c as u64 + 7);
+            let mut hist = histogram();
+            let mut in_flight = FuturesUnordered::new();
+            let mut due = start + offset;
+            let mut sending = true;
+            loop {
+                tokio::select! {
+                    _ = tokio::time::sleep_until(due.into()), if sending => {
+                        if due >= until || !shared.take() {
+                            sending = false;
+                            continue;
+                        }
+                        let req = shared.request(&mut rng);
+                        let mut client = client.clone();
+                        let sent_due = due;
+                        in_flight.push(async move { (sent_due, client.should_rate_limit(req).await) });
+                        due += interval;
+                    }
+                    Some((sent_due, result)) = in_flight.next(), if !in_flight.is_empty() => {
+                        let _ = hist.record(sent_due.elapsed().as_micros().max(1) as u64);
+                        shared.record(&result);
+                    }
+                    else => break,
+                }
+            }
+            hist
         }));
-        if tasks.len() >= 10_000 {
-            tasks.retain(|t: &tokio::task::JoinHandle<()>| !t.is_finished());
-        }
-        i += 1;
     }
+    let mut total = histogram();
     for t in tasks {
-        let _ = t.await;
+        if let Ok(h) = t.await {
+            let _ = total.add(&h);
+        }
     }
-    let h = hist.lock().clone();
-    h
+    total
 }
 
 #[tokio::main]

@@ -18,7 +18,8 @@ use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_otlp::WithExportConfig;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::{BatchConfigBuilder, BatchSpanProcessor, SdkTracerProvider};
-use tracing_subscriber::filter::{filter_fn, EnvFilter};
+use tracing::Level;
+use tracing_subscriber::filter::{EnvFilter, Targets};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{Layer, Registry};
@@ -75,19 +76,26 @@ pub fn tracer_provider(endpoint: &str) -> Result<SdkTracerProvider> {
 /// Installs the global subscriber: logs, plus traces when `otlp_endpoint` is set.
 /// Must be called inside the Tokio runtime (the exporter uses it).
 pub fn init(format: LogFormat, otlp_endpoint: Option<&str>) -> Result<TracingGuard> {
-    let logs_filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let not_spans = filter_fn(|meta| meta.target() != SPAN_TARGET);
+    // Both filters are static (per target and level), so every callsite that
+    // no layer wants, such as h2's trace-level spans or our request spans
+    // without an exporter, is disabled once instead of being checked (and its
+    // span allocated) on every call.
+    let logs_filter = EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| EnvFilter::new("info"))
+        .add_directive(
+            format!("{SPAN_TARGET}=off")
+                .parse()
+                .context("span filter")?,
+        );
     let logs = match format {
         LogFormat::Text => tracing_subscriber::fmt::layer()
             .with_writer(std::io::stderr)
             .with_filter(logs_filter)
-            .with_filter(not_spans)
             .boxed(),
         LogFormat::Json => tracing_subscriber::fmt::layer()
             .json()
             .with_writer(std::io::stderr)
             .with_filter(logs_filter)
-            .with_filter(not_spans)
             .boxed(),
     };
     let (traces, provider) = match otlp_endpoint {
@@ -95,7 +103,7 @@ pub fn init(format: LogFormat, otlp_endpoint: Option<&str>) -> Result<TracingGua
             let provider = tracer_provider(endpoint)?;
             let layer = tracing_opentelemetry::layer()
                 .with_tracer(provider.tracer("tokenbucket-rls"))
-                .with_filter(filter_fn(|meta| meta.target() == SPAN_TARGET));
+                .with_filter(Targets::new().with_target(SPAN_TARGET, Level::INFO));
             (Some(layer), Some(provider))
         }
         None => (None, None),
