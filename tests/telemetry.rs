@@ -42,15 +42,25 @@ descriptors:
     rate_limit: {unit: hour, requests_per_unit: 100}
 "#;
 
-#[tokio::test]
-async fn metrics_count_every_decision_exactly() {
+/// A server on RULES and a client of it.
+async fn serve_rules() -> (
+    tempfile::TempDir,
+    server::RunningServer,
+    RateLimitServiceClient<tonic::transport::Channel>,
+) {
     let dir = rules_dir(RULES);
     let s = server::start(&serve_args(dir.path().to_path_buf()))
         .await
         .expect("start");
-    let mut c = RateLimitServiceClient::connect(format!("http://{}", s.grpc_addr))
+    let c = RateLimitServiceClient::connect(format!("http://{}", s.grpc_addr))
         .await
         .expect("connect");
+    (dir, s, c)
+}
+
+#[tokio::test]
+async fn metrics_count_every_decision_exactly() {
+    let (_dir, s, mut c) = serve_rules().await;
     let send = |domain: &'static str, entries: Vec<(&'static str, String)>| {
         let mut c = c.clone();
         async move {
@@ -379,14 +389,8 @@ async fn spans_reach_an_otlp_collector_and_continue_the_callers_trace() {
 
 #[tokio::test]
 async fn the_grafana_dashboard_queries_only_exported_metrics() {
-    let dir = rules_dir(RULES);
-    let s = server::start(&serve_args(dir.path().to_path_buf()))
-        .await
-        .expect("start");
+    let (_dir, s, mut c) = serve_rules().await;
     // one decision, so that the per-rule series exist
-    let mut c = RateLimitServiceClient::connect(format!("http://{}", s.grpc_addr))
-        .await
-        .expect("connect");
     c.should_rate_limit(request("d", vec![descriptor(&[("user", "u")])]))
         .await
         .expect("answered");

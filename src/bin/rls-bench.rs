@@ -209,6 +209,17 @@ async fn connect(target: &str) -> Result<RateLimitServiceClient<Channel>> {
     Ok(RateLimitServiceClient::new(channel))
 }
 
+/// Waits for every caller and adds up their histograms.
+async fn merged(tasks: Vec<tokio::task::JoinHandle<Histogram<u64>>>) -> Histogram<u64> {
+    let mut total = histogram();
+    for t in tasks {
+        if let Ok(h) = t.await {
+            let _ = total.add(&h);
+        }
+    }
+    total
+}
+
 /// Closed loop: each caller sends when its last request was answered.
 async fn closed_loop(
     shared: Arc<Shared>,
@@ -234,13 +245,7 @@ async fn closed_loop(
             }));
         }
     }
-    let mut total = histogram();
-    for t in tasks {
-        if let Ok(h) = t.await {
-            let _ = total.add(&h);
-        }
-    }
-    total
+    merged(tasks).await
 }
 
 /// Open loop: each connection gets rate / connections; its request i is due
@@ -289,13 +294,7 @@ async fn open_loop(
             hist
         }));
     }
-    let mut total = histogram();
-    for t in tasks {
-        if let Ok(h) = t.await {
-            let _ = total.add(&h);
-        }
-    }
-    total
+    merged(tasks).await
 }
 
 #[tokio::main]
