@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Decision latency when Redis is healthy, hung (every node SIGSTOPped) and
+# dead (every node killed): rls-bench in open loop at a fixed rate against one
+# instance on a local Redis Cluster, with the default 10 ms --redis-timeout and
+# rules that fail open. Loopback only, bounded in time.
+#   integration/bench-failure.sh [SECONDS] [RATE]      (default 10 s at 2000/s)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+secs=${1:-10}; rate=${2:-2000}
+work=$(mktemp -d)
+trap 'for p in $(seq 7401 7406); do kill -CONT $(cat "$work/cluster/$p/redis.pid" 2>/dev/null) 2>/dev/null || true; done; integration/redis-cluster.sh stop "$work/cluster" 7401; kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
+cargo build --release --bins --locked 2>&1 | tail -n 1
+url=$(integration/redis-cluster.sh start "$work/cluster" 7401)
+cat > "$work/rules.yaml" <<'RULES'
+domain: bench
+descriptors:
+  - key: key
+    failure_mode: open
+    rate_limit: {unit: second, requests_per_unit: 1000000000, burst: 1000000000}
+RULES
+target/release/tokenbucket-rls --config "$work/rules.yaml" --store redis --redis-url "$url" \
+  --grpc-addr 127.0.0.1:18281 --admin-addr 127.0.0.1:18282 >"$work/rls.log" 2>&1 &
+until curl -sf 127.0.0.1:18282/readyz >/dev/null; do sleep 0.1; done
+run() {
+  target/release/rls-bench --target http://127.0.0.1:18281 --rate "$rate" --duration "${secs}s" --warmup 0s \
+    --distribution uniform --keys 10000 --json \
+  | python3 -c "import json,sys; r=json.load(sys.stdin); l=r['latency_us']; print(f\"$1: {r['throughput_rps']:.0f}/s ok {r['ok']} errors {r['errors']}  p50 {l['p50']}us p99 {l['p99']}us p999 {l['p999']}us max {l['max']}us\")"
+}
+run "healthy"
+for p in $(seq 7401 7406); do kill -STOP "$(cat "$work/cluster/$p/redis.pid")"; done
+run "hung   "
+for p in $(seq 7401 7406); do kill -CONT "$(cat "$work/cluster/$p/redis.pid")"; done
+sleep 2
+integration/redis-cluster.sh stop "$work/cluster" 7401
+sleep 1
+run "dead   "
+echo "store errors: $(curl -s 127.0.0.1:18282/metrics | grep -E '^rls_store_errors_total' | tr '\n' ' ')"
+echo "failure policy: $(curl -s 127.0.0.1:18282/metrics | grep -E '^rls_failure_policy_total\{mode="open"' )"
