@@ -15,7 +15,12 @@ const BUCKETS: usize = 1_000_000;
 /// Resident set size of this process in bytes, from /proc.
 fn rss() -> u64 {
     let statm = std::fs::read_to_string("/proc/self/statm").expect("/proc/self/statm");
-    let pages: u64 = statm.split_whitespace().nth(1).expect("rss field").parse().expect("number");
+    let pages: u64 = statm
+        .split_whitespace()
+        .nth(1)
+        .expect("rss field")
+        .parse()
+        .expect("number");
     pages * 4096
 }
 
@@ -55,7 +60,10 @@ fn a_million_idle_buckets_fit_in_200_bytes_each_and_are_evicted() {
     let after = rss();
     assert_eq!(store.len(), BUCKETS + 1_000);
     let per_bucket = (after.saturating_sub(before)) as f64 / BUCKETS as f64;
-    eprintln!("memory store: {per_bucket:.0} bytes per idle bucket ({} MiB for {BUCKETS})", (after - before) >> 20);
+    eprintln!(
+        "memory store: {per_bucket:.0} bytes per idle bucket ({} MiB for {BUCKETS})",
+        (after - before) >> 20
+    );
     assert!(per_bucket <= 200.0, "{per_bucket:.0} bytes per bucket");
 
     // One token at 60/min is back after a second: every bucket is full again.
