@@ -66,6 +66,10 @@ pub struct ServeArgs {
     /// Redis connections shared by all requests (each pipelines many calls).
     #[arg(long, env = "RLS_REDIS_POOL_SIZE", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=256))]
     pub redis_pool_size: u32,
+    /// Store calls in flight at once; past it a call fails at once ("overloaded")
+    /// and its rule's failure mode answers.
+    #[arg(long, env = "RLS_MAX_IN_FLIGHT", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_in_flight: u64,
     /// What rules without their own `failure_mode` do when the store fails.
     #[arg(long, env = "RLS_FAILURE_MODE", value_enum, default_value = "open")]
     pub failure_mode: FailureMode,

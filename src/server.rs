@@ -26,6 +26,12 @@ use crate::store::redis::{RedisSettings, RedisStore};
 use crate::store::Store;
 use crate::telemetry::Metrics;
 
+/// The largest `RateLimitRequest` accepted (tonic answers RESOURCE_EXHAUSTED
+/// past it). Envoy's requests are a few hundred bytes.
+pub const MAX_REQUEST_BYTES: usize = 1024 * 1024;
+/// HTTP/2 streams one connection may have open at once.
+pub const MAX_STREAMS_PER_CONNECTION: u32 = 1024;
+
 /// A started server: its bound addresses and a way to stop it.
 pub struct RunningServer {
     pub grpc_addr: SocketAddr,
@@ -100,11 +106,12 @@ pub async fn start(args: &ServeArgs) -> Result<RunningServer> {
             Arc::new(Breaker::new(Arc::new(redis)))
         }
     };
-    let limiter = Arc::new(Limiter::new(
+    let limiter = Arc::new(Limiter::with_max_in_flight(
         store,
         args.failure_mode,
         args.instances,
         metrics.clone(),
+        usize::try_from(args.max_in_flight).unwrap_or(usize::MAX),
     ));
     let service = RateLimitGrpc::new(
         rules.clone(),
@@ -137,8 +144,11 @@ pub async fn start(args: &ServeArgs) -> Result<RunningServer> {
     health.clone().spawn_grpc_sync(reporter);
 
     let grpc = tonic::transport::Server::builder()
+        .max_concurrent_streams(Some(MAX_STREAMS_PER_CONNECTION))
         .add_service(health_service)
-        .add_service(RateLimitServiceServer::new(service))
+        .add_service(
+            RateLimitServiceServer::new(service).max_decoding_message_size(MAX_REQUEST_BYTES),
+        )
         .serve_with_incoming_shutdown(
             tonic::transport::server::TcpIncoming::from(grpc_listener).with_nodelay(Some(true)),
             until_stopped(stopped.clone()),

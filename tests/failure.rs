@@ -198,3 +198,48 @@ async fn a_new_cluster_on_the_same_ports_is_used_again() {
         );
     }
 }
+
+#[tokio::test]
+async fn store_calls_in_flight_are_bounded() {
+    let redis = RedisServer::standalone();
+    let dir = rules_dir(RULES);
+    let mut args = serve_args(dir.path().to_path_buf());
+    args.store = StoreKind::Redis;
+    args.redis_url = Some(redis.url());
+    args.redis_timeout = Duration::from_secs(2);
+    args.failure_mode = FailureMode::Open;
+    args.max_in_flight = 4;
+    let s = server::start(&args).await.expect("start");
+    let c = RateLimitServiceClient::connect(format!("http://{}", s.grpc_addr))
+        .await
+        .expect("connect");
+    redis.signal("-STOP");
+    let calls: Vec<_> = (0..20)
+        .map(|i| {
+            let mut c = c.clone();
+            tokio::spawn(async move { call(&mut c, &format!("v{i}")).await })
+        })
+        .collect();
+    // The 16 over the bound are answered at once by the failure mode; the 4
+    // in flight wait for Redis (2 s) and then fail open too.
+    let started = Instant::now();
+    while metric(&s, "rls_store_errors_total{kind=\"overloaded\"}") < 16.0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "overloaded calls waited"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    for call in calls {
+        assert!(
+            !from_store(&call.await.expect("task")),
+            "no answer came from the frozen Redis"
+        );
+    }
+    assert_eq!(
+        metric(&s, "rls_store_errors_total{kind=\"overloaded\"}"),
+        16.0
+    );
+    assert_eq!(metric(&s, "rls_store_errors_total{kind=\"timeout\"}"), 4.0);
+    redis.signal("-CONT");
+}

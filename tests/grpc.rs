@@ -441,3 +441,29 @@ async fn graceful_shutdown_stops_serving() {
         .await
         .is_err());
 }
+
+#[tokio::test]
+async fn requests_over_one_mebibyte_are_refused_before_decoding() {
+    let mut h = Harness::start().await;
+    // 64 descriptors × 20 entries of 1 KiB keys: valid entry by entry, 1.3 MiB in all.
+    let key = "k".repeat(1024);
+    let descriptors = (0..64)
+        .map(|_| descriptor(&(0..20).map(|_| (key.as_str(), "v")).collect::<Vec<_>>()))
+        .collect();
+    let err = h
+        .call(request("api", descriptors))
+        .await
+        .expect_err("too large");
+    assert!(
+        matches!(
+            err.code(),
+            tonic::Code::OutOfRange | tonic::Code::ResourceExhausted
+        ),
+        "{err:?}"
+    );
+    // and the server is fine afterwards
+    let r = h
+        .ok(request("api", vec![descriptor(&[("api_key", "after")])]))
+        .await;
+    assert_eq!(r.statuses[0].limit_remaining, 4);
+}

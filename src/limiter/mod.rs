@@ -144,10 +144,16 @@ impl LimitRef<'_> {
     }
 }
 
+/// Default bound on store calls in flight at once.
+pub const DEFAULT_MAX_IN_FLIGHT: usize = 10_000;
+
 /// Turns requests into decisions against a store.
 pub struct Limiter {
     store: Arc<dyn Store>,
     metrics: Arc<Metrics>,
+    /// Bounds store calls in flight: past it, calls fail at once (`overloaded`)
+    /// and the failure mode answers, instead of memory growing without limit.
+    in_flight: tokio::sync::Semaphore,
     default_failure_mode: FailureMode,
     /// Decides for `local` rules while the store is failing: B/N and r/N.
     local: MemoryStore<MonotonicClock>,
@@ -161,9 +167,26 @@ impl Limiter {
         instances: u32,
         metrics: Arc<Metrics>,
     ) -> Self {
+        Self::with_max_in_flight(
+            store,
+            default_failure_mode,
+            instances,
+            metrics,
+            DEFAULT_MAX_IN_FLIGHT,
+        )
+    }
+
+    pub fn with_max_in_flight(
+        store: Arc<dyn Store>,
+        default_failure_mode: FailureMode,
+        instances: u32,
+        metrics: Arc<Metrics>,
+        max_in_flight: usize,
+    ) -> Self {
         Self {
             store,
             metrics,
+            in_flight: tokio::sync::Semaphore::new(max_in_flight.max(1)),
             default_failure_mode,
             local: MemoryStore::new(MonotonicClock::new()),
             instances: instances.max(1),
@@ -211,6 +234,16 @@ impl Limiter {
                 cost,
             } => {
                 let started = Instant::now();
+                let Ok(_permit) = self.in_flight.try_acquire() else {
+                    self.metrics.store_error(StoreError::Overloaded.kind());
+                    return self.on_store_error(
+                        *rule,
+                        limits,
+                        buckets,
+                        *cost,
+                        StoreError::Overloaded,
+                    );
+                };
                 let result = self
                     .store
                     .decide(buckets, *cost)

@@ -38,11 +38,19 @@ pub enum StoreError {
     Script(String),
     #[error("store unavailable (circuit breaker open)")]
     BreakerOpen,
+    #[error("too many store calls in flight (--max-in-flight)")]
+    Overloaded,
 }
 
 impl StoreError {
     /// Every value of [`StoreError::kind`].
-    pub const KINDS: [&'static str; 4] = ["timeout", "connection", "script", "breaker_open"];
+    pub const KINDS: [&'static str; 5] = [
+        "timeout",
+        "connection",
+        "script",
+        "breaker_open",
+        "overloaded",
+    ];
 
     /// The `kind` label of `rls_store_errors_total`.
     pub fn kind(&self) -> &'static str {
@@ -51,6 +59,7 @@ impl StoreError {
             StoreError::Connection(_) => "connection",
             StoreError::Script(_) => "script",
             StoreError::BreakerOpen => "breaker_open",
+            StoreError::Overloaded => "overloaded",
         }
     }
 }

@@ -33,6 +33,7 @@ pub fn serve_args(config: PathBuf) -> ServeArgs {
         redis_url: None,
         redis_timeout: std::time::Duration::from_millis(500),
         redis_pool_size: 4,
+        max_in_flight: 10_000,
         failure_mode: FailureMode::Open,
         instances: 1,
         response_headers: false,
