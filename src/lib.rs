@@ -15,3 +15,4 @@ pub mod server;
 pub mod service;
 pub mod store;
 pub mod telemetry;
+pub mod tls;

@@ -25,6 +25,7 @@ use crate::store::memory::MemoryStore;
 use crate::store::redis::{RedisSettings, RedisStore};
 use crate::store::Store;
 use crate::telemetry::Metrics;
+use crate::tls::{ReloadingTls, TlsFiles};
 
 /// The largest `RateLimitRequest` accepted (tonic answers RESOURCE_EXHAUSTED
 /// past it). Envoy's requests are a few hundred bytes.
@@ -143,16 +144,31 @@ pub async fn start(args: &ServeArgs) -> Result<RunningServer> {
     let (reporter, health_service) = tonic_health::server::health_reporter();
     health.clone().spawn_grpc_sync(reporter);
 
-    let grpc = tonic::transport::Server::builder()
+    let router = tonic::transport::Server::builder()
         .max_concurrent_streams(Some(MAX_STREAMS_PER_CONNECTION))
         .add_service(health_service)
         .add_service(
             RateLimitServiceServer::new(service).max_decoding_message_size(MAX_REQUEST_BYTES),
-        )
-        .serve_with_incoming_shutdown(
-            tonic::transport::server::TcpIncoming::from(grpc_listener).with_nodelay(Some(true)),
-            until_stopped(stopped.clone()),
         );
+    let grpc_stopped = until_stopped(stopped.clone());
+    let grpc: futures::future::BoxFuture<'static, Result<(), tonic::transport::Error>> =
+        match (&args.tls_cert, &args.tls_key) {
+            (Some(cert), Some(key)) => {
+                let tls = ReloadingTls::load(TlsFiles {
+                    cert: cert.clone(),
+                    key: key.clone(),
+                    client_ca: args.tls_client_ca.clone(),
+                })?;
+                tls.spawn_reloader();
+                Box::pin(
+                    router.serve_with_incoming_shutdown(tls.incoming(grpc_listener), grpc_stopped),
+                )
+            }
+            _ => Box::pin(router.serve_with_incoming_shutdown(
+                tonic::transport::server::TcpIncoming::from(grpc_listener).with_nodelay(Some(true)),
+                grpc_stopped,
+            )),
+        };
     let admin = axum::serve(
         admin_listener,
         admin::router(AdminState {

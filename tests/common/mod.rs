@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use std::process::Child;
 
 pub mod redis;
+pub mod tls;
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
@@ -39,6 +40,9 @@ pub fn serve_args(config: PathBuf) -> ServeArgs {
         response_headers: false,
         merge_domains: false,
         otlp_endpoint: None,
+        tls_cert: None,
+        tls_key: None,
+        tls_client_ca: None,
         log_format: tokenbucket_rls::telemetry::tracing::LogFormat::Text,
     }
 }

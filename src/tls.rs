@@ -1,0 +1,176 @@
+//! TLS for the gRPC server, and mTLS when a client CA is given.
+//!
+//! The certificate chain, key and client CA are PEM files. They are checked
+//! every two seconds and, when their contents change (a cert-manager renewal,
+//! a rotated Kubernetes secret), a new configuration is built and used for new
+//! connections; a change that does not load is logged and the previous
+//! configuration keeps serving.
+
+use std::collections::hash_map::DefaultHasher;
+use std::hash::{Hash, Hasher};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use arc_swap::ArcSwap;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::WebPkiClientVerifier;
+use rustls::{RootCertStore, ServerConfig};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_rustls::server::TlsStream;
+use tokio_rustls::TlsAcceptor;
+
+const RELOAD_EVERY: Duration = Duration::from_secs(2);
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Where the server's TLS material lives.
+#[derive(Debug, Clone)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    /// Clients must present a certificate signed by this CA (mTLS).
+    pub client_ca: Option<PathBuf>,
+}
+
+/// The server's TLS configuration, swapped whole when its files change.
+pub struct ReloadingTls {
+    files: TlsFiles,
+    config: ArcSwap<ServerConfig>,
+}
+
+impl ReloadingTls {
+    pub fn load(files: TlsFiles) -> Result<Arc<Self>> {
+        let config = build(&files)?;
+        Ok(Arc::new(Self {
+            files,
+            config: ArcSwap::from_pointee(config),
+        }))
+    }
+
+    /// Accepts TCP connections on `listener` and yields those whose TLS
+    /// handshake succeeded, for tonic's `serve_with_incoming`.
+    pub fn incoming(
+        self: &Arc<Self>,
+        listener: TcpListener,
+    ) -> impl futures::Stream<Item = std::io::Result<TlsStream<TcpStream>>> {
+        let (tx, rx) = tokio::sync::mpsc::channel(128);
+        let this = self.clone();
+        tokio::spawn(async move {
+            loop {
+                let (tcp, peer) = match listener.accept().await {
+                    Ok(conn) => conn,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                let _ = tcp.set_nodelay(true);
+                if tx.is_closed() {
+                    return;
+                }
+                let acceptor = TlsAcceptor::from(this.config.load_full());
+                let tx = tx.clone();
+                tokio::spawn(async move {
+                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                        Ok(Ok(stream)) => {
+                            let _ = tx.send(Ok(stream)).await;
+                        }
+                        Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
+                        Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+                    }
+                });
+            }
+        });
+        futures::stream::unfold(rx, |mut rx| async move {
+            rx.recv().await.map(|item| (item, rx))
+        })
+    }
+
+    /// Rebuilds the configuration whenever the files' contents change.
+    pub fn spawn_reloader(self: &Arc<Self>) {
+        let this = self.clone();
+        tokio::spawn(async move {
+            let mut seen = fingerprint(&this.files);
+            loop {
+                tokio::time::sleep(RELOAD_EVERY).await;
+                let now = fingerprint(&this.files);
+                if now == seen {
+                    continue;
+                }
+                seen = now;
+                match build(&this.files) {
+                    Ok(config) => {
+                        this.config.store(Arc::new(config));
+                        tracing::info!(cert = %this.files.cert.display(), "TLS certificate reloaded");
+                    }
+                    Err(e) => {
+                        tracing::error!(error = %format!("{e:#}"), "TLS files changed but do not load; the previous certificate keeps serving")
+                    }
+                }
+            }
+        });
+    }
+}
+
+fn fingerprint(files: &TlsFiles) -> u64 {
+    let mut h = DefaultHasher::new();
+    for path in [
+        Some(&files.cert),
+        Some(&files.key),
+        files.client_ca.as_ref(),
+    ]
+    .into_iter()
+    .flatten()
+    {
+        std::fs::read(path).ok().hash(&mut h);
+    }
+    h.finish()
+}
+
+fn certs(path: &Path) -> Result<Vec<CertificateDer<'static>>> {
+    let certs = CertificateDer::pem_file_iter(path)
+        .with_context(|| format!("{}: cannot read certificates", path.display()))?
+        .collect::<Result<Vec<_>, _>>()
+        .with_context(|| format!("{}: invalid PEM certificate", path.display()))?;
+    if certs.is_empty() {
+        bail!("{}: no certificate in the file", path.display());
+    }
+    Ok(certs)
+}
+
+fn build(files: &TlsFiles) -> Result<ServerConfig> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let chain = certs(&files.cert)?;
+    let key = PrivateKeyDer::from_pem_file(&files.key)
+        .with_context(|| format!("{}: no usable private key", files.key.display()))?;
+    let builder = ServerConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .context("TLS protocol versions")?;
+    let builder = match &files.client_ca {
+        Some(ca) => {
+            let mut roots = RootCertStore::empty();
+            for cert in certs(ca)? {
+                roots
+                    .add(cert)
+                    .with_context(|| format!("{}: not a usable CA certificate", ca.display()))?;
+            }
+            let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+                .build()
+                .with_context(|| format!("{}: cannot verify clients with it", ca.display()))?;
+            builder.with_client_cert_verifier(verifier)
+        }
+        None => builder.with_no_client_auth(),
+    };
+    let mut config = builder.with_single_cert(chain, key).with_context(|| {
+        format!(
+            "{} and {} do not make a usable identity",
+            files.cert.display(),
+            files.key.display()
+        )
+    })?;
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(config)
+}
