@@ -63,6 +63,15 @@ pub struct ServeArgs {
     /// Time allowed for one decision in Redis; keep it below Envoy's filter timeout.
     #[arg(long, env = "RLS_REDIS_TIMEOUT", default_value = "10ms", value_parser = humantime::parse_duration)]
     pub redis_timeout: Duration,
+    /// For rediss://: PEM CA that signed the Redis servers' certificates (default: system roots).
+    #[arg(long, env = "RLS_REDIS_CA_FILE")]
+    pub redis_ca_file: Option<PathBuf>,
+    /// For rediss:// servers that require client certificates: PEM certificate (with --redis-client-key).
+    #[arg(long, env = "RLS_REDIS_CLIENT_CERT", requires = "redis_client_key")]
+    pub redis_client_cert: Option<PathBuf>,
+    /// PEM private key of --redis-client-cert.
+    #[arg(long, env = "RLS_REDIS_CLIENT_KEY", requires = "redis_client_cert")]
+    pub redis_client_key: Option<PathBuf>,
     /// Redis connections shared by all requests (each pipelines many calls).
     #[arg(long, env = "RLS_REDIS_POOL_SIZE", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=256))]
     pub redis_pool_size: u32,

@@ -100,6 +100,11 @@ pub async fn start(args: &ServeArgs) -> Result<RunningServer> {
                 url,
                 timeout: args.redis_timeout,
                 pool_size: args.redis_pool_size as usize,
+                ca_file: args.redis_ca_file.clone(),
+                client_cert: args
+                    .redis_client_cert
+                    .clone()
+                    .zip(args.redis_client_key.clone()),
             };
             let redis = RedisStore::connect(&settings)
                 .await

@@ -130,7 +130,8 @@ fn fingerprint(files: &TlsFiles) -> u64 {
     h.finish()
 }
 
-fn certs(path: &Path) -> Result<Vec<CertificateDer<'static>>> {
+/// Every certificate in a PEM file; an error names the file.
+pub fn certs(path: &Path) -> Result<Vec<CertificateDer<'static>>> {
     let certs = CertificateDer::pem_file_iter(path)
         .with_context(|| format!("{}: cannot read certificates", path.display()))?
         .collect::<Result<Vec<_>, _>>()
@@ -141,25 +142,36 @@ fn certs(path: &Path) -> Result<Vec<CertificateDer<'static>>> {
     Ok(certs)
 }
 
+/// The private key in a PEM file; an error names the file.
+pub fn private_key(path: &Path) -> Result<PrivateKeyDer<'static>> {
+    PrivateKeyDer::from_pem_file(path)
+        .with_context(|| format!("{}: no usable private key", path.display()))
+}
+
+/// A store of the CA certificates in a PEM file.
+pub fn roots(path: &Path) -> Result<RootCertStore> {
+    let mut roots = RootCertStore::empty();
+    for cert in certs(path)? {
+        roots
+            .add(cert)
+            .with_context(|| format!("{}: not a usable CA certificate", path.display()))?;
+    }
+    Ok(roots)
+}
+
 fn build(files: &TlsFiles) -> Result<ServerConfig> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let chain = certs(&files.cert)?;
-    let key = PrivateKeyDer::from_pem_file(&files.key)
-        .with_context(|| format!("{}: no usable private key", files.key.display()))?;
+    let key = private_key(&files.key)?;
     let builder = ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
         .context("TLS protocol versions")?;
     let builder = match &files.client_ca {
         Some(ca) => {
-            let mut roots = RootCertStore::empty();
-            for cert in certs(ca)? {
-                roots
-                    .add(cert)
-                    .with_context(|| format!("{}: not a usable CA certificate", ca.display()))?;
-            }
-            let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
-                .build()
-                .with_context(|| format!("{}: cannot verify clients with it", ca.display()))?;
+            let verifier =
+                WebPkiClientVerifier::builder_with_provider(Arc::new(roots(ca)?), provider)
+                    .build()
+                    .with_context(|| format!("{}: cannot verify clients with it", ca.display()))?;
             builder.with_client_cert_verifier(verifier)
         }
         None => builder.with_no_client_auth(),

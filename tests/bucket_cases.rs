@@ -144,6 +144,8 @@ async fn lua_and_rust_give_the_same_answers() {
         url: redis.url(),
         timeout: std::time::Duration::from_secs(2),
         pool_size: 1,
+        ca_file: None,
+        client_cert: None,
     })
     .await
     .expect("connect");

@@ -148,3 +148,105 @@ async fn a_renewed_certificate_is_used_without_a_restart() {
         "new connections get the new certificate"
     );
 }
+
+/// A redis-server that only speaks TLS and requires client certificates.
+fn tls_redis(dir: &Path, ca: &Ca) -> (common::ChildGuard, u16) {
+    let (cert, key) = ca.issue("redis", true);
+    let port = common::free_port();
+    let child = std::process::Command::new("redis-server")
+        .args([
+            "--port",
+            "0",
+            "--tls-port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+        ])
+        .arg("--tls-cert-file")
+        .arg(&cert)
+        .arg("--tls-key-file")
+        .arg(&key)
+        .arg("--tls-ca-cert-file")
+        .arg(ca.pem())
+        .args(["--save", "", "--appendonly", "no", "--dir"])
+        .arg(dir)
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("redis-server");
+    let guard = common::ChildGuard(child);
+    let (client_cert, client_key) = ca.issue("redis-cli", false);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let out = std::process::Command::new("redis-cli")
+            .args([
+                "--tls",
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &port.to_string(),
+                "--cacert",
+            ])
+            .arg(ca.pem())
+            .arg("--cert")
+            .arg(&client_cert)
+            .arg("--key")
+            .arg(&client_key)
+            .arg("PING")
+            .output()
+            .expect("redis-cli");
+        if String::from_utf8_lossy(&out.stdout).contains("PONG") {
+            return (guard, port);
+        }
+        assert!(Instant::now() < deadline, "TLS redis-server never answered");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[tokio::test]
+async fn redis_over_tls_with_a_client_certificate() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca = Ca::new(dir.path(), "redis");
+    let (_redis, port) = tls_redis(dir.path(), &ca);
+    let (client_cert, client_key) = ca.issue("rls", false);
+    let rules = rules_dir("domain: d\ndescriptors:\n  - key: k\n    failure_mode: closed\n    rate_limit: {unit: minute, requests_per_unit: 5}\n");
+    let args = |cert: bool| {
+        let mut args = serve_args(rules.path().to_path_buf());
+        args.store = tokenbucket_rls::cli::StoreKind::Redis;
+        args.redis_url = Some(format!("rediss://127.0.0.1:{port}"));
+        args.redis_timeout = Duration::from_millis(500);
+        args.redis_ca_file = Some(ca.pem());
+        if cert {
+            args.redis_client_cert = Some(client_cert.clone());
+            args.redis_client_key = Some(client_key.clone());
+        }
+        args
+    };
+    let s = server::start(&args(true)).await.expect("start");
+    let mut c = RateLimitServiceClient::connect(format!("http://{}", s.grpc_addr))
+        .await
+        .expect("connect");
+    for left in [4, 3] {
+        let r = c
+            .should_rate_limit(request("d", vec![descriptor(&[("k", "v")])]))
+            .await
+            .expect("decided in Redis over TLS")
+            .into_inner();
+        assert_eq!(r.statuses[0].limit_remaining, left);
+    }
+    // without a client certificate the server refuses the connection: the
+    // closed rule cannot be decided
+    let s = server::start(&args(false)).await.expect("start");
+    let mut c = RateLimitServiceClient::connect(format!("http://{}", s.grpc_addr))
+        .await
+        .expect("connect");
+    let err = c
+        .should_rate_limit(request("d", vec![descriptor(&[("k", "v")])]))
+        .await
+        .expect_err("no TLS session without a client certificate");
+    assert_eq!(err.code(), tonic::Code::Unavailable);
+    // a CA file with a plaintext URL is a configuration error, said at start
+    let mut plain = args(true);
+    plain.redis_url = Some(format!("redis://127.0.0.1:{port}"));
+    let e = server::start(&plain).await.err().expect("refused");
+    assert!(e.to_string().contains("rediss://"), "{e}");
+}

@@ -11,6 +11,7 @@
 
 pub mod url;
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -40,6 +41,44 @@ pub struct RedisSettings {
     pub timeout: Duration,
     /// Connections (clients) shared by all requests; each pipelines.
     pub pool_size: usize,
+    /// For `rediss://`: the CA that signed the servers' certificates
+    /// (default: the system's roots).
+    pub ca_file: Option<PathBuf>,
+    /// For `rediss://` servers that ask for a client certificate.
+    pub client_cert: Option<(PathBuf, PathBuf)>,
+}
+
+/// A rustls client configuration for `rediss://` from the settings' files.
+fn tls_client_config(settings: &RedisSettings) -> Result<Option<rustls::ClientConfig>, String> {
+    if settings.ca_file.is_none() && settings.client_cert.is_none() {
+        return Ok(None);
+    }
+    let build = || -> anyhow::Result<rustls::ClientConfig> {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let builder = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()?;
+        let builder = match &settings.ca_file {
+            Some(ca) => builder.with_root_certificates(crate::tls::roots(ca)?),
+            None => builder.with_root_certificates(rustls::RootCertStore {
+                roots: webpki_roots_or_empty(),
+            }),
+        };
+        Ok(match &settings.client_cert {
+            Some((cert, key)) => builder
+                .with_client_auth_cert(crate::tls::certs(cert)?, crate::tls::private_key(key)?)?,
+            None => builder.with_no_client_auth(),
+        })
+    };
+    build().map(Some).map_err(|e| format!("Redis TLS: {e:#}"))
+}
+
+/// The system's root certificates, for a client certificate without a CA file.
+fn webpki_roots_or_empty() -> Vec<rustls::pki_types::TrustAnchor<'static>> {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls_native_certs::load_native_certs().certs {
+        let _ = roots.add(cert);
+    }
+    roots.roots
 }
 
 /// Time allowed for the breaker's probe of each server.
@@ -64,7 +103,13 @@ impl RedisStore {
     /// start-up is the failure policy's business, not a reason not to start),
     /// and checks the servers' eviction policy.
     pub async fn connect(settings: &RedisSettings) -> Result<Self, String> {
-        let config = url::parse(&settings.url)?;
+        let mut config = url::parse(&settings.url)?;
+        if let Some(tls) = tls_client_config(settings)? {
+            if config.tls.is_none() {
+                return Err("--redis-ca-file and --redis-client-cert need a rediss:// or rediss-cluster:// URL".into());
+            }
+            config.tls = Some(tls.into());
+        }
         let pool = Builder::from_config(config)
             .with_connection_config(|c| {
                 c.connection_timeout = Duration::from_secs(2);
