@@ -278,7 +278,11 @@ async fn migrate_slot(cluster: &RedisCluster, slot: u16, raw: &Client) -> (usize
             .await
             .expect("MIGRATE");
     }
-    for p in cluster.primaries() {
+    // The source first, as a hand-made reshard may do: for a moment the
+    // source sends clients to a target that does not own the slot yet.
+    let mut order = cluster.primaries();
+    order.sort_by_key(|&p| p != src);
+    for p in order {
         assert!(cluster.nodes[p]
             .cli(&["CLUSTER", "SETSLOT", &slot_s, "NODE", &dst_id])
             .contains("OK"));
@@ -470,5 +474,66 @@ async fn primary_failover_decisions_resume() {
         drift <= 10.0,
         "at most the last few acknowledged writes are lost, got {drift}"
     );
+    s.shutdown().await.expect("stop");
+}
+
+#[tokio::test]
+async fn redis_cli_cluster_reshard_while_serving_keeps_the_budget() {
+    let cluster = RedisCluster::start();
+    let rules = rules_dir(RULES);
+    let s = start(&cluster.url(), &rules).await;
+    let entries = [("moving", "reshard")];
+    let slot = fred::util::redis_keyslot(&key_of(&entries, "0"));
+    let src = cluster.owner_of_slot(slot);
+    let dst = *cluster.primaries().iter().find(|&&p| p != src).expect("another primary");
+    let id = |i: usize| cluster.nodes[i].cli(&["CLUSTER", "MYID"]).trim().to_string();
+    let mut c = client(&s).await;
+    let mut admitted = 0;
+    for _ in 0..30 {
+        if call(&mut c, &entries).await.expect("decided").overall_code == Code::Ok as i32 {
+            admitted += 1;
+        }
+    }
+    // Traffic on the slot while redis-cli moves all of the owner's slots.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let during = Arc::new(AtomicUsize::new(0));
+    let traffic = {
+        let mut c = client(&s).await;
+        let (stop, during) = (stop.clone(), during.clone());
+        tokio::spawn(async move {
+            while !stop.load(Ordering::SeqCst) {
+                let r = call(&mut c, &[("moving", "reshard")]).await.expect("every call is decided");
+                if r.overall_code == Code::Ok as i32 {
+                    during.fetch_add(1, Ordering::SeqCst);
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+    };
+    let out = tokio::task::spawn_blocking({
+        let (port, from, to) = (cluster.nodes[src].port, id(src), id(dst));
+        move || {
+            std::process::Command::new("redis-cli")
+                .args(["--cluster", "reshard", &format!("127.0.0.1:{port}")])
+                .args(["--cluster-from", &from, "--cluster-to", &to])
+                .args(["--cluster-slots", "16384", "--cluster-yes"])
+                .output()
+                .expect("redis-cli --cluster reshard")
+        }
+    })
+    .await
+    .expect("reshard task");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop.store(true, Ordering::SeqCst);
+    traffic.await.expect("traffic");
+    admitted += during.load(Ordering::SeqCst);
+    assert_eq!(cluster.owner_of_slot(slot), dst, "the slot moved");
+    for _ in 0..100 {
+        if call(&mut c, &entries).await.expect("decided after the reshard").overall_code == Code::Ok as i32 {
+            admitted += 1;
+        }
+    }
+    assert_eq!(admitted, 100, "the budget moved with the slot: nothing lost, nothing doubled");
     s.shutdown().await.expect("stop");
 }
