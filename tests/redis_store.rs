@@ -485,8 +485,17 @@ async fn redis_cli_cluster_reshard_while_serving_keeps_the_budget() {
     let entries = [("moving", "reshard")];
     let slot = fred::util::redis_keyslot(&key_of(&entries, "0"));
     let src = cluster.owner_of_slot(slot);
-    let dst = *cluster.primaries().iter().find(|&&p| p != src).expect("another primary");
-    let id = |i: usize| cluster.nodes[i].cli(&["CLUSTER", "MYID"]).trim().to_string();
+    let dst = *cluster
+        .primaries()
+        .iter()
+        .find(|&&p| p != src)
+        .expect("another primary");
+    let id = |i: usize| {
+        cluster.nodes[i]
+            .cli(&["CLUSTER", "MYID"])
+            .trim()
+            .to_string()
+    };
     let mut c = client(&s).await;
     let mut admitted = 0;
     for _ in 0..30 {
@@ -502,7 +511,9 @@ async fn redis_cli_cluster_reshard_while_serving_keeps_the_budget() {
         let (stop, during) = (stop.clone(), during.clone());
         tokio::spawn(async move {
             while !stop.load(Ordering::SeqCst) {
-                let r = call(&mut c, &[("moving", "reshard")]).await.expect("every call is decided");
+                let r = call(&mut c, &[("moving", "reshard")])
+                    .await
+                    .expect("every call is decided");
                 if r.overall_code == Code::Ok as i32 {
                     during.fetch_add(1, Ordering::SeqCst);
                 }
@@ -523,17 +534,29 @@ async fn redis_cli_cluster_reshard_while_serving_keeps_the_budget() {
     })
     .await
     .expect("reshard task");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     tokio::time::sleep(Duration::from_millis(300)).await;
     stop.store(true, Ordering::SeqCst);
     traffic.await.expect("traffic");
     admitted += during.load(Ordering::SeqCst);
     assert_eq!(cluster.owner_of_slot(slot), dst, "the slot moved");
     for _ in 0..100 {
-        if call(&mut c, &entries).await.expect("decided after the reshard").overall_code == Code::Ok as i32 {
+        if call(&mut c, &entries)
+            .await
+            .expect("decided after the reshard")
+            .overall_code
+            == Code::Ok as i32
+        {
             admitted += 1;
         }
     }
-    assert_eq!(admitted, 100, "the budget moved with the slot: nothing lost, nothing doubled");
+    assert_eq!(
+        admitted, 100,
+        "the budget moved with the slot: nothing lost, nothing doubled"
+    );
     s.shutdown().await.expect("stop");
 }
