@@ -467,3 +467,21 @@ async fn requests_over_one_mebibyte_are_refused_before_decoding() {
         .await;
     assert_eq!(r.statuses[0].limit_remaining, 4);
 }
+
+#[tokio::test]
+async fn negative_hits_refund_tokens_up_to_the_burst() {
+    let mut h = Harness::start().await;
+    let mut spend = request("api", vec![descriptor(&[("api_key", "refund")])]);
+    spend.hits_addend = 3;
+    let r = h.ok(spend).await;
+    assert_eq!(r.statuses[0].limit_remaining, 2);
+    let mut refund = descriptor(&[("api_key", "refund")]);
+    refund.is_negative_hits = true;
+    refund.hits_addend = Some(UInt64Value { value: 2 });
+    let r = h.ok(request("api", vec![refund.clone()])).await;
+    assert_eq!(r.overall_code, Code::Ok as i32);
+    assert_eq!(r.statuses[0].limit_remaining, 4, "two tokens came back");
+    refund.hits_addend = Some(UInt64Value { value: 100 });
+    let r = h.ok(request("api", vec![refund])).await;
+    assert_eq!(r.statuses[0].limit_remaining, 5, "never above the burst");
+}

@@ -5,7 +5,8 @@
 //! `tokens = min(B, tokens + r * elapsed)`. A request of cost `c` is admitted
 //! when `tokens >= c` and then deducts `c`; otherwise it is rejected and told to
 //! retry after `ceil((c - tokens) / r)` seconds. `r = 0` rejects everything and
-//! `c > B` can never be admitted: both with no retry time.
+//! `c > B` can never be admitted: both with no retry time. A refund adds
+//! tokens back, never beyond B.
 //!
 //! This file is the one Rust copy of the arithmetic; `store/redis/bucket.lua`
 //! is the other, and the shared case table in `tests/bucket_cases.rs` checks
@@ -42,6 +43,9 @@ pub enum Cost {
     Spend(u64),
     /// Answer as if spending one token, but deduct nothing (`hits_addend: 0`).
     Check,
+    /// Give tokens back (Envoy's `is_negative_hits`: an operation turned out
+    /// cheaper than charged); always answered OK, never above B.
+    Refund(u64),
 }
 
 impl Cost {
@@ -50,14 +54,16 @@ impl Cost {
         match self {
             Cost::Spend(n) => n,
             Cost::Check => 1,
+            Cost::Refund(_) => 0,
         }
     }
 
-    /// Tokens taken out of the bucket when admitted.
-    pub fn deducted(self) -> u64 {
+    /// Tokens taken out of the bucket when admitted; negative for a refund.
+    pub fn deducted(self) -> i64 {
         match self {
-            Cost::Spend(n) => n,
+            Cost::Spend(n) => i64::try_from(n).unwrap_or(i64::MAX),
             Cost::Check => 0,
+            Cost::Refund(n) => -i64::try_from(n).unwrap_or(i64::MAX),
         }
     }
 }
@@ -197,8 +203,8 @@ pub fn decide(
         .collect();
     let admitted = verdicts.iter().all(Result::is_ok);
     if admitted {
-        for state in &mut refilled {
-            state.tokens = (state.tokens - cost.deducted() as f64).max(0.0);
+        for (state, p) in refilled.iter_mut().zip(params) {
+            state.tokens = (state.tokens - cost.deducted() as f64).clamp(0.0, p.capacity as f64);
         }
     }
     let outcomes = params
@@ -378,6 +384,26 @@ mod tests {
         assert_eq!(after[0].tokens, 3.0, "the burst bucket was not charged");
         assert_eq!(outcomes[1].retry_after_secs, Some(1800));
         assert_eq!(outcomes[0].retry_after_secs, None, "burst bucket had room");
+    }
+
+    #[test]
+    fn refunds_add_tokens_up_to_the_capacity() {
+        let p = per_second(10, 1);
+        let spent = Some(BucketState {
+            tokens: 3.0,
+            updated_micros: SEC,
+        });
+        let (s, o) = one(p, spent, SEC, Cost::Refund(4));
+        assert!(o.admitted);
+        assert_eq!((s.tokens, o.remaining), (7.0, 7));
+        let (s, _) = one(p, spent, SEC, Cost::Refund(50));
+        assert_eq!(s.tokens, 10.0, "never above B");
+        let (s, o) = one(p, None, SEC, Cost::Refund(5));
+        assert_eq!(
+            (s.tokens, o.remaining),
+            (10.0, 10),
+            "a missing bucket is already full"
+        );
     }
 
     #[test]

@@ -75,15 +75,13 @@ pub fn descriptor_inputs(
                     ));
                 }
             }
-            let cost = if d.is_negative_hits {
-                // A refund must never spend tokens; refunds themselves are not applied yet.
-                Cost::Check
-            } else {
-                match &d.hits_addend {
-                    Some(h) if h.value == 0 => Cost::Check,
-                    Some(h) => Cost::Spend(h.value),
-                    None => request_cost,
-                }
+            let cost = match (&d.hits_addend, d.is_negative_hits) {
+                // Envoy's refunds: the hits go back into the bucket.
+                (Some(h), true) => Cost::Refund(h.value),
+                (None, true) => Cost::Refund(u64::from(request.hits_addend.max(1))),
+                (Some(h), false) if h.value == 0 => Cost::Check,
+                (Some(h), false) => Cost::Spend(h.value),
+                (None, false) => request_cost,
             };
             let limit_override = match &d.limit {
                 None => None,

@@ -63,9 +63,10 @@ impl<C: Clock> MemoryStore<C> {
             .map(|b| shard.get(b.key.as_slice()).map(|e| e.state))
             .collect();
         let (new_states, outcomes) = bucket::decide(&params, &states, now, cost);
-        // Only an admitted request that spends changes anything: a rejection
-        // or a check leaves the state as it was (refill is a pure function of it).
-        if outcomes.first().is_some_and(|o| o.admitted) && cost.deducted() > 0 {
+        // Only an admitted request that spends (or refunds) changes anything: a
+        // rejection or a check leaves the state as it was (refill is a pure
+        // function of it).
+        if outcomes.first().is_some_and(|o| o.admitted) && cost.deducted() != 0 {
             for ((b, state), p) in descriptor.buckets.iter().zip(new_states).zip(&params) {
                 let full_at_micros = p.full_at_micros(&state).unwrap_or(u64::MAX);
                 match shard.get_mut(b.key.as_slice()) {

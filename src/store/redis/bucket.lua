@@ -5,7 +5,7 @@
 --
 -- KEYS[i]  one hash per bucket: t = tokens (float), u = last update (µs)
 -- ARGV[1]  tokens needed to admit
--- ARGV[2]  tokens to deduct when admitted (0 for a check)
+-- ARGV[2]  tokens to deduct when admitted (0 for a check, negative for a refund)
 -- ARGV[3]  expiry margin in ms, added to the time a bucket needs to refill
 -- ARGV[4 + 3(i-1) ..]  per bucket: capacity, tokens_per_unit, unit_secs
 --
@@ -61,9 +61,9 @@ for i = 1, n do
   end
 end
 
-if all_admit and deducted > 0 then
+if all_admit and deducted ~= 0 then
   for i = 1, n do
-    local t = math.max(0, tokens[i] - deducted)
+    local t = math.min(caps[i], math.max(0, tokens[i] - deducted))
     tokens[i] = t
     local per_sec = rates[i] / units[i]
     local ttl_ms = math.ceil((caps[i] - t) / per_sec * 1000) + margin_ms

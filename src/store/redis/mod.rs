@@ -312,11 +312,7 @@ impl Store for RedisStore {
             .map(|b| Key::from(redis_key(hash, &b.key)))
             .collect();
         let mut args = Vec::with_capacity(3 + 3 * descriptor.buckets.len());
-        args.extend([
-            cost.needed() as i64,
-            cost.deducted() as i64,
-            EXPIRY_MARGIN_MS,
-        ]);
+        args.extend([cost.needed() as i64, cost.deducted(), EXPIRY_MARGIN_MS]);
         for b in &descriptor.buckets {
             args.extend([
                 b.params.capacity as i64,
