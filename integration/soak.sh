@@ -4,6 +4,7 @@
 # fault per phase (see integration/soak.py). Prints a JSON report; exits 1
 # when its criteria fail.
 #   integration/soak.sh [PHASE_SECONDS] [RATE]    (default 120 s per phase, 5 phases; 200/s)
+# The instances' and Envoy's logs are copied to /tmp/soak-logs when it ends.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PHASE_SECONDS=${1:-120} RATE=${2:-200}

@@ -228,18 +228,8 @@ async fn script_cache_flush_is_recovered() {
 /// `redis-cli --cluster reshard` uses, keys included.
 async fn migrate_slot(cluster: &RedisCluster, slot: u16, raw: &Client) -> (usize, usize) {
     let src = cluster.owner_of_slot(slot);
-    let dst = *cluster
-        .primaries()
-        .iter()
-        .find(|&&p| p != src)
-        .expect("another primary");
-    let id = |i: usize| {
-        cluster.nodes[i]
-            .cli(&["CLUSTER", "MYID"])
-            .trim()
-            .to_string()
-    };
-    let (src_id, dst_id) = (id(src), id(dst));
+    let dst = cluster.other_primary(src);
+    let (src_id, dst_id) = (cluster.node_id(src), cluster.node_id(dst));
     let slot_s = slot.to_string();
     assert!(cluster.nodes[dst]
         .cli(&["CLUSTER", "SETSLOT", &slot_s, "IMPORTING", &src_id])
@@ -290,6 +280,71 @@ async fn migrate_slot(cluster: &RedisCluster, slot: u16, raw: &Client) -> (usize
     (src, dst)
 }
 
+/// How many of `n` calls on `entries` were admitted.
+async fn admitted_of(
+    c: &mut RateLimitServiceClient<Channel>,
+    entries: &[(&str, &str)],
+    n: usize,
+) -> usize {
+    let mut admitted = 0;
+    for _ in 0..n {
+        if call(c, entries).await.expect("decided").overall_code == Code::Ok as i32 {
+            admitted += 1;
+        }
+    }
+    admitted
+}
+
+/// Clients calling one descriptor every `pause` (at most 5000 calls each)
+/// until stopped, every call decided, counting admissions.
+struct Traffic {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    admitted: Arc<AtomicUsize>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Traffic {
+    async fn start(
+        s: &RunningServer,
+        entries: [(&'static str, &'static str); 1],
+        clients: usize,
+        pause: Duration,
+    ) -> Self {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let admitted = Arc::new(AtomicUsize::new(0));
+        let mut tasks = Vec::new();
+        for _ in 0..clients {
+            let mut c = client(s).await;
+            let (stop, admitted) = (stop.clone(), admitted.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut calls = 0;
+                while !stop.load(Ordering::SeqCst) && calls < 5000 {
+                    calls += 1;
+                    let r = call(&mut c, &entries).await.expect("every call is decided");
+                    if r.overall_code == Code::Ok as i32 {
+                        admitted.fetch_add(1, Ordering::SeqCst);
+                    }
+                    tokio::time::sleep(pause).await;
+                }
+            }));
+        }
+        Self {
+            stop,
+            admitted,
+            tasks,
+        }
+    }
+
+    /// Stops every client; returns how many calls were admitted.
+    async fn stop(self) -> usize {
+        self.stop.store(true, Ordering::SeqCst);
+        for t in self.tasks {
+            t.await.expect("client task");
+        }
+        self.admitted.load(Ordering::SeqCst)
+    }
+}
+
 #[tokio::test]
 async fn a_slot_moved_while_serving_keeps_its_budget() {
     let cluster = RedisCluster::start();
@@ -299,48 +354,16 @@ async fn a_slot_moved_while_serving_keeps_its_budget() {
     let key = key_of(&entries, "0");
     let slot = fred::util::redis_keyslot(&key);
     let mut c = client(&s).await;
-    let mut admitted = 0;
-    for _ in 0..40 {
-        if call(&mut c, &entries).await.expect("decided").overall_code == Code::Ok as i32 {
-            admitted += 1;
-        }
-    }
+    let mut admitted = admitted_of(&mut c, &entries, 40).await;
     // keep deciding from 8 clients while the slot moves
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let during = Arc::new(AtomicUsize::new(0));
-    let mut tasks = Vec::new();
-    for _ in 0..8 {
-        let mut c = client(&s).await;
-        let (stop, during) = (stop.clone(), during.clone());
-        tasks.push(tokio::spawn(async move {
-            let mut calls = 0;
-            while !stop.load(Ordering::SeqCst) && calls < 500 {
-                calls += 1;
-                let r = call(&mut c, &[("moving", "m")])
-                    .await
-                    .expect("every call is decided");
-                if r.overall_code == Code::Ok as i32 {
-                    during.fetch_add(1, Ordering::SeqCst);
-                }
-                tokio::time::sleep(Duration::from_millis(2)).await;
-            }
-        }));
-    }
+    let traffic = Traffic::start(&s, entries, 8, Duration::from_millis(2)).await;
     let raw = raw_client(&cluster.url()).await;
     tokio::time::sleep(Duration::from_millis(100)).await;
     let (src, dst) = migrate_slot(&cluster, slot, &raw).await;
     assert_ne!(src, dst);
     tokio::time::sleep(Duration::from_millis(200)).await;
-    stop.store(true, Ordering::SeqCst);
-    for t in tasks {
-        t.await.expect("client task");
-    }
-    admitted += during.load(Ordering::SeqCst);
-    for _ in 0..100 {
-        if call(&mut c, &entries).await.expect("decided").overall_code == Code::Ok as i32 {
-            admitted += 1;
-        }
-    }
+    admitted += traffic.stop().await;
+    admitted += admitted_of(&mut c, &entries, 100).await;
     assert_eq!(
         admitted, 100,
         "the budget moved with the slot: nothing lost, nothing doubled"
@@ -485,44 +508,17 @@ async fn redis_cli_cluster_reshard_while_serving_keeps_the_budget() {
     let entries = [("moving", "reshard")];
     let slot = fred::util::redis_keyslot(&key_of(&entries, "0"));
     let src = cluster.owner_of_slot(slot);
-    let dst = *cluster
-        .primaries()
-        .iter()
-        .find(|&&p| p != src)
-        .expect("another primary");
-    let id = |i: usize| {
-        cluster.nodes[i]
-            .cli(&["CLUSTER", "MYID"])
-            .trim()
-            .to_string()
-    };
+    let dst = cluster.other_primary(src);
     let mut c = client(&s).await;
-    let mut admitted = 0;
-    for _ in 0..30 {
-        if call(&mut c, &entries).await.expect("decided").overall_code == Code::Ok as i32 {
-            admitted += 1;
-        }
-    }
+    let mut admitted = admitted_of(&mut c, &entries, 30).await;
     // Traffic on the slot while redis-cli moves all of the owner's slots.
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let during = Arc::new(AtomicUsize::new(0));
-    let traffic = {
-        let mut c = client(&s).await;
-        let (stop, during) = (stop.clone(), during.clone());
-        tokio::spawn(async move {
-            while !stop.load(Ordering::SeqCst) {
-                let r = call(&mut c, &[("moving", "reshard")])
-                    .await
-                    .expect("every call is decided");
-                if r.overall_code == Code::Ok as i32 {
-                    during.fetch_add(1, Ordering::SeqCst);
-                }
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-        })
-    };
+    let traffic = Traffic::start(&s, entries, 1, Duration::from_millis(5)).await;
     let out = tokio::task::spawn_blocking({
-        let (port, from, to) = (cluster.nodes[src].port, id(src), id(dst));
+        let (port, from, to) = (
+            cluster.nodes[src].port,
+            cluster.node_id(src),
+            cluster.node_id(dst),
+        );
         move || {
             std::process::Command::new("redis-cli")
                 .args(["--cluster", "reshard", &format!("127.0.0.1:{port}")])
@@ -540,20 +536,9 @@ async fn redis_cli_cluster_reshard_while_serving_keeps_the_budget() {
         String::from_utf8_lossy(&out.stderr)
     );
     tokio::time::sleep(Duration::from_millis(300)).await;
-    stop.store(true, Ordering::SeqCst);
-    traffic.await.expect("traffic");
-    admitted += during.load(Ordering::SeqCst);
+    admitted += traffic.stop().await;
     assert_eq!(cluster.owner_of_slot(slot), dst, "the slot moved");
-    for _ in 0..100 {
-        if call(&mut c, &entries)
-            .await
-            .expect("decided after the reshard")
-            .overall_code
-            == Code::Ok as i32
-        {
-            admitted += 1;
-        }
-    }
+    admitted += admitted_of(&mut c, &entries, 100).await;
     assert_eq!(
         admitted, 100,
         "the budget moved with the slot: nothing lost, nothing doubled"

@@ -255,10 +255,24 @@ impl RedisCluster {
             .collect()
     }
 
+    /// A primary other than node `not`.
+    pub fn other_primary(&self, not: usize) -> usize {
+        *self
+            .primaries()
+            .iter()
+            .find(|&&p| p != not)
+            .expect("another primary")
+    }
+
+    /// The cluster node id of node `i`.
+    pub fn node_id(&self, i: usize) -> String {
+        self.nodes[i].cli(&["CLUSTER", "MYID"]).trim().to_string()
+    }
+
     /// The node that owns `slot` as primary.
     pub fn owner_of_slot(&self, slot: u16) -> usize {
         for i in self.primaries() {
-            let id = self.nodes[i].cli(&["CLUSTER", "MYID"]).trim().to_string();
+            let id = self.node_id(i);
             let nodes = self.nodes[i].cli(&["CLUSTER", "NODES"]);
             for line in nodes.lines().filter(|l| l.starts_with(&id)) {
                 for range in line.split_whitespace().skip(8) {
