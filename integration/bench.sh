@@ -5,7 +5,9 @@
 #   - h2load (-c8 -m16, one descriptor per call), an independent HTTP/2 load
 #     generator, against the Redis Cluster store and the memory store;
 #   - rls-bench closed loop: hot key, uniform over 10k keys, zipf over 10k keys;
-#   - rls-bench open loop at half of each store's h2load saturation, for p99.
+#   - rls-bench open loop at half of each store's h2load saturation, for p99;
+#   - one hot key with and without `lease` (redis store), with the Redis
+#     calls per admitted request read from the service's metrics.
 # Prints a summary with ratios. Loopback only, bounded in time. Needs
 # redis-server and h2load (Debian: redis-server, nghttp2-client).
 #   integration/bench.sh [SECONDS]          (default 10 per run)
@@ -23,6 +25,9 @@ cat > "$work/rules.yaml" <<'RULES'
 domain: bench
 descriptors:
   - key: key                 # every request admitted: measures the decision, not rejections
+    rate_limit: {unit: second, requests_per_unit: 1000000000, burst: 1000000000}
+  - key: leased              # the same bucket size, spent through leases of 1000 tokens
+    lease: {size: 1000, ttl: 1s}
     rate_limit: {unit: second, requests_per_unit: 1000000000, burst: 1000000000}
 RULES
 
@@ -53,6 +58,21 @@ bench() {  # port, label, rls-bench args...
     | tee -a "$work/summary.txt"
 }
 
+# Store calls the service has made so far (lease calls and returns included).
+store_calls() {  # admin port
+  curl -sf "127.0.0.1:$1/metrics" | awk '/^rls_store_calls_total/ {n += $2} END {printf "%d", n}'
+}
+# rls-bench on one key, then the store calls per admitted request.
+bench_calls() {  # port, label, rls-bench args...
+  local port=$1 label=$2 before after ok; shift 2
+  before=$(store_calls $((port + 1)))
+  bench "$port" "$label" --warmup 0s "$@" >&2
+  after=$(store_calls $((port + 1)))
+  ok=$(tail -n 1 "$work/results.jsonl" | python3 -c "import json,sys; print(json.load(sys.stdin)['ok'])")
+  echo "$label: $((after - before)) store calls for $ok admitted ($(python3 -c "print(f'{($after - $before) / max($ok, 1):.4f}')") per admitted request)" | tee -a "$work/summary.txt" >&2
+  tail -n 1 "$work/results.jsonl" | python3 -c "import json,sys; print(int(json.load(sys.stdin)['throughput_rps']))"
+}
+
 # A gRPC ShouldRateLimit body for h2load: domain bench, one descriptor (key, k0).
 python3 - "$work/hot.bin" <<'PY'
 import struct, sys
@@ -78,6 +98,8 @@ h2() {  # port, label
 
 run_service redis 18181 --redis-url "$url" --redis-timeout 100ms
 redis_h2=$(h2 18181 "h2load, redis store, hot key ")
+unleased=$(bench_calls 18181 "redis store, hot key, no lease" --distribution hot --key key)
+leased=$(bench_calls 18181 "redis store, hot key, leased  " --distribution hot --key leased)
 bench 18181 "redis store, hot key     " --distribution hot
 bench 18181 "redis store, 10k uniform " --distribution uniform --keys 10000
 bench 18181 "redis store, 10k zipf 1.0" --distribution zipf --keys 10000
@@ -93,3 +115,4 @@ echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -
 echo "redis-benchmark, EVALSHA bucket.lua on one shard, 50 clients: ${baseline}/s"
 echo "h2load hot key: redis store ${redis_h2}/s, memory store ${memory_h2}/s"
 echo "ratio redis store (h2load, hot key) / redis-benchmark on its shard: $(python3 -c "print(f'{$redis_h2/$baseline:.2f}')")"
+echo "hot key, redis store, rls-bench: leased ${leased}/s vs not ${unleased}/s: $(python3 -c "print(f'{$leased/$unleased:.2f}')")x; leased / redis-benchmark on its shard: $(python3 -c "print(f'{$leased/$baseline:.2f}')")x"

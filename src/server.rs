@@ -33,6 +33,11 @@ pub const MAX_REQUEST_BYTES: usize = 1024 * 1024;
 /// HTTP/2 streams one connection may have open at once.
 pub const MAX_STREAMS_PER_CONNECTION: u32 = 1024;
 
+/// How often leases are checked for expired or outdated tokens.
+pub const LEASE_SWEEP: Duration = Duration::from_millis(100);
+/// How long shutdown waits for unspent lease tokens to go back.
+const LEASE_RETURN_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// A started server: its bound addresses and a way to stop it.
 pub struct RunningServer {
     pub grpc_addr: SocketAddr,
@@ -40,16 +45,27 @@ pub struct RunningServer {
     pub rules: SharedRules,
     pub reloader: Arc<Reloader>,
     pub metrics: Arc<Metrics>,
+    limiter: Arc<Limiter>,
     stop: watch::Sender<bool>,
     tasks: Vec<JoinHandle<Result<()>>>,
 }
 
 impl RunningServer {
-    /// Stops accepting, lets in-flight calls finish, and waits for both servers.
+    /// Stops accepting, lets in-flight calls finish, waits for both servers,
+    /// and gives unspent lease tokens back to their buckets.
     pub async fn shutdown(self) -> Result<()> {
         let _ = self.stop.send(true);
         for task in self.tasks {
             task.await.context("server task panicked")??;
+        }
+        let returned = tokio::time::timeout(LEASE_RETURN_TIMEOUT, self.limiter.leases().return_all())
+            .await
+            .unwrap_or_else(|_| {
+                tracing::warn!("gave up returning lease tokens after {LEASE_RETURN_TIMEOUT:?}; see rls_lease_tokens_held");
+                0
+            });
+        if returned > 0 {
+            tracing::info!(tokens = returned, "returned unspent lease tokens");
         }
         Ok(())
     }
@@ -119,6 +135,11 @@ pub async fn start(args: &ServeArgs) -> Result<RunningServer> {
         metrics.clone(),
         usize::try_from(args.max_in_flight).unwrap_or(usize::MAX),
     ));
+    let generation = {
+        let rules = rules.clone();
+        move || rules.load().generation()
+    };
+    limiter.leases().spawn_sweeper(LEASE_SWEEP, generation);
     let service = RateLimitGrpc::new(
         rules.clone(),
         limiter.clone(),
@@ -203,6 +224,7 @@ pub async fn start(args: &ServeArgs) -> Result<RunningServer> {
         rules,
         reloader,
         metrics,
+        limiter,
         stop,
         tasks,
     })

@@ -46,6 +46,10 @@ pub enum Cost {
     /// Give tokens back (Envoy's `is_negative_hits`: an operation turned out
     /// cheaper than charged); always answered OK, never above B.
     Refund(u64),
+    /// Take a lease: admitted when `needed` tokens are there, and then takes
+    /// as many whole tokens as every bucket holds, up to `up_to` (at least
+    /// `needed`). [`BucketOutcome::taken`] says how many.
+    Lease { needed: u64, up_to: u64 },
 }
 
 impl Cost {
@@ -55,15 +59,20 @@ impl Cost {
             Cost::Spend(n) => n,
             Cost::Check => 1,
             Cost::Refund(_) => 0,
+            Cost::Lease { needed, .. } => needed,
         }
     }
 
-    /// Tokens taken out of the bucket when admitted; negative for a refund.
+    /// Tokens taken out of the bucket when admitted; negative for a refund;
+    /// for a lease, the most it may take. More than [`Cost::needed`] only for
+    /// a lease (the Lua script tells a lease apart by exactly that).
     pub fn deducted(self) -> i64 {
+        let signed = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
         match self {
-            Cost::Spend(n) => i64::try_from(n).unwrap_or(i64::MAX),
+            Cost::Spend(n) => signed(n),
             Cost::Check => 0,
-            Cost::Refund(n) => -i64::try_from(n).unwrap_or(i64::MAX),
+            Cost::Refund(n) => -signed(n),
+            Cost::Lease { needed, up_to } => signed(up_to.max(needed)),
         }
     }
 }
@@ -80,6 +89,9 @@ pub struct BucketOutcome {
     pub full_in_secs: u64,
     /// Why a rejection can never be cured by waiting, if that is the case.
     pub never: Option<NeverReason>,
+    /// Tokens this decision took from the bucket (0 when rejected, for a
+    /// check and for a refund); for a lease, the tokens granted.
+    pub taken: u64,
 }
 
 /// A rejection no amount of waiting fixes.
@@ -202,11 +214,27 @@ pub fn decide(
         .map(|(p, s)| p.verdict(s.tokens, cost))
         .collect();
     let admitted = verdicts.iter().all(Result::is_ok);
+    let deducted = match cost {
+        Cost::Lease { needed, up_to } => {
+            let available = refilled
+                .iter()
+                .map(|s| whole_tokens(s.tokens))
+                .min()
+                .unwrap_or(0);
+            available.min(up_to).max(needed) as f64
+        }
+        other => other.deducted() as f64,
+    };
     if admitted {
         for (state, p) in refilled.iter_mut().zip(params) {
-            state.tokens = (state.tokens - cost.deducted() as f64).clamp(0.0, p.capacity as f64);
+            state.tokens = (state.tokens - deducted).clamp(0.0, p.capacity as f64);
         }
     }
+    let taken = if admitted {
+        deducted.max(0.0) as u64
+    } else {
+        0
+    };
     let outcomes = params
         .iter()
         .zip(&refilled)
@@ -227,6 +255,7 @@ pub fn decide(
                 retry_after_secs: if admitted { None } else { retry_after_secs },
                 full_in_secs: p.full_in_secs(s.tokens),
                 never,
+                taken,
             }
         })
         .collect();
@@ -264,6 +293,29 @@ mod tests {
         assert_eq!(o.remaining, 7);
         assert_eq!(s.tokens, 7.0);
         assert_eq!(o.full_in_secs, 3);
+    }
+
+    #[test]
+    fn a_lease_takes_what_is_there_up_to_its_size() {
+        let lease = |needed, up_to| Cost::Lease { needed, up_to };
+        let p = per_second(100, 10);
+        let (s, o) = one(p, None, SEC, lease(1, 30));
+        assert!(o.admitted);
+        assert_eq!((o.taken, o.remaining, s.tokens), (30, 70, 70.0));
+        let low = Some(BucketState {
+            tokens: 4.5,
+            updated_micros: SEC,
+        });
+        let (s, o) = one(p, low, SEC, lease(1, 30));
+        assert_eq!((o.taken, o.remaining), (4, 0));
+        assert!((s.tokens - 0.5).abs() < 1e-9, "the fraction stays");
+        let (_, o) = one(p, low, SEC, lease(5, 30));
+        assert!(!o.admitted);
+        assert_eq!((o.taken, o.retry_after_secs), (0, Some(1)));
+        // spending reports what it took; checks and refunds take nothing
+        assert_eq!(one(p, None, SEC, Cost::Spend(3)).1.taken, 3);
+        assert_eq!(one(p, None, SEC, Cost::Check).1.taken, 0);
+        assert_eq!(one(p, low, SEC, Cost::Refund(2)).1.taken, 0);
     }
 
     #[test]

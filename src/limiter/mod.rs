@@ -8,6 +8,7 @@
 
 pub mod bucket;
 pub mod key;
+pub mod lease;
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -27,6 +28,7 @@ use crate::telemetry::tracing::SPAN_TARGET;
 use crate::telemetry::Metrics;
 use bucket::{BucketOutcome, BucketParams, Cost};
 use key::KeyOrigin;
+use lease::Leases;
 
 /// One descriptor of a request, as the limiter needs it.
 #[derive(Debug)]
@@ -158,6 +160,8 @@ pub struct Limiter {
     /// Decides for `local` rules while the store is failing: B/N and r/N.
     local: MemoryStore<MonotonicClock>,
     instances: u32,
+    /// Local batches of tokens for rules with `lease:`.
+    leases: Arc<Leases<MonotonicClock>>,
 }
 
 impl Limiter {
@@ -184,6 +188,11 @@ impl Limiter {
         max_in_flight: usize,
     ) -> Self {
         Self {
+            leases: Arc::new(Leases::new(
+                store.clone(),
+                metrics.clone(),
+                MonotonicClock::new(),
+            )),
             store,
             metrics,
             in_flight: tokio::sync::Semaphore::new(max_in_flight.max(1)),
@@ -205,6 +214,10 @@ impl Limiter {
         self.default_failure_mode
     }
 
+    pub fn leases(&self) -> &Arc<Leases<MonotonicClock>> {
+        &self.leases
+    }
+
     /// Decides every descriptor of one request. Each descriptor is decided on
     /// its own (one may spend while another rejects), as in Envoy's reference
     /// service; the buckets of one descriptor are decided together.
@@ -215,16 +228,17 @@ impl Limiter {
         descriptors: &[DescriptorInput<'_, E>],
     ) -> Result<Vec<Decision>, Unavailable> {
         let plans = plan(rules, domain, descriptors);
+        let generation = rules.generation();
         if let [only] = plans.as_slice() {
-            return Ok(vec![self.decide_plan(only).await?]);
+            return Ok(vec![self.decide_plan(only, generation).await?]);
         }
-        join_all(plans.iter().map(|p| self.decide_plan(p)))
+        join_all(plans.iter().map(|p| self.decide_plan(p, generation)))
             .await
             .into_iter()
             .collect()
     }
 
-    async fn decide_plan(&self, plan: &Plan<'_>) -> Result<Decision, Unavailable> {
+    async fn decide_plan(&self, plan: &Plan<'_>, generation: u64) -> Result<Decision, Unavailable> {
         match plan {
             Plan::Done(decision) => Ok(decision.clone()),
             Plan::Buckets {
@@ -233,6 +247,18 @@ impl Limiter {
                 buckets,
                 cost,
             } => {
+                let leased = match (rule.and_then(|r| r.lease), *cost) {
+                    (Some(lease), Cost::Spend(n)) if n <= lease.size => {
+                        Some(self.leases.spend(buckets, lease, generation, n).await)
+                    }
+                    (Some(_), Cost::Check) => self.leases.peek(buckets).map(Ok),
+                    _ => None,
+                };
+                match leased {
+                    Some(Ok(outcomes)) => return Ok(decision_from(*rule, limits, &outcomes)),
+                    Some(Err(e)) => return self.on_store_error(*rule, limits, buckets, *cost, e),
+                    None => {}
+                }
                 let started = Instant::now();
                 let Ok(_permit) = self.in_flight.try_acquire() else {
                     self.metrics.store_error(StoreError::Overloaded.kind());

@@ -9,8 +9,8 @@ use std::path::Path;
 use std::sync::Arc;
 
 use super::error::{ConfigError, ConfigErrors};
-use super::matcher::{KeyBranch, Level, Limit, Node, Rule, RuleAction, WildcardNode};
-use super::schema::{DescriptorDoc, RateLimitDoc};
+use super::matcher::{KeyBranch, LeaseConfig, Level, Limit, Node, Rule, RuleAction, WildcardNode};
+use super::schema::{DescriptorDoc, LeaseDoc, RateLimitDoc};
 use super::unit::{FailureMode, Unit};
 use super::wildcard::Wildcard;
 
@@ -161,6 +161,109 @@ fn compile_level(
 }
 
 fn compile_rule(scope: &Scope<'_>, doc: &DescriptorDoc, errors: &mut ConfigErrors) -> Option<Rule> {
+    let action = compile_action(scope, doc, errors);
+    let lease = match (&doc.lease, &action) {
+        (None, _) => None,
+        (Some(_), None) if doc.rate_limit.is_none() && doc.limits.is_none() => {
+            scope.error(
+                errors,
+                "`lease` needs a `rate_limit` or `limits` on the same descriptor",
+            );
+            return None;
+        }
+        (Some(_), None) => return None, // the limits' own errors say why
+        (Some(_), Some(RuleAction::Unlimited { .. })) => {
+            scope.error(
+                errors,
+                "`lease` on an unlimited rule: there is no bucket to lease from",
+            );
+            return None;
+        }
+        (Some(l), Some(RuleAction::Limited(limits))) => {
+            Some(compile_lease(scope, l, limits, errors)?)
+        }
+    };
+    Some(Rule {
+        domain: scope.domain.clone(),
+        path: scope.path.clone(),
+        source: scope.file.to_path_buf(),
+        action: action?,
+        shadow_mode: doc.shadow_mode,
+        quota_mode: doc.quota_mode,
+        detailed_metric: scope.detailed_metric,
+        value_to_metric: doc.value_to_metric,
+        failure_mode: scope.failure_mode,
+        lease,
+    })
+}
+
+/// Shortest and longest lease `ttl` accepted.
+const LEASE_TTL_RANGE: (std::time::Duration, std::time::Duration) = (
+    std::time::Duration::from_millis(10),
+    std::time::Duration::from_secs(60),
+);
+/// The `ttl` of a lease that does not say.
+pub const DEFAULT_LEASE_TTL: std::time::Duration = std::time::Duration::from_secs(1);
+
+fn compile_lease(
+    scope: &Scope<'_>,
+    doc: &LeaseDoc,
+    limits: &[Limit],
+    errors: &mut ConfigErrors,
+) -> Option<LeaseConfig> {
+    let size = match doc.size {
+        None | Some(0) => {
+            scope.error(
+                errors,
+                "lease.size is missing or 0; give the tokens one lease takes (e.g. `lease: {size: 50}`)",
+            );
+            return None;
+        }
+        Some(size) => size,
+    };
+    if let Some(small) = limits.iter().find(|l| l.burst < size) {
+        let name = small
+            .name
+            .as_deref()
+            .map(|n| format!("limit '{n}'"))
+            .unwrap_or_else(|| "the limit".to_string());
+        scope.error(
+            errors,
+            format!(
+                "lease.size {size} is larger than the burst {} of {name}; a lease cannot hold more than the bucket",
+                small.burst
+            ),
+        );
+        return None;
+    }
+    let ttl = match doc.ttl.as_deref() {
+        None => DEFAULT_LEASE_TTL,
+        Some(raw) => match humantime::parse_duration(raw) {
+            Ok(ttl) if ttl >= LEASE_TTL_RANGE.0 && ttl <= LEASE_TTL_RANGE.1 => ttl,
+            Ok(_) => {
+                scope.error(errors, format!("lease.ttl '{raw}' is outside 10ms..60s"));
+                return None;
+            }
+            Err(e) => {
+                scope.error(
+                    errors,
+                    format!("lease.ttl '{raw}' is not a duration like 500ms or 2s: {e}"),
+                );
+                return None;
+            }
+        },
+    };
+    Some(LeaseConfig {
+        size: u64::from(size),
+        ttl,
+    })
+}
+
+fn compile_action(
+    scope: &Scope<'_>,
+    doc: &DescriptorDoc,
+    errors: &mut ConfigErrors,
+) -> Option<RuleAction> {
     let action = match (&doc.rate_limit, &doc.limits) {
         (Some(_), Some(_)) => {
             scope.error(
@@ -225,17 +328,7 @@ fn compile_rule(scope: &Scope<'_>, doc: &DescriptorDoc, errors: &mut ConfigError
             RuleAction::Limited(compiled)
         }
     };
-    Some(Rule {
-        domain: scope.domain.clone(),
-        path: scope.path.clone(),
-        source: scope.file.to_path_buf(),
-        action,
-        shadow_mode: doc.shadow_mode,
-        quota_mode: doc.quota_mode,
-        detailed_metric: scope.detailed_metric,
-        value_to_metric: doc.value_to_metric,
-        failure_mode: scope.failure_mode,
-    })
+    Some(action)
 }
 
 fn compile_limit(

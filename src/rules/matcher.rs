@@ -31,6 +31,22 @@ pub struct Rule {
     pub value_to_metric: bool,
     /// Own or inherited from an enclosing descriptor; `None`: the server default.
     pub failure_mode: Option<FailureMode>,
+    /// Spend through local leases of the shared bucket (`lease:`).
+    pub lease: Option<LeaseConfig>,
+}
+
+/// A rule's `lease:`: each instance takes up to `size` tokens from the shared
+/// bucket in one store call and spends them locally; tokens unspent after
+/// `ttl` go back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct LeaseConfig {
+    pub size: u64,
+    #[serde(serialize_with = "as_humantime")]
+    pub ttl: std::time::Duration,
+}
+
+fn as_humantime<S: serde::Serializer>(d: &std::time::Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_str(&humantime::format_duration(*d))
 }
 
 impl Rule {

@@ -21,7 +21,7 @@ use serde::Serialize;
 
 pub use error::{ConfigError, ConfigErrors};
 pub use loader::{load_path, load_sources, rule_files, LoadOptions};
-pub use matcher::{BucketValue, DescriptorEntry, Limit, Match, Rule, RuleAction};
+pub use matcher::{BucketValue, DescriptorEntry, LeaseConfig, Limit, Match, Rule, RuleAction};
 pub use unit::{FailureMode, Unit};
 
 /// One domain's compiled tree and where it came from.

@@ -55,6 +55,24 @@ pub struct DescriptorDoc {
     pub failure_mode: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<serde_yaml::Value>,
+    /// Hot keys: spend the shared bucket through local leases (ours, not in
+    /// envoyproxy/ratelimit).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease: Option<LeaseDoc>,
+}
+
+/// `lease: {size: 50, ttl: 1s}`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct LeaseDoc {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size: Option<u32>,
+    #[serde(
+        default,
+        deserialize_with = "opt_scalar_string",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub ttl: Option<String>,
 }
 
 /// A `rate_limit:` block, or one entry of `limits:`.

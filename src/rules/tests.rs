@@ -275,3 +275,73 @@ fn empty_files_only_when_allowed() {
     .expect("allowed");
     assert_eq!(ok.domains().count(), 0);
 }
+
+#[test]
+fn leases_are_parsed_with_a_default_ttl() {
+    let rules = load(
+        r#"
+domain: d
+descriptors:
+  - key: hot
+    lease: {size: 50, ttl: 250ms}
+    rate_limit: {unit: second, requests_per_unit: 1000, burst: 500}
+  - key: plain
+    lease: {size: 10}
+    rate_limit: {unit: minute, requests_per_unit: 10}
+"#,
+    )
+    .expect("valid");
+    let lease = |k: &str| {
+        rules
+            .lookup("d", &[(k, "x")])
+            .and_then(|m| m.rule.lease)
+            .expect("leased")
+    };
+    assert_eq!(lease("hot").size, 50);
+    assert_eq!(lease("hot").ttl, std::time::Duration::from_millis(250));
+    assert_eq!(lease("plain").ttl, std::time::Duration::from_secs(1));
+}
+
+#[test]
+fn bad_leases_are_named() {
+    let cases = [
+        (
+            "lease: {ttl: 1s}\n    rate_limit: {unit: second, requests_per_unit: 5}",
+            "lease.size is missing or 0",
+        ),
+        (
+            "lease: {size: 6}\n    rate_limit: {unit: second, requests_per_unit: 5}",
+            "lease.size 6 is larger than the burst 5 of the limit",
+        ),
+        (
+            "lease: {size: 6}\n    limits: [{name: a, unit: second, requests_per_unit: 50}, {name: b, unit: hour, requests_per_unit: 5}]",
+            "burst 5 of limit 'b'",
+        ),
+        (
+            "lease: {size: 2, ttl: soon}\n    rate_limit: {unit: second, requests_per_unit: 5}",
+            "lease.ttl 'soon' is not a duration",
+        ),
+        (
+            "lease: {size: 2, ttl: 5m}\n    rate_limit: {unit: second, requests_per_unit: 5}",
+            "lease.ttl '5m' is outside 10ms..60s",
+        ),
+        (
+            "lease: {size: 2}\n    rate_limit: {unlimited: true}",
+            "`lease` on an unlimited rule",
+        ),
+        (
+            "lease: {size: 2}",
+            "`lease` needs a `rate_limit` or `limits`",
+        ),
+        (
+            "lease: {size: 2, ttl: 1s, hot: true}\n    rate_limit: {unit: second, requests_per_unit: 5}",
+            "unknown field `hot`",
+        ),
+    ];
+    for (rule, expected) in cases {
+        let yaml = format!("domain: d\ndescriptors:\n  - key: k\n    {rule}\n");
+        let e = errors(&yaml);
+        assert!(e.contains(expected), "for {rule}: {e}");
+        assert!(e.contains("rules.yaml"), "{e}");
+    }
+}

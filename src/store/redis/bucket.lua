@@ -5,12 +5,15 @@
 --
 -- KEYS[i]  one hash per bucket: t = tokens (float), u = last update (µs)
 -- ARGV[1]  tokens needed to admit
--- ARGV[2]  tokens to deduct when admitted (0 for a check, negative for a refund)
+-- ARGV[2]  tokens to deduct when admitted (0 for a check, negative for a
+--          refund); more than ARGV[1] for a lease: take as many whole tokens as
+--          every bucket holds, up to ARGV[2], and at least ARGV[1]
 -- ARGV[3]  expiry margin in ms, added to the time a bucket needs to refill
 -- ARGV[4 + 3(i-1) ..]  per bucket: capacity, tokens_per_unit, unit_secs
 --
 -- Returns {admitted, then per bucket: remaining, retry_after (-1: none),
--- full_in, never (0: no, 1: zero rate, 2: cost above capacity)}.
+-- full_in, never (0: no, 1: zero rate, 2: cost above capacity), then the
+-- tokens taken (0 unless admitted and spending or leasing)}.
 -- Time is this server's TIME; an earlier time adds no tokens. A bucket is
 -- only written when the request is admitted and spends; it expires once it
 -- would be full again, plus the margin, never sooner.
@@ -61,6 +64,14 @@ for i = 1, n do
   end
 end
 
+if deducted > needed then
+  local available = math.huge
+  for i = 1, n do
+    available = math.min(available, math.floor(tokens[i] + EPSILON))
+  end
+  deducted = math.max(needed, math.min(deducted, available))
+end
+
 if all_admit and deducted ~= 0 then
   for i = 1, n do
     local t = math.min(caps[i], math.max(0, tokens[i] - deducted))
@@ -90,5 +101,10 @@ for i = 1, n do
   out[#out + 1] = r
   out[#out + 1] = full_in
   out[#out + 1] = never[i]
+end
+if all_admit and deducted > 0 then
+  out[#out + 1] = deducted
+else
+  out[#out + 1] = 0
 end
 return out

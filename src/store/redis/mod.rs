@@ -143,12 +143,13 @@ impl RedisStore {
                 // `fail_fast` answers every command that was written when its
                 // connection dies with an error, never re-sending it (it may have
                 // deducted), and fails at once while disconnected instead of
-                // queueing in memory. The second attempt is only for the ASKING
-                // that an ASK redirection (a slot being migrated) needs: fred
-                // takes it from the command's attempts, and ASK means the
-                // command did not run.
+                // queueing in memory. Further attempts are only for
+                // redirections: fred counts every write of a command, and a
+                // slot being migrated can answer ASK and then, once the move
+                // is done, MOVED (seen in the reshard test under load); a
+                // redirection means the command did not run.
                 fail_fast: true,
-                max_attempts: Some(2),
+                max_attempts: Some(4),
                 ..Options::default()
             },
             status: Arc::default(),
@@ -245,16 +246,17 @@ fn store_error(e: RedisError) -> StoreError {
     }
 }
 
-/// Reads the script's reply: `{admitted, then 4 numbers per bucket}`.
+/// Reads the script's reply: `{admitted, then 4 numbers per bucket, taken}`.
 fn outcomes(reply: &[i64], buckets: usize) -> Result<Vec<BucketOutcome>, StoreError> {
-    if reply.len() != 1 + 4 * buckets {
+    if reply.len() != 2 + 4 * buckets {
         return Err(StoreError::Script(format!(
             "unexpected script reply of {} values for {buckets} buckets",
             reply.len()
         )));
     }
     let admitted = reply[0] == 1;
-    Ok(reply[1..]
+    let taken = reply[reply.len() - 1].max(0) as u64;
+    Ok(reply[1..reply.len() - 1]
         .chunks_exact(4)
         .map(|c| BucketOutcome {
             admitted,
@@ -266,6 +268,7 @@ fn outcomes(reply: &[i64], buckets: usize) -> Result<Vec<BucketOutcome>, StoreEr
                 2 => Some(NeverReason::CostAboveCapacity),
                 _ => None,
             },
+            taken,
         })
         .collect())
 }
@@ -362,7 +365,8 @@ mod tests {
     #[test]
     fn replies_are_checked() {
         assert!(outcomes(&[1, 5], 1).is_err());
-        let o = outcomes(&[0, 0, 3, 7, 0], 1).expect("valid");
+        assert!(outcomes(&[0, 0, 3, 7, 0], 1).is_err());
+        let o = outcomes(&[0, 0, 3, 7, 0, 0], 1).expect("valid");
         assert_eq!(o[0].retry_after_secs, Some(3));
         assert!(!o[0].admitted);
     }
