@@ -248,53 +248,105 @@ async fn closed_loop(
     merged(tasks).await
 }
 
-/// Open loop: each connection gets rate / connections; its request i is due
-/// at start + i · interval (connections offset from each other), and its
-/// latency counts from then. One task per connection keeps its calls in
-/// flight together, so the generator itself adds no queueing.
+/// The open loop's pacer sleeps at least this long between batches.
+const PACER_TICK: Duration = Duration::from_micros(200);
+
+/// Latencies of one run: from when each request was due (open loop; for the
+/// closed loop the same as from its send) and from when it was handed to the
+/// client.
+struct Latencies {
+    from_due: Histogram<u64>,
+    from_send: Histogram<u64>,
+}
+
+/// Open loop: a pacer thread (not a tokio timer, which wakes at millisecond
+/// steps) hands out due times at `rate`, round-robin over the connections;
+/// each connection's task sends at once and keeps its calls in flight
+/// together. Latency counts from the due time, so neither a stalled service
+/// nor a late generator is hidden (coordinated omission); the time from the
+/// actual send is kept beside it, to tell the two apart.
 async fn open_loop(
     shared: Arc<Shared>,
     clients: Vec<RateLimitServiceClient<Channel>>,
     rate: u64,
     until: Instant,
-) -> Histogram<u64> {
-    let n = clients.len() as f64;
-    let interval = Duration::from_secs_f64(n / rate.max(1) as f64);
-    let start = Instant::now();
+) -> Latencies {
+    let mut senders = Vec::new();
     let mut tasks = Vec::new();
     for (c, client) in clients.into_iter().enumerate() {
         let shared = shared.clone();
-        let offset = interval.mul_f64(c as f64 / n);
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Instant>();
+        senders.push(tx);
         tasks.push(tokio::spawn(async move {
             let mut rng = Rng(c as u64 + 7);
-            let mut hist = histogram();
+            let mut lat = Latencies {
+                from_due: histogram(),
+                from_send: histogram(),
+            };
             let mut in_flight = FuturesUnordered::new();
-            let mut due = start + offset;
-            let mut sending = true;
+            let mut receiving = true;
             loop {
                 tokio::select! {
-                    _ = tokio::time::sleep_until(due.into()), if sending => {
-                        if due >= until || !shared.take() {
-                            sending = false;
-                            continue;
+                    due = rx.recv(), if receiving => match due {
+                        Some(due) => {
+                            let req = shared.request(&mut rng);
+                            let mut client = client.clone();
+                            in_flight.push(async move {
+                                let sent = Instant::now();
+                                (due, sent, client.should_rate_limit(req).await)
+                            });
                         }
-                        let req = shared.request(&mut rng);
-                        let mut client = client.clone();
-                        let sent_due = due;
-                        in_flight.push(async move { (sent_due, client.should_rate_limit(req).await) });
-                        due += interval;
-                    }
-                    Some((sent_due, result)) = in_flight.next(), if !in_flight.is_empty() => {
-                        let _ = hist.record(sent_due.elapsed().as_micros().max(1) as u64);
+                        None => receiving = false,
+                    },
+                    Some((due, sent, result)) = in_flight.next(), if !in_flight.is_empty() => {
+                        let _ = lat.from_due.record(due.elapsed().as_micros().max(1) as u64);
+                        let _ = lat.from_send.record(sent.elapsed().as_micros().max(1) as u64);
                         shared.record(&result);
                     }
                     else => break,
                 }
             }
-            hist
+            lat
         }));
     }
-    merged(tasks).await
+    let pacer_shared = shared.clone();
+    let pacer = std::thread::spawn(move || {
+        let interval = 1.0 / rate.max(1) as f64;
+        let start = Instant::now();
+        let due = |i: u64| start + Duration::from_secs_f64(i as f64 * interval);
+        let mut i = 0u64;
+        'run: loop {
+            let now = Instant::now();
+            while due(i) <= now {
+                if due(i) >= until
+                    || !pacer_shared.take()
+                    || senders[(i % senders.len() as u64) as usize]
+                        .send(due(i))
+                        .is_err()
+                {
+                    break 'run;
+                }
+                i += 1;
+            }
+            // Wakes at most every PACER_TICK: each wake-up costs the
+            // service a share of these two cores; what is due meanwhile
+            // goes out together, and counts from its due time.
+            std::thread::sleep((due(i) - now).max(PACER_TICK));
+        }
+        // dropping the senders lets each connection finish its calls in flight
+    });
+    let mut total = Latencies {
+        from_due: histogram(),
+        from_send: histogram(),
+    };
+    for t in tasks {
+        if let Ok(lat) = t.await {
+            let _ = total.from_due.add(&lat.from_due);
+            let _ = total.from_send.add(&lat.from_send);
+        }
+    }
+    let _ = pacer.join();
+    total
 }
 
 #[tokio::main]
@@ -331,10 +383,17 @@ async fn main() -> Result<()> {
 
     let started = Instant::now();
     let until = started + shared.args.duration;
-    let hist = match shared.args.rate {
+    let lat = match shared.args.rate {
         Some(rate) => open_loop(shared.clone(), clients, rate, until).await,
-        None => closed_loop(shared.clone(), clients, until).await,
+        None => {
+            let hist = closed_loop(shared.clone(), clients, until).await;
+            Latencies {
+                from_due: hist.clone(),
+                from_send: hist,
+            }
+        }
     };
+    let hist = &lat.from_due;
     let elapsed = started.elapsed().as_secs_f64();
     let (ok, over, errors) = (
         shared.counts.ok.load(Ordering::Relaxed),
@@ -344,6 +403,7 @@ async fn main() -> Result<()> {
     let total = ok + over + errors;
     let rps = total as f64 / elapsed;
     let q = |p: f64| hist.value_at_quantile(p);
+    let qs = |p: f64| lat.from_send.value_at_quantile(p);
     let a = &shared.args;
     let mode = match a.rate {
         Some(r) => format!("open loop at {r}/s"),
@@ -355,6 +415,7 @@ async fn main() -> Result<()> {
             "keys": a.keys, "descriptors": a.descriptors, "seconds": elapsed,
             "requests": total, "ok": ok, "over_limit": over, "errors": errors, "throughput_rps": rps,
             "latency_us": {"p50": q(0.5), "p90": q(0.9), "p99": q(0.99), "p999": q(0.999), "max": hist.max()},
+            "latency_from_send_us": {"p50": qs(0.5), "p90": qs(0.9), "p99": qs(0.99), "p999": qs(0.999), "max": lat.from_send.max()},
         });
         println!("{json}");
     } else {
@@ -372,6 +433,16 @@ async fn main() -> Result<()> {
             q(0.999),
             hist.max()
         );
+        if a.rate.is_some() {
+            println!(
+                "  from the actual send: p50 {} p90 {} p99 {} p999 {} max {}",
+                qs(0.5),
+                qs(0.9),
+                qs(0.99),
+                qs(0.999),
+                lat.from_send.max()
+            );
+        }
     }
     if errors > 0 && errors == total {
         anyhow::bail!("every request failed");
