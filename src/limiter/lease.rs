@@ -261,7 +261,9 @@ impl<C: Clock> Leases<C> {
         now: u64,
         current: Option<(u64, LeaseConfig)>,
     ) {
-        let stale = current.is_some_and(|(g, _)| g != st.generation);
+        // Only newer rules outdate a lease: a call that read the rules just
+        // before a reload keeps using what the newer ones were granted.
+        let stale = current.is_some_and(|(g, _)| g > st.generation);
         if st.tokens > 0 && (stale || now >= st.expires_micros) {
             let tokens = std::mem::take(&mut st.tokens);
             self.metrics.lease_released(tokens);

@@ -185,6 +185,11 @@ async fn unspent_tokens_go_back_on_expiry_and_on_reload() {
     leases.spend(&hot(100), config(10), 2, 1).await.expect("ok");
     settle().await;
     assert_eq!(metrics.lease_counts().returned, 18);
+    // a call still holding the older rules spends from the newer lease
+    leases.spend(&hot(100), config(10), 1, 1).await.expect("ok");
+    settle().await;
+    assert_eq!(metrics.lease_counts().returned, 18);
+    assert_eq!(leases.held(), 8);
     // 100 - 3 admitted - 9 held
     assert_eq!(
         store.inner.decide_now(&hot(100), Cost::Check)[0].remaining,
