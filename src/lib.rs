@@ -10,6 +10,7 @@ pub mod cli;
 pub mod clock;
 pub mod health;
 pub mod limiter;
+pub mod periodic;
 pub mod rules;
 pub mod server;
 pub mod service;

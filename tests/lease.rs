@@ -10,13 +10,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::redis::RedisCluster;
-use common::{descriptor, request, rules_dir, serve_args};
+use common::{client, descriptor, request, rules_dir};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
-use tokenbucket_rls::cli::StoreKind;
-use tokenbucket_rls::rules::FailureMode;
-use tokenbucket_rls::server::{self, RunningServer};
+use tokenbucket_rls::server::RunningServer;
 use tonic::transport::Channel;
 
 const RULES: &str = r#"
@@ -31,18 +29,7 @@ descriptors:
 "#;
 
 async fn start(url: &str, rules: &tempfile::TempDir) -> RunningServer {
-    let mut args = serve_args(rules.path().to_path_buf());
-    args.store = StoreKind::Redis;
-    args.redis_url = Some(url.to_string());
-    args.redis_timeout = Duration::from_secs(1);
-    args.failure_mode = FailureMode::Closed;
-    server::start(&args).await.expect("server starts")
-}
-
-async fn client(server: &RunningServer) -> RateLimitServiceClient<Channel> {
-    RateLimitServiceClient::connect(format!("http://{}", server.grpc_addr))
-        .await
-        .expect("connect")
+    common::start_on_redis(url, rules, Duration::from_secs(1)).await
 }
 
 async fn call(c: &mut RateLimitServiceClient<Channel>, key: &str) -> RateLimitResponse {

@@ -21,7 +21,7 @@
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -399,19 +399,8 @@ impl<C: Clock> Leases<C> {
         every: Duration,
         generation: impl Fn() -> u64 + Send + 'static,
     ) {
-        let weak: Weak<Self> = Arc::downgrade(self);
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(every);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tick.tick().await;
-                match weak.upgrade() {
-                    Some(leases) => {
-                        leases.sweep(generation());
-                    }
-                    None => return,
-                }
-            }
+        crate::periodic::spawn_every(self, every, move |leases| {
+            leases.sweep(generation());
         });
     }
 

@@ -120,19 +120,8 @@ impl<C: Clock> MemoryStore<C> {
 impl<C: Clock> MemoryStore<C> {
     /// Runs [`MemoryStore::evict_full`] every `every` until the store is dropped.
     pub fn spawn_sweeper(self: &Arc<Self>, every: Duration) {
-        let weak = Arc::downgrade(self);
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(every);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tick.tick().await;
-                match weak.upgrade() {
-                    Some(store) => {
-                        store.evict_full();
-                    }
-                    None => return,
-                }
-            }
+        crate::periodic::spawn_every(self, every, |store| {
+            store.evict_full();
         });
     }
 }

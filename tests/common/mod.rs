@@ -50,6 +50,36 @@ pub fn serve_args(config: PathBuf) -> ServeArgs {
     }
 }
 
+/// A server on the Redis (or Redis Cluster) at `url` with the rules in
+/// `rules`, failing closed, so that every answer comes from Redis.
+pub async fn start_on_redis(
+    url: &str,
+    rules: &tempfile::TempDir,
+    timeout: std::time::Duration,
+) -> tokenbucket_rls::server::RunningServer {
+    let mut args = serve_args(rules.path().to_path_buf());
+    args.store = StoreKind::Redis;
+    args.redis_url = Some(url.to_string());
+    args.redis_timeout = timeout;
+    args.failure_mode = FailureMode::Closed;
+    tokenbucket_rls::server::start(&args)
+        .await
+        .expect("server starts")
+}
+
+/// A gRPC client of `server`.
+pub async fn client(
+    server: &tokenbucket_rls::server::RunningServer,
+) -> envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient<
+    tonic::transport::Channel,
+>{
+    envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient::connect(
+        format!("http://{}", server.grpc_addr),
+    )
+    .await
+    .expect("connect")
+}
+
 /// Writes `yaml` as the only rules file of a fresh directory.
 pub fn rules_dir(yaml: &str) -> tempfile::TempDir {
     let dir = tempfile::tempdir().expect("tempdir");
