@@ -284,10 +284,12 @@ async fn admitted_of(
 }
 
 /// Clients calling one descriptor every `pause` (at most 5000 calls each)
-/// until stopped, every call decided, counting admissions.
+/// until stopped, counting calls, admissions and calls the store could not
+/// decide (answered UNAVAILABLE by the fail-closed rule).
 struct Traffic {
     stop: Arc<std::sync::atomic::AtomicBool>,
-    admitted: Arc<AtomicUsize>,
+    /// calls, admitted, undecided
+    counts: Arc<[AtomicUsize; 3]>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
@@ -299,18 +301,25 @@ impl Traffic {
         pause: Duration,
     ) -> Self {
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let admitted = Arc::new(AtomicUsize::new(0));
+        let counts: Arc<[AtomicUsize; 3]> = Arc::default();
         let mut tasks = Vec::new();
         for _ in 0..clients {
             let mut c = client(s).await;
-            let (stop, admitted) = (stop.clone(), admitted.clone());
+            let (stop, counts) = (stop.clone(), counts.clone());
             tasks.push(tokio::spawn(async move {
                 let mut calls = 0;
                 while !stop.load(Ordering::SeqCst) && calls < 5000 {
                     calls += 1;
-                    let r = call(&mut c, &entries).await.expect("every call is decided");
-                    if r.overall_code == Code::Ok as i32 {
-                        admitted.fetch_add(1, Ordering::SeqCst);
+                    counts[0].fetch_add(1, Ordering::SeqCst);
+                    match call(&mut c, &entries).await {
+                        Ok(r) if r.overall_code == Code::Ok as i32 => {
+                            counts[1].fetch_add(1, Ordering::SeqCst);
+                        }
+                        Ok(_) => {}
+                        Err(e) => {
+                            assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}");
+                            counts[2].fetch_add(1, Ordering::SeqCst);
+                        }
                     }
                     tokio::time::sleep(pause).await;
                 }
@@ -318,18 +327,25 @@ impl Traffic {
         }
         Self {
             stop,
-            admitted,
+            counts,
             tasks,
         }
     }
 
-    /// Stops every client; returns how many calls were admitted.
+    /// Stops every client; returns how many calls were admitted, after
+    /// checking that at most one in ten could not be decided.
     async fn stop(self) -> usize {
         self.stop.store(true, Ordering::SeqCst);
         for t in self.tasks {
             t.await.expect("client task");
         }
-        self.admitted.load(Ordering::SeqCst)
+        let [calls, admitted, undecided] = [0, 1, 2].map(|i| self.counts[i].load(Ordering::SeqCst));
+        eprintln!("traffic: {calls} calls, {admitted} admitted, {undecided} undecided");
+        assert!(
+            undecided * 10 <= calls,
+            "{undecided} of {calls} calls could not be decided while the slot moved"
+        );
+        admitted
     }
 }
 
@@ -390,6 +406,30 @@ async fn acl_user_authenticates_and_a_wrong_password_fails_closed() {
     bad.shutdown().await.expect("stop");
 }
 
+/// Blocks until the replica of the primary on `port` has its whole
+/// replication stream (at most 5 s).
+fn replica_caught_up(port: u16) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let info = common::redis::redis_cli(port, &["INFO", "replication"]);
+        let line = |prefix: &str| info.lines().find(|l| l.starts_with(prefix));
+        let primary: Option<u64> = line("master_repl_offset:")
+            .and_then(|l| l.split_once(':'))
+            .and_then(|(_, v)| v.trim().parse().ok());
+        let replica: Option<u64> = line("slave0:")
+            .and_then(|l| l.split(',').find_map(|kv| kv.strip_prefix("offset=")))
+            .and_then(|v| v.trim().parse().ok());
+        if primary.is_some() && primary == replica {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the replica did not catch up: {info}"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 #[tokio::test]
 async fn primary_failover_decisions_resume() {
     let mut cluster = RedisCluster::start();
@@ -444,6 +484,10 @@ async fn primary_failover_decisions_resume() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     let before_kill = counts[0].load(Ordering::SeqCst);
     assert!(before_kill > 0, "traffic flowed before the failure");
+    // Let the replica catch up first: this loop blocks the single-threaded
+    // test runtime (traffic and service included), so no write comes
+    // between the replica having everything and the kill.
+    replica_caught_up(cluster.nodes[owner].port);
     cluster.nodes[owner].kill();
     killed.store(true, Ordering::SeqCst);
 
@@ -481,13 +525,9 @@ async fn primary_failover_decisions_resume() {
         drift >= -(unavailable as f64),
         "no more tokens gone than admitted requests plus timed-out calls: {tokens} left after {admitted} admitted"
     );
-    // How many writes the replica had not received at the kill depends on
-    // how busy the machine is (100 of them once, with seven clusters on two
-    // cores); what must not happen is the bucket coming back full, which
-    // would give back every admitted token.
     assert!(
-        drift <= 10.0_f64.max(admitted / 4.0),
-        "the replica lost the bucket or most of its writes: {drift} tokens came back of {admitted} admitted"
+        drift <= 10.0,
+        "at most the last few acknowledged writes are lost, got {drift}"
     );
     s.shutdown().await.expect("stop");
 }

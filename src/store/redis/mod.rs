@@ -143,13 +143,15 @@ impl RedisStore {
                 // `fail_fast` answers every command that was written when its
                 // connection dies with an error, never re-sending it (it may have
                 // deducted), and fails at once while disconnected instead of
-                // queueing in memory. Further attempts are only for
-                // redirections: fred counts every write of a command, and a
-                // slot being migrated can answer ASK and then, once the move
-                // is done, MOVED (seen in the reshard test under load); a
-                // redirection means the command did not run.
+                // queueing in memory. Further attempts only re-send what did
+                // not run: redirections and writes that never left. fred counts
+                // every write of a command, and while `redis-cli --cluster
+                // reshard` moves slots under load a command can meet ASK, then
+                // MOVED, then a routing table that is still stale, several
+                // times over (4 attempts were not always enough). The command
+                // timeout bounds them all.
                 fail_fast: true,
-                max_attempts: Some(4),
+                max_attempts: Some(10),
                 ..Options::default()
             },
             status: Arc::default(),
