@@ -16,8 +16,9 @@
 //! Unspent tokens go back to the bucket (a refund, never above B) when they
 //! are older than `ttl`, when the rules are reloaded, and at shutdown. A
 //! return that fails, and a refill whose answer never came (it may have
-//! deducted), are counted as lost; so is, implicitly, the lease of a crashed
-//! instance (its `rls_lease_tokens_held` at the last scrape).
+//! deducted), are counted in `rls_lease_tokens_lost_total`. A crashed
+//! instance counts nothing: its lost lease is its `rls_lease_tokens_held` at
+//! the last scrape.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
