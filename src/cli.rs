@@ -51,7 +51,7 @@ pub struct ServeArgs {
     /// Where ShouldRateLimit is served.
     #[arg(long, env = "RLS_GRPC_ADDR", default_value = "0.0.0.0:8081")]
     pub grpc_addr: SocketAddr,
-    /// Where /healthz, /readyz and /config are served.
+    /// Where /metrics, /healthz, /readyz and /config are served.
     #[arg(long, env = "RLS_ADMIN_ADDR", default_value = "0.0.0.0:8080")]
     pub admin_addr: SocketAddr,
     /// Where buckets live.

@@ -39,10 +39,7 @@ fn main() -> ExitCode {
 }
 
 fn check_config(path: &std::path::Path, merge_domains: bool) -> ExitCode {
-    let opts = LoadOptions {
-        merge_domains,
-        allow_empty_files: true,
-    };
+    let opts = LoadOptions { merge_domains };
     match rules::load_path(path, opts) {
         Ok(set) => {
             let files = set.files().len();
@@ -51,6 +48,12 @@ fn check_config(path: &std::path::Path, merge_domains: bool) -> ExitCode {
                 "{}: valid ({files} file(s), {domains} domain(s))",
                 path.display()
             );
+            if files == 0 {
+                eprintln!(
+                    "warning: {} holds no rule files: a server starts on it answering OK to every request, and a reload to it from loaded rules is rejected",
+                    path.display()
+                );
+            }
             ExitCode::SUCCESS
         }
         Err(errors) => {

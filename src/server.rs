@@ -82,7 +82,6 @@ impl RunningServer {
 pub async fn start(args: &ServeArgs) -> Result<RunningServer> {
     let opts = LoadOptions {
         merge_domains: args.merge_domains,
-        allow_empty_files: true,
     };
     let loaded = rules::load_path(&args.config, opts)
         .map_err(|e| anyhow::anyhow!("cannot load rules from {}:\n{e}", args.config.display()))?;

@@ -114,3 +114,62 @@ fn json_logs_start_with_version_store_and_generation() {
         "{stderr}"
     );
 }
+
+#[test]
+fn an_empty_rules_file_is_rejected_alike_by_check_config_and_start() {
+    // The reload's side is in tests/reload.rs (half-written and emptied files).
+    let dir = common::rules_dir("# emptied\n");
+    let message = "the file holds no rules (it is empty, or only comments)";
+    let check = Command::new(env!("CARGO_BIN_EXE_tokenbucket-rls"))
+        .arg("check-config")
+        .arg(dir.path())
+        .output()
+        .expect("run check-config");
+    let stdout = String::from_utf8_lossy(&check.stdout);
+    assert!(!check.status.success(), "check-config passes it: {stdout}");
+    assert!(
+        stdout.contains("rules.yaml") && stdout.contains(message),
+        "{stdout}"
+    );
+    let start = Command::new(env!("CARGO_BIN_EXE_tokenbucket-rls"))
+        .args(["--config"])
+        .arg(dir.path())
+        .args(["--grpc-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"])
+        .output()
+        .expect("run");
+    let stderr = String::from_utf8_lossy(&start.stderr);
+    assert!(!start.status.success(), "the server starts on it: {stderr}");
+    assert!(
+        stderr.contains("rules.yaml") && stderr.contains(message),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn text_logs_written_to_a_pipe_carry_no_colour_codes() {
+    let (grpc, admin) = (free_port(), free_port());
+    let mut child = ChildGuard(
+        Command::new(env!("CARGO_BIN_EXE_tokenbucket-rls"))
+            .env("RLS_CONFIG", concat!(env!("CARGO_MANIFEST_DIR"), "/config"))
+            .env_remove("RUST_LOG")
+            .args(["--grpc-addr", &format!("127.0.0.1:{grpc}")])
+            .args(["--admin-addr", &format!("127.0.0.1:{admin}")])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start"),
+    );
+    wait_ready(admin);
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.0.id().to_string()])
+        .status();
+    let out = std::mem::replace(&mut child.0, Command::new("true").spawn().expect("true"))
+        .wait_with_output()
+        .expect("output");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("tokenbucket-rls serving"), "{stderr}");
+    assert!(
+        !stderr.contains('\x1b'),
+        "ANSI escapes in a pipe: {stderr:?}"
+    );
+}

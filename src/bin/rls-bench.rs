@@ -151,6 +151,9 @@ struct Counts {
     ok: AtomicU64,
     over: AtomicU64,
     errors: AtomicU64,
+    /// Answers in which some descriptor carried a `current_limit`, i.e. a
+    /// rule matched and a bucket decided.
+    limited: AtomicU64,
 }
 
 struct Shared {
@@ -196,6 +199,15 @@ impl Shared {
             Err(_) => &self.counts.errors,
         };
         counter.fetch_add(1, Ordering::Relaxed);
+        if let Ok(r) = result {
+            if r.get_ref()
+                .statuses
+                .iter()
+                .any(|s| s.current_limit.is_some())
+            {
+                self.counts.limited.fetch_add(1, Ordering::Relaxed);
+            }
+        }
     }
 }
 
@@ -415,10 +427,11 @@ async fn run(args: Args) -> Result<()> {
     };
     let hist = &lat.from_due;
     let elapsed = started.elapsed().as_secs_f64();
-    let (ok, over, errors) = (
+    let (ok, over, errors, limited) = (
         shared.counts.ok.load(Ordering::Relaxed),
         shared.counts.over.load(Ordering::Relaxed),
         shared.counts.errors.load(Ordering::Relaxed),
+        shared.counts.limited.load(Ordering::Relaxed),
     );
     let total = ok + over + errors;
     let rps = total as f64 / elapsed;
@@ -433,17 +446,23 @@ async fn run(args: Args) -> Result<()> {
         let json = serde_json::json!({
             "target": a.target, "mode": mode, "distribution": format!("{:?}", a.distribution).to_lowercase(),
             "keys": a.keys, "descriptors": a.descriptors, "seconds": elapsed,
-            "requests": total, "ok": ok, "over_limit": over, "errors": errors, "throughput_rps": rps,
+            "requests": total, "ok": ok, "over_limit": over, "errors": errors, "with_limit": limited, "throughput_rps": rps,
             "latency_us": {"p50": q(0.5), "p90": q(0.9), "p99": q(0.99), "p999": q(0.999), "max": hist.max()},
             "latency_from_send_us": {"p50": qs(0.5), "p90": qs(0.9), "p99": qs(0.99), "p999": qs(0.999), "max": lat.from_send.max()},
         });
         println!("{json}");
     } else {
+        let keys = match a.distribution {
+            Distribution::Hot => "one hot key".to_string(),
+            d => format!("{d:?} over {} keys", a.keys).to_lowercase(),
+        };
         println!(
-            "{} {mode}, {:?} keys ({}), {} descriptor(s)/request, {elapsed:.1} s",
-            a.target, a.distribution, a.keys, a.descriptors
+            "{} {mode}, {keys}, {} descriptor(s)/request, {elapsed:.1} s",
+            a.target, a.descriptors
         );
-        println!("requests {total}: ok {ok}, over_limit {over}, errors {errors}");
+        println!(
+            "requests {total}: ok {ok}, over_limit {over}, errors {errors}, with a limit {limited}"
+        );
         println!("throughput {rps:.0} requests/s");
         println!(
             "latency µs: p50 {} p90 {} p99 {} p999 {} max {}",
@@ -467,12 +486,35 @@ async fn run(args: Args) -> Result<()> {
     if errors > 0 && errors == total {
         anyhow::bail!("every request failed");
     }
+    if let Some(warning) = no_rule_warning(total - errors, limited, a) {
+        eprintln!("{warning}");
+    }
     Ok(())
+}
+
+/// A warning when no answer carried a `current_limit`: then no rule matched
+/// and the run measured the service's no-rule shortcut, not a bucket.
+fn no_rule_warning(answered: u64, limited: u64, args: &Args) -> Option<String> {
+    (answered > 0 && limited == 0).then(|| {
+        format!(
+            "warning: none of the {answered} answers carried a current_limit: no rule in domain '{}' matches key '{}' with values k0, k1, …, so this measured the no-rule shortcut, not a token bucket",
+            args.domain, args.key
+        )
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn warns_only_when_no_answer_had_a_limit() {
+        let args = Args::parse_from(["rls-bench", "--domain", "edge", "--key", "path"]);
+        let w = no_rule_warning(100, 0, &args).expect("warning");
+        assert!(w.contains("'edge'") && w.contains("'path'"), "{w}");
+        assert_eq!(no_rule_warning(100, 1, &args), None);
+        assert_eq!(no_rule_warning(0, 0, &args), None, "nothing answered");
+    }
 
     #[test]
     fn zipf_prefers_low_ranks_and_stays_in_range() {

@@ -11,6 +11,7 @@ use super::compile::compile_top_level;
 use super::error::{ConfigError, ConfigErrors};
 use super::matcher::Level;
 use super::schema::RulesFile;
+use super::watch::is_rule_file_name;
 use super::{Domain, LoadedFile, RuleSet};
 
 /// Knobs of one load.
@@ -18,9 +19,6 @@ use super::{Domain, LoadedFile, RuleSet};
 pub struct LoadOptions {
     /// One domain may span several files (`--merge-domains`).
     pub merge_domains: bool,
-    /// Accept files with no YAML document at all. True at start-up; a reload
-    /// that sees an empty file is more likely looking at a half-written one.
-    pub allow_empty_files: bool,
 }
 
 /// The rule files a config path stands for, sorted by name.
@@ -34,9 +32,7 @@ pub fn rule_files(path: &Path) -> Result<Vec<PathBuf>, ConfigErrors> {
     let mut files = Vec::new();
     for entry in entries {
         let entry = entry.map_err(|e| one(path, format!("cannot list directory: {e}")))?;
-        let name = entry.file_name();
-        let name = name.to_string_lossy();
-        if name.starts_with('.') || !(name.ends_with(".yaml") || name.ends_with(".yml")) {
+        if !is_rule_file_name(&entry.file_name()) {
             continue;
         }
         let file = entry.path();
@@ -75,10 +71,11 @@ pub fn load_sources(
     for (path, text) in sources {
         match serde_yaml::from_str::<Option<RulesFile>>(&text) {
             Ok(Some(doc)) => parsed.push(LoadedFile { path, doc }),
-            Ok(None) if opts.allow_empty_files => {}
+            // Rejected at start-up, by check-config and on reload alike: a
+            // file caught mid-write, or an emptied ConfigMap key, looks so.
             Ok(None) => errors.push(ConfigError::new(
                 &path,
-                "the file holds no rules (empty, or only comments); a file seen mid-write looks like this, so the change is not applied",
+                "the file holds no rules (it is empty, or only comments); give it a `domain:` and `descriptors:`, or remove it",
             )),
             Err(e) => errors.push(ConfigError::new(&path, format!("invalid rules file: {e}"))),
         }
@@ -108,6 +105,8 @@ pub fn load_sources(
         }
         let files = by_domain.entry(domain.to_string()).or_default();
         if let (Some(&first), false) = (files.first(), opts.merge_domains) {
+            // Said once; the file's descriptors are not compiled into the
+            // other file's domain, which would repeat it once per clash.
             errors.push(ConfigError::new(
                 &file.path,
                 format!(
@@ -115,6 +114,7 @@ pub fn load_sources(
                     parsed[first].path.display()
                 ),
             ));
+            continue;
         }
         files.push(i);
     }

@@ -11,6 +11,7 @@ pub mod matcher;
 pub mod reload;
 pub mod schema;
 pub mod unit;
+pub mod watch;
 pub mod wildcard;
 
 use std::collections::HashMap;

@@ -2,7 +2,8 @@
 //!
 //! Filesystem events (notify) on the config directory and its parent, plus a
 //! rescan every second as a safety net, trigger a reload after a short quiet
-//! period. A reload happens only when the rule files' contents changed (a
+//! period, at most a second after the first event ([`super::watch`] decides
+//! which events count and when). A reload happens only when the rule files' contents changed (a
 //! fingerprint over names and bytes), loads everything, and swaps the whole
 //! [`RuleSet`] in one pointer store: requests see the old rules or the new
 //! ones, never a mix. A change that does not load (a syntax error, a file
@@ -13,19 +14,18 @@ use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use notify::{RecursiveMode, Watcher};
 use parking_lot::Mutex;
 
+use super::watch::{Debounce, RulesPath};
 use super::{load_path, rule_files, ConfigErrors, LoadOptions, RuleSet};
 use crate::service::SharedRules;
 use crate::telemetry::Metrics;
 
-/// How long the files must be quiet before a reload (an editor's burst of
-/// events, a `cp` of several files, a ConfigMap swap).
-const QUIET: Duration = Duration::from_millis(250);
-/// Rescan interval, for changes no event reported.
+/// Rescan interval, for changes no event reported; it runs on its own
+/// schedule whatever the event stream does.
 const RESCAN: Duration = Duration::from_secs(1);
 
 /// What one reload attempt did.
@@ -72,6 +72,10 @@ impl Reloader {
         let print = fingerprint(&self.path);
         let current = print.as_ref().ok().copied();
         if !force && current.is_some() && current == *self.applied.lock() {
+            if self.rejected.lock().take().is_some() {
+                // The last line logged was the rejection: say it is over.
+                tracing::info!(path = %self.path.display(), "rules on disk are valid again, the same as the rules being served");
+            }
             return ReloadOutcome::Unchanged;
         }
         if !force && current.is_some() && current == *self.rejected.lock() {
@@ -84,9 +88,13 @@ impl Reloader {
                 let domains = set.domains().count();
                 self.rules.store(Arc::new(set.with_generation(generation)));
                 *self.applied.lock() = current;
-                *self.rejected.lock() = None;
+                let after_rejection = self.rejected.lock().take().is_some();
                 self.metrics.config_reload(true, generation);
-                tracing::info!(generation, domains, path = %self.path.display(), "rules reloaded");
+                if after_rejection {
+                    tracing::info!(generation, domains, path = %self.path.display(), "rules on disk are valid again; reloaded");
+                } else {
+                    tracing::info!(generation, domains, path = %self.path.display(), "rules reloaded");
+                }
                 ReloadOutcome::Applied { generation }
             }
             Err(errors) => {
@@ -112,7 +120,6 @@ impl Reloader {
             &self.path,
             LoadOptions {
                 merge_domains: self.merge_domains,
-                allow_empty_files: false,
             },
         )
     }
@@ -120,33 +127,19 @@ impl Reloader {
     /// Watches the config path and reloads on changes and on SIGHUP, until
     /// the process ends. The watching task owns the OS watcher.
     pub fn spawn(self: &Arc<Self>) -> anyhow::Result<()> {
+        let target = RulesPath::new(&self.path);
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<()>();
+        let filter = target.clone();
         let mut watcher =
-            notify::recommended_watcher(move |_event: notify::Result<notify::Event>| {
-                let _ = tx.send(());
+            notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+                // Events about other files never reach the reload task.
+                if event.map_or(true, |e| filter.concerns_any(e.paths.iter())) {
+                    let _ = tx.send(());
+                }
             })?;
-        // The directory (or the file's directory) for edits, new, removed and
-        // renamed files and ConfigMap `..data` swaps; its parent for the
-        // directory itself being replaced.
-        let dir = if self.path.is_dir() {
-            self.path.clone()
-        } else {
-            self.path
-                .parent()
-                .map(Path::to_path_buf)
-                .unwrap_or_else(|| PathBuf::from("."))
-        };
-        let dir = if dir.as_os_str().is_empty() {
-            PathBuf::from(".")
-        } else {
-            dir
-        };
+        let dir = target.dir().to_path_buf();
         watcher.watch(&dir, RecursiveMode::NonRecursive)?;
-        if let Some(parent) = dir
-            .canonicalize()
-            .ok()
-            .and_then(|d| d.parent().map(Path::to_path_buf))
-        {
+        if let Some(parent) = target.parent() {
             let _ = watcher.watch(&parent, RecursiveMode::NonRecursive);
         }
 
@@ -156,20 +149,19 @@ impl Reloader {
             rescan.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             let mut hangup = hangup_signal();
             let mut watched_dir = dir_identity(&dir);
+            let mut debounce = Debounce::default();
             loop {
+                // One select over everything: neither events nor their
+                // debounce can hold back the rescan, and the debounce itself
+                // ends at most MAX_WAIT after the first event.
+                let due = debounce.due();
                 tokio::select! {
-                    event = rx.recv() => {
-                        if event.is_none() {
-                            return;
-                        }
-                        // Wait for the burst to end.
-                        loop {
-                            match tokio::time::timeout(QUIET, rx.recv()).await {
-                                Ok(Some(())) => continue,
-                                Ok(None) => return,
-                                Err(_) => break,
-                            }
-                        }
+                    event = rx.recv() => match event {
+                        Some(()) => debounce.event(Instant::now()),
+                        None => return,
+                    },
+                    _ = sleep_until(due), if due.is_some() => {
+                        debounce.clear();
                         this.reload(false);
                     }
                     _ = rescan.tick() => {
@@ -190,6 +182,12 @@ impl Reloader {
             }
         });
         Ok(())
+    }
+}
+
+async fn sleep_until(due: Option<Instant>) {
+    if let Some(due) = due {
+        tokio::time::sleep_until(due.into()).await;
     }
 }
 

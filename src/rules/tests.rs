@@ -261,19 +261,37 @@ fn a_domain_in_two_files_needs_merge_domains() {
 }
 
 #[test]
-fn empty_files_only_when_allowed() {
-    let sources = || vec![(PathBuf::from("empty.yaml"), "# nothing yet\n".to_string())];
-    let err = load_sources(sources(), LoadOptions::default()).expect_err("empty");
-    assert!(err.to_string().contains("holds no rules"));
-    let ok = load_sources(
-        sources(),
-        LoadOptions {
-            allow_empty_files: true,
-            ..LoadOptions::default()
-        },
+fn an_empty_file_is_rejected_with_one_message() {
+    for text in ["", "# nothing yet\n", "---\n"] {
+        let err = load_sources(
+            vec![(PathBuf::from("empty.yaml"), text.to_string())],
+            LoadOptions::default(),
+        )
+        .expect_err("empty");
+        assert_eq!(
+            err.to_string(),
+            "empty.yaml: the file holds no rules (it is empty, or only comments); give it a `domain:` and `descriptors:`, or remove it",
+            "{text:?}"
+        );
+    }
+}
+
+#[test]
+fn a_domain_in_two_files_is_reported_once() {
+    let rules = "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1}\n  - key: b\n    rate_limit: {unit: second, requests_per_unit: 1}\n";
+    let err = load_sources(
+        vec![
+            (PathBuf::from("one.yaml"), rules.to_string()),
+            (PathBuf::from("two.yaml"), rules.to_string()),
+        ],
+        LoadOptions::default(),
     )
-    .expect("allowed");
-    assert_eq!(ok.domains().count(), 0);
+    .expect_err("clash");
+    assert_eq!(err.0.len(), 1, "{err}");
+    assert_eq!(
+        err.to_string(),
+        "two.yaml: domain 'd' is already defined in one.yaml; a domain lives in one file unless --merge-domains is set"
+    );
 }
 
 #[test]

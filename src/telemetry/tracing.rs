@@ -1,7 +1,8 @@
 //! Logs and traces.
 //!
 //! Logs go through `tracing` to stderr, human-readable or JSON
-//! (`--log-format`), filtered by `RUST_LOG` (default `info`): one line per
+//! (`--log-format`), filtered by `RUST_LOG` (default [`DEFAULT_LOG_FILTER`]),
+//! coloured only when stderr is a terminal: one line per
 //! start, reload, failure-policy change and error, nothing per request.
 //!
 //! Traces: with `--otlp-endpoint`, spans of the [`SPAN_TARGET`] target (one
@@ -10,6 +11,7 @@
 //! target, so without an endpoint those span callsites are disabled and cost
 //! a relaxed load each.
 
+use std::io::IsTerminal;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
@@ -23,6 +25,11 @@ use tracing_subscriber::filter::{EnvFilter, Targets};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{Layer, Registry};
+
+/// Logs kept when `RUST_LOG` is unset: ours at info; the Redis client's own
+/// at error only, since its warnings while Redis is down repeat what the
+/// breaker's one line says.
+pub const DEFAULT_LOG_FILTER: &str = "info,fred=error";
 
 /// The target of request spans, which only the trace exporter listens to.
 pub const SPAN_TARGET: &str = "rls_trace";
@@ -81,7 +88,7 @@ pub fn init(format: LogFormat, otlp_endpoint: Option<&str>) -> Result<TracingGua
     // without an exporter, is disabled once instead of being checked (and its
     // span allocated) on every call.
     let logs_filter = EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| EnvFilter::new("info"))
+        .unwrap_or_else(|_| EnvFilter::new(DEFAULT_LOG_FILTER))
         .add_directive(
             format!("{SPAN_TARGET}=off")
                 .parse()
@@ -90,6 +97,7 @@ pub fn init(format: LogFormat, otlp_endpoint: Option<&str>) -> Result<TracingGua
     let logs = match format {
         LogFormat::Text => tracing_subscriber::fmt::layer()
             .with_writer(std::io::stderr)
+            .with_ansi(std::io::stderr().is_terminal())
             .with_filter(logs_filter)
             .boxed(),
         LogFormat::Json => tracing_subscriber::fmt::layer()
