@@ -236,7 +236,6 @@ fn a_domain_in_two_files_needs_merge_domains() {
         sources(),
         LoadOptions {
             merge_domains: true,
-            ..LoadOptions::default()
         },
     )
     .expect("merged");
@@ -249,7 +248,6 @@ fn a_domain_in_two_files_needs_merge_domains() {
         ],
         LoadOptions {
             merge_domains: true,
-            ..LoadOptions::default()
         },
     )
     .expect_err("same key twice across merged files")
