@@ -2,23 +2,43 @@
 //!
 //! Under a rule's `lease: {size, ttl}`, an instance takes up to `size` tokens
 //! from the shared bucket in one store call (the bucket deducts them at once)
-//! and admits requests from them without asking the store again. The fleet
-//! therefore never admits more than the shared bucket granted: a token is
-//! deducted before it is spent. The price is under-admission while tokens sit
-//! unspent in some instance's lease, at most `size` per instance and key.
+//! and admits requests from them without asking the store again. The price
+//! is under-admission while tokens sit unspent in some instance's lease, at
+//! most `size` per instance and key.
 //!
 //! One [`Lease`] per descriptor (its bucket keys) and instance. Callers share
-//! it: at most one store call per lease is in flight (a *refill*); callers
-//! that find too few tokens wait for it and then share its answer, so a
-//! rejection reached many waiters with one call. A refill starts before the
-//! tokens run out (*prefetch*, at half of `size`) so callers rarely wait.
+//! it. Every store call of a lease is made by its *worker*, a task spawned
+//! when there is work and ending when there is none: first it gives back the
+//! tokens waiting to be returned, then it takes a *refill* if a caller (or a
+//! *prefetch*, at half of `size`) asked for one. Callers only wait for the
+//! worker's answers; they never own a store call.
 //!
-//! Unspent tokens go back to the bucket (a refund, never above B) when they
-//! are older than `ttl`, when the rules are reloaded, and at shutdown. A
-//! return that fails, and a refill whose answer never came (it may have
-//! deducted), are counted in `rls_lease_tokens_lost_total`. A crashed
-//! instance counts nothing: its lost lease is its `rls_lease_tokens_held` at
-//! the last scrape.
+//! # Invariants
+//! 1. Never over the bucket: a token is deducted from the shared bucket
+//!    before it admits anything, and admits at most once.
+//! 2. No caller can wedge a key: a cancelled caller (Envoy's filter timeout
+//!    drops the gRPC call) cancels only its own wait. The worker outlives it,
+//!    and every path out of the worker clears `working` under the lock, so
+//!    the next caller always finds either a running worker or none.
+//! 3. A lease belongs to one rules generation (its buckets' parameters and
+//!    its `size`/`ttl`). A caller with newer rules moves the unspent tokens to
+//!    `to_return` and takes the lease over before it decides; the worker
+//!    returns them before its next refill, so a return is never overtaken by
+//!    the refill after it. A caller with older rules than the lease has seen
+//!    is not served from it (the store decides it directly). The sweeper
+//!    moves the tokens of leases outdated by a reload to `to_return` too.
+//! 4. Expired tokens (older than `ttl`) go to `to_return` likewise, ordered
+//!    before the next refill.
+//! 5. A refill's rejection answers only the callers it speaks for: those
+//!    that needed exactly the tokens it asked for (so that its Retry-After is
+//!    exact for them); the others ask again. An error answers every waiter.
+//! 6. Accounting: every token granted is spent, held (`tokens` plus
+//!    `to_return`), returned, or counted lost (a return that failed).
+//!    A lease call without an answer may have taken up to what it asked for;
+//!    that is counted lost too. `rls_lease_tokens_held` is what is held now;
+//!    a crashed instance's lost lease is its last value.
+//! 7. Shutdown ([`Leases::return_all`]) retires every lease, waits for the
+//!    workers in flight, then returns everything still held.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
@@ -50,42 +70,94 @@ pub struct Leases<C: Clock> {
 
 /// One descriptor's lease on this instance.
 pub struct Lease {
-    buckets: DescriptorBuckets,
     state: Mutex<LeaseState>,
-    /// Woken when a refill lands.
+    /// Woken whenever the worker lands an answer or stops.
     landed: Notify,
 }
 
 struct LeaseState {
+    /// The buckets and lease settings of `generation`'s rules.
+    buckets: DescriptorBuckets,
     config: LeaseConfig,
-    /// Generation of the rules the tokens were granted under.
     generation: u64,
+    /// The newest rules generation seen for this lease (by a caller or the
+    /// sweeper). `tokens` are spendable only while it equals `generation`.
+    newest: u64,
     /// Unspent tokens this instance holds.
     tokens: u64,
     /// When unspent tokens go back (µs, the leases' clock).
     expires_micros: u64,
-    refilling: bool,
+    /// Tokens taken out of the lease, for the worker to give back.
+    to_return: u64,
+    /// A worker task owns this lease's store calls now.
+    working: bool,
+    /// A refill asked of the worker: the tokens the asking caller needs in
+    /// the lease (0 for a prefetch, which fills up to `size`).
+    wanted: Option<u64>,
     /// Refills that have landed so far.
     round: u64,
-    /// What the last store answer that was not a grant said, for callers
-    /// that waited for it: a rejection or an error.
-    refused: Option<Result<Vec<BucketOutcome>, StoreError>>,
+    /// The last refill's answer when it granted nothing.
+    refused: Option<Refusal>,
     /// Per bucket, `(remaining, full_in_secs)` at the last store answer.
     shared: Vec<(u64, u64)>,
     last_used_micros: u64,
-    /// Dropped from the table: callers holding it must look it up again.
+    /// Dropped from the table: callers holding it must look it up again,
+    /// and its worker starts no new store call.
     retired: bool,
+}
+
+/// A refill that granted nothing, and whom its answer speaks for.
+#[derive(Clone)]
+struct Refusal {
+    /// The round it landed as.
+    round: u64,
+    /// Tokens it needed: a rejection speaks for callers that needed as many.
+    needed: u64,
+    answer: Result<Vec<BucketOutcome>, StoreError>,
 }
 
 /// What a caller does next, decided under the lease's lock.
 enum Step {
-    Admitted(Vec<BucketOutcome>, Option<(u64, u64)>),
+    Admitted(Vec<BucketOutcome>),
     Answer(Result<Vec<BucketOutcome>, StoreError>),
     Wait,
-    Refill { needed: u64, up_to: u64, round: u64 },
+}
+
+/// The worker's next store call.
+enum Job {
+    Return {
+        buckets: DescriptorBuckets,
+        tokens: u64,
+    },
+    Refill {
+        buckets: DescriptorBuckets,
+        generation: u64,
+        ttl: Duration,
+        needed: u64,
+        up_to: u64,
+    },
 }
 
 impl LeaseState {
+    fn new(buckets: &DescriptorBuckets, config: LeaseConfig, generation: u64, now: u64) -> Self {
+        Self {
+            shared: vec![(0, 0); buckets.buckets.len()],
+            buckets: buckets.clone(),
+            config,
+            generation,
+            newest: generation,
+            tokens: 0,
+            expires_micros: now,
+            to_return: 0,
+            working: false,
+            wanted: None,
+            round: 0,
+            refused: None,
+            last_used_micros: now,
+            retired: false,
+        }
+    }
+
     /// Outcomes for a decision answered from the lease: what this instance
     /// still holds plus what the shared bucket had at the last store answer.
     fn local_outcomes(&self, taken: u64) -> Vec<BucketOutcome> {
@@ -100,6 +172,64 @@ impl LeaseState {
                 taken,
             })
             .collect()
+    }
+
+    /// Moves every unspent token to `to_return` (expired, or outdated).
+    fn release(&mut self) {
+        self.to_return = self
+            .to_return
+            .saturating_add(std::mem::take(&mut self.tokens));
+    }
+
+    /// Gives up tokens that expired or that older rules granted; takes the
+    /// lease over for `current` (a caller's newer rules), when given.
+    fn renew(&mut self, now: u64, current: Option<(&DescriptorBuckets, LeaseConfig, u64)>) {
+        if let Some((buckets, config, generation)) = current {
+            if generation > self.generation {
+                self.release();
+                self.buckets = buckets.clone();
+                self.config = config;
+                self.generation = generation;
+                self.newest = self.newest.max(generation);
+                self.refused = None;
+                self.shared = vec![(0, 0); buckets.buckets.len()];
+            }
+        }
+        if self.newest > self.generation || now >= self.expires_micros {
+            self.release();
+        }
+    }
+
+    /// The worker's next job, taken out of the state; None: nothing to do.
+    fn next_job(&mut self) -> Option<Job> {
+        if self.retired {
+            // shutdown: return_all gives back what is left
+            self.wanted = None;
+            return None;
+        }
+        if self.to_return > 0 {
+            return Some(Job::Return {
+                buckets: self.buckets.clone(),
+                tokens: std::mem::take(&mut self.to_return),
+            });
+        }
+        if self.newest > self.generation {
+            self.wanted = None;
+            return None;
+        }
+        let wanted = self.wanted.take()?;
+        let size = self.config.size;
+        let up_to = size.max(wanted).saturating_sub(self.tokens);
+        if up_to == 0 {
+            return None; // the lease is full already
+        }
+        Some(Job::Refill {
+            buckets: self.buckets.clone(),
+            generation: self.generation,
+            ttl: self.config.ttl,
+            needed: wanted.saturating_sub(self.tokens).max(1),
+            up_to,
+        })
     }
 }
 
@@ -116,6 +246,21 @@ fn lease_key(buckets: &DescriptorBuckets) -> Box<[u8]> {
 
 fn micros(d: Duration) -> u64 {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+/// Clears `working` and wakes the waiters however the worker ends, a panic
+/// in the store included: a lease must never stay marked as being worked on.
+struct WorkerGuard<'a>(&'a Lease);
+
+impl Drop for WorkerGuard<'_> {
+    fn drop(&mut self) {
+        let mut st = self.0.state.lock();
+        if st.working {
+            st.working = false;
+        }
+        drop(st);
+        self.0.landed.notify_waiters();
+    }
 }
 
 impl<C: Clock> Leases<C> {
@@ -147,213 +292,209 @@ impl<C: Clock> Leases<C> {
         }
         let now = self.clock.now_micros();
         let lease = Arc::new(Lease {
-            buckets: buckets.clone(),
-            state: Mutex::new(LeaseState {
-                config,
-                generation,
-                tokens: 0,
-                expires_micros: now,
-                refilling: false,
-                round: 0,
-                refused: None,
-                shared: vec![(0, 0); buckets.buckets.len()],
-                last_used_micros: now,
-                retired: false,
-            }),
+            state: Mutex::new(LeaseState::new(buckets, config, generation, now)),
             landed: Notify::new(),
         });
         shard.insert(key, lease.clone());
         lease
     }
 
-    /// Spends `cost` tokens (at most the lease's size) under `config` for a
-    /// request seen with rules of `generation`: from the lease when it holds
-    /// enough, else after a refill. The outcomes read like a store's.
+    /// Spends `cost` tokens under `config` for a request seen with rules of
+    /// `generation`: from the lease when it holds enough, else after the
+    /// worker's refill. The outcomes read like a store's. None: the lease
+    /// has seen newer rules than the caller's; decide it at the store.
     pub async fn spend(
         self: &Arc<Self>,
         buckets: &DescriptorBuckets,
         config: LeaseConfig,
         generation: u64,
         cost: u64,
-    ) -> Result<Vec<BucketOutcome>, StoreError> {
+    ) -> Option<Result<Vec<BucketOutcome>, StoreError>> {
         let mut lease = self.lease(buckets, config, generation);
         let mut waited: Option<u64> = None;
         loop {
-            // Registered before the state is read: a refill that lands after
-            // the read wakes it (notify_waiters), one that landed before is seen.
+            // Registered before the state is read: an answer that lands
+            // after the read wakes it (notify_waiters), one before is seen.
             let current = lease.clone();
             let landed = current.landed.notified();
-            let step = {
+            let (step, start_worker) = {
                 let mut st = current.state.lock();
                 if st.retired {
                     drop(st);
                     lease = self.lease(buckets, config, generation);
                     continue;
                 }
+                if generation < st.newest {
+                    return None; // Step::Bypass: older rules than the lease's
+                }
                 let now = self.clock.now_micros();
-                self.renew(&lease, &mut st, now, Some((generation, config)));
+                st.renew(now, Some((buckets, config, generation)));
                 st.last_used_micros = now;
-                if st.tokens >= cost {
+                let step = if st.tokens >= cost {
                     st.tokens -= cost;
                     let outcomes = st.local_outcomes(cost);
-                    let prefetch = st.tokens <= st.config.size / 2 && !st.refilling;
-                    let prefetch = prefetch.then(|| {
-                        st.refilling = true;
-                        (1, st.config.size - st.tokens)
-                    });
-                    Step::Admitted(outcomes, prefetch)
-                } else if let Some(answer) = waited
-                    .filter(|w| st.round > *w)
-                    .and_then(|_| st.refused.clone())
+                    if st.tokens <= st.config.size / 2 && st.wanted.is_none() && !st.working {
+                        st.wanted = Some(0); // prefetch
+                    }
+                    Step::Admitted(outcomes)
+                } else if let Some(refusal) = waited
+                    .and_then(|w| st.refused.as_ref().filter(|r| r.round > w))
+                    .filter(|r| r.answer.is_err() || r.needed == cost - st.tokens)
                 {
-                    Step::Answer(answer)
-                } else if st.refilling {
-                    waited = Some(st.round);
-                    Step::Wait
+                    Step::Answer(refusal.answer.clone())
                 } else {
-                    st.refilling = true;
-                    Step::Refill {
-                        needed: cost - st.tokens,
-                        up_to: st.config.size.max(cost) - st.tokens,
-                        round: st.round,
-                    }
+                    waited = Some(st.round);
+                    st.wanted = Some(st.wanted.unwrap_or(0).max(cost));
+                    Step::Wait
+                };
+                let start = (st.to_return > 0 || st.wanted.is_some()) && !st.working;
+                if start {
+                    st.working = true;
                 }
+                (step, start)
             };
+            if start_worker {
+                self.start_worker(lease.clone());
+            }
             match step {
-                Step::Admitted(outcomes, prefetch) => {
+                Step::Admitted(outcomes) => {
                     self.metrics.lease_local_hit(cost);
-                    if let Some((needed, up_to)) = prefetch {
-                        let (leases, lease) = (self.clone(), lease.clone());
-                        tokio::spawn(async move {
-                            leases.refill(&lease, needed, up_to, generation).await
-                        });
-                    }
-                    return Ok(outcomes);
+                    return Some(Ok(outcomes));
                 }
-                Step::Answer(answer) => return answer,
+                Step::Answer(answer) => return Some(answer),
                 Step::Wait => landed.await,
-                Step::Refill {
-                    needed,
-                    up_to,
-                    round,
-                } => {
-                    self.refill(&lease, needed, up_to, generation).await;
-                    waited = Some(round);
-                }
             }
         }
     }
 
-    /// A check (`hits_addend: 0`) answered from the lease, if it holds a token.
-    pub fn peek(&self, buckets: &DescriptorBuckets) -> Option<Vec<BucketOutcome>> {
+    /// A check (`hits_addend: 0`) answered from the lease, if it holds a
+    /// token granted under rules no older than the caller's.
+    pub fn peek(&self, buckets: &DescriptorBuckets, generation: u64) -> Option<Vec<BucketOutcome>> {
         let key = lease_key(buckets);
         let lease = self.shard(&key).lock().get(&key).cloned()?;
         let st = lease.state.lock();
-        (st.tokens >= 1 && self.clock.now_micros() < st.expires_micros)
+        let current = st.generation >= generation && st.newest == st.generation;
+        (current && st.tokens >= 1 && self.clock.now_micros() < st.expires_micros)
             .then(|| st.local_outcomes(0))
     }
 
-    /// Gives back tokens that expired or were granted under older rules
-    /// (`current`: the generation and config in force, when known).
-    fn renew(
-        self: &Arc<Self>,
-        lease: &Arc<Lease>,
-        st: &mut LeaseState,
-        now: u64,
-        current: Option<(u64, LeaseConfig)>,
-    ) {
-        // Only newer rules outdate a lease: a call that read the rules just
-        // before a reload keeps using what the newer ones were granted.
-        let stale = current.is_some_and(|(g, _)| g > st.generation);
-        if st.tokens > 0 && (stale || now >= st.expires_micros) {
-            let tokens = std::mem::take(&mut st.tokens);
-            self.metrics.lease_released(tokens);
-            self.give_back(lease.clone(), tokens);
-        }
-        if let (true, Some((generation, config))) = (stale, current) {
-            st.generation = generation;
-            st.config = config;
-            st.refused = None;
+    /// Spawns the worker of a lease whose `working` the caller just set.
+    fn start_worker(self: &Arc<Self>, lease: Arc<Lease>) {
+        let leases = self.clone();
+        tokio::spawn(async move { leases.work(&lease).await });
+    }
+
+    /// The worker: store calls one after another until nothing is asked.
+    async fn work(&self, lease: &Lease) {
+        let _guard = WorkerGuard(lease);
+        loop {
+            let job = {
+                let mut st = lease.state.lock();
+                match st.next_job() {
+                    Some(job) => job,
+                    None => {
+                        st.working = false;
+                        return; // the guard wakes the waiters
+                    }
+                }
+            };
+            match job {
+                Job::Return { buckets, tokens } => {
+                    self.give_back(&buckets, tokens).await;
+                }
+                Job::Refill {
+                    buckets,
+                    generation,
+                    ttl,
+                    needed,
+                    up_to,
+                } => {
+                    self.refill(lease, &buckets, generation, ttl, needed, up_to)
+                        .await;
+                }
+            }
+            lease.landed.notify_waiters();
         }
     }
 
-    /// One store call for up to `up_to` tokens (at least `needed`); lands
-    /// its answer in the lease and wakes the callers waiting for it.
+    /// One store call for up to `up_to` tokens (at least `needed`), landed
+    /// in the lease.
     async fn refill(
-        self: &Arc<Self>,
-        lease: &Arc<Lease>,
+        &self,
+        lease: &Lease,
+        buckets: &DescriptorBuckets,
+        generation: u64,
+        ttl: Duration,
         needed: u64,
         up_to: u64,
-        generation: u64,
     ) {
         let sent = self.clock.now_micros();
         let started = Instant::now();
         let result = self
             .store
-            .decide(&lease.buckets, Cost::Lease { needed, up_to })
+            .decide(buckets, Cost::Lease { needed, up_to })
             .instrument(
                 tracing::info_span!(target: SPAN_TARGET, "store.lease", store = self.store.name()),
             )
             .await;
         self.metrics
             .observe_store_call(self.store.name(), started.elapsed().as_secs_f64());
-        let surplus = {
-            let mut st = lease.state.lock();
-            st.refilling = false;
-            st.round += 1;
-            match result {
-                Ok(outcomes) => {
+        let mut st = lease.state.lock();
+        st.round += 1;
+        let round = st.round;
+        match result {
+            Ok(outcomes) => {
+                let granted = outcomes.first().filter(|o| o.admitted).map(|o| o.taken);
+                let current = st.generation == generation && st.newest == generation;
+                if current {
                     st.shared = outcomes
                         .iter()
                         .map(|o| (o.remaining, o.full_in_secs))
                         .collect();
-                    let granted = outcomes.first().filter(|o| o.admitted).map(|o| o.taken);
-                    match granted {
-                        Some(granted) => {
-                            self.metrics.lease_granted(granted);
-                            if st.retired || st.generation != generation {
-                                Some(granted) // the rules changed meanwhile
-                            } else {
-                                st.tokens += granted;
-                                st.expires_micros = sent.saturating_add(micros(st.config.ttl));
-                                st.refused = None;
-                                None
-                            }
-                        }
-                        None => {
-                            st.refused = Some(Ok(outcomes));
-                            None
-                        }
-                    }
                 }
-                Err(e) => {
-                    self.metrics.store_error(e.kind());
-                    if matches!(e, StoreError::Timeout | StoreError::Connection(_)) {
-                        // it may have run and deducted: those tokens are gone
-                        self.metrics.lease_lost(up_to);
+                match granted {
+                    Some(granted) => {
+                        self.metrics.lease_granted(granted);
+                        if current && !st.retired {
+                            st.tokens += granted;
+                            st.expires_micros = sent.saturating_add(micros(ttl));
+                            st.refused = None;
+                        } else {
+                            // the rules changed, or shutdown, meanwhile
+                            st.to_return = st.to_return.saturating_add(granted);
+                        }
                     }
-                    st.refused = Some(Err(e));
-                    None
+                    None => {
+                        st.refused = Some(Refusal {
+                            round,
+                            needed,
+                            answer: Ok(outcomes),
+                        });
+                    }
                 }
             }
-        };
-        if let Some(tokens) = surplus {
-            self.give_back(lease.clone(), tokens);
+            Err(e) => {
+                self.metrics.store_error(e.kind());
+                if matches!(e, StoreError::Timeout | StoreError::Connection(_)) {
+                    // it may have run and deducted: those tokens are gone
+                    self.metrics.lease_lost(up_to);
+                }
+                st.refused = Some(Refusal {
+                    round,
+                    needed,
+                    answer: Err(e),
+                });
+            }
         }
-        lease.landed.notify_waiters();
     }
 
-    /// Returns `tokens` to the shared bucket in the background.
-    fn give_back(self: &Arc<Self>, lease: Arc<Lease>, tokens: u64) {
-        let leases = self.clone();
-        tokio::spawn(async move { leases.give_back_now(&lease.buckets, tokens).await });
-    }
-
-    async fn give_back_now(&self, buckets: &DescriptorBuckets, tokens: u64) -> bool {
+    /// Returns `tokens` to the shared bucket; counted returned or lost.
+    async fn give_back(&self, buckets: &DescriptorBuckets, tokens: u64) -> bool {
         let started = Instant::now();
         let result = self.store.decide(buckets, Cost::Refund(tokens)).await;
         self.metrics
             .observe_store_call(self.store.name(), started.elapsed().as_secs_f64());
+        self.metrics.lease_released(tokens);
         match result {
             Ok(_) => {
                 self.metrics.lease_returned(tokens);
@@ -368,20 +509,27 @@ impl<C: Clock> Leases<C> {
         }
     }
 
-    /// Gives back expired and outdated tokens, and forgets leases idle for
-    /// longer than their ttl (and at least a second). Returns the leases kept.
+    /// Gives back expired tokens and tokens of rules older than
+    /// `generation`, and forgets leases idle for longer than their ttl (and
+    /// at least a second). Returns the leases kept.
     pub fn sweep(self: &Arc<Self>, generation: u64) -> usize {
         let now = self.clock.now_micros();
         let mut kept = 0;
+        let mut start = Vec::new();
         for shard in self.shards.iter() {
             let mut shard = shard.lock();
             shard.retain(|_, lease| {
                 let mut st = lease.state.lock();
-                let config = st.config;
-                self.renew(lease, &mut st, now, Some((generation, config)));
-                let idle_for = micros(config.ttl.max(Duration::from_secs(1)));
+                st.newest = st.newest.max(generation);
+                st.renew(now, None);
+                if st.to_return > 0 && !st.working {
+                    st.working = true;
+                    start.push(lease.clone());
+                }
+                let idle_for = micros(st.config.ttl.max(Duration::from_secs(1)));
                 let idle = st.tokens == 0
-                    && !st.refilling
+                    && st.to_return == 0
+                    && !st.working
                     && now.saturating_sub(st.last_used_micros) >= idle_for;
                 if idle {
                     st.retired = true;
@@ -389,6 +537,9 @@ impl<C: Clock> Leases<C> {
                 !idle
             });
             kept += shard.len();
+        }
+        for lease in start {
+            self.start_worker(lease);
         }
         kept
     }
@@ -405,28 +556,43 @@ impl<C: Clock> Leases<C> {
         });
     }
 
-    /// Gives every unspent token back and forgets every lease (shutdown).
+    /// Retires every lease, waits for the workers in flight (their grants
+    /// land as tokens to return), then gives every unspent token back.
     /// Returns the tokens given back.
     pub async fn return_all(&self) -> u64 {
+        let leases: Vec<Arc<Lease>> = self
+            .shards
+            .iter()
+            .flat_map(|s| s.lock().drain().map(|(_, l)| l).collect::<Vec<_>>())
+            .collect();
+        for lease in &leases {
+            lease.state.lock().retired = true;
+        }
         let mut returns = Vec::new();
-        for shard in self.shards.iter() {
-            for (_, lease) in shard.lock().drain() {
-                let mut st = lease.state.lock();
-                st.retired = true;
-                let tokens = std::mem::take(&mut st.tokens);
-                drop(st);
-                self.metrics.lease_released(tokens);
-                if tokens > 0 {
-                    returns.push((lease, tokens));
+        for lease in &leases {
+            loop {
+                let landed = lease.landed.notified();
+                let left = {
+                    let mut st = lease.state.lock();
+                    (!st.working).then(|| {
+                        st.release();
+                        (st.buckets.clone(), std::mem::take(&mut st.to_return))
+                    })
+                };
+                match left {
+                    Some((buckets, tokens)) => {
+                        if tokens > 0 {
+                            returns.push((buckets, tokens));
+                        }
+                        break;
+                    }
+                    None => landed.await,
                 }
             }
         }
-        let results = futures::future::join_all(
-            returns
-                .iter()
-                .map(|(lease, tokens)| self.give_back_now(&lease.buckets, *tokens)),
-        )
-        .await;
+        let results =
+            futures::future::join_all(returns.iter().map(|(b, tokens)| self.give_back(b, *tokens)))
+                .await;
         returns
             .iter()
             .zip(results)
@@ -435,13 +601,26 @@ impl<C: Clock> Leases<C> {
             .sum()
     }
 
-    /// Unspent tokens held by this instance now.
+    /// Unspent tokens held by this instance now (in leases and waiting to
+    /// be returned).
     pub fn held(&self) -> u64 {
         self.shards
             .iter()
             .flat_map(|s| s.lock().values().cloned().collect::<Vec<_>>())
-            .map(|l| l.state.lock().tokens)
+            .map(|l| {
+                let st = l.state.lock();
+                st.tokens + st.to_return
+            })
             .sum()
+    }
+
+    /// Leases whose worker is running now (tests: none may stay so).
+    pub fn working(&self) -> usize {
+        self.shards
+            .iter()
+            .flat_map(|s| s.lock().values().cloned().collect::<Vec<_>>())
+            .filter(|l| l.state.lock().working)
+            .count()
     }
 }
 

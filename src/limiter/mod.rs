@@ -249,9 +249,9 @@ impl Limiter {
             } => {
                 let leased = match (rule.and_then(|r| r.lease), *cost) {
                     (Some(lease), Cost::Spend(n)) if n <= lease.size => {
-                        Some(self.leases.spend(buckets, lease, generation, n).await)
+                        self.leases.spend(buckets, lease, generation, n).await
                     }
-                    (Some(_), Cost::Check) => self.leases.peek(buckets).map(Ok),
+                    (Some(_), Cost::Check) => self.leases.peek(buckets, generation).map(Ok),
                     _ => None,
                 };
                 match leased {
