@@ -177,6 +177,31 @@ fn cases() -> Vec<Case> {
             },
         },
         Case {
+            name: "a cost of 2^63 is above capacity, not a lease",
+            buckets: vec![(p(5, 1, 1), None)],
+            cost: Cost::Spend(1 << 63),
+        },
+        Case {
+            name: "a cost of 2^64-1 is above capacity",
+            buckets: vec![(p(5, 1, 1), Some((2.0, 0)))],
+            cost: Cost::Spend(u64::MAX),
+        },
+        Case {
+            name: "a refund of 2^64-1 stops at B",
+            buckets: vec![(p(5, 1, 1), Some((2.0, 0)))],
+            cost: Cost::Refund(u64::MAX),
+        },
+        Case {
+            name: "a bucket that takes millions of years to fill does not expire",
+            buckets: vec![(p(10_000_000, 1, 31_536_000), None)],
+            cost: Cost::Spend(5_000_000),
+        },
+        Case {
+            name: "a year's refill in one call (the TTL fits)",
+            buckets: vec![(p(1000, 1000, 31_536_000), Some((900.0, 0)))],
+            cost: Cost::Spend(899),
+        },
+        Case {
             name: "several buckets: one rejects, none pays",
             buckets: vec![
                 (p(5, 6, 60), Some((4.0, 0))),
@@ -193,6 +218,24 @@ fn cases() -> Vec<Case> {
             cost: Cost::Spend(2),
         },
     ]
+}
+
+/// The script's expiry margin and its longest expiry (100 years).
+const MARGIN_MS: f64 = 1000.0;
+const MAX_TTL_MS: f64 = 3_153_600_000_000.0;
+
+/// A written bucket expires once it would be full (plus the margin), never
+/// sooner; one that takes longer than 100 years does not expire.
+fn assert_ttl(case: &str, params: &BucketParams, tokens: f64, ttl: i64) {
+    let full_ms = ((params.capacity as f64 - tokens) / params.rate_per_sec() * 1000.0).ceil();
+    if full_ms + MARGIN_MS > MAX_TTL_MS {
+        assert_eq!(ttl, -1, "case '{case}': persisted, full in {full_ms} ms");
+    } else {
+        assert!(
+            ttl > 0 && ttl as f64 <= full_ms + MARGIN_MS && ttl as f64 >= full_ms,
+            "case '{case}': TTL {ttl} ms, full in {full_ms} ms"
+        );
+    }
 }
 
 async fn server_now(client: &Client) -> i64 {
@@ -285,7 +328,7 @@ async fn lua_and_rust_give_the_same_answers() {
                         rust_state.tokens
                     );
                     let ttl: i64 = client.pttl(key).await.expect("PTTL");
-                    assert!(ttl > 0, "case '{}': written buckets expire", case.name);
+                    assert_ttl(case.name, &b.params, t, ttl);
                 }
                 (None, false, None) => {}
                 (Some(t), false, Some(before)) => {
@@ -303,4 +346,75 @@ async fn lua_and_rust_give_the_same_answers() {
             }
         }
     }
+}
+
+/// Audit 6: after a reload lowers a bucket's rate, the next decision on it
+/// (a rejection or a check, which store no state) lengthens its TTL to the
+/// new time to full; with unchanged numbers a rejection writes nothing.
+#[tokio::test]
+async fn a_lowered_rate_lengthens_the_ttl_at_the_next_decision() {
+    let redis = RedisServer::standalone();
+    let store = RedisStore::connect(&RedisSettings {
+        url: redis.url(),
+        timeout: std::time::Duration::from_secs(2),
+        pool_size: 1,
+        ca_file: None,
+        client_cert: None,
+    })
+    .await
+    .expect("connect");
+    let client = Builder::from_config(Config::from_url(&redis.url()).expect("url"))
+        .build()
+        .expect("client");
+    client.init().await.expect("raw client connects");
+    let descriptor = |unit_secs| DescriptorBuckets {
+        tag: b"lowered".to_vec(),
+        buckets: vec![BucketRef {
+            key: b"lowered#0".to_vec(),
+            params: p(5, 1, unit_secs),
+        }],
+    };
+    let key = redis_key(tag_hash(b"lowered"), b"lowered#0");
+    for _ in 0..5 {
+        let o = store
+            .decide(&descriptor(1), Cost::Spend(1))
+            .await
+            .expect("ok");
+        assert!(o[0].admitted);
+    }
+    let ttl: i64 = client.pttl(key.clone()).await.expect("PTTL");
+    assert!(
+        (5_000..=6_000).contains(&ttl),
+        "{{second, 1, burst 5}} drained: {ttl}"
+    );
+    let pexpires = || async {
+        let info = redis.cli(&["INFO", "commandstats"]);
+        info.lines()
+            .find(|l| l.starts_with("cmdstat_pexpire:"))
+            .and_then(|l| l.split("calls=").nth(1))
+            .and_then(|v| v.split(',').next())
+            .map_or(0, |v| v.parse::<u64>().expect("calls"))
+    };
+    let before = pexpires().await;
+    let o = store
+        .decide(&descriptor(1), Cost::Spend(1))
+        .await
+        .expect("ok");
+    assert!(!o[0].admitted);
+    assert_eq!(
+        pexpires().await,
+        before,
+        "an unchanged rule's rejection writes nothing"
+    );
+    // reloaded: {hour, 1, burst 5}
+    let o = store
+        .decide(&descriptor(3600), Cost::Check)
+        .await
+        .expect("ok");
+    assert!(!o[0].admitted);
+    let ttl: i64 = client.pttl(key).await.expect("PTTL");
+    assert!(
+        ttl > 5 * 3600 * 1000 - 10_000,
+        "the TTL follows the new rate: {ttl} ms"
+    );
 }

@@ -52,6 +52,13 @@ pub enum Cost {
     Lease { needed: u64, up_to: u64 },
 }
 
+/// The largest cost (and refund) the arithmetic sees: 2^53, exact as a
+/// float in both Rust and Lua and far above any bucket (a burst is a u32).
+/// A larger `hits_addend` is saturated to it, so that it is rejected as
+/// above capacity in both stores instead of wrapping around on the way to
+/// Redis's integers.
+pub const MAX_COST: u64 = 1 << 53;
+
 impl Cost {
     /// Tokens that must be present for the request to be admitted.
     pub fn needed(self) -> u64 {
@@ -61,13 +68,15 @@ impl Cost {
             Cost::Refund(_) => 0,
             Cost::Lease { needed, .. } => needed,
         }
+        .min(MAX_COST)
     }
 
     /// Tokens taken out of the bucket when admitted; negative for a refund;
     /// for a lease, the most it may take. More than [`Cost::needed`] only for
     /// a lease (the Lua script tells a lease apart by exactly that).
     pub fn deducted(self) -> i64 {
-        let signed = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+        // MAX_COST fits an i64 with room to spare.
+        let signed = |n: u64| n.min(MAX_COST) as i64;
         match self {
             Cost::Spend(n) => signed(n),
             Cost::Check => 0,

@@ -312,8 +312,11 @@ impl Limiter {
                         .iter()
                         .map(|b| BucketRef {
                             key: b.key.clone(),
+                            // At least one token each, so that a burst
+                            // below N does not block everything: the fleet's
+                            // local burst is then at most max(B, N).
                             params: BucketParams {
-                                capacity: b.params.capacity / n,
+                                capacity: (b.params.capacity / n).max(1),
                                 tokens_per_unit: b.params.tokens_per_unit,
                                 unit_secs: b.params.unit_secs * n,
                             },
@@ -378,8 +381,13 @@ fn plan<'a, E: DescriptorEntry>(
                     rule: None,
                     limits: vec![LimitRef::Override(rpu, unit)],
                     buckets: DescriptorBuckets {
+                        // The override's numbers are part of its id: two
+                        // different overrides on the same entries are two buckets.
                         buckets: vec![BucketRef {
-                            key: key::bucket_key(&tag, "override"),
+                            key: key::bucket_key(
+                                &tag,
+                                &format!("override/{rpu}/{}", unit.seconds()),
+                            ),
                             params,
                         }],
                         tag,

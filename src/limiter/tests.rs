@@ -36,6 +36,11 @@ descriptors:
     rate_limit: {unit: hour, requests_per_unit: 10}
   - key: block
     rate_limit: {unit: second, requests_per_unit: 0}
+  - key: tiny_local
+    failure_mode: local
+    rate_limit: {unit: minute, requests_per_unit: 60, burst: 1}
+  - key: small
+    rate_limit: {unit: second, requests_per_unit: 1, burst: 5}
 "#;
 
 fn rules() -> RuleSet {
@@ -293,4 +298,65 @@ async fn failure_modes_when_the_store_is_down() {
         .decide(&r, "d", &[input(&vec![("user", "x")], Cost::Spend(1))])
         .await
         .is_err());
+}
+
+/// Audit 9: with `local`, a burst below --instances still admits a token per
+/// instance (B/N would round to 0 and block everything).
+#[tokio::test]
+async fn local_mode_keeps_at_least_one_token_per_instance() {
+    let r = rules();
+    let l = Limiter::new(Arc::new(DeadStore), FailureMode::Open, 2, Arc::default());
+    let tiny = vec![("tiny_local", "x")];
+    let v: Vec<Verdict> = {
+        let mut out = Vec::new();
+        for _ in 0..3 {
+            out.extend(verdicts(&l, &r, std::slice::from_ref(&tiny)).await);
+        }
+        out
+    };
+    assert_eq!(v, [Verdict::Ok, Verdict::OverLimit, Verdict::OverLimit]);
+}
+
+/// Audit 3: a cost that does not fit 63 bits is rejected as above capacity,
+/// never wrapped (the Redis side is in tests/bucket_cases.rs).
+#[tokio::test]
+async fn a_huge_cost_is_over_capacity_not_wrapped() {
+    let (l, r) = (memory_limiter(), rules());
+    let small = vec![("small", "x")];
+    for hits in [1u64 << 63, u64::MAX, (1 << 53) + 1] {
+        let d = l
+            .decide(&r, "d", &[input(&small, Cost::Spend(hits))])
+            .await
+            .expect("decided");
+        assert_eq!(d[0].verdict, Verdict::OverLimit, "{hits}");
+        assert_eq!((d[0].remaining, d[0].reset_secs), (5, None), "{hits}");
+    }
+    assert_eq!(Cost::Spend(u64::MAX).needed(), bucket::MAX_COST);
+    assert_eq!(
+        Cost::Refund(u64::MAX).deducted(),
+        -(bucket::MAX_COST as i64)
+    );
+}
+
+/// Two different overrides on the same entries are two buckets.
+#[tokio::test]
+async fn different_overrides_do_not_share_a_bucket() {
+    let (l, r) = (memory_limiter(), rules());
+    let user = vec![("user", "olga")];
+    let with = |rpu| DescriptorInput {
+        entries: &user,
+        cost: Cost::Spend(1),
+        limit_override: Some((rpu, Unit::Hour)),
+    };
+    for _ in 0..3 {
+        l.decide(&r, "d", &[with(3)]).await.expect("ok");
+    }
+    let d = l.decide(&r, "d", &[with(3)]).await.expect("ok");
+    assert_eq!(d[0].verdict, Verdict::OverLimit, "3 per hour spent");
+    let d = l.decide(&r, "d", &[with(100)]).await.expect("ok");
+    assert_eq!(
+        (d[0].verdict, d[0].remaining),
+        (Verdict::Ok, 99),
+        "another override has its own bucket"
+    );
 }

@@ -318,6 +318,21 @@ fn compile_action(
                     }
                 }
                 let bucket_id = rl.name.clone().unwrap_or_else(|| format!("#{i}"));
+                // An unnamed limit's id is its position (`#0`); a name must
+                // not take another limit's id, or both would spend one bucket.
+                let clash = rl.name.as_deref().and_then(|name| {
+                    limits
+                        .iter()
+                        .enumerate()
+                        .find(|(j, other)| other.name.is_none() && format!("#{j}") == name)
+                });
+                if let (Some((j, _)), Some(name)) = (clash, &rl.name) {
+                    scope.error(
+                        errors,
+                        format!("{at}: the name '{name}' is the bucket id of the unnamed limit at limits[{j}], so both would spend one bucket; choose another name"),
+                    );
+                    continue;
+                }
                 if let Some(limit) = compile_limit(scope, &at, rl, &bucket_id, errors) {
                     compiled.push(limit);
                 }

@@ -178,6 +178,7 @@ fn validation_errors_name_file_place_and_problem() {
         ("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, burst: 0}\n", "burst is 0"),
         ("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n    limits: [{unit: second, requests_per_unit: 1}]\n", "cannot both be set"),
         ("domain: d\ndescriptors:\n  - key: k\n    limits: []\n", "`limits` is empty"),
+        ("domain: d\ndescriptors:\n  - key: k\n    limits:\n      - {unit: hour, requests_per_unit: 3}\n      - {name: '#0', unit: second, requests_per_unit: 100}\n", "the name '#0' is the bucket id of the unnamed limit at limits[0]"),
         ("domain: d\ndescriptors:\n  - key: k\n    limits: [{unlimited: true}]\n", "belongs in `rate_limit`"),
         ("domain: d\ndescriptors:\n  - key: k\n    limits: [{name: a, unit: second, requests_per_unit: 1}, {name: a, unit: hour, requests_per_unit: 1}]\n", "used by two limits"),
         ("domain: d\ndescriptors:\n  - key: k\n    failure_mode: sometimes\n", "failure_mode 'sometimes' is not one of open, closed, local"),

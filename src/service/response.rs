@@ -21,12 +21,14 @@ pub fn build(decisions: &[Decision], opts: ResponseOptions) -> RateLimitResponse
     let over = decisions.iter().any(|d| d.verdict.is_over_limit());
     let mut headers = Vec::new();
     if over {
-        // The request passes only once every rejecting descriptor would admit it.
+        // The request passes only once every rejecting descriptor would admit
+        // it; one that never will (no retry time) means no retry-after at all.
         let retry = decisions
             .iter()
             .filter(|d| d.verdict.is_over_limit())
-            .filter_map(|d| d.reset_secs)
-            .max();
+            .map(|d| d.reset_secs)
+            .collect::<Option<Vec<u64>>>()
+            .and_then(|waits| waits.into_iter().max());
         if let Some(secs) = retry {
             headers.push(header("retry-after", secs.to_string()));
         }
@@ -123,4 +125,43 @@ fn quota_metadata(decisions: &[Decision]) -> Option<Struct> {
         },
     );
     Some(Struct { fields })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn over(reset_secs: Option<u64>) -> Decision {
+        Decision {
+            verdict: Verdict::OverLimit,
+            limit: None,
+            remaining: 0,
+            reset_secs,
+            rule: None,
+        }
+    }
+
+    fn retry_after(decisions: &[Decision]) -> Option<String> {
+        build(decisions, ResponseOptions::default())
+            .response_headers_to_add
+            .iter()
+            .find(|h| h.key == "retry-after")
+            .map(|h| h.value.clone())
+    }
+
+    #[test]
+    fn retry_after_is_the_longest_wait() {
+        assert_eq!(
+            retry_after(&[over(Some(1)), over(Some(7))]).as_deref(),
+            Some("7")
+        );
+    }
+
+    /// Audit 10: a descriptor that can never pass (rate 0, cost above the
+    /// burst) means the request never passes: no retry-after at all.
+    #[test]
+    fn no_retry_after_when_a_descriptor_can_never_pass() {
+        assert_eq!(retry_after(&[over(None), over(Some(1))]), None);
+        assert_eq!(retry_after(&[over(Some(1)), over(None)]), None);
+    }
 }

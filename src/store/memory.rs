@@ -66,7 +66,19 @@ impl<C: Clock> MemoryStore<C> {
         // Only an admitted request that spends (or refunds) changes anything: a
         // rejection or a check leaves the state as it was (refill is a pure
         // function of it).
-        if outcomes.first().is_some_and(|o| o.admitted) && cost.deducted() != 0 {
+        let writes = outcomes.first().is_some_and(|o| o.admitted) && cost.deducted() != 0;
+        if !writes {
+            // Nothing to store, but a reload may have lowered the rate since
+            // the bucket was written: it is full later now, not at the time
+            // its old numbers gave (the Lua script lengthens the TTL alike).
+            for (b, p) in descriptor.buckets.iter().zip(&params) {
+                if let Some(e) = shard.get_mut(b.key.as_slice()) {
+                    let full_at_micros = p.full_at_micros(&e.state).unwrap_or(u64::MAX);
+                    e.full_at_micros = e.full_at_micros.max(full_at_micros);
+                }
+            }
+        }
+        if writes {
             for ((b, state), p) in descriptor.buckets.iter().zip(new_states).zip(&params) {
                 let full_at_micros = p.full_at_micros(&state).unwrap_or(u64::MAX);
                 match shard.get_mut(b.key.as_slice()) {
@@ -183,6 +195,29 @@ mod tests {
         store.decide_now(&descriptor("check", 2, 1), Cost::Check);
         store.decide_now(&descriptor("zero", 0, 0), Cost::Spend(1));
         assert!(store.is_empty());
+    }
+
+    /// Audit 6: a reload lowers the rate of a drained bucket; a decision
+    /// after it moves the time the bucket is forgotten to the new numbers.
+    #[test]
+    fn a_lowered_rate_keeps_the_bucket_until_the_new_full_time() {
+        let clock = ManualClock::new(1_000_000);
+        let store = MemoryStore::new(clock.clone());
+        let fast = descriptor("k", 5, 1); // {second, 1, burst 5}
+        for _ in 0..5 {
+            assert!(store.decide_now(&fast, Cost::Spend(1))[0].admitted);
+        }
+        let mut slow = fast.clone(); // reloaded: {hour, 1, burst 5}
+        slow.buckets[0].params.unit_secs = 3600;
+        clock.advance_secs_f64(1.5);
+        let o = store.decide_now(&slow, Cost::Check)[0];
+        assert_eq!(o.retry_after_secs, Some(3599), "1.5 s of the new rate");
+        clock.advance_secs_f64(5.0);
+        assert_eq!(store.evict_full(), 0, "not full under the new rate");
+        let admitted = (0..6)
+            .filter(|_| store.decide_now(&slow, Cost::Spend(1))[0].admitted)
+            .count();
+        assert_eq!(admitted, 0, "6.5 s at one per hour refill no token");
     }
 
     #[test]

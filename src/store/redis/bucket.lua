@@ -16,9 +16,15 @@
 -- tokens taken (0 unless admitted and spending or leasing)}.
 -- Time is this server's TIME; an earlier time adds no tokens. A bucket is
 -- only written when the request is admitted and spends; it expires once it
--- would be full again, plus the margin, never sooner.
+-- would be full again, plus the margin, never sooner. A bucket that would
+-- take longer than MAX_TTL_MS to fill does not expire. A rejection or a check
+-- writes no state, but lengthens an existing bucket's expiry when the rules'
+-- numbers now need longer (a reload lowered the rate). Every number handed
+-- to a command is formatted as an integer: Lua would print a large float in
+-- exponent form, which Redis refuses.
 
 local EPSILON = 1e-9
+local MAX_TTL_MS = 3153600000000 -- 100 years
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
 local needed = tonumber(ARGV[1])
@@ -26,7 +32,7 @@ local deducted = tonumber(ARGV[2])
 local margin_ms = tonumber(ARGV[3])
 
 local n = #KEYS
-local caps, rates, units, tokens, stamps = {}, {}, {}, {}, {}
+local caps, rates, units, tokens, stamps, existed = {}, {}, {}, {}, {}, {}
 local all_admit = true
 local retry, never = {}, {}
 
@@ -37,6 +43,7 @@ for i = 1, n do
   caps[i], rates[i], units[i] = cap, rate, unit
   local state = redis.call('HMGET', KEYS[i], 't', 'u')
   local t, u
+  existed[i] = state[1] and state[2]
   if not state[1] or not state[2] then
     t, u = cap, now
   else
@@ -72,14 +79,43 @@ if deducted > needed then
   deducted = math.max(needed, math.min(deducted, available))
 end
 
+-- Milliseconds until a bucket holding t is full, plus the margin; nil when
+-- that is longer than MAX_TTL_MS or never (rate 0).
+local function ttl_ms(i, t)
+  local per_sec = 0
+  if units[i] ~= 0 then per_sec = rates[i] / units[i] end
+  if per_sec <= 0 then return nil end
+  local ms = math.ceil((caps[i] - t) / per_sec * 1000) + margin_ms
+  if ms > MAX_TTL_MS then return nil end
+  return ms
+end
+
+local function expire(i, ms)
+  if ms then
+    redis.call('PEXPIRE', KEYS[i], string.format('%d', ms))
+  else
+    redis.call('PERSIST', KEYS[i])
+  end
+end
+
 if all_admit and deducted ~= 0 then
   for i = 1, n do
     local t = math.min(caps[i], math.max(0, tokens[i] - deducted))
     tokens[i] = t
-    local per_sec = rates[i] / units[i]
-    local ttl_ms = math.ceil((caps[i] - t) / per_sec * 1000) + margin_ms
     redis.call('HSET', KEYS[i], 't', string.format('%.17g', t), 'u', string.format('%d', stamps[i]))
-    redis.call('PEXPIRE', KEYS[i], ttl_ms)
+    expire(i, ttl_ms(i, t))
+  end
+else
+  for i = 1, n do
+    if existed[i] then
+      local want = ttl_ms(i, tokens[i])
+      local have = redis.call('PTTL', KEYS[i])
+      -- more than the margin short: the rules changed (a rounding
+      -- millisecond must not turn every rejection into a write)
+      if have >= 0 and (want == nil or have + margin_ms < want) then
+        expire(i, want)
+      end
+    end
   end
 end
 

@@ -317,6 +317,7 @@ impl Store for RedisStore {
             .map(|b| Key::from(redis_key(hash, &b.key)))
             .collect();
         let mut args = Vec::with_capacity(3 + 3 * descriptor.buckets.len());
+        // needed() is at most MAX_COST (2^53), so the cast keeps it positive.
         args.extend([cost.needed() as i64, cost.deducted(), EXPIRY_MARGIN_MS]);
         for b in &descriptor.buckets {
             args.extend([
