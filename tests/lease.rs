@@ -233,3 +233,84 @@ async fn a_reload_and_a_shutdown_give_unspent_tokens_back() {
     let r = call(&mut c, "hot").await;
     assert_eq!(r.statuses[0].limit_remaining, 497);
 }
+
+/// Audit 1, through a real gRPC deadline: while Redis is paused, callers
+/// cancelled by their 5 ms deadline (Envoy's filter timeout does this) leave
+/// the leased key answering again once Redis is back, with every token
+/// accounted for.
+#[tokio::test]
+async fn callers_cancelled_by_their_deadline_do_not_wedge_a_leased_key() {
+    let redis = common::redis::RedisServer::standalone();
+    let rules = rules_dir(
+        "domain: d\ndescriptors:\n  - key: leased\n    lease: {size: 10, ttl: 30s}\n    rate_limit: {unit: hour, requests_per_unit: 100, burst: 100}\n",
+    );
+    let s = common::start_on_redis(&redis.url(), &rules, Duration::from_secs(2)).await;
+    let mut c = client(&s).await;
+    let with_deadline = |ms: u64| {
+        let mut r = tonic::Request::new(request("d", vec![descriptor(&[("leased", "k")])]));
+        r.set_timeout(Duration::from_millis(ms));
+        r
+    };
+    let mut admitted = 0;
+    // Redis paused for a second before the key's first call: that caller's
+    // refill, and the callers waiting on it, are cancelled by 5 ms deadlines.
+    redis.cli(&["CLIENT", "PAUSE", "1000", "ALL"]);
+    let paused_at = Instant::now();
+    let mut cancelled = 0;
+    for _ in 0..40 {
+        match c.should_rate_limit(with_deadline(5)).await {
+            Ok(r) => admitted += usize::from(r.into_inner().overall_code == Code::Ok as i32),
+            Err(status) => {
+                // the server's deadline or the client's own timeout, first
+                assert!(
+                    matches!(
+                        status.code(),
+                        tonic::Code::DeadlineExceeded | tonic::Code::Cancelled
+                    ),
+                    "{status}"
+                );
+                cancelled += 1;
+            }
+        }
+    }
+    assert_eq!(cancelled, 40, "every caller waited on the paused refill");
+    assert!(
+        paused_at.elapsed() < Duration::from_millis(900),
+        "the drain outlasted the pause; the test proves nothing"
+    );
+
+    // Redis is back: the key answers, from Redis or the lease.
+    tokio::time::sleep(Duration::from_millis(1200).saturating_sub(paused_at.elapsed())).await;
+    for i in 0..20 {
+        let r = c
+            .should_rate_limit(with_deadline(2000))
+            .await
+            .unwrap_or_else(|e| panic!("call {i} after the pause: {e}"))
+            .into_inner();
+        assert_eq!(r.overall_code, Code::Ok as i32, "call {i} after the pause");
+        admitted += 1;
+    }
+
+    // Every token is accounted for: what was admitted, plus what the
+    // instance gives back at shutdown, is what the bucket lost.
+    let metrics = s.metrics.clone();
+    s.shutdown().await.expect("stops");
+    let counts = metrics.lease_counts();
+    assert_eq!((counts.held, counts.lost), (0, 0), "{counts:?}");
+    let t = common::start_on_redis(&redis.url(), &rules, Duration::from_secs(2)).await;
+    let mut c = client(&t).await;
+    let mut check = request("d", vec![descriptor(&[("leased", "k")])]);
+    check.descriptors[0].hits_addend =
+        Some(envoy_types::pb::google::protobuf::UInt64Value { value: 0 });
+    let r = c
+        .should_rate_limit(check)
+        .await
+        .expect("decided")
+        .into_inner();
+    let remaining = r.statuses[0].limit_remaining as usize;
+    // at 100 per hour, at most one token refilled during the test
+    assert!(
+        (100 - admitted..=100 - admitted + 1).contains(&remaining),
+        "remaining {remaining}, admitted {admitted}, {counts:?}"
+    );
+}
