@@ -348,16 +348,19 @@ fn plan<'a, E: DescriptorEntry>(
         })
         .collect();
 
-    // A limit named in another matched limit's `replaces` is dropped.
+    // A limit named in another matched limit's `replaces` is dropped, an
+    // unlimited one included (then the descriptor has no rule), as in
+    // envoyproxy/ratelimit.
     let replaced: HashSet<&str> = matches
         .iter()
         .flatten()
-        .filter_map(|m| match &m.rule.action {
-            RuleAction::Limited(limits) => Some(limits),
-            RuleAction::Unlimited { .. } => None,
+        .flat_map(|m| -> Box<dyn Iterator<Item = &String>> {
+            match &m.rule.action {
+                RuleAction::Limited(limits) => Box::new(limits.iter().flat_map(|l| &l.replaces)),
+                RuleAction::Unlimited { replaces, .. } => Box::new(replaces.iter()),
+            }
         })
-        .flatten()
-        .flat_map(|l| l.replaces.iter().map(String::as_str))
+        .map(String::as_str)
         .collect();
 
     descriptors
@@ -399,6 +402,14 @@ fn plan<'a, E: DescriptorEntry>(
                 return Plan::Done(Decision::without_limit(Verdict::NoRule, None));
             };
             let limits: Vec<&Limit> = match &m.rule.action {
+                RuleAction::Unlimited {
+                    name: Some(name), ..
+                } if replaced.contains(name.as_str()) => {
+                    return Plan::Done(Decision::without_limit(
+                        Verdict::NoRule,
+                        Some(m.rule.clone()),
+                    ))
+                }
                 RuleAction::Unlimited { .. } => {
                     return Plan::Done(Decision {
                         remaining: u64::from(u32::MAX),

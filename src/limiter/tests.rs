@@ -41,6 +41,12 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 60, burst: 1}
   - key: small
     rate_limit: {unit: second, requests_per_unit: 1, burst: 5}
+  - key: open_door
+    rate_limit: {unlimited: true, name: open-door}
+  - key: closer
+    rate_limit: {unit: minute, requests_per_unit: 1, replaces: [{name: open-door}]}
+  - key: free_pass
+    rate_limit: {unlimited: true, replaces: [{name: per-user}]}
 "#;
 
 fn rules() -> RuleSet {
@@ -358,5 +364,21 @@ async fn different_overrides_do_not_share_a_bucket() {
         (d[0].verdict, d[0].remaining),
         (Verdict::Ok, 99),
         "another override has its own bucket"
+    );
+}
+
+/// `replaces` and unlimited rules, as envoyproxy/ratelimit has them: an
+/// unlimited rule's `replaces` drops other limits, and a replaced unlimited
+/// rule leaves its descriptor without a rule.
+#[tokio::test]
+async fn replaces_works_with_unlimited_rules_both_ways() {
+    let (l, r) = (memory_limiter(), rules());
+    assert_eq!(
+        verdicts(&l, &r, &[vec![("open_door", "x")], vec![("closer", "x")]]).await,
+        [Verdict::NoRule, Verdict::Ok]
+    );
+    assert_eq!(
+        verdicts(&l, &r, &[vec![("user", "x")], vec![("free_pass", "x")]]).await,
+        [Verdict::NoRule, Verdict::Unlimited]
     );
 }

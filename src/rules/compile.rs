@@ -281,9 +281,10 @@ fn compile_action(
                 );
                 return None;
             }
-            check_replaces(scope, "rate_limit", rl, errors);
+            let replaces = check_replaces(scope, "rate_limit", rl, errors)?;
             RuleAction::Unlimited {
                 name: rl.name.clone(),
+                replaces,
             }
         }
         (Some(rl), None) => {

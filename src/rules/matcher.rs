@@ -57,7 +57,7 @@ impl Rule {
                 .iter()
                 .find_map(|l| l.name.as_deref())
                 .unwrap_or(&self.path),
-            RuleAction::Unlimited { name } => name.as_deref().unwrap_or(&self.path),
+            RuleAction::Unlimited { name, .. } => name.as_deref().unwrap_or(&self.path),
         }
     }
 }
@@ -67,6 +67,9 @@ impl Rule {
 pub enum RuleAction {
     Unlimited {
         name: Option<String>,
+        /// Limits this rule replaces when it matches, as a limited rule's do
+        /// (envoyproxy/ratelimit honours `replaces` on unlimited rules too).
+        replaces: Vec<String>,
     },
     /// One bucket per limit; all must admit (a single `rate_limit` is one limit).
     Limited(Vec<Limit>),
