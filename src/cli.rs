@@ -60,8 +60,9 @@ pub struct ServeArgs {
     /// redis://, rediss://, redis-cluster://h1:p1,h2:p2 or rediss-cluster://; user:password@ allowed.
     #[arg(long, env = "RLS_REDIS_URL")]
     pub redis_url: Option<String>,
-    /// Time allowed for one decision in Redis; keep it below Envoy's filter timeout.
-    #[arg(long, env = "RLS_REDIS_TIMEOUT", default_value = "10ms", value_parser = humantime::parse_duration)]
+    /// Time allowed for one decision in Redis. A caller that sends a deadline
+    /// (Envoy sends its filter timeout as grpc-timeout) caps it at 90 % of that.
+    #[arg(long, env = "RLS_REDIS_TIMEOUT", default_value = "50ms", value_parser = humantime::parse_duration)]
     pub redis_timeout: Duration,
     /// For rediss://: PEM CA that signed the Redis servers' certificates (default: system roots).
     #[arg(long, env = "RLS_REDIS_CA_FILE")]

@@ -1,15 +1,20 @@
-//! Readiness: whether this instance can answer correctly right now.
+//! Readiness: whether *this instance* can answer right now.
 //!
-//! Ready when rules are loaded and either the store is reachable or every
-//! rule has a failure mode that can answer without it (`open` or `local`).
-//! The same verdict feeds `/readyz` and the gRPC health service
-//! (`grpc.health.v1`, service `ratelimit` and the empty name).
+//! Ready when rules are loaded and the instance is not draining (shutting
+//! down). The store's state is not part of it: every instance shares the
+//! same Redis, so a store outage would take every instance out of the
+//! Service at once, and then Envoy's own `failure_mode_deny` would decide
+//! every request, fail-open rules included, instead of the rules' failure
+//! modes. The store's state (reachable, nodes with an open breaker,
+//! warnings) is in the body, for people and dashboards. The same verdict
+//! feeds `/readyz` and the gRPC health service (`grpc.health.v1`, service
+//! `ratelimit` and the empty name).
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::limiter::Limiter;
-use crate::rules::FailureMode;
 use crate::service::SharedRules;
 
 /// The gRPC health service name Envoy and Kubernetes probes ask about.
@@ -19,11 +24,16 @@ pub const SERVICE_NAME: &str = "ratelimit";
 pub struct Health {
     pub rules: SharedRules,
     pub limiter: Arc<Limiter>,
+    /// Set when shutdown begins.
+    pub draining: Arc<AtomicBool>,
 }
 
 impl Health {
     /// `Ok(detail)` when ready, `Err(reason)` when not.
     pub fn readiness(&self) -> Result<String, String> {
+        if self.draining.load(Ordering::Acquire) {
+            return Err("draining: shutting down".into());
+        }
         let rules = self.rules.load();
         if rules.files().is_empty() {
             return Err("no rules loaded".into());
@@ -36,17 +46,9 @@ impl Health {
             store.name()
         );
         if !store.reachable() {
-            let default = self.limiter.default_failure_mode();
-            let closed = rules
-                .domains()
-                .flat_map(|d| rules.rules(&d.name))
-                .any(|r| r.failure_mode.unwrap_or(default) == FailureMode::Closed);
-            if closed {
-                return Err(format!(
-                    "{detail}: store unreachable and some rules fail closed"
-                ));
-            }
-            detail.push_str(": store unreachable, failure policies answer");
+            detail.push_str(
+                ": store not fully reachable, failure modes answer for what it cannot decide",
+            );
         }
         for w in store.warnings() {
             detail.push_str("; warning: ");

@@ -20,7 +20,7 @@ use crate::limiter::Limiter;
 use crate::rules::reload::Reloader;
 use crate::rules::{self, LoadOptions};
 use crate::service::{RateLimitGrpc, ResponseOptions, SharedRules};
-use crate::store::breaker::Breaker;
+use crate::store::breaker::Breakers;
 use crate::store::memory::MemoryStore;
 use crate::store::redis::{RedisSettings, RedisStore};
 use crate::store::Store;
@@ -46,6 +46,7 @@ pub struct RunningServer {
     pub reloader: Arc<Reloader>,
     pub metrics: Arc<Metrics>,
     limiter: Arc<Limiter>,
+    draining: Arc<std::sync::atomic::AtomicBool>,
     stop: watch::Sender<bool>,
     tasks: Vec<JoinHandle<Result<()>>>,
 }
@@ -54,6 +55,8 @@ impl RunningServer {
     /// Stops accepting, lets in-flight calls finish, waits for both servers,
     /// and gives unspent lease tokens back to their buckets.
     pub async fn shutdown(self) -> Result<()> {
+        self.draining
+            .store(true, std::sync::atomic::Ordering::Release);
         let _ = self.stop.send(true);
         for task in self.tasks {
             task.await.context("server task panicked")??;
@@ -124,7 +127,7 @@ pub async fn start(args: &ServeArgs) -> Result<RunningServer> {
             let redis = RedisStore::connect(&settings)
                 .await
                 .map_err(anyhow::Error::msg)?;
-            Arc::new(Breaker::new(Arc::new(redis)))
+            Arc::new(Breakers::new(Arc::new(redis), metrics.clone()))
         }
     };
     let limiter = Arc::new(Limiter::with_max_in_flight(
@@ -162,9 +165,11 @@ pub async fn start(args: &ServeArgs) -> Result<RunningServer> {
         let _ = rx.wait_for(|s| *s).await;
     };
 
+    let draining = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let health = Health {
         rules: rules.clone(),
         limiter: limiter.clone(),
+        draining: draining.clone(),
     };
     let (reporter, health_service) = tonic_health::server::health_reporter();
     health.clone().spawn_grpc_sync(reporter);
@@ -224,6 +229,7 @@ pub async fn start(args: &ServeArgs) -> Result<RunningServer> {
         reloader,
         metrics,
         limiter,
+        draining,
         stop,
         tasks,
     })

@@ -1,6 +1,6 @@
 //! What happens when Redis fails, against real `redis-server` processes:
-//! a hung server (SIGSTOP) is answered within the timeout and then at once
-//! by the open breaker; decisions return to Redis when it thaws, restarts or
+//! a hung server (SIGSTOP) is answered within the timeout until its probe
+//! fails, and then at once by the open breaker; decisions return to Redis when it thaws, restarts or
 //! comes back as a new cluster on the same ports; a call that timed out is
 //! never sent twice.
 
@@ -15,7 +15,6 @@ use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use tokenbucket_rls::cli::StoreKind;
 use tokenbucket_rls::rules::FailureMode;
 use tokenbucket_rls::server::{self, RunningServer};
-use tokenbucket_rls::store::breaker::OPEN_AFTER;
 use tonic::transport::Channel;
 
 const RULES: &str = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: day, requests_per_unit: 1, burst: 1000}\n";
@@ -91,34 +90,45 @@ async fn a_hung_redis_opens_the_breaker_and_thawing_closes_it() {
     assert_eq!(from_redis, 0, "a frozen Redis decides nothing");
     let timeouts = metric(&s, "rls_store_errors_total{kind=\"timeout\"}");
     let fast = metric(&s, "rls_store_errors_total{kind=\"breaker_open\"}");
-    assert_eq!(
-        timeouts,
-        f64::from(OPEN_AFTER),
-        "only the first calls wait out the timeout"
+    // the first timeout starts a probe (250 ms deadline); calls wait out
+    // their 50 ms timeout until it fails: about five of them
+    assert!(
+        (2.0..=8.0).contains(&timeouts),
+        "only the calls before the failed probe wait out the timeout: {timeouts}"
     );
-    assert_eq!(
-        fast,
-        100.0 - f64::from(OPEN_AFTER),
-        "the rest are answered at once"
-    );
+    assert_eq!(fast, 100.0 - timeouts, "the rest are answered at once");
     assert_eq!(metric(&s, "rls_failure_policy_total{mode=\"open\"}"), 100.0);
+    let node = format!("127.0.0.1:{}", redis.port);
+    assert_eq!(
+        metric(&s, &format!("rls_store_breaker_open{{node=\"{node}\"}}")),
+        1.0
+    );
     let ready = reqwest::get(format!("http://{}/readyz", s.admin_addr))
         .await
         .expect("readyz");
-    assert!(ready
-        .text()
-        .await
-        .expect("body")
-        .contains("store unreachable"));
+    assert_eq!(
+        ready.status().as_u16(),
+        200,
+        "a store outage is not this instance's"
+    );
+    let body = ready.text().await.expect("body");
+    assert!(
+        body.contains(&format!("{node}: circuit breaker open")),
+        "{body}"
+    );
 
     redis.signal("-CONT");
     let r = until_store_answers(&mut c, "a", 10).await;
-    // 1000 − the first call − the OPEN_AFTER calls that timed out (the frozen
-    // server had received them and ran them when it thawed) − this call.
+    // 1000 − the first call − the calls that timed out (the frozen server
+    // had received them and ran them when it thawed) − this call.
     assert_eq!(
-        r.statuses[0].limit_remaining,
-        1000 - 1 - OPEN_AFTER - 1,
+        f64::from(r.statuses[0].limit_remaining),
+        1000.0 - 1.0 - timeouts - 1.0,
         "the bucket kept its state"
+    );
+    assert_eq!(
+        metric(&s, &format!("rls_store_breaker_open{{node=\"{node}\"}}")),
+        0.0
     );
 }
 

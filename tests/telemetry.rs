@@ -224,32 +224,39 @@ async fn readiness_follows_rules_and_store() {
     wait_health(s.grpc_addr, "", SERVING).await;
 }
 
+/// A shared-store outage is not a reason for an instance to leave the
+/// Service (every instance would, and the failure modes could no longer
+/// answer): readiness stays 200, with the store's state in the body.
 #[tokio::test]
-async fn readiness_with_redis_down_depends_on_failure_modes() {
+async fn readiness_does_not_follow_the_shared_store() {
     let mut redis = RedisServer::standalone();
     let dir = rules_dir(RULES);
-    let start = |mode: FailureMode| {
-        let mut args = serve_args(dir.path().to_path_buf());
-        args.store = StoreKind::Redis;
-        args.redis_url = Some(redis.url());
-        args.failure_mode = mode;
-        args
-    };
-    let closed = server::start(&start(FailureMode::Closed))
-        .await
-        .expect("start");
-    let open = server::start(&start(FailureMode::Open))
-        .await
-        .expect("start");
+    let mut args = serve_args(dir.path().to_path_buf());
+    args.store = StoreKind::Redis;
+    args.redis_url = Some(redis.url());
+    args.failure_mode = FailureMode::Closed;
+    let closed = server::start(&args).await.expect("start");
     let (code, body) = readyz(closed.admin_addr).await;
     assert_eq!(code, 200, "{body}");
     assert!(body.contains("store redis"));
     redis.kill();
+    // calls notice it (the breaker opens after three refused connections)
+    let mut c = RateLimitServiceClient::connect(format!("http://{}", closed.grpc_addr))
+        .await
+        .expect("connect");
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
+        let call = c
+            .should_rate_limit(request("d", vec![descriptor(&[("user", "v")])]))
+            .await;
+        assert!(
+            call.is_err(),
+            "a fail-closed rule without Redis fails the call"
+        );
         let (code, body) = readyz(closed.admin_addr).await;
-        if code == 503 {
-            assert!(body.contains("fail closed"), "{body}");
+        assert_eq!(code, 200, "{body}");
+        if body.contains("circuit breaker open") {
+            assert!(body.contains("failure modes answer"), "{body}");
             break;
         }
         assert!(
@@ -258,17 +265,19 @@ async fn readiness_with_redis_down_depends_on_failure_modes() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    wait_health(closed.grpc_addr, "ratelimit", NOT_SERVING).await;
-    let (code, body) = readyz(open.admin_addr).await;
-    assert_eq!(code, 200, "open rules can still answer: {body}");
-    assert!(body.contains("failure policies answer"), "{body}");
-    // Redis back: ready again.
+    wait_health(closed.grpc_addr, "ratelimit", SERVING).await;
+    // Redis back: the breaker closes, readiness never moved.
     redis.restart();
     let deadline = Instant::now() + Duration::from_secs(15);
-    while readyz(closed.admin_addr).await.0 != 200 {
+    while readyz(closed.admin_addr)
+        .await
+        .1
+        .contains("circuit breaker open")
+    {
         assert!(Instant::now() < deadline, "never noticed Redis was back");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    assert_eq!(readyz(closed.admin_addr).await.0, 200);
 }
 
 /// An OTLP trace collector that keeps every span it receives.

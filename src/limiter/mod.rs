@@ -227,18 +227,40 @@ impl Limiter {
         domain: &str,
         descriptors: &[DescriptorInput<'_, E>],
     ) -> Result<Vec<Decision>, Unavailable> {
+        self.decide_within(rules, domain, descriptors, None).await
+    }
+
+    /// [`Limiter::decide`], with store calls cut off after `budget` (the
+    /// part of the caller's deadline left to the store): the rule's failure
+    /// mode answers a call that would take longer, before the caller gives up.
+    pub async fn decide_within<E: DescriptorEntry>(
+        &self,
+        rules: &RuleSet,
+        domain: &str,
+        descriptors: &[DescriptorInput<'_, E>],
+        budget: Option<std::time::Duration>,
+    ) -> Result<Vec<Decision>, Unavailable> {
         let plans = plan(rules, domain, descriptors);
         let generation = rules.generation();
         if let [only] = plans.as_slice() {
-            return Ok(vec![self.decide_plan(only, generation).await?]);
+            return Ok(vec![self.decide_plan(only, generation, budget).await?]);
         }
-        join_all(plans.iter().map(|p| self.decide_plan(p, generation)))
-            .await
-            .into_iter()
-            .collect()
+        join_all(
+            plans
+                .iter()
+                .map(|p| self.decide_plan(p, generation, budget)),
+        )
+        .await
+        .into_iter()
+        .collect()
     }
 
-    async fn decide_plan(&self, plan: &Plan<'_>, generation: u64) -> Result<Decision, Unavailable> {
+    async fn decide_plan(
+        &self,
+        plan: &Plan<'_>,
+        generation: u64,
+        budget: Option<std::time::Duration>,
+    ) -> Result<Decision, Unavailable> {
         match plan {
             Plan::Done(decision) => Ok(decision.clone()),
             Plan::Buckets {
@@ -270,11 +292,16 @@ impl Limiter {
                         StoreError::Overloaded,
                     );
                 };
-                let result = self
+                let call = self
                     .store
                     .decide(buckets, *cost)
-                    .instrument(tracing::info_span!(target: SPAN_TARGET, "store.decide", store = self.store.name()))
-                    .await;
+                    .instrument(tracing::info_span!(target: SPAN_TARGET, "store.decide", store = self.store.name()));
+                let result = match budget {
+                    Some(budget) => tokio::time::timeout(budget, call)
+                        .await
+                        .unwrap_or(Err(StoreError::Timeout)),
+                    None => call.await,
+                };
                 self.metrics
                     .observe_store_call(self.store.name(), started.elapsed().as_secs_f64());
                 match result {

@@ -7,7 +7,7 @@ pub mod request;
 pub mod response;
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitService;
@@ -51,13 +51,14 @@ impl RateLimitGrpc {
     pub async fn should_rate_limit(
         &self,
         request: &RateLimitRequest,
+        deadline: Option<Duration>,
     ) -> Result<RateLimitResponse, Status> {
         tracing::debug!(?request, "ShouldRateLimit");
         let inputs = request::descriptor_inputs(request).map_err(Status::invalid_argument)?;
         let rules = self.rules.load();
         let decisions = self
             .limiter
-            .decide(&rules, &request.domain, &inputs)
+            .decide_within(&rules, &request.domain, &inputs, deadline.map(store_budget))
             .await
             .map_err(|e| Status::unavailable(e.to_string()))?;
         let entries: Vec<_> = inputs.iter().map(|i| i.entries).collect();
@@ -65,6 +66,13 @@ impl RateLimitGrpc {
             .record_decisions(&rules, &request.domain, &entries, &decisions);
         Ok(response::build(&decisions, self.options))
     }
+}
+
+/// The part of a caller's deadline (`grpc-timeout`, which Envoy sets to its
+/// filter `timeout`) the store may use: 90 %, leaving the rest to answer by
+/// the rule's failure mode before the caller gives up.
+pub fn store_budget(deadline: Duration) -> Duration {
+    deadline.saturating_sub(deadline / 10)
 }
 
 #[tonic::async_trait]
@@ -86,7 +94,8 @@ impl RateLimitService for RateLimitGrpc {
             // Continue Envoy's trace when it sent one.
             let _ = span.set_parent(remote_context(request.metadata()));
         }
-        let result = RateLimitGrpc::should_rate_limit(self, req)
+        let deadline = request::grpc_timeout(request.metadata());
+        let result = RateLimitGrpc::should_rate_limit(self, req, deadline)
             .instrument(span.clone())
             .await;
         if !span.is_disabled() {

@@ -103,3 +103,49 @@ pub fn descriptor_inputs(
         })
         .collect()
 }
+
+/// The caller's deadline from its `grpc-timeout` header (`<digits><unit>`,
+/// unit one of H M S m u n), if it sent a valid one.
+pub fn grpc_timeout(metadata: &tonic::metadata::MetadataMap) -> Option<std::time::Duration> {
+    use std::time::Duration;
+    let text = metadata.get("grpc-timeout")?.to_str().ok()?;
+    let (digits, unit) = text.split_at(text.len().checked_sub(1)?);
+    if digits.is_empty() || digits.len() > 8 {
+        return None;
+    }
+    let n: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(n.checked_mul(3600)?),
+        "M" => Duration::from_secs(n.checked_mul(60)?),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod deadline_tests {
+    use super::grpc_timeout;
+    use std::time::Duration;
+
+    fn parse(value: &str) -> Option<Duration> {
+        let mut m = tonic::metadata::MetadataMap::new();
+        m.insert("grpc-timeout", value.parse().expect("ascii"));
+        grpc_timeout(&m)
+    }
+
+    #[test]
+    fn grpc_timeouts_are_read() {
+        assert_eq!(parse("20m"), Some(Duration::from_millis(20)));
+        assert_eq!(parse("1S"), Some(Duration::from_secs(1)));
+        assert_eq!(parse("2H"), Some(Duration::from_secs(7200)));
+        assert_eq!(parse("1500u"), Some(Duration::from_micros(1500)));
+        assert_eq!(parse("99999999n"), Some(Duration::from_nanos(99_999_999)));
+        for bad in ["", "m", "20", "20x", "123456789m", "-5m", "5 m"] {
+            assert_eq!(parse(bad), None, "{bad:?}");
+        }
+        assert_eq!(grpc_timeout(&tonic::metadata::MetadataMap::new()), None);
+    }
+}

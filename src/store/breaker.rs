@@ -1,105 +1,327 @@
-//! A circuit breaker in front of a store, so that a dead or hung Redis costs
-//! one timeout per few requests instead of one per request.
+//! Circuit breakers, one per store node, so that a dead or hung Redis node
+//! costs a few timeouts instead of one per request, and only for the
+//! descriptors whose slots that node owns.
 //!
-//! Closed: calls go through; [`OPEN_AFTER`] consecutive timeouts or
-//! connection failures open it. Open: calls fail at once with
-//! [`StoreError::BreakerOpen`] (the rule's failure mode answers), while a
-//! background task probes the store every [`PROBE_EVERY`] and closes the
-//! breaker when it answers. One log line when it opens, one when it closes.
+//! [`NodeBreaker`] is the pure state machine; [`Breakers`] wraps a store that
+//! can say which node decides a descriptor ([`Nodes`]) and runs the probes.
+//!
+//! A breaker opens on evidence that its node is failing, never on one busy
+//! moment:
+//! - [`OPEN_AFTER`] consecutive connection failures (refused, reset, not
+//!   connected) open it: nothing else looks like that;
+//! - a timeout only makes the node *suspect*: one probe (a PING on a
+//!   connection of its own, with a deadline of its own, [`Nodes::probe`])
+//!   is sent, and only a failed probe opens the breaker. A node that is slow
+//!   because of a load spike still answers a PING on an idle connection, so
+//!   the breaker stays closed and decisions stay exact;
+//! - while open, calls to that node fail at once ([`StoreError::BreakerOpen`]:
+//!   the rule's failure mode answers) and the node is probed every
+//!   [`PROBE_EVERY`]; the first passing probe closes it. No restart needed.
+//!
+//! Nodes are named by the store (a primary's `host:port`): after a failover
+//! or a reshard the slots map to another node, whose breaker is its own.
+//! One log line per node when its breaker opens and when it closes.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use parking_lot::{Mutex, RwLock};
 
 use super::{DescriptorBuckets, Store, StoreError};
 use crate::limiter::bucket::{BucketOutcome, Cost};
+use crate::telemetry::Metrics;
 
-/// Consecutive failures that open the breaker.
+/// Consecutive connection failures that open a node's breaker.
 pub const OPEN_AFTER: u32 = 3;
-/// How often an open breaker probes the store.
+/// How often an open breaker probes its node.
 pub const PROBE_EVERY: Duration = Duration::from_millis(500);
+/// After a suspect node passed its probe, the least time before another.
+pub const PROBE_GAP: Duration = Duration::from_millis(100);
 
-pub struct Breaker<S> {
-    inner: Arc<S>,
-    state: Arc<BreakerState>,
+/// What one store call to a node came to, as far as its health goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallOutcome {
+    /// An answer (a script error is an answer too: the node is up).
+    Answered,
+    Timeout,
+    Connection,
 }
 
-#[derive(Default)]
-struct BreakerState {
-    open: AtomicBool,
-    failures: AtomicU32,
-}
-
-/// A store that can say whether it answers at all.
-#[async_trait]
-pub trait Probe: Send + Sync + 'static {
-    /// A cheap round trip to every server the store decides on.
-    async fn probe(&self) -> Result<(), StoreError>;
-}
-
-impl<S: Store + Probe> Breaker<S> {
-    pub fn new(inner: Arc<S>) -> Self {
-        Self {
-            inner,
-            state: Arc::default(),
+impl CallOutcome {
+    pub fn of<T>(result: &Result<T, StoreError>) -> Option<Self> {
+        match result {
+            Ok(_) | Err(StoreError::Script(_)) => Some(CallOutcome::Answered),
+            Err(StoreError::Timeout) => Some(CallOutcome::Timeout),
+            Err(StoreError::Connection(_)) => Some(CallOutcome::Connection),
+            Err(StoreError::BreakerOpen | StoreError::Overloaded) => None,
         }
     }
+}
 
+/// What a probe result changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Change {
+    None,
+    Opened,
+    Closed,
+}
+
+/// One node's breaker: pure state, driven by call outcomes and probe results.
+#[derive(Debug, Default, Clone)]
+pub struct NodeBreaker {
+    open: bool,
+    connection_errors: u32,
+    /// A probe task runs for this node.
+    probing: bool,
+}
+
+impl NodeBreaker {
     pub fn is_open(&self) -> bool {
-        self.state.open.load(Ordering::Acquire)
+        self.open
     }
 
-    fn on_result<T>(&self, result: &Result<T, StoreError>) {
-        match result {
-            Ok(_) => self.state.failures.store(0, Ordering::Relaxed),
-            Err(StoreError::Timeout | StoreError::Connection(_)) => {
-                let failures = self.state.failures.fetch_add(1, Ordering::AcqRel) + 1;
-                if failures >= OPEN_AFTER && !self.state.open.swap(true, Ordering::AcqRel) {
-                    tracing::warn!(
-                        store = self.inner.name(),
-                        failures,
-                        "circuit breaker open: the store is failing; failure modes answer until it recovers"
-                    );
-                    self.spawn_probe();
+    /// Records a call's outcome. Returns (what changed, whether the caller
+    /// must start the probe task).
+    pub fn record(&mut self, outcome: CallOutcome) -> (Change, bool) {
+        match outcome {
+            CallOutcome::Answered => {
+                self.connection_errors = 0;
+                (Change::None, false)
+            }
+            CallOutcome::Connection => {
+                self.connection_errors += 1;
+                if !self.open && self.connection_errors >= OPEN_AFTER {
+                    self.open = true;
+                    (Change::Opened, self.start_probe())
+                } else {
+                    (Change::None, false)
                 }
             }
-            Err(_) => {}
+            CallOutcome::Timeout if !self.open => (Change::None, self.start_probe()),
+            CallOutcome::Timeout => (Change::None, false),
         }
     }
 
-    fn spawn_probe(&self) {
-        let (inner, state) = (self.inner.clone(), self.state.clone());
+    fn start_probe(&mut self) -> bool {
+        !std::mem::replace(&mut self.probing, true)
+    }
+
+    /// A probe's result. Returns what changed and whether to probe again
+    /// (after [`PROBE_EVERY`]); when not, the probe task ends with
+    /// [`NodeBreaker::probe_done`].
+    pub fn probed(&mut self, ok: bool) -> (Change, bool) {
+        match (self.open, ok) {
+            (false, true) => (Change::None, false), // busy, not sick
+            (false, false) => {
+                self.open = true;
+                (Change::Opened, true)
+            }
+            (true, true) => {
+                self.open = false;
+                self.connection_errors = 0;
+                (Change::Closed, false)
+            }
+            (true, false) => (Change::None, true),
+        }
+    }
+
+    /// The probe task ended; a later suspicion may start another.
+    pub fn probe_done(&mut self) {
+        self.probing = false;
+    }
+}
+
+/// A store that knows which node decides each descriptor.
+#[async_trait]
+pub trait Nodes: Send + Sync + 'static {
+    /// The node that owns `descriptor`'s slot now (a primary's `host:port`).
+    fn node_of(&self, descriptor: &DescriptorBuckets) -> Arc<str>;
+
+    /// A cheap round trip to `node` on a connection and deadline of its own.
+    async fn probe(&self, node: &str) -> Result<(), StoreError>;
+
+    /// Whether `node` still owns slots (a failed-over or removed primary
+    /// does not; its breaker is then forgotten).
+    fn is_current(&self, node: &str) -> bool;
+
+    /// What `node` covers, for log lines (e.g. `slots 0-5460`).
+    fn describe(&self, node: &str) -> String;
+}
+
+/// One node's breaker and its open flag, read without the lock.
+struct Cell {
+    open: AtomicBool,
+    state: Mutex<NodeBreaker>,
+}
+
+/// A store behind one breaker per node.
+pub struct Breakers<S> {
+    inner: Arc<S>,
+    cells: Arc<RwLock<HashMap<Arc<str>, Arc<Cell>>>>,
+    metrics: Arc<Metrics>,
+}
+
+impl<S: Store + Nodes> Breakers<S> {
+    pub fn new(inner: Arc<S>, metrics: Arc<Metrics>) -> Self {
+        Self {
+            inner,
+            cells: Arc::default(),
+            metrics,
+        }
+    }
+
+    fn cell(&self, node: &Arc<str>) -> Arc<Cell> {
+        if let Some(cell) = self.cells.read().get(node) {
+            return cell.clone();
+        }
+        self.cells
+            .write()
+            .entry(node.clone())
+            .or_insert_with(|| {
+                self.metrics.breaker_open(node, false);
+                Arc::new(Cell {
+                    open: AtomicBool::new(false),
+                    state: Mutex::new(NodeBreaker::default()),
+                })
+            })
+            .clone()
+    }
+
+    /// Whether `node`'s breaker is open now.
+    pub fn is_open(&self, node: &str) -> bool {
+        self.cells
+            .read()
+            .get(node)
+            .is_some_and(|c| c.open.load(Ordering::Acquire))
+    }
+
+    /// The nodes whose breaker is open now.
+    pub fn open_nodes(&self) -> Vec<String> {
+        let mut open: Vec<String> = self
+            .cells
+            .read()
+            .iter()
+            .filter(|(_, c)| c.open.load(Ordering::Acquire))
+            .map(|(n, _)| n.to_string())
+            .collect();
+        open.sort();
+        open
+    }
+
+    fn apply(&self, node: &Arc<str>, cell: &Cell, change: Change) {
+        match change {
+            Change::None => {}
+            Change::Opened => {
+                cell.open.store(true, Ordering::Release);
+                self.metrics.breaker_open(node, true);
+                tracing::warn!(
+                    node = %node,
+                    covers = %self.inner.describe(node),
+                    "circuit breaker open: this Redis node is failing; its descriptors answer by their failure mode until it recovers"
+                );
+            }
+            Change::Closed => {
+                cell.open.store(false, Ordering::Release);
+                self.metrics.breaker_open(node, false);
+                tracing::info!(
+                    node = %node,
+                    covers = %self.inner.describe(node),
+                    "circuit breaker closed: this Redis node answers again"
+                );
+            }
+        }
+    }
+
+    fn spawn_probe(&self, node: Arc<str>, cell: Arc<Cell>) {
+        let this = Self {
+            inner: self.inner.clone(),
+            cells: self.cells.clone(),
+            metrics: self.metrics.clone(),
+        };
         tokio::spawn(async move {
             loop {
-                tokio::time::sleep(PROBE_EVERY).await;
-                if inner.probe().await.is_ok() {
-                    state.failures.store(0, Ordering::Relaxed);
-                    state.open.store(false, Ordering::Release);
-                    tracing::info!(
-                        store = inner.name(),
-                        "circuit breaker closed: the store answers again"
-                    );
+                let ok = this.inner.probe(&node).await.is_ok();
+                let (change, again) = cell.state.lock().probed(ok);
+                this.apply(&node, &cell, change);
+                if !again {
+                    if change == Change::None {
+                        // a busy node passed: no new probe for a moment
+                        tokio::time::sleep(PROBE_GAP).await;
+                    }
+                    cell.state.lock().probe_done();
                     return;
                 }
+                if !this.inner.is_current(&node) {
+                    // failed over or removed: its slots have another owner
+                    tracing::info!(node = %node, "Redis node no longer owns slots; forgetting its breaker");
+                    this.metrics.breaker_open(&node, false);
+                    this.cells.write().remove(&node);
+                    return;
+                }
+                tokio::time::sleep(PROBE_EVERY).await;
             }
         });
     }
 }
 
+/// A call in flight to one node; records a timeout if dropped unfinished.
+struct Pending<'a, S: Store + Nodes> {
+    breakers: &'a Breakers<S>,
+    node: Arc<str>,
+    cell: Arc<Cell>,
+    done: bool,
+}
+
+impl<S: Store + Nodes> Pending<'_, S> {
+    fn record(&self, outcome: CallOutcome) {
+        if outcome != CallOutcome::Answered {
+            self.breakers.metrics.node_error(&self.node, outcome);
+        }
+        let (change, probe) = self.cell.state.lock().record(outcome);
+        self.breakers.apply(&self.node, &self.cell, change);
+        if probe {
+            self.breakers
+                .spawn_probe(self.node.clone(), self.cell.clone());
+        }
+    }
+}
+
+impl<S: Store + Nodes> Drop for Pending<'_, S> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.record(CallOutcome::Timeout);
+        }
+    }
+}
+
 #[async_trait]
-impl<S: Store + Probe> Store for Breaker<S> {
+impl<S: Store + Nodes> Store for Breakers<S> {
     async fn decide(
         &self,
         descriptor: &DescriptorBuckets,
         cost: Cost,
     ) -> Result<Vec<BucketOutcome>, StoreError> {
-        if self.is_open() {
+        let node = self.inner.node_of(descriptor);
+        let cell = self.cell(&node);
+        if cell.open.load(Ordering::Acquire) {
             return Err(StoreError::BreakerOpen);
         }
+        // A call cut short by the caller's deadline (this future dropped)
+        // counts as a timeout of the node.
+        let mut pending = Pending {
+            breakers: self,
+            node,
+            cell,
+            done: false,
+        };
         let result = self.inner.decide(descriptor, cost).await;
-        self.on_result(&result);
+        pending.done = true;
+        if let Some(outcome) = CallOutcome::of(&result) {
+            pending.record(outcome);
+        }
         result
     }
 
@@ -108,112 +330,20 @@ impl<S: Store + Probe> Store for Breaker<S> {
     }
 
     fn reachable(&self) -> bool {
-        !self.is_open() && self.inner.reachable()
+        self.open_nodes().is_empty() && self.inner.reachable()
     }
 
     fn warnings(&self) -> Vec<String> {
-        self.inner.warnings()
+        let mut w = self.inner.warnings();
+        for node in self.open_nodes() {
+            w.push(format!(
+                "{node}: circuit breaker open ({}); its descriptors answer by their failure mode",
+                self.inner.describe(&node)
+            ));
+        }
+        w
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use std::sync::atomic::AtomicUsize;
-
-    /// A store whose health the test switches, counting the calls it gets.
-    #[derive(Default)]
-    struct Switch {
-        down: AtomicBool,
-        calls: AtomicUsize,
-    }
-
-    #[async_trait]
-    impl Store for Switch {
-        async fn decide(
-            &self,
-            _: &DescriptorBuckets,
-            _: Cost,
-        ) -> Result<Vec<BucketOutcome>, StoreError> {
-            self.calls.fetch_add(1, Ordering::SeqCst);
-            if self.down.load(Ordering::SeqCst) {
-                Err(StoreError::Timeout)
-            } else {
-                Ok(Vec::new())
-            }
-        }
-        fn name(&self) -> &'static str {
-            "switch"
-        }
-    }
-
-    #[async_trait]
-    impl Probe for Switch {
-        async fn probe(&self) -> Result<(), StoreError> {
-            if self.down.load(Ordering::SeqCst) {
-                Err(StoreError::Timeout)
-            } else {
-                Ok(())
-            }
-        }
-    }
-
-    fn descriptor() -> DescriptorBuckets {
-        DescriptorBuckets {
-            tag: Vec::new(),
-            buckets: Vec::new(),
-        }
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn opens_after_consecutive_failures_and_closes_when_probes_pass() {
-        let inner = Arc::new(Switch::default());
-        let breaker = Breaker::new(inner.clone());
-        let d = descriptor();
-        inner.down.store(true, Ordering::SeqCst);
-        for _ in 0..OPEN_AFTER {
-            assert!(matches!(
-                breaker.decide(&d, Cost::Spend(1)).await,
-                Err(StoreError::Timeout)
-            ));
-        }
-        assert!(breaker.is_open());
-        assert!(!breaker.reachable());
-        for _ in 0..100 {
-            assert!(matches!(
-                breaker.decide(&d, Cost::Spend(1)).await,
-                Err(StoreError::BreakerOpen)
-            ));
-        }
-        assert_eq!(
-            inner.calls.load(Ordering::SeqCst),
-            OPEN_AFTER as usize,
-            "open: no calls reach the store"
-        );
-        tokio::time::sleep(PROBE_EVERY * 3).await;
-        assert!(breaker.is_open(), "probes fail while the store is down");
-        inner.down.store(false, Ordering::SeqCst);
-        tokio::time::sleep(PROBE_EVERY * 2).await;
-        assert!(!breaker.is_open(), "a passing probe closes it");
-        assert!(breaker.decide(&d, Cost::Spend(1)).await.is_ok());
-    }
-
-    #[tokio::test]
-    async fn a_success_resets_the_count() {
-        let inner = Arc::new(Switch::default());
-        let breaker = Breaker::new(inner.clone());
-        let d = descriptor();
-        for _ in 0..5 {
-            inner.down.store(true, Ordering::SeqCst);
-            for _ in 0..OPEN_AFTER - 1 {
-                let _ = breaker.decide(&d, Cost::Spend(1)).await;
-            }
-            inner.down.store(false, Ordering::SeqCst);
-            assert!(breaker.decide(&d, Cost::Spend(1)).await.is_ok());
-        }
-        assert!(
-            !breaker.is_open(),
-            "failures that are not consecutive never open it"
-        );
-    }
-}
+mod tests;

@@ -6,8 +6,8 @@
 //! counted as `_unknown`, so clients cannot grow the label set.
 
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts,
-    Registry, TextEncoder,
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 use crate::limiter::{Decision, Verdict};
@@ -33,6 +33,8 @@ pub struct Metrics {
     store_calls: IntCounterVec,
     store_duration: HistogramVec,
     store_errors: IntCounterVec,
+    node_errors: IntCounterVec,
+    breaker_open: IntGaugeVec,
     failure_policy: IntCounterVec,
     config_reloads: IntCounterVec,
     config_generation: IntGauge,
@@ -142,6 +144,22 @@ impl Metrics {
             &["kind"],
         )
         .expect("valid metric");
+        let node_errors = IntCounterVec::new(
+            Opts::new(
+                "rls_store_node_errors_total",
+                "Store calls to one Redis node that timed out or lost their connection",
+            ),
+            &["node", "kind"],
+        )
+        .expect("valid metric");
+        let breaker_open = IntGaugeVec::new(
+            Opts::new(
+                "rls_store_breaker_open",
+                "1 while the circuit breaker of a Redis node is open",
+            ),
+            &["node"],
+        )
+        .expect("valid metric");
         let failure_policy = IntCounterVec::new(
             Opts::new(
                 "rls_failure_policy_total",
@@ -165,6 +183,8 @@ impl Metrics {
             Box::new(store_calls.clone()),
             Box::new(store_duration.clone()),
             Box::new(store_errors.clone()),
+            Box::new(node_errors.clone()),
+            Box::new(breaker_open.clone()),
             Box::new(failure_policy.clone()),
             Box::new(config_reloads.clone()),
             Box::new(config_generation.clone()),
@@ -191,6 +211,8 @@ impl Metrics {
             store_calls,
             store_duration,
             store_errors,
+            node_errors,
+            breaker_open,
             failure_policy,
             config_reloads,
             config_generation,
@@ -250,6 +272,24 @@ impl Metrics {
 
     pub fn store_error(&self, kind: &str) {
         self.store_errors.with_label_values(&[kind]).inc();
+    }
+
+    /// A call to `node` timed out or lost its connection.
+    pub fn node_error(&self, node: &str, outcome: crate::store::breaker::CallOutcome) {
+        use crate::store::breaker::CallOutcome;
+        let kind = match outcome {
+            CallOutcome::Timeout => "timeout",
+            CallOutcome::Connection => "connection",
+            CallOutcome::Answered => return,
+        };
+        self.node_errors.with_label_values(&[node, kind]).inc();
+    }
+
+    /// `node`'s breaker opened (or closed).
+    pub fn breaker_open(&self, node: &str, open: bool) {
+        self.breaker_open
+            .with_label_values(&[node])
+            .set(i64::from(open));
     }
 
     pub fn failure_policy(&self, mode: FailureMode) {

@@ -269,6 +269,28 @@ impl RedisCluster {
         self.nodes[i].cli(&["CLUSTER", "MYID"]).trim().to_string()
     }
 
+    /// The primary owning each of the 16384 slots now, read once (asking
+    /// per slot would block on a node that is stopped later).
+    pub fn slot_owners(&self) -> Vec<usize> {
+        let mut owners = vec![usize::MAX; 16384];
+        for i in self.primaries() {
+            let id = self.node_id(i);
+            let nodes = self.nodes[i].cli(&["CLUSTER", "NODES"]);
+            for line in nodes.lines().filter(|l| l.starts_with(&id)) {
+                for range in line.split_whitespace().skip(8) {
+                    let (lo, hi) = match range.split_once('-') {
+                        Some((a, b)) => (a.parse::<usize>(), b.parse::<usize>()),
+                        None => (range.parse::<usize>(), range.parse::<usize>()),
+                    };
+                    if let (Ok(lo), Ok(hi)) = (lo, hi) {
+                        owners[lo..=hi.min(16383)].fill(i);
+                    }
+                }
+            }
+        }
+        owners
+    }
+
     /// The node that owns `slot` as primary.
     pub fn owner_of_slot(&self, slot: u16) -> usize {
         for i in self.primaries() {

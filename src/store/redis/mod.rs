@@ -22,7 +22,7 @@ use fred::prelude::*;
 use fred::types::config::{Options, ReconnectPolicy};
 use parking_lot::RwLock;
 
-use super::breaker::Probe;
+use super::breaker::Nodes;
 use super::{DescriptorBuckets, Store, StoreError};
 use crate::limiter::bucket::{BucketOutcome, Cost, NeverReason};
 
@@ -93,10 +93,71 @@ pub struct RedisStatus {
 
 pub struct RedisStore {
     pool: Pool,
+    /// A client of its own for the breakers' probes, so that a probe never
+    /// waits behind the decisions queued on the pool's connections.
+    probe_client: Client,
     sha: String,
     options: Options,
     status: Arc<RwLock<RedisStatus>>,
+    routing: Arc<RwLock<Arc<Routing>>>,
 }
+
+/// Which primary owns which slots, as the client last learned it.
+#[derive(Debug, Default)]
+pub struct Routing {
+    /// (first slot, last slot, index into `nodes`), sorted.
+    ranges: Vec<(u16, u16, usize)>,
+    /// Each primary's name (`host:port`) and address.
+    nodes: Vec<(Arc<str>, Option<fred::types::config::Server>)>,
+}
+
+impl Routing {
+    /// From the client's cluster state; one node for a single server.
+    fn read(client: &Client, single: &Arc<str>) -> Self {
+        match client.cached_cluster_state() {
+            Some(state) => {
+                let mut nodes: Vec<(Arc<str>, Option<fred::types::config::Server>)> = Vec::new();
+                let mut ranges = Vec::new();
+                for range in state.slots() {
+                    let name = range.primary.to_string();
+                    let i = match nodes.iter().position(|(n, _)| **n == *name) {
+                        Some(i) => i,
+                        None => {
+                            nodes.push((Arc::from(name), Some(range.primary.clone())));
+                            nodes.len() - 1
+                        }
+                    };
+                    ranges.push((range.start, range.end, i));
+                }
+                ranges.sort();
+                Self { ranges, nodes }
+            }
+            None => Self {
+                ranges: Vec::new(),
+                nodes: vec![(single.clone(), None)],
+            },
+        }
+    }
+
+    fn node_of_slot(&self, slot: u16) -> Option<&Arc<str>> {
+        let i = self.ranges.partition_point(|&(_, end, _)| end < slot);
+        match self.ranges.get(i) {
+            Some(&(start, _, n)) if start <= slot => Some(&self.nodes[n].0),
+            _ if self.ranges.is_empty() => self.nodes.first().map(|(n, _)| n),
+            _ => None,
+        }
+    }
+
+    fn server(&self, node: &str) -> Option<Option<fred::types::config::Server>> {
+        self.nodes
+            .iter()
+            .find(|(n, _)| &**n == node)
+            .map(|(_, s)| s.clone())
+    }
+}
+
+/// How often the routing snapshot is read again from the client.
+const ROUTING_REFRESH: Duration = Duration::from_millis(250);
 
 impl RedisStore {
     /// Connects (waiting a few seconds at most: a Redis that is down at
@@ -110,6 +171,19 @@ impl RedisStore {
             }
             config.tls = Some(tls.into());
         }
+        let single: Arc<str> = Arc::from(match &config.server {
+            fred::types::config::ServerConfig::Centralized { server } => server.to_string(),
+            _ => "redis".to_string(),
+        });
+        let probe_client = Builder::from_config(config.clone())
+            .with_connection_config(|c| {
+                c.connection_timeout = Duration::from_secs(2);
+                c.internal_command_timeout = Duration::from_secs(2);
+            })
+            .set_policy(ReconnectPolicy::new_exponential(0, 50, 2_000, 2))
+            .build()
+            .map_err(|e| format!("cannot configure Redis client: {e}"))?;
+        probe_client.connect();
         let pool = Builder::from_config(config)
             .with_connection_config(|c| {
                 c.connection_timeout = Duration::from_secs(2);
@@ -135,8 +209,13 @@ impl RedisStore {
                 tracing::warn!(url = %redacted, "Redis not reachable within 5 s at start-up; failure policies answer until it is")
             }
         }
+        let _ = tokio::time::timeout(Duration::from_secs(2), probe_client.wait_for_connect()).await;
+        let routing = Arc::new(RwLock::new(Arc::new(Routing::read(pool.next(), &single))));
+        spawn_routing_refresh(pool.clone(), single, Arc::downgrade(&routing));
         let store = Self {
             pool,
+            probe_client,
+            routing,
             sha: sha1_smol::Sha1::from(SCRIPT).digest().to_string(),
             options: Options {
                 timeout: Some(settings.timeout),
@@ -220,6 +299,29 @@ impl RedisStore {
     }
 }
 
+/// Reads the client's routing every [`ROUTING_REFRESH`] until the store is gone.
+fn spawn_routing_refresh(
+    pool: Pool,
+    single: Arc<str>,
+    routing: std::sync::Weak<RwLock<Arc<Routing>>>,
+) {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(ROUTING_REFRESH);
+        loop {
+            tick.tick().await;
+            let Some(routing) = routing.upgrade() else {
+                return;
+            };
+            *routing.write() = Arc::new(Routing::read(pool.next(), &single));
+        }
+    });
+}
+
+/// The slot of a descriptor whose tag hashes to `tag_hash`.
+pub fn slot_of(tag_hash: u64) -> u16 {
+    fred::util::redis_keyslot(format!("{tag_hash:016x}").as_bytes())
+}
+
 /// `rls:{<16 hex digits>}:<key>`: the braces hold the slot's hash tag.
 pub fn redis_key(tag_hash: u64, key: &[u8]) -> Bytes {
     let mut out = Vec::with_capacity(key.len() + 24);
@@ -276,30 +378,59 @@ fn outcomes(reply: &[i64], buckets: usize) -> Result<Vec<BucketOutcome>, StoreEr
 }
 
 #[async_trait]
-impl Probe for RedisStore {
-    /// PING every primary (or the one server), fail fast, within a short timeout.
-    async fn probe(&self) -> Result<(), StoreError> {
-        let client = self.pool.next();
-        let servers: Vec<Option<fred::types::config::Server>> = match client.cached_cluster_state()
-        {
-            Some(state) => state.unique_primary_nodes().into_iter().map(Some).collect(),
-            None => vec![None],
+impl Nodes for RedisStore {
+    fn node_of(&self, descriptor: &DescriptorBuckets) -> Arc<str> {
+        let slot = slot_of(tag_hash(&descriptor.tag));
+        let routing = self.routing.read().clone();
+        routing
+            .node_of_slot(slot)
+            .cloned()
+            .unwrap_or_else(|| Arc::from("unrouted"))
+    }
+
+    /// PING `node` on the probe client's own connection, fail fast, within
+    /// [`PROBE_TIMEOUT`]. (No topology refresh from here: fred reads the
+    /// topology in its routing task, and asking a hung node for it would
+    /// stall every command of that client. A killed node's dropped
+    /// connections make fred read it again by itself.)
+    async fn probe(&self, node: &str) -> Result<(), StoreError> {
+        let server = self.routing.read().server(node).flatten();
+        let opts = Options {
+            cluster_node: server,
+            timeout: Some(PROBE_TIMEOUT),
+            fail_fast: true,
+            max_attempts: Some(1),
+            ..Options::default()
         };
-        for server in servers {
-            let opts = Options {
-                cluster_node: server,
-                timeout: Some(PROBE_TIMEOUT.max(self.options.timeout.unwrap_or_default())),
-                fail_fast: true,
-                max_attempts: Some(1),
-                ..Options::default()
-            };
-            let _: String = client
-                .with_options(&opts)
-                .ping(None)
-                .await
-                .map_err(store_error)?;
+        let result: Result<String, _> = self.probe_client.with_options(&opts).ping(None).await;
+        result.map(|_| ()).map_err(store_error)
+    }
+
+    fn is_current(&self, node: &str) -> bool {
+        self.routing.read().server(node).is_some()
+    }
+
+    fn describe(&self, node: &str) -> String {
+        let routing = self.routing.read().clone();
+        let Some(i) = routing.nodes.iter().position(|(n, _)| &**n == node) else {
+            return "no slots".into();
+        };
+        if routing.ranges.is_empty() {
+            return "every key".into();
         }
-        Ok(())
+        let slots: Vec<String> = routing
+            .ranges
+            .iter()
+            .filter(|r| r.2 == i)
+            .map(|&(a, b, _)| {
+                if a == b {
+                    a.to_string()
+                } else {
+                    format!("{a}-{b}")
+                }
+            })
+            .collect();
+        format!("slots {}", slots.join(","))
     }
 }
 
@@ -340,6 +471,13 @@ impl Store for RedisStore {
 
     fn warnings(&self) -> Vec<String> {
         self.status.read().eviction_warnings.clone()
+    }
+}
+
+impl RedisStore {
+    /// The routing snapshot (tests: which node owns a descriptor).
+    pub fn routing(&self) -> Arc<Routing> {
+        self.routing.read().clone()
     }
 }
 
