@@ -409,6 +409,19 @@ async fn the_grafana_dashboard_queries_only_exported_metrics() {
         .text()
         .await
         .expect("body");
+    // and a Redis-backed one, for the per-node series
+    let redis = RedisServer::standalone();
+    let mut args = serve_args(_dir.path().to_path_buf());
+    args.store = StoreKind::Redis;
+    args.redis_url = Some(redis.url());
+    let on_redis = server::start(&args).await.expect("start");
+    let mut rc = RateLimitServiceClient::connect(format!("http://{}", on_redis.grpc_addr))
+        .await
+        .expect("connect");
+    rc.should_rate_limit(request("d", vec![descriptor(&[("user", "u")])]))
+        .await
+        .expect("answered");
+    let exported = exported + &on_redis.metrics.render();
     let names: std::collections::HashSet<&str> = exported
         .lines()
         .filter_map(|l| l.strip_prefix("# TYPE "))

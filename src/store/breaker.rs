@@ -181,7 +181,7 @@ impl<S: Store + Nodes> Breakers<S> {
             .write()
             .entry(node.clone())
             .or_insert_with(|| {
-                self.metrics.breaker_open(node, false);
+                self.metrics.node_seen(node);
                 Arc::new(Cell {
                     open: AtomicBool::new(false),
                     state: Mutex::new(NodeBreaker::default()),

@@ -285,6 +285,14 @@ impl Metrics {
         self.node_errors.with_label_values(&[node, kind]).inc();
     }
 
+    /// A Redis node is first seen: its series start at zero.
+    pub fn node_seen(&self, node: &str) {
+        self.breaker_open(node, false);
+        for kind in ["timeout", "connection"] {
+            self.node_errors.with_label_values(&[node, kind]);
+        }
+    }
+
     /// `node`'s breaker opened (or closed).
     pub fn breaker_open(&self, node: &str, open: bool) {
         self.breaker_open
