@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Decision latency when Redis is healthy, hung (every node SIGSTOPped) and
-# dead (every node killed): rls-bench in open loop at a fixed rate against one
-# instance on a local Redis Cluster, with the default 10 ms --redis-timeout and
-# rules that fail open. Loopback only, bounded in time.
+# Decision latency when Redis is healthy, when one primary is hung (SIGSTOP:
+# its keys answer by their failure mode, the others' by Redis), when every node
+# is hung, and when every node is dead: rls-bench in open loop at a fixed rate
+# against one instance on a local Redis Cluster, with --redis-timeout 10ms (as
+# in the first recorded table; the default is 50ms) and rules that fail open.
+# Loopback only, bounded in time.
 #   integration/bench-failure.sh [SECONDS] [RATE]      (default 10 s at 2000/s)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,14 +21,24 @@ descriptors:
     rate_limit: {unit: second, requests_per_unit: 1000000000, burst: 1000000000}
 RULES
 target/release/tokenbucket-rls --config "$work/rules.yaml" --store redis --redis-url "$url" \
-  --grpc-addr 127.0.0.1:18281 --admin-addr 127.0.0.1:18282 >"$work/rls.log" 2>&1 &
+  --redis-timeout 10ms --grpc-addr 127.0.0.1:18281 --admin-addr 127.0.0.1:18282 >"$work/rls.log" 2>&1 &
 until curl -sf 127.0.0.1:18282/readyz >/dev/null; do sleep 0.1; done
 run() {
   target/release/rls-bench --target http://127.0.0.1:18281 --rate "$rate" --duration "${secs}s" --warmup 0s \
     --distribution uniform --keys 10000 --json \
-  | python3 -c "import json,sys; r=json.load(sys.stdin); l=r['latency_us']; print(f\"$1: {r['throughput_rps']:.0f}/s ok {r['ok']} errors {r['errors']}  p50 {l['p50']}us p99 {l['p99']}us p999 {l['p999']}us max {l['max']}us\")"
+  | python3 -c "import json,sys; r=json.load(sys.stdin); l=r['latency_us']; print(f\"$1: {r['throughput_rps']:.0f}/s ok {r['ok']} errors {r['errors']}  p50 {l['p50']}us p99 {l['p99']}us p999 {l['p999']}us max {l['max']}us\")" 2>/dev/null
+  echo "  timeouts so far: $(curl -s 127.0.0.1:18282/metrics | awk '$1 == "rls_store_errors_total{kind=\"timeout\"}" {print $2}')"
 }
+metric() { curl -s 127.0.0.1:18282/metrics | awk -v m="$1" '$1 == m {print $2}'; }
 run "healthy"
+open_before=$(metric 'rls_failure_policy_total{mode="open"}')
+primary=$(for p in $(seq 7401 7406); do redis-cli -p "$p" role | head -n 1 | grep -q master && echo "$p" && break; done)
+kill -STOP "$(cat "$work/cluster/$primary/redis.pid")"
+run "1 hung "
+kill -CONT "$(cat "$work/cluster/$primary/redis.pid")"
+open_after=$(metric 'rls_failure_policy_total{mode="open"}')
+echo "  one primary ($primary) hung: $(python3 -c "print(int(float('$open_after') - float('$open_before')))") decisions by the failure mode, the rest by Redis"
+sleep 2
 for p in $(seq 7401 7406); do kill -STOP "$(cat "$work/cluster/$p/redis.pid")"; done
 run "hung   "
 for p in $(seq 7401 7406); do kill -CONT "$(cat "$work/cluster/$p/redis.pid")"; done

@@ -497,7 +497,7 @@ async fn run(args: Args) -> Result<()> {
 fn no_rule_warning(answered: u64, limited: u64, args: &Args) -> Option<String> {
     (answered > 0 && limited == 0).then(|| {
         format!(
-            "warning: none of the {answered} answers carried a current_limit: no rule in domain '{}' matches key '{}' with values k0, k1, …, so this measured the no-rule shortcut, not a token bucket",
+            "warning: none of the {answered} answers carried a current_limit: either no rule in domain '{}' matches key '{}' with values k0, k1, … (then this measured the no-rule shortcut, not a token bucket), or every answer came from a failure mode",
             args.domain, args.key
         )
     })

@@ -156,6 +156,9 @@ impl Routing {
     }
 }
 
+/// Bound on the Redis client's own connects and topology reads.
+const CLIENT_STALL_BOUND: Duration = Duration::from_millis(250);
+
 /// How often the routing snapshot is read again from the client.
 const ROUTING_REFRESH: Duration = Duration::from_millis(250);
 
@@ -177,17 +180,20 @@ impl RedisStore {
         });
         let probe_client = Builder::from_config(config.clone())
             .with_connection_config(|c| {
-                c.connection_timeout = Duration::from_secs(2);
-                c.internal_command_timeout = Duration::from_secs(2);
+                c.connection_timeout = CLIENT_STALL_BOUND;
+                c.internal_command_timeout = CLIENT_STALL_BOUND;
             })
-            .set_policy(ReconnectPolicy::new_exponential(0, 50, 2_000, 2))
+            .set_policy(ReconnectPolicy::new_exponential(0, 50, 250, 2))
             .build()
             .map_err(|e| format!("cannot configure Redis client: {e}"))?;
         probe_client.connect();
         let pool = Builder::from_config(config)
             .with_connection_config(|c| {
-                c.connection_timeout = Duration::from_secs(2);
-                c.internal_command_timeout = Duration::from_secs(2);
+                // fred reads the topology and connects inside its routing
+                // task: while it waits on a hung node, every command of the
+                // client waits too. Short bounds keep that stall short.
+                c.connection_timeout = CLIENT_STALL_BOUND;
+                c.internal_command_timeout = CLIENT_STALL_BOUND;
                 c.max_redirections = 5;
                 // Bounded: past this, commands fail at once instead of piling up.
                 c.max_command_buffer_len = 10_000;
@@ -195,7 +201,7 @@ impl RedisStore {
             .with_performance_config(|p| {
                 p.default_command_timeout = settings.timeout;
             })
-            .set_policy(ReconnectPolicy::new_exponential(0, 50, 2_000, 2))
+            .set_policy(ReconnectPolicy::new_exponential(0, 50, 250, 2))
             .build_pool(settings.pool_size.max(1))
             .map_err(|e| format!("cannot configure Redis client: {e}"))?;
         pool.connect();
