@@ -224,11 +224,15 @@ async fn one_sick_primary_affects_only_its_own_keys() {
     // Hung: the node's breaker opens, its keys answer by their mode.
     cluster.nodes[sick].signal("-STOP");
     sick_keys_answer_by_their_mode(&mut c, &cluster, &mut values, sick, "hung").await;
-    assert_eq!(
-        breaker_open(&s, sick_port),
-        1.0,
-        "the hung node's breaker is open"
-    );
+    // held calls return at once; the probe fails at its 250 ms deadline
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while breaker_open(&s, sick_port) != 1.0 {
+        assert!(
+            Instant::now() < deadline,
+            "the hung node's breaker never opened"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     healthy_keys_are_exact(&mut c, &cluster, &mut values, sick, "one primary hung").await;
     for &other in primaries.iter().filter(|&&p| p != sick) {
         assert_eq!(breaker_open(&s, cluster.nodes[other].port), 0.0);
@@ -331,11 +335,10 @@ async fn a_load_spike_on_a_healthy_cluster_keeps_limiting() {
     const REQUESTS: usize = 2000;
     const CALLERS: usize = 40;
     for round in 0..ROUNDS {
-        let timeouts_before = sample(
-            &s.metrics.render(),
-            "rls_store_errors_total{kind=\"timeout\"}",
-        )
-        .unwrap_or(0.0);
+        let before = s.metrics.render();
+        let count = |text: &str, kind: &str| {
+            sample(text, &format!("rls_store_errors_total{{kind=\"{kind}\"}}")).unwrap_or(0.0)
+        };
         let value = format!("round-{round}");
         let (sent, admitted) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
         let tasks: Vec<_> = (0..CALLERS)
@@ -357,33 +360,31 @@ async fn a_load_spike_on_a_healthy_cluster_keeps_limiting() {
             t.await.expect("caller");
         }
         let text = s.metrics.render();
-        let timeouts = sample(&text, "rls_store_errors_total{kind=\"timeout\"}").unwrap_or(0.0)
-            - timeouts_before;
+        let timeouts = count(&text, "timeout") - count(&before, "timeout");
+        // calls held while a suspect node's probe was out
+        let held = count(&text, "breaker_open") - count(&before, "breaker_open");
         let admitted = admitted.load(Ordering::SeqCst) as f64;
-        // A call past its timeout is answered by the (open) failure mode: it
-        // may admit one request over the burst; nothing else may.
+        // A call past its timeout, or held, is answered by the (open)
+        // failure mode: it may admit one request over the burst; nothing
+        // else may. A timed-out call may also have spent a token.
+        let by_mode = timeouts + held;
         assert!(
-            admitted <= BURST as f64 + timeouts,
-            "round {round}: admitted {admitted} > burst {BURST} + {timeouts} timed-out calls"
+            admitted <= BURST as f64 + by_mode,
+            "round {round}: admitted {admitted} > burst {BURST} + {timeouts} timed out + {held} held"
         );
         assert!(
             admitted >= BURST as f64 - timeouts,
             "round {round}: admitted {admitted} < burst {BURST} - {timeouts} timed-out calls"
         );
         assert!(
-            timeouts <= 100.0,
-            "round {round}: {timeouts} of {REQUESTS} calls timed out (the bound is 5 %)"
+            by_mode <= 100.0,
+            "round {round}: {timeouts} timed out and {held} held of {REQUESTS} calls (the bound is 5 %)"
         );
         assert!(
             !text
                 .lines()
                 .any(|l| l.starts_with("rls_store_breaker_open{") && l.ends_with(" 1")),
             "round {round}: a breaker opened under load:\n{text}"
-        );
-        assert_eq!(
-            sample(&text, "rls_store_errors_total{kind=\"breaker_open\"}").unwrap_or(0.0),
-            0.0,
-            "no call was answered by an open breaker"
         );
     }
 }

@@ -13,7 +13,11 @@
 //!   connection of its own, with a deadline of its own, [`Nodes::probe`])
 //!   is sent, and only a failed probe opens the breaker. A node that is slow
 //!   because of a load spike still answers a PING on an idle connection, so
-//!   the breaker stays closed and decisions stay exact;
+//!   the breaker stays closed and decisions stay exact. After [`OPEN_AFTER`]
+//!   timeouts in a row while the probe is out, the node's calls are *held*
+//!   (answered by the failure mode) until the probe answers: a busy node's
+//!   PING comes back within about a millisecond, a hung node's never does,
+//!   so a hung node costs a handful of timeouts, not a probe's worth;
 //! - while open, calls to that node fail at once ([`StoreError::BreakerOpen`]:
 //!   the rule's failure mode answers) and the node is probed every
 //!   [`PROBE_EVERY`]; the first passing probe closes it. No restart needed.
@@ -38,8 +42,6 @@ use crate::telemetry::Metrics;
 pub const OPEN_AFTER: u32 = 3;
 /// How often an open breaker probes its node.
 pub const PROBE_EVERY: Duration = Duration::from_millis(500);
-/// After a suspect node passed its probe, the least time before another.
-pub const PROBE_GAP: Duration = Duration::from_millis(100);
 
 /// What one store call to a node came to, as far as its health goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,6 +76,8 @@ pub enum Change {
 pub struct NodeBreaker {
     open: bool,
     connection_errors: u32,
+    /// Timeouts since the node last answered.
+    timeouts: u32,
     /// A probe task runs for this node.
     probing: bool,
 }
@@ -83,12 +87,19 @@ impl NodeBreaker {
         self.open
     }
 
+    /// Whether calls to the node are answered by the failure mode now:
+    /// open, or held while a suspect node's probe is out.
+    pub fn blocks(&self) -> bool {
+        self.open || (self.probing && self.timeouts >= OPEN_AFTER)
+    }
+
     /// Records a call's outcome. Returns (what changed, whether the caller
     /// must start the probe task).
     pub fn record(&mut self, outcome: CallOutcome) -> (Change, bool) {
         match outcome {
             CallOutcome::Answered => {
                 self.connection_errors = 0;
+                self.timeouts = 0;
                 (Change::None, false)
             }
             CallOutcome::Connection => {
@@ -100,7 +111,10 @@ impl NodeBreaker {
                     (Change::None, false)
                 }
             }
-            CallOutcome::Timeout if !self.open => (Change::None, self.start_probe()),
+            CallOutcome::Timeout if !self.open => {
+                self.timeouts += 1;
+                (Change::None, self.start_probe())
+            }
             CallOutcome::Timeout => (Change::None, false),
         }
     }
@@ -110,11 +124,21 @@ impl NodeBreaker {
     }
 
     /// A probe's result. Returns what changed and whether to probe again
-    /// (after [`PROBE_EVERY`]); when not, the probe task ends with
-    /// [`NodeBreaker::probe_done`].
+    /// (after [`PROBE_EVERY`]); when not, the probe task has ended.
     pub fn probed(&mut self, ok: bool) -> (Change, bool) {
+        let (change, again) = self.probe_result(ok);
+        if !again {
+            self.probing = false;
+        }
+        (change, again)
+    }
+
+    fn probe_result(&mut self, ok: bool) -> (Change, bool) {
         match (self.open, ok) {
-            (false, true) => (Change::None, false), // busy, not sick
+            (false, true) => {
+                self.timeouts = 0; // busy, not sick: held calls go through again
+                (Change::None, false)
+            }
             (false, false) => {
                 self.open = true;
                 (Change::Opened, true)
@@ -122,15 +146,11 @@ impl NodeBreaker {
             (true, true) => {
                 self.open = false;
                 self.connection_errors = 0;
+                self.timeouts = 0;
                 (Change::Closed, false)
             }
             (true, false) => (Change::None, true),
         }
-    }
-
-    /// The probe task ended; a later suspicion may start another.
-    pub fn probe_done(&mut self) {
-        self.probing = false;
     }
 }
 
@@ -151,10 +171,20 @@ pub trait Nodes: Send + Sync + 'static {
     fn describe(&self, node: &str) -> String;
 }
 
-/// One node's breaker and its open flag, read without the lock.
+/// One node's breaker and whether it blocks calls, read without the lock.
 struct Cell {
-    open: AtomicBool,
+    blocked: AtomicBool,
     state: Mutex<NodeBreaker>,
+}
+
+impl Cell {
+    /// Applies `f` to the state and republishes whether it blocks calls.
+    fn update<T>(&self, f: impl FnOnce(&mut NodeBreaker) -> T) -> T {
+        let mut state = self.state.lock();
+        let out = f(&mut state);
+        self.blocked.store(state.blocks(), Ordering::Release);
+        out
+    }
 }
 
 /// A store behind one breaker per node.
@@ -183,7 +213,7 @@ impl<S: Store + Nodes> Breakers<S> {
             .or_insert_with(|| {
                 self.metrics.node_seen(node);
                 Arc::new(Cell {
-                    open: AtomicBool::new(false),
+                    blocked: AtomicBool::new(false),
                     state: Mutex::new(NodeBreaker::default()),
                 })
             })
@@ -195,7 +225,7 @@ impl<S: Store + Nodes> Breakers<S> {
         self.cells
             .read()
             .get(node)
-            .is_some_and(|c| c.open.load(Ordering::Acquire))
+            .is_some_and(|c| c.state.lock().is_open())
     }
 
     /// The nodes whose breaker is open now.
@@ -204,18 +234,17 @@ impl<S: Store + Nodes> Breakers<S> {
             .cells
             .read()
             .iter()
-            .filter(|(_, c)| c.open.load(Ordering::Acquire))
+            .filter(|(_, c)| c.state.lock().is_open())
             .map(|(n, _)| n.to_string())
             .collect();
         open.sort();
         open
     }
 
-    fn apply(&self, node: &Arc<str>, cell: &Cell, change: Change) {
+    fn apply(&self, node: &Arc<str>, change: Change) {
         match change {
             Change::None => {}
             Change::Opened => {
-                cell.open.store(true, Ordering::Release);
                 self.metrics.breaker_open(node, true);
                 tracing::warn!(
                     node = %node,
@@ -224,7 +253,6 @@ impl<S: Store + Nodes> Breakers<S> {
                 );
             }
             Change::Closed => {
-                cell.open.store(false, Ordering::Release);
                 self.metrics.breaker_open(node, false);
                 tracing::info!(
                     node = %node,
@@ -244,14 +272,9 @@ impl<S: Store + Nodes> Breakers<S> {
         tokio::spawn(async move {
             loop {
                 let ok = this.inner.probe(&node).await.is_ok();
-                let (change, again) = cell.state.lock().probed(ok);
-                this.apply(&node, &cell, change);
+                let (change, again) = cell.update(|s| s.probed(ok));
+                this.apply(&node, change);
                 if !again {
-                    if change == Change::None {
-                        // a busy node passed: no new probe for a moment
-                        tokio::time::sleep(PROBE_GAP).await;
-                    }
-                    cell.state.lock().probe_done();
                     return;
                 }
                 if !this.inner.is_current(&node) {
@@ -280,8 +303,8 @@ impl<S: Store + Nodes> Pending<'_, S> {
         if outcome != CallOutcome::Answered {
             self.breakers.metrics.node_error(&self.node, outcome);
         }
-        let (change, probe) = self.cell.state.lock().record(outcome);
-        self.breakers.apply(&self.node, &self.cell, change);
+        let (change, probe) = self.cell.update(|s| s.record(outcome));
+        self.breakers.apply(&self.node, change);
         if probe {
             self.breakers
                 .spawn_probe(self.node.clone(), self.cell.clone());
@@ -306,7 +329,7 @@ impl<S: Store + Nodes> Store for Breakers<S> {
     ) -> Result<Vec<BucketOutcome>, StoreError> {
         let node = self.inner.node_of(descriptor);
         let cell = self.cell(&node);
-        if cell.open.load(Ordering::Acquire) {
+        if cell.blocked.load(Ordering::Acquire) {
             return Err(StoreError::BreakerOpen);
         }
         // A call cut short by the caller's deadline (this future dropped)

@@ -30,20 +30,39 @@ fn a_timeout_only_makes_the_node_suspect() {
         assert_eq!(b.record(CallOutcome::Timeout), (Change::None, false));
     }
     assert!(!b.is_open(), "a load spike is not an outage");
-    // the probe passes: busy, not sick; a later timeout may probe again
+    // the probe passes: busy, not sick; the next timeout probes again
     assert_eq!(b.probed(true), (Change::None, false));
-    assert!(!b.is_open());
-    assert_eq!(
-        b.record(CallOutcome::Timeout),
-        (Change::None, false),
-        "still probing"
-    );
-    b.probe_done();
+    assert!(!b.is_open() && !b.blocks());
     assert_eq!(b.record(CallOutcome::Timeout), (Change::None, true));
     // this time the probe fails: open, and probing goes on
     assert_eq!(b.probed(false), (Change::Opened, true));
-    assert!(b.is_open());
+    assert!(b.is_open() && b.blocks());
     assert_eq!(b.probed(true), (Change::Closed, false));
+    assert!(!b.blocks());
+}
+
+#[test]
+fn timeouts_in_a_row_hold_calls_until_the_probe_answers() {
+    let mut b = NodeBreaker::default();
+    b.record(CallOutcome::Timeout);
+    b.record(CallOutcome::Timeout);
+    assert!(!b.blocks(), "two timeouts: still calling");
+    b.record(CallOutcome::Answered);
+    b.record(CallOutcome::Timeout);
+    b.record(CallOutcome::Timeout);
+    assert!(!b.blocks(), "an answer in between starts the count again");
+    b.record(CallOutcome::Timeout);
+    assert!(b.blocks() && !b.is_open(), "held, not open");
+    // a busy node's probe answers: calls go through again
+    assert_eq!(b.probed(true), (Change::None, false));
+    assert!(!b.blocks());
+    // a hung node's does not: open
+    for _ in 0..OPEN_AFTER {
+        b.record(CallOutcome::Timeout);
+    }
+    assert!(b.blocks());
+    assert_eq!(b.probed(false), (Change::Opened, true));
+    assert!(b.is_open());
 }
 
 /// Two nodes, "a" and "b": descriptors whose tag starts with `a` live on
@@ -129,8 +148,9 @@ fn setup() -> (Arc<TwoNodes>, Breakers<TwoNodes>) {
 async fn a_hung_node_opens_only_its_own_breaker_and_closes_when_it_thaws() {
     let (inner, breakers) = setup();
     inner.hung[0].store(true, Ordering::SeqCst);
-    // node a hangs: calls time out until its probe fails (250 ms), then
-    // fail at once; node b decides throughout
+    // node a hangs: three calls time out, then its calls are held while
+    // the probe is out (250 ms) and fail at once when it fails; node b
+    // decides throughout
     let mut timeouts = 0;
     for _ in 0..100 {
         match breakers.decide(&on(b'a'), Cost::Spend(1)).await {
@@ -140,11 +160,9 @@ async fn a_hung_node_opens_only_its_own_breaker_and_closes_when_it_thaws() {
         }
         assert!(breakers.decide(&on(b'b'), Cost::Spend(1)).await.is_ok());
     }
+    tokio::time::sleep(Duration::from_millis(300)).await; // the probe fails
     assert!(breakers.is_open("a") && !breakers.is_open("b"));
-    assert!(
-        (20..=30).contains(&timeouts),
-        "a probe's deadline of 10 ms calls: {timeouts}"
-    );
+    assert_eq!(timeouts, OPEN_AFTER, "a handful of timeouts");
     assert_eq!(breakers.open_nodes(), ["a"]);
     assert_eq!(inner.calls[1].load(Ordering::SeqCst), 100);
     // thawed: the next probe (every 500 ms) closes it
@@ -241,7 +259,7 @@ async fn a_call_cut_short_by_the_callers_deadline_counts_as_a_timeout() {
             other => panic!("{other:?}"),
         }
     }
+    tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(breakers.is_open("a"), "the probe ran and failed");
-    // cut calls until the probe's 250 ms deadline, then answered at once
-    assert!((240..=260).contains(&cut), "{cut}");
+    assert_eq!(cut, OPEN_AFTER, "three cut calls, then held, then open");
 }
