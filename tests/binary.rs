@@ -21,6 +21,32 @@ fn start() -> (ChildGuard, u16) {
     (ChildGuard(child), admin)
 }
 
+/// Starts the server on `config/` with `args` (RUST_LOG unset), waits until
+/// it serves, stops it with SIGTERM, and returns what it wrote to stderr.
+fn stderr_of_a_run(args: &[&str]) -> String {
+    let (grpc, admin) = (free_port(), free_port());
+    let mut child = ChildGuard(
+        Command::new(env!("CARGO_BIN_EXE_tokenbucket-rls"))
+            .env("RLS_CONFIG", concat!(env!("CARGO_MANIFEST_DIR"), "/config"))
+            .env_remove("RUST_LOG")
+            .args(["--grpc-addr", &format!("127.0.0.1:{grpc}")])
+            .args(["--admin-addr", &format!("127.0.0.1:{admin}")])
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start"),
+    );
+    wait_ready(admin);
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.0.id().to_string()])
+        .status();
+    let out = std::mem::replace(&mut child.0, Command::new("true").spawn().expect("true"))
+        .wait_with_output()
+        .expect("output");
+    String::from_utf8_lossy(&out.stderr).to_string()
+}
+
 fn wait_ready(admin: u16) {
     let deadline = Instant::now() + Duration::from_secs(30);
     while std::net::TcpStream::connect(("127.0.0.1", admin)).is_err() {
@@ -80,26 +106,7 @@ fn invalid_rules_stop_the_start_with_the_errors() {
 
 #[test]
 fn json_logs_start_with_version_store_and_generation() {
-    let (grpc, admin) = (free_port(), free_port());
-    let mut child = ChildGuard(
-        Command::new(env!("CARGO_BIN_EXE_tokenbucket-rls"))
-            .env("RLS_CONFIG", concat!(env!("CARGO_MANIFEST_DIR"), "/config"))
-            .args(["--grpc-addr", &format!("127.0.0.1:{grpc}")])
-            .args(["--admin-addr", &format!("127.0.0.1:{admin}")])
-            .args(["--log-format", "json"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start"),
-    );
-    wait_ready(admin);
-    let _ = Command::new("kill")
-        .args(["-TERM", &child.0.id().to_string()])
-        .status();
-    let out = std::mem::replace(&mut child.0, Command::new("true").spawn().expect("true"))
-        .wait_with_output()
-        .expect("output");
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = stderr_of_a_run(&["--log-format", "json"]);
     let first: serde_json::Value =
         serde_json::from_str(stderr.lines().next().expect("a log line")).expect("JSON log line");
     let fields = &first["fields"];
@@ -147,26 +154,7 @@ fn an_empty_rules_file_is_rejected_alike_by_check_config_and_start() {
 
 #[test]
 fn text_logs_written_to_a_pipe_carry_no_colour_codes() {
-    let (grpc, admin) = (free_port(), free_port());
-    let mut child = ChildGuard(
-        Command::new(env!("CARGO_BIN_EXE_tokenbucket-rls"))
-            .env("RLS_CONFIG", concat!(env!("CARGO_MANIFEST_DIR"), "/config"))
-            .env_remove("RUST_LOG")
-            .args(["--grpc-addr", &format!("127.0.0.1:{grpc}")])
-            .args(["--admin-addr", &format!("127.0.0.1:{admin}")])
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start"),
-    );
-    wait_ready(admin);
-    let _ = Command::new("kill")
-        .args(["-TERM", &child.0.id().to_string()])
-        .status();
-    let out = std::mem::replace(&mut child.0, Command::new("true").spawn().expect("true"))
-        .wait_with_output()
-        .expect("output");
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = stderr_of_a_run(&[]);
     assert!(stderr.contains("tokenbucket-rls serving"), "{stderr}");
     assert!(
         !stderr.contains('\x1b'),

@@ -238,17 +238,8 @@ fn assert_ttl(case: &str, params: &BucketParams, tokens: f64, ttl: i64) {
     }
 }
 
-async fn server_now(client: &Client) -> i64 {
-    let t: Vec<String> = client
-        .custom(fred::cmd!("TIME"), Vec::<String>::new())
-        .await
-        .expect("TIME");
-    t[0].parse::<i64>().expect("secs") * SEC + t[1].parse::<i64>().expect("micros")
-}
-
-#[tokio::test]
-async fn lua_and_rust_give_the_same_answers() {
-    let redis = RedisServer::standalone();
+/// The store under test and a raw client, both on `redis`.
+async fn store_and_client(redis: &RedisServer) -> (RedisStore, Client) {
     let store = RedisStore::connect(&RedisSettings {
         url: redis.url(),
         timeout: std::time::Duration::from_secs(2),
@@ -262,6 +253,21 @@ async fn lua_and_rust_give_the_same_answers() {
         .build()
         .expect("client");
     client.init().await.expect("raw client connects");
+    (store, client)
+}
+
+async fn server_now(client: &Client) -> i64 {
+    let t: Vec<String> = client
+        .custom(fred::cmd!("TIME"), Vec::<String>::new())
+        .await
+        .expect("TIME");
+    t[0].parse::<i64>().expect("secs") * SEC + t[1].parse::<i64>().expect("micros")
+}
+
+#[tokio::test]
+async fn lua_and_rust_give_the_same_answers() {
+    let redis = RedisServer::standalone();
+    let (store, client) = store_and_client(&redis).await;
 
     for (n, case) in cases().into_iter().enumerate() {
         let tag = format!("case-{n}").into_bytes();
@@ -354,19 +360,7 @@ async fn lua_and_rust_give_the_same_answers() {
 #[tokio::test]
 async fn a_lowered_rate_lengthens_the_ttl_at_the_next_decision() {
     let redis = RedisServer::standalone();
-    let store = RedisStore::connect(&RedisSettings {
-        url: redis.url(),
-        timeout: std::time::Duration::from_secs(2),
-        pool_size: 1,
-        ca_file: None,
-        client_cert: None,
-    })
-    .await
-    .expect("connect");
-    let client = Builder::from_config(Config::from_url(&redis.url()).expect("url"))
-        .build()
-        .expect("client");
-    client.init().await.expect("raw client connects");
+    let (store, client) = store_and_client(&redis).await;
     let descriptor = |unit_secs| DescriptorBuckets {
         tag: b"lowered".to_vec(),
         buckets: vec![BucketRef {

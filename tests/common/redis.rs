@@ -293,23 +293,8 @@ impl RedisCluster {
 
     /// The node that owns `slot` as primary.
     pub fn owner_of_slot(&self, slot: u16) -> usize {
-        for i in self.primaries() {
-            let id = self.node_id(i);
-            let nodes = self.nodes[i].cli(&["CLUSTER", "NODES"]);
-            for line in nodes.lines().filter(|l| l.starts_with(&id)) {
-                for range in line.split_whitespace().skip(8) {
-                    let (lo, hi) = match range.split_once('-') {
-                        Some((a, b)) => (a.parse::<u16>(), b.parse::<u16>()),
-                        None => (range.parse::<u16>(), range.parse::<u16>()),
-                    };
-                    if let (Ok(lo), Ok(hi)) = (lo, hi) {
-                        if (lo..=hi).contains(&slot) {
-                            return i;
-                        }
-                    }
-                }
-            }
-        }
-        panic!("no primary owns slot {slot}");
+        let owner = self.slot_owners()[usize::from(slot)];
+        assert_ne!(owner, usize::MAX, "no primary owns slot {slot}");
+        owner
     }
 }
