@@ -503,3 +503,78 @@ async fn every_change_is_applied_within_2s_while_neighbours_keep_writing() {
         "the neighbours wrote throughout: {writes} writes"
     );
 }
+
+/// A log writer the test can read back.
+#[derive(Clone, Default)]
+struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().expect("log buffer").extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Captured {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().expect("log buffer")).to_string()
+    }
+}
+
+/// After a rejected change, putting the good file back is said in the log,
+/// so that the last line is not still the error.
+#[tokio::test]
+async fn a_good_file_put_back_after_a_rejection_is_logged() {
+    let logs = Captured::default();
+    let writer = logs.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let _logging = tracing::subscriber::set_default(subscriber);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("r.yaml");
+    write(&file, &rules("d", 5));
+    let s = serve(dir.path()).await;
+    write(
+        &file,
+        "domain: d\ndescriptors:\n  - key: k\n    ratelimit: {}\n",
+    );
+    assert_eq!(s.server.reloader.reload(false), ReloadOutcome::Rejected);
+    assert!(
+        logs.text().contains("rules change rejected"),
+        "{}",
+        logs.text()
+    );
+    write(&file, &rules("d", 5));
+    assert_eq!(s.server.reloader.reload(false), ReloadOutcome::Unchanged);
+    let text = logs.text();
+    let last = text.lines().last().unwrap_or_default();
+    assert!(
+        last.contains("rules on disk are valid again, the same as the rules being served"),
+        "{text}"
+    );
+    // and a different good file after a rejection is a reload that says so
+    write(
+        &file,
+        "domain: d\ndescriptors:\n  - key: k\n    ratelimit: {}\n",
+    );
+    assert_eq!(s.server.reloader.reload(false), ReloadOutcome::Rejected);
+    write(&file, &rules("d", 6));
+    assert!(matches!(
+        s.server.reloader.reload(false),
+        ReloadOutcome::Applied { .. }
+    ));
+    assert!(
+        logs.text()
+            .lines()
+            .last()
+            .unwrap_or_default()
+            .contains("rules on disk are valid again; reloaded"),
+        "{}",
+        logs.text()
+    );
+}
