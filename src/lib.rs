@@ -3,9 +3,12 @@
 //! The request path reads top to bottom: [`service`] (gRPC, request checks,
 //! the answer) → [`rules`] (which rule a descriptor reaches) → [`limiter`]
 //! (bucket math, decisions, failure policy) → [`store`] (where bucket state
-//! lives). [`admin`], [`health`], [`telemetry`] and [`server`] sit beside it.
+//! lives). [`bucket`], the token-bucket arithmetic that rules, limiter and
+//! stores all use, sits at the bottom. [`admin`], [`health`], [`telemetry`]
+//! and [`server`] sit beside the path.
 
 pub mod admin;
+pub mod bucket;
 pub mod cli;
 pub mod clock;
 pub mod health;

@@ -1,5 +1,5 @@
 //! One table of token-bucket cases, run against both copies of the
-//! arithmetic: the Rust one (`limiter::bucket`, used by the memory store) and
+//! arithmetic: the Rust one (`src/bucket.rs`, used by the memory store) and
 //! the Lua one (`store/redis/bucket.lua`) on a real `redis-server`. Each case
 //! writes a bucket state into Redis relative to the server's clock, decides,
 //! and compares every field of the outcome with the Rust answer for the same
@@ -12,7 +12,7 @@ mod common;
 
 use common::redis::RedisServer;
 use fred::prelude::*;
-use tokenbucket_rls::limiter::bucket::{self, BucketParams, BucketState, Cost};
+use tokenbucket_rls::bucket::{self, BucketParams, BucketState, Cost};
 use tokenbucket_rls::store::redis::{redis_key, tag_hash, RedisSettings, RedisStore};
 use tokenbucket_rls::store::{BucketRef, DescriptorBuckets, Store};
 

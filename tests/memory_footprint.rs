@@ -3,8 +3,8 @@
 //! one of them is dropped once it has refilled. Its own test binary, so that
 //! the resident-set reading sees only this test's allocations.
 
+use tokenbucket_rls::bucket::{BucketParams, Cost};
 use tokenbucket_rls::clock::ManualClock;
-use tokenbucket_rls::limiter::bucket::{BucketParams, Cost};
 use tokenbucket_rls::limiter::key::{bucket_key, descriptor_tag, KeyOrigin};
 use tokenbucket_rls::rules::BucketValue;
 use tokenbucket_rls::store::memory::MemoryStore;

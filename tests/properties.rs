@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 
 use proptest::prelude::*;
-use tokenbucket_rls::limiter::bucket::{decide, BucketParams, BucketState, Cost};
+use tokenbucket_rls::bucket::{decide, BucketParams, BucketState, Cost};
 use tokenbucket_rls::limiter::key::{bucket_key, descriptor_tag, KeyOrigin};
 use tokenbucket_rls::rules::BucketValue;
 

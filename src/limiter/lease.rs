@@ -49,7 +49,7 @@ use parking_lot::Mutex;
 use tokio::sync::Notify;
 use tracing::Instrument;
 
-use super::bucket::{BucketOutcome, Cost};
+use crate::bucket::{BucketOutcome, Cost};
 use crate::clock::Clock;
 use crate::rules::LeaseConfig;
 use crate::store::{DescriptorBuckets, Store, StoreError};

@@ -6,7 +6,6 @@
 //! outcomes into a [`Decision`]. When the store fails, the rule's
 //! [`FailureMode`] answers instead.
 
-pub mod bucket;
 pub mod key;
 pub mod lease;
 
@@ -18,6 +17,7 @@ use std::time::Instant;
 use futures::future::join_all;
 use tracing::Instrument;
 
+use crate::bucket::{BucketOutcome, BucketParams, Cost};
 use crate::clock::MonotonicClock;
 use crate::rules::{
     BucketValue, DescriptorEntry, FailureMode, Limit, Rule, RuleAction, RuleSet, Unit,
@@ -26,7 +26,6 @@ use crate::store::memory::MemoryStore;
 use crate::store::{BucketRef, DescriptorBuckets, Store, StoreError};
 use crate::telemetry::tracing::SPAN_TARGET;
 use crate::telemetry::Metrics;
-use bucket::{BucketOutcome, BucketParams, Cost};
 use key::KeyOrigin;
 use lease::Leases;
 

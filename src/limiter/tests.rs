@@ -337,10 +337,10 @@ async fn a_huge_cost_is_over_capacity_not_wrapped() {
         assert_eq!(d[0].verdict, Verdict::OverLimit, "{hits}");
         assert_eq!((d[0].remaining, d[0].reset_secs), (5, None), "{hits}");
     }
-    assert_eq!(Cost::Spend(u64::MAX).needed(), bucket::MAX_COST);
+    assert_eq!(Cost::Spend(u64::MAX).needed(), crate::bucket::MAX_COST);
     assert_eq!(
         Cost::Refund(u64::MAX).deducted(),
-        -(bucket::MAX_COST as i64)
+        -(crate::bucket::MAX_COST as i64)
     );
 }
 

@@ -14,7 +14,7 @@ use serde::Serialize;
 
 use super::unit::{FailureMode, Unit};
 use super::wildcard::Wildcard;
-use crate::limiter::bucket::BucketParams;
+use crate::bucket::BucketParams;
 
 /// What a descriptor path leads to.
 #[derive(Debug, Serialize)]

@@ -6,7 +6,7 @@
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 
-use crate::limiter::bucket::Cost;
+use crate::bucket::Cost;
 use crate::limiter::DescriptorInput;
 use crate::rules::{DescriptorEntry, Unit};
 

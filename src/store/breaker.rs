@@ -35,7 +35,7 @@ use async_trait::async_trait;
 use parking_lot::{Mutex, RwLock};
 
 use super::{DescriptorBuckets, Store, StoreError};
-use crate::limiter::bucket::{BucketOutcome, Cost};
+use crate::bucket::{BucketOutcome, Cost};
 use crate::telemetry::Metrics;
 
 /// Consecutive connection failures that open a node's breaker.

@@ -16,8 +16,8 @@ use async_trait::async_trait;
 use parking_lot::Mutex;
 
 use super::{DescriptorBuckets, Store, StoreError};
+use crate::bucket::{self, BucketOutcome, BucketState, Cost};
 use crate::clock::Clock;
-use crate::limiter::bucket::{self, BucketOutcome, BucketState, Cost};
 
 /// A bucket's state plus when it will be full again (and can be forgotten).
 #[derive(Debug, Clone, Copy)]
@@ -156,8 +156,8 @@ impl<C: Clock> Store for MemoryStore<C> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::bucket::BucketParams;
     use crate::clock::ManualClock;
-    use crate::limiter::bucket::BucketParams;
     use crate::store::BucketRef;
 
     fn descriptor(key: &str, capacity: u64, rate: u64) -> DescriptorBuckets {

@@ -1,6 +1,6 @@
 //! Where bucket state lives. A [`Store`] decides one descriptor's buckets
 //! atomically: it reads their state, applies the bucket math of
-//! [`crate::limiter::bucket`], and writes the result, with no other decision on
+//! [`crate::bucket`], and writes the result, with no other decision on
 //! those buckets in between.
 
 pub mod breaker;
@@ -9,7 +9,7 @@ pub mod redis;
 
 use async_trait::async_trait;
 
-use crate::limiter::bucket::{BucketOutcome, BucketParams, Cost};
+use crate::bucket::{BucketOutcome, BucketParams, Cost};
 
 /// One bucket of a descriptor: its store key and its parameters.
 #[derive(Debug, Clone)]

@@ -6,8 +6,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use async_trait::async_trait;
 
 use super::*;
+use crate::bucket::BucketParams;
 use crate::clock::ManualClock;
-use crate::limiter::bucket::BucketParams;
 use crate::store::memory::MemoryStore;
 use crate::store::BucketRef;
 

@@ -1,6 +1,6 @@
 -- tokenbucket-rls: decide one descriptor's token buckets atomically.
 --
--- The Lua copy of src/limiter/bucket.rs; tests/bucket_cases.rs checks that
+-- The Lua copy of src/bucket.rs; tests/bucket_cases.rs checks that
 -- both give the same answers. Keep the expressions in the same order.
 --
 -- KEYS[i]  one hash per bucket: t = tokens (float), u = last update (µs)

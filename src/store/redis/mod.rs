@@ -24,7 +24,7 @@ use parking_lot::RwLock;
 
 use super::breaker::Nodes;
 use super::{DescriptorBuckets, Store, StoreError};
-use crate::limiter::bucket::{BucketOutcome, Cost, NeverReason};
+use crate::bucket::{BucketOutcome, Cost, NeverReason};
 
 /// The decision script, kept in its own file.
 pub const SCRIPT: &str = include_str!("bucket.lua");
