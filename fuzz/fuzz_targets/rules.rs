@@ -12,7 +12,6 @@ fuzz_target!(|data: &[u8]| {
     let text = String::from_utf8_lossy(data).into_owned();
     let opts = LoadOptions {
         merge_domains: data.first().is_some_and(|b| b & 1 == 1),
-        allow_empty_files: true,
     };
     match load_sources(vec![(PathBuf::from("fuzz.yaml"), text.clone())], opts) {
         Ok(rules) => {
