@@ -252,3 +252,25 @@ async fn store_calls_in_flight_are_bounded() {
     assert_eq!(metric(&s, "rls_store_errors_total{kind=\"timeout\"}"), 4.0);
     redis.signal("-CONT");
 }
+
+/// The caller's deadline (`grpc-timeout`, Envoy's filter timeout) caps the
+/// store call: with Redis frozen and a 500 ms store timeout, a call with a
+/// 100 ms deadline is answered by the rule's failure mode in time, not by
+/// DEADLINE_EXCEEDED.
+#[tokio::test]
+async fn the_callers_deadline_caps_the_store_call() {
+    let redis = RedisServer::standalone();
+    let dir = rules_dir(RULES);
+    let (s, mut c) = start(&redis.url(), &dir, 500).await;
+    assert!(from_store(&call(&mut c, "a").await));
+    redis.signal("-STOP");
+    let mut req = tonic::Request::new(request("d", vec![descriptor(&[("k", "a")])]));
+    req.set_timeout(Duration::from_millis(100));
+    // Without the cap the call would wait the store's 500 ms and the
+    // client's own 100 ms timeout would fail it.
+    let r = c.should_rate_limit(req).await;
+    redis.signal("-CONT");
+    let r = r.expect("answered before the deadline").into_inner();
+    assert!(!from_store(&r), "answered by the open failure mode");
+    assert_eq!(metric(&s, "rls_failure_policy_total{mode=\"open\"}"), 1.0);
+}
