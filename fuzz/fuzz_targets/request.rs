@@ -41,7 +41,7 @@ fuzz_target!(|data: &[u8]| {
     };
     let (service, store) = service();
     let before = store.len();
-    match futures::executor::block_on(service.should_rate_limit(&request)) {
+    match futures::executor::block_on(service.should_rate_limit(&request, None)) {
         Ok(response) => assert_eq!(response.statuses.len(), request.descriptors.len()),
         Err(status) => {
             assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
