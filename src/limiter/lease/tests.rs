@@ -67,17 +67,7 @@ fn instance(clock: &ManualClock, store: &Arc<Shared>) -> Arc<Leases<ManualClock>
 
 /// A bucket of `capacity` that refills one token a day.
 fn hot(capacity: u64) -> DescriptorBuckets {
-    DescriptorBuckets {
-        tag: b"hot".to_vec(),
-        buckets: vec![BucketRef {
-            key: b"hot#0".to_vec(),
-            params: BucketParams {
-                capacity,
-                tokens_per_unit: 1,
-                unit_secs: 86_400,
-            },
-        }],
-    }
+    bucket(capacity, 1, 86_400)
 }
 
 fn config(size: u64) -> LeaseConfig {
