@@ -116,14 +116,7 @@ struct Values {
 }
 
 impl Values {
-    fn pick(
-        &mut self,
-        _: &RedisCluster,
-        key: &str,
-        on: usize,
-        want_on: bool,
-        n: usize,
-    ) -> Vec<String> {
+    fn pick(&mut self, key: &str, on: usize, want_on: bool, n: usize) -> Vec<String> {
         let mut out = Vec::new();
         while out.len() < n {
             self.next += 1;
@@ -162,13 +155,12 @@ const EXACT: [Answer; 6] = [
 /// Keys on the healthy primaries decide exactly.
 async fn healthy_keys_are_exact(
     c: &mut RateLimitServiceClient<Channel>,
-    cluster: &RedisCluster,
     values: &mut Values,
     sick: usize,
     when: &str,
 ) {
     for key in ["open_k", "closed_k", "local_k"] {
-        for v in values.pick(cluster, key, sick, false, 2) {
+        for v in values.pick(key, sick, false, 2) {
             assert_eq!(
                 calls(c, key, &v, 6).await,
                 EXACT,
@@ -181,28 +173,44 @@ async fn healthy_keys_are_exact(
 /// Keys on the sick primary answer by their failure mode.
 async fn sick_keys_answer_by_their_mode(
     c: &mut RateLimitServiceClient<Channel>,
-    cluster: &RedisCluster,
     values: &mut Values,
     sick: usize,
     when: &str,
 ) {
-    for v in values.pick(cluster, "open_k", sick, true, 2) {
+    for v in values.pick("open_k", sick, true, 2) {
         assert_eq!(
             calls(c, "open_k", &v, 6).await,
             [Answer::OkWithoutLimit; 6],
             "{when}: open"
         );
     }
-    for v in values.pick(cluster, "closed_k", sick, true, 2) {
+    for v in values.pick("closed_k", sick, true, 2) {
         assert_eq!(
             calls(c, "closed_k", &v, 3).await,
             [Answer::Failed; 3],
             "{when}: closed"
         );
     }
-    for v in values.pick(cluster, "local_k", sick, true, 2) {
+    for v in values.pick("local_k", sick, true, 2) {
         // a fresh local bucket of B/N = 4 (one instance)
         assert_eq!(calls(c, "local_k", &v, 6).await, EXACT, "{when}: local");
+    }
+}
+
+/// Waits (`secs` at most) until a fresh key on node `sick` is decided by
+/// Redis again.
+async fn until_redis_decides(
+    c: &mut RateLimitServiceClient<Channel>,
+    values: &mut Values,
+    sick: usize,
+    secs: u64,
+    what: &str,
+) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    let v = values.pick("open_k", sick, true, 1).remove(0);
+    while call(c, "open_k", &v).await != Answer::Ok {
+        assert!(Instant::now() < deadline, "{what} never decided again");
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
@@ -219,11 +227,11 @@ async fn one_sick_primary_affects_only_its_own_keys() {
     let primaries = cluster.primaries();
     let sick = primaries[0];
     let sick_port = cluster.nodes[sick].port;
-    healthy_keys_are_exact(&mut c, &cluster, &mut values, sick, "all healthy").await;
+    healthy_keys_are_exact(&mut c, &mut values, sick, "all healthy").await;
 
     // Hung: the node's breaker opens, its keys answer by their mode.
     cluster.nodes[sick].signal("-STOP");
-    sick_keys_answer_by_their_mode(&mut c, &cluster, &mut values, sick, "hung").await;
+    sick_keys_answer_by_their_mode(&mut c, &mut values, sick, "hung").await;
     // held calls return at once; the probe fails at its 250 ms deadline
     let deadline = Instant::now() + Duration::from_secs(3);
     while breaker_open(&s, sick_port) != 1.0 {
@@ -233,7 +241,7 @@ async fn one_sick_primary_affects_only_its_own_keys() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    healthy_keys_are_exact(&mut c, &cluster, &mut values, sick, "one primary hung").await;
+    healthy_keys_are_exact(&mut c, &mut values, sick, "one primary hung").await;
     for &other in primaries.iter().filter(|&&p| p != sick) {
         assert_eq!(breaker_open(&s, cluster.nodes[other].port), 0.0);
     }
@@ -249,15 +257,7 @@ async fn one_sick_primary_affects_only_its_own_keys() {
 
     // Thawed: decided by Redis again, without a restart.
     cluster.nodes[sick].signal("-CONT");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let v = values.pick(&cluster, "open_k", sick, true, 1).remove(0);
-    while call(&mut c, "open_k", &v).await != Answer::Ok {
-        assert!(
-            Instant::now() < deadline,
-            "the thawed node never decided again"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    until_redis_decides(&mut c, &mut values, sick, 10, "the thawed node").await;
     assert_eq!(breaker_open(&s, sick_port), 0.0);
 
     // Killed: its keys answer by their mode until the replica takes over,
@@ -266,15 +266,7 @@ async fn one_sick_primary_affects_only_its_own_keys() {
     // Redis client reconnects all of a cluster's connections together, and
     // that fails while the dead node is still listed; see the README.)
     cluster.nodes[sick].kill();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let v = values.pick(&cluster, "open_k", sick, true, 1).remove(0);
-    while call(&mut c, "open_k", &v).await != Answer::Ok {
-        assert!(
-            Instant::now() < deadline,
-            "the failed-over slots never decided again"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    until_redis_decides(&mut c, &mut values, sick, 30, "the failed-over slots").await;
     // every connection of the client back (the readiness body says so)
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
@@ -293,7 +285,7 @@ async fn one_sick_primary_affects_only_its_own_keys() {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    healthy_keys_are_exact(&mut c, &cluster, &mut values, sick, "after the failover").await;
+    healthy_keys_are_exact(&mut c, &mut values, sick, "after the failover").await;
 }
 
 /// CPU-bound processes beside the test, killed when dropped.

@@ -480,13 +480,6 @@ impl Store for RedisStore {
     }
 }
 
-impl RedisStore {
-    /// The routing snapshot (tests: which node owns a descriptor).
-    pub fn routing(&self) -> Arc<Routing> {
-        self.routing.read().clone()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
