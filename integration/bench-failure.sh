@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Decision latency when Redis is healthy, when one primary is hung (SIGSTOP:
-# its keys answer by their failure mode, the others' by Redis), when every node
+# its keys answer by their failure mode, the others' by Redis), when one is
+# killed (its replica takes over within the phase), when every node
 # is hung, and when every node is dead: rls-bench in open loop at a fixed rate
 # against one instance on a local Redis Cluster, with --redis-timeout 10ms (as
 # in the first recorded table; the default is 50ms) and rules that fail open.
@@ -39,9 +40,16 @@ kill -CONT "$(cat "$work/cluster/$primary/redis.pid")"
 open_after=$(metric 'rls_failure_policy_total{mode="open"}')
 echo "  one primary ($primary) hung: $(python3 -c "print(int(float('$open_after') - float('$open_before')))") decisions by the failure mode, the rest by Redis"
 sleep 2
-for p in $(seq 7401 7406); do kill -STOP "$(cat "$work/cluster/$p/redis.pid")"; done
+primary=$(for p in $(seq 7401 7406); do redis-cli -p "$p" role | head -n 1 | grep -q master && echo "$p" && break; done)
+kill -KILL "$(cat "$work/cluster/$primary/redis.pid")"
+run "1 killed"
+open_before=$open_after
+open_after=$(metric 'rls_failure_policy_total{mode="open"}')
+echo "  one primary ($primary) killed: $(python3 -c "print(int(float('$open_after') - float('$open_before')))") decisions by the failure mode, the rest by Redis"
+sleep 2
+for p in $(seq 7401 7406); do kill -STOP "$(cat "$work/cluster/$p/redis.pid")" 2>/dev/null || true; done
 run "hung   "
-for p in $(seq 7401 7406); do kill -CONT "$(cat "$work/cluster/$p/redis.pid")"; done
+for p in $(seq 7401 7406); do kill -CONT "$(cat "$work/cluster/$p/redis.pid")" 2>/dev/null || true; done
 sleep 2
 integration/redis-cluster.sh stop "$work/cluster" 7401
 sleep 1

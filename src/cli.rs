@@ -73,7 +73,7 @@ pub struct ServeArgs {
     /// PEM private key of --redis-client-cert.
     #[arg(long, env = "RLS_REDIS_CLIENT_KEY", requires = "redis_client_cert")]
     pub redis_client_key: Option<PathBuf>,
-    /// Redis connections shared by all requests (each pipelines many calls).
+    /// Redis connections to each primary, shared by all requests (each pipelines many calls).
     #[arg(long, env = "RLS_REDIS_POOL_SIZE", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=256))]
     pub redis_pool_size: u32,
     /// Store calls in flight at once; past it a call fails at once ("overloaded")

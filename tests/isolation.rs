@@ -1,8 +1,8 @@
 //! Failure isolation on a real 3+3 Redis Cluster, with the service's default
 //! flags: one hung primary affects only the descriptors whose slots it owns,
 //! each answered by its rule's failure mode, while the other primaries keep
-//! exact decisions; after it is killed and its replica takes over, every key
-//! is decided by Redis again; a load spike on a healthy cluster with
+//! exact decisions, and so again after it is killed (until its replica
+//! takes over, when every key is decided by Redis again); a load spike on a healthy cluster with
 //! CPU-bound neighbours does not switch limiting off.
 
 mod common;
@@ -143,6 +143,18 @@ fn breaker_open(s: &RunningServer, port: u16) -> f64 {
     .unwrap_or(0.0)
 }
 
+/// Waits (3 s at most) until the breaker of the node on `port` is open.
+async fn until_breaker_opens(s: &RunningServer, port: u16, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while breaker_open(s, port) != 1.0 {
+        assert!(
+            Instant::now() < deadline,
+            "the {what} node's breaker never opened"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 const EXACT: [Answer; 6] = [
     Answer::Ok,
     Answer::Ok,
@@ -233,14 +245,7 @@ async fn one_sick_primary_affects_only_its_own_keys() {
     cluster.nodes[sick].signal("-STOP");
     sick_keys_answer_by_their_mode(&mut c, &mut values, sick, "hung").await;
     // held calls return at once; the probe fails at its 250 ms deadline
-    let deadline = Instant::now() + Duration::from_secs(3);
-    while breaker_open(&s, sick_port) != 1.0 {
-        assert!(
-            Instant::now() < deadline,
-            "the hung node's breaker never opened"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until_breaker_opens(&s, sick_port, "hung").await;
     healthy_keys_are_exact(&mut c, &mut values, sick, "one primary hung").await;
     for &other in primaries.iter().filter(|&&p| p != sick) {
         assert_eq!(breaker_open(&s, cluster.nodes[other].port), 0.0);
@@ -260,12 +265,23 @@ async fn one_sick_primary_affects_only_its_own_keys() {
     until_redis_decides(&mut c, &mut values, sick, 10, "the thawed node").await;
     assert_eq!(breaker_open(&s, sick_port), 0.0);
 
-    // Killed: its keys answer by their mode until the replica takes over,
-    // then Redis decides them again, and so do the others. (Until the
-    // failover the other primaries' keys may fall to their mode too: the
-    // Redis client reconnects all of a cluster's connections together, and
-    // that fails while the dead node is still listed; see the README.)
+    // Killed, and no failover yet (its replica is told to wait; the other
+    // primaries keep serving their slots): its keys answer by their mode,
+    // the other primaries' keys stay exact.
+    cluster.config_set_all("cluster-require-full-coverage", "no");
+    let replica = cluster.replica_of(sick);
+    let out = cluster.nodes[replica].cli(&["CONFIG", "SET", "cluster-replica-no-failover", "yes"]);
+    assert!(out.contains("OK"), "{out}");
     cluster.nodes[sick].kill();
+    sick_keys_answer_by_their_mode(&mut c, &mut values, sick, "killed").await;
+    until_breaker_opens(&s, sick_port, "killed").await;
+    healthy_keys_are_exact(&mut c, &mut values, sick, "one primary killed").await;
+    sick_keys_answer_by_their_mode(&mut c, &mut values, sick, "still killed").await;
+    healthy_keys_are_exact(&mut c, &mut values, sick, "one primary still killed").await;
+
+    // Its replica takes over: Redis decides those keys again, and the others.
+    let out = cluster.nodes[replica].cli(&["CLUSTER", "FAILOVER", "TAKEOVER"]);
+    assert!(out.contains("OK"), "{out}");
     until_redis_decides(&mut c, &mut values, sick, 30, "the failed-over slots").await;
     // every connection of the client back (the readiness body says so)
     let deadline = Instant::now() + Duration::from_secs(30);

@@ -264,6 +264,25 @@ impl RedisCluster {
             .expect("another primary")
     }
 
+    /// The replica of primary `i`.
+    pub fn replica_of(&self, i: usize) -> usize {
+        let port = format!("master_port:{}", self.nodes[i].port);
+        (0..self.nodes.len())
+            .find(|&r| {
+                self.nodes[r].guard.is_some()
+                    && self.nodes[r].cli(&["INFO", "replication"]).contains(&port)
+            })
+            .expect("a replica")
+    }
+
+    /// Sets a configuration value on every live node.
+    pub fn config_set_all(&self, name: &str, value: &str) {
+        for n in self.live() {
+            let out = n.cli(&["CONFIG", "SET", name, value]);
+            assert!(out.contains("OK"), "CONFIG SET {name} {value}: {out}");
+        }
+    }
+
     /// The cluster node id of node `i`.
     pub fn node_id(&self, i: usize) -> String {
         self.nodes[i].cli(&["CLUSTER", "MYID"]).trim().to_string()

@@ -9,6 +9,7 @@
 //! timed out or lost its connection is never re-sent, since it may have
 //! deducted: the caller's failure policy answers instead.
 
+pub mod nodes;
 pub mod url;
 
 use std::path::PathBuf;
@@ -19,9 +20,10 @@ use async_trait::async_trait;
 use fred::bytes::Bytes;
 use fred::error::{Error as RedisError, ErrorKind};
 use fred::prelude::*;
-use fred::types::config::{Options, ReconnectPolicy};
+use fred::types::config::{Options, ServerConfig};
 use parking_lot::RwLock;
 
+use self::nodes::{ClientRecipe, NodeClients, Routing};
 use super::breaker::Nodes;
 use super::{DescriptorBuckets, Store, StoreError};
 use crate::bucket::{BucketOutcome, Cost, NeverReason};
@@ -39,7 +41,7 @@ pub struct RedisSettings {
     pub url: String,
     /// Per decision; must stay below Envoy's rate-limit filter timeout.
     pub timeout: Duration,
-    /// Connections (clients) shared by all requests; each pipelines.
+    /// Connections (clients) to each primary, shared by all requests; each pipelines.
     pub pool_size: usize,
     /// For `rediss://`: the CA that signed the servers' certificates
     /// (default: the system's roots).
@@ -92,75 +94,16 @@ pub struct RedisStatus {
 }
 
 pub struct RedisStore {
-    pool: Pool,
-    /// A client of its own for the breakers' probes, so that a probe never
-    /// waits behind the decisions queued on the pool's connections.
-    probe_client: Client,
+    /// For a cluster: fred's cluster client, off the hot path. It learns
+    /// the topology and follows the redirections a primary answers while
+    /// slots move (see [`nodes`]).
+    cluster: Option<Pool>,
+    /// Each primary's own connections, by the slots it owns.
+    routing: Arc<RwLock<Arc<Routing>>>,
     sha: String,
     options: Options,
     status: Arc<RwLock<RedisStatus>>,
-    routing: Arc<RwLock<Arc<Routing>>>,
 }
-
-/// Which primary owns which slots, as the client last learned it.
-#[derive(Debug, Default)]
-pub struct Routing {
-    /// (first slot, last slot, index into `nodes`), sorted.
-    ranges: Vec<(u16, u16, usize)>,
-    /// Each primary's name (`host:port`) and address.
-    nodes: Vec<(Arc<str>, Option<fred::types::config::Server>)>,
-}
-
-impl Routing {
-    /// From the client's cluster state; one node for a single server.
-    fn read(client: &Client, single: &Arc<str>) -> Self {
-        match client.cached_cluster_state() {
-            Some(state) => {
-                let mut nodes: Vec<(Arc<str>, Option<fred::types::config::Server>)> = Vec::new();
-                let mut ranges = Vec::new();
-                for range in state.slots() {
-                    let name = range.primary.to_string();
-                    let i = match nodes.iter().position(|(n, _)| **n == *name) {
-                        Some(i) => i,
-                        None => {
-                            nodes.push((Arc::from(name), Some(range.primary.clone())));
-                            nodes.len() - 1
-                        }
-                    };
-                    ranges.push((range.start, range.end, i));
-                }
-                ranges.sort();
-                Self { ranges, nodes }
-            }
-            None => Self {
-                ranges: Vec::new(),
-                nodes: vec![(single.clone(), None)],
-            },
-        }
-    }
-
-    fn node_of_slot(&self, slot: u16) -> Option<&Arc<str>> {
-        let i = self.ranges.partition_point(|&(_, end, _)| end < slot);
-        match self.ranges.get(i) {
-            Some(&(start, _, n)) if start <= slot => Some(&self.nodes[n].0),
-            _ if self.ranges.is_empty() => self.nodes.first().map(|(n, _)| n),
-            _ => None,
-        }
-    }
-
-    fn server(&self, node: &str) -> Option<Option<fred::types::config::Server>> {
-        self.nodes
-            .iter()
-            .find(|(n, _)| &**n == node)
-            .map(|(_, s)| s.clone())
-    }
-}
-
-/// Bound on the Redis client's own connects and topology reads.
-const CLIENT_STALL_BOUND: Duration = Duration::from_millis(250);
-
-/// How often the routing snapshot is read again from the client.
-const ROUTING_REFRESH: Duration = Duration::from_millis(250);
 
 impl RedisStore {
     /// Connects (waiting a few seconds at most: a Redis that is down at
@@ -174,53 +117,50 @@ impl RedisStore {
             }
             config.tls = Some(tls.into());
         }
-        let single: Arc<str> = Arc::from(match &config.server {
-            fred::types::config::ServerConfig::Centralized { server } => server.to_string(),
-            _ => "redis".to_string(),
-        });
-        let probe_client = Builder::from_config(config.clone())
-            .with_connection_config(|c| {
-                c.connection_timeout = CLIENT_STALL_BOUND;
-                c.internal_command_timeout = CLIENT_STALL_BOUND;
-            })
-            .set_policy(ReconnectPolicy::new_exponential(0, 50, 250, 2))
-            .build()
-            .map_err(|e| format!("cannot configure Redis client: {e}"))?;
-        probe_client.connect();
-        let pool = Builder::from_config(config)
-            .with_connection_config(|c| {
-                // fred reads the topology and connects inside its routing
-                // task: while it waits on a hung node, every command of the
-                // client waits too. Short bounds keep that stall short.
-                c.connection_timeout = CLIENT_STALL_BOUND;
-                c.internal_command_timeout = CLIENT_STALL_BOUND;
-                c.max_redirections = 5;
-                // Bounded: past this, commands fail at once instead of piling up.
-                c.max_command_buffer_len = 10_000;
-            })
-            .with_performance_config(|p| {
-                p.default_command_timeout = settings.timeout;
-            })
-            .set_policy(ReconnectPolicy::new_exponential(0, 50, 250, 2))
-            .build_pool(settings.pool_size.max(1))
-            .map_err(|e| format!("cannot configure Redis client: {e}"))?;
-        pool.connect();
+        let recipe = ClientRecipe {
+            config: config.clone(),
+            pool_size: settings.pool_size,
+            command_timeout: settings.timeout,
+        };
         let redacted = url::redact(&settings.url);
-        match tokio::time::timeout(Duration::from_secs(5), pool.wait_for_connect()).await {
-            Ok(Ok(())) => tracing::info!(url = %redacted, "connected to Redis"),
-            Ok(Err(e)) => {
-                tracing::warn!(url = %redacted, error = %e, "Redis not reachable at start-up; failure policies answer until it is")
+        let (cluster, routing) = match &config.server {
+            ServerConfig::Clustered { .. } => {
+                // one connection per primary is plenty for redirections
+                let cluster = ClientRecipe {
+                    pool_size: 1,
+                    ..recipe.clone()
+                }
+                .pool(config.clone())?;
+                cluster.connect();
+                let connected =
+                    tokio::time::timeout(Duration::from_secs(5), cluster.wait_for_connect()).await;
+                log_connect(&redacted, connected);
+                let routing = nodes::reread(cluster.next(), &Routing::default(), &recipe)
+                    .await
+                    .map(|(routing, _)| routing)
+                    .unwrap_or_default();
+                (Some(cluster), routing)
             }
-            Err(_) => {
-                tracing::warn!(url = %redacted, "Redis not reachable within 5 s at start-up; failure policies answer until it is")
+            _ => {
+                let name: Arc<str> = Arc::from(match &config.server {
+                    ServerConfig::Centralized { server } => server.to_string(),
+                    _ => "redis".to_string(),
+                });
+                let clients = NodeClients::connect(&recipe, config.clone())?;
+                let connected =
+                    tokio::time::timeout(Duration::from_secs(5), clients.pool.wait_for_connect())
+                        .await;
+                log_connect(&redacted, connected);
+                clients.wait(Duration::from_secs(2)).await;
+                (None, Routing::single(name, clients))
             }
+        };
+        let routing = Arc::new(RwLock::new(Arc::new(routing)));
+        if let Some(cluster) = &cluster {
+            nodes::spawn_refresh(cluster.clone(), recipe, Arc::downgrade(&routing));
         }
-        let _ = tokio::time::timeout(Duration::from_secs(2), probe_client.wait_for_connect()).await;
-        let routing = Arc::new(RwLock::new(Arc::new(Routing::read(pool.next(), &single))));
-        spawn_routing_refresh(pool.clone(), single, Arc::downgrade(&routing));
         let store = Self {
-            pool,
-            probe_client,
+            cluster,
             routing,
             sha: sha1_smol::Sha1::from(SCRIPT).digest().to_string(),
             options: Options {
@@ -253,21 +193,17 @@ impl RedisStore {
     /// Warns when a server may evict keys: every bucket key has a TTL, so
     /// `volatile-*` policies would evict them too, resetting budgets silently.
     pub async fn check_eviction_policy(&self) {
-        let client = self.pool.next();
-        let servers: Vec<Option<fred::types::config::Server>> = match client.cached_cluster_state()
-        {
-            Some(state) => state.unique_primary_nodes().into_iter().map(Some).collect(),
-            None => vec![None],
-        };
+        let routing = self.routing.read().clone();
         let mut warnings = Vec::new();
-        for server in servers {
+        for node in &routing.nodes {
             let opts = Options {
-                cluster_node: server.clone(),
                 timeout: Some(Duration::from_secs(2)),
                 ..Options::default()
             };
-            let name = server.map_or_else(|| "redis".to_string(), |s| s.to_string());
-            match client
+            let name = &node.name;
+            match node
+                .clients
+                .probe
                 .with_options(&opts)
                 .config_get::<Vec<String>, _>("maxmemory-policy")
                 .await
@@ -289,38 +225,70 @@ impl RedisStore {
         self.status.write().eviction_warnings = warnings;
     }
 
-    async fn run(&self, keys: &[Key], args: &[i64]) -> Result<Vec<i64>, RedisError> {
-        let client = self.pool.next().with_options(&self.options);
+    /// Runs the script on `pool`, sending it once with `EVAL` when the
+    /// server's script cache is empty (flush, restart, failover).
+    async fn run_on(
+        &self,
+        pool: &Pool,
+        keys: &[Key],
+        args: &[i64],
+    ) -> Result<Vec<i64>, RedisError> {
+        let client = pool.next().with_options(&self.options);
         match client
             .evalsha(&self.sha, keys.to_vec(), args.to_vec())
             .await
         {
             Err(e) if e.details().starts_with("NOSCRIPT") => {
-                // The script cache is empty (flush, restart, failover): EVAL once,
-                // which also caches it on that server.
                 client.eval(SCRIPT, keys.to_vec(), args.to_vec()).await
             }
             other => other,
         }
     }
+
+    /// Runs the script on the connections of the primary owning `slot`;
+    /// where that primary answers with a redirection (the slot is moving or
+    /// has moved: the script did not run) or no primary is known for the
+    /// slot, through the cluster client, which follows redirections.
+    async fn run(&self, slot: u16, keys: &[Key], args: &[i64]) -> Result<Vec<i64>, RedisError> {
+        let pool = self
+            .routing
+            .read()
+            .node_of_slot(slot)
+            .map(|n| n.clients.pool.clone());
+        let Some(cluster) = &self.cluster else {
+            let pool =
+                pool.ok_or_else(|| RedisError::new(ErrorKind::Routing, "no Redis server"))?;
+            return self.run_on(&pool, keys, args).await;
+        };
+        match pool {
+            Some(pool) => match self.run_on(&pool, keys, args).await {
+                Err(e) if is_redirection(&e) => self.run_on(cluster, keys, args).await,
+                other => other,
+            },
+            None => self.run_on(cluster, keys, args).await,
+        }
+    }
 }
 
-/// Reads the client's routing every [`ROUTING_REFRESH`] until the store is gone.
-fn spawn_routing_refresh(
-    pool: Pool,
-    single: Arc<str>,
-    routing: std::sync::Weak<RwLock<Arc<Routing>>>,
+/// `MOVED` or `ASK` from a primary: the command did not run there.
+fn is_redirection(e: &RedisError) -> bool {
+    *e.kind() == ErrorKind::Cluster
+        && (e.details().starts_with("MOVED") || e.details().starts_with("ASK"))
+}
+
+fn log_connect<E: std::fmt::Display>(
+    url: &str,
+    connected: Result<Result<(), E>, tokio::time::error::Elapsed>,
 ) {
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(ROUTING_REFRESH);
-        loop {
-            tick.tick().await;
-            let Some(routing) = routing.upgrade() else {
-                return;
-            };
-            *routing.write() = Arc::new(Routing::read(pool.next(), &single));
+    match connected {
+        Ok(Ok(())) => tracing::info!(url = %url, "connected to Redis"),
+        Ok(Err(e)) => {
+            tracing::warn!(url = %url, error = %e, "Redis not reachable at start-up; failure policies answer until it is")
         }
-    });
+        Err(_) => {
+            tracing::warn!(url = %url, "Redis not reachable within 5 s at start-up; failure policies answer until it is")
+        }
+    }
 }
 
 /// The slot of a descriptor whose tag hashes to `tag_hash`.
@@ -387,56 +355,42 @@ fn outcomes(reply: &[i64], buckets: usize) -> Result<Vec<BucketOutcome>, StoreEr
 impl Nodes for RedisStore {
     fn node_of(&self, descriptor: &DescriptorBuckets) -> Arc<str> {
         let slot = slot_of(tag_hash(&descriptor.tag));
-        let routing = self.routing.read().clone();
-        routing
+        self.routing
+            .read()
             .node_of_slot(slot)
-            .cloned()
+            .map(|n| n.name.clone())
             .unwrap_or_else(|| Arc::from("unrouted"))
     }
 
-    /// PING `node` on the probe client's own connection, fail fast, within
-    /// [`PROBE_TIMEOUT`]. (No topology refresh from here: fred reads the
-    /// topology in its routing task, and asking a hung node for it would
-    /// stall every command of that client. A killed node's dropped
-    /// connections make fred read it again by itself.)
+    /// PING `node` on its probe client's own connection, fail fast, within
+    /// [`PROBE_TIMEOUT`].
     async fn probe(&self, node: &str) -> Result<(), StoreError> {
-        let server = self.routing.read().server(node).flatten();
+        let Some(probe) = self
+            .routing
+            .read()
+            .node(node)
+            .map(|n| n.clients.probe.clone())
+        else {
+            return Err(StoreError::Connection(format!(
+                "{node} is not a primary now"
+            )));
+        };
         let opts = Options {
-            cluster_node: server,
             timeout: Some(PROBE_TIMEOUT),
             fail_fast: true,
             max_attempts: Some(1),
             ..Options::default()
         };
-        let result: Result<String, _> = self.probe_client.with_options(&opts).ping(None).await;
+        let result: Result<String, _> = probe.with_options(&opts).ping(None).await;
         result.map(|_| ()).map_err(store_error)
     }
 
     fn is_current(&self, node: &str) -> bool {
-        self.routing.read().server(node).is_some()
+        self.routing.read().node(node).is_some()
     }
 
     fn describe(&self, node: &str) -> String {
-        let routing = self.routing.read().clone();
-        let Some(i) = routing.nodes.iter().position(|(n, _)| &**n == node) else {
-            return "no slots".into();
-        };
-        if routing.ranges.is_empty() {
-            return "every key".into();
-        }
-        let slots: Vec<String> = routing
-            .ranges
-            .iter()
-            .filter(|r| r.2 == i)
-            .map(|&(a, b, _)| {
-                if a == b {
-                    a.to_string()
-                } else {
-                    format!("{a}-{b}")
-                }
-            })
-            .collect();
-        format!("slots {}", slots.join(","))
+        self.routing.read().slots_of(node)
     }
 }
 
@@ -463,7 +417,10 @@ impl Store for RedisStore {
                 b.params.unit_secs as i64,
             ]);
         }
-        let reply = self.run(&keys, &args).await.map_err(store_error)?;
+        let reply = self
+            .run(slot_of(hash), &keys, &args)
+            .await
+            .map_err(store_error)?;
         outcomes(&reply, descriptor.buckets.len())
     }
 
@@ -472,7 +429,8 @@ impl Store for RedisStore {
     }
 
     fn reachable(&self) -> bool {
-        self.pool.clients().iter().all(|c| c.is_connected())
+        let routing = self.routing.read();
+        !routing.nodes.is_empty() && routing.nodes.iter().all(|n| n.clients.connected())
     }
 
     fn warnings(&self) -> Vec<String> {

@@ -1,0 +1,308 @@
+//! Connections of their own for each Redis primary, and which primary owns
+//! which slot.
+//!
+//! fred's cluster client keeps one set of connections for the whole cluster
+//! and, when one of them breaks, reconnects them all together inside its
+//! routing task: while a killed primary is still listed in the topology,
+//! that fails over and over, and commands to the healthy primaries wait
+//! behind it. So decisions go instead over a [`NodeClients`] per primary (a
+//! plain, non-cluster pool to that one server, and a client for the
+//! breaker's probes): a dead or hung node breaks only its own connections.
+//! The cluster client stays, off the hot path, to learn the topology (its
+//! cached slot table, read every [`ROUTING_REFRESH`]) and to follow the
+//! redirections (`MOVED`, `ASK`) that a primary answers while slots move or
+//! after a failover.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use fred::prelude::*;
+use fred::types::config::{ReconnectPolicy, Server, ServerConfig};
+use parking_lot::RwLock;
+
+/// Bound on the Redis clients' own connects and internal commands.
+pub const CLIENT_STALL_BOUND: Duration = Duration::from_millis(250);
+
+/// How often the routing is read again from the cluster client.
+pub const ROUTING_REFRESH: Duration = Duration::from_millis(250);
+
+/// The reconnect policy of every client: at once, then backing off to 250 ms.
+fn reconnect_policy() -> ReconnectPolicy {
+    ReconnectPolicy::new_exponential(0, 50, 250, 2)
+}
+
+/// How clients of one server are built.
+#[derive(Clone)]
+pub struct ClientRecipe {
+    /// The user's configuration (URL, credentials, TLS).
+    pub config: Config,
+    pub pool_size: usize,
+    pub command_timeout: Duration,
+}
+
+impl ClientRecipe {
+    /// A pool for decisions: bounded connects, a bounded command buffer.
+    pub fn pool(&self, config: Config) -> Result<Pool, String> {
+        Builder::from_config(config)
+            .with_connection_config(|c| {
+                // fred reads the topology and connects inside its routing
+                // task: while it waits on a hung node, every command of the
+                // client waits too. Short bounds keep that stall short.
+                c.connection_timeout = CLIENT_STALL_BOUND;
+                c.internal_command_timeout = CLIENT_STALL_BOUND;
+                c.max_redirections = 5;
+                // Bounded: past this, commands fail at once instead of piling up.
+                c.max_command_buffer_len = 10_000;
+            })
+            .with_performance_config(|p| {
+                p.default_command_timeout = self.command_timeout;
+            })
+            .set_policy(reconnect_policy())
+            .build_pool(self.pool_size.max(1))
+            .map_err(|e| format!("cannot configure Redis client: {e}"))
+    }
+
+    /// A single client for probes.
+    pub fn probe(&self, config: Config) -> Result<Client, String> {
+        Builder::from_config(config)
+            .with_connection_config(|c| {
+                c.connection_timeout = CLIENT_STALL_BOUND;
+                c.internal_command_timeout = CLIENT_STALL_BOUND;
+            })
+            .set_policy(reconnect_policy())
+            .build()
+            .map_err(|e| format!("cannot configure Redis client: {e}"))
+    }
+
+    /// The configuration for one server of a cluster.
+    fn for_server(&self, server: &Server) -> Config {
+        let mut config = self.config.clone();
+        config.server = ServerConfig::Centralized {
+            server: server.clone(),
+        };
+        config
+    }
+}
+
+/// One primary's own connections: decisions on `pool`, probes on `probe`
+/// (so that a probe never waits behind queued decisions).
+#[derive(Clone)]
+pub struct NodeClients {
+    pub pool: Pool,
+    pub probe: Client,
+}
+
+impl NodeClients {
+    /// Builds and starts connecting (without waiting).
+    pub fn connect(recipe: &ClientRecipe, config: Config) -> Result<Self, String> {
+        let pool = recipe.pool(config.clone())?;
+        let probe = recipe.probe(config)?;
+        pool.connect();
+        probe.connect();
+        Ok(Self { pool, probe })
+    }
+
+    /// Waits (`within` at most) until both are connected.
+    pub async fn wait(&self, within: Duration) {
+        let _ = tokio::time::timeout(within, async {
+            let _ = self.pool.wait_for_connect().await;
+            let _ = self.probe.wait_for_connect().await;
+        })
+        .await;
+    }
+
+    pub fn connected(&self) -> bool {
+        self.probe.is_connected() && self.pool.clients().iter().all(|c| c.is_connected())
+    }
+
+    /// Closes both, in the background.
+    fn close(self) {
+        tokio::spawn(async move {
+            let _ = self.pool.quit().await;
+            let _ = self.probe.quit().await;
+        });
+    }
+}
+
+/// One primary: its name (`host:port`), address and connections.
+pub struct Node {
+    pub name: Arc<str>,
+    pub clients: NodeClients,
+}
+
+/// Which primary owns which slots, as the cluster client last learned it,
+/// with each primary's connections. A single server is one node that owns
+/// every slot.
+#[derive(Default)]
+pub struct Routing {
+    /// (first slot, last slot, index into `nodes`), sorted.
+    ranges: Vec<(u16, u16, usize)>,
+    pub nodes: Vec<Node>,
+}
+
+impl Routing {
+    /// One server for every key.
+    pub fn single(name: Arc<str>, clients: NodeClients) -> Self {
+        Self {
+            ranges: Vec::new(),
+            nodes: vec![Node { name, clients }],
+        }
+    }
+
+    /// The node owning `slot`; `None` for a slot no known primary owns.
+    pub fn node_of_slot(&self, slot: u16) -> Option<&Node> {
+        if self.ranges.is_empty() {
+            return match self.nodes.as_slice() {
+                [only] => Some(only),
+                _ => None,
+            };
+        }
+        let i = self.ranges.partition_point(|&(_, end, _)| end < slot);
+        match self.ranges.get(i) {
+            Some(&(start, _, n)) if start <= slot => self.nodes.get(n),
+            _ => None,
+        }
+    }
+
+    pub fn node(&self, name: &str) -> Option<&Node> {
+        self.nodes.iter().find(|n| &*n.name == name)
+    }
+
+    /// The slots `name` owns, as `a-b,c` ranges (for logs).
+    pub fn slots_of(&self, name: &str) -> String {
+        let Some(i) = self.nodes.iter().position(|n| &*n.name == name) else {
+            return "no slots".into();
+        };
+        if self.ranges.is_empty() {
+            return "every key".into();
+        }
+        let slots: Vec<String> = self
+            .ranges
+            .iter()
+            .filter(|r| r.2 == i)
+            .map(|&(a, b, _)| {
+                if a == b {
+                    a.to_string()
+                } else {
+                    format!("{a}-{b}")
+                }
+            })
+            .collect();
+        format!("slots {}", slots.join(","))
+    }
+
+    /// Whether `state` names the same primaries for the same slots.
+    fn matches(&self, state: &[(u16, u16, String)]) -> bool {
+        self.ranges.len() == state.len()
+            && self
+                .ranges
+                .iter()
+                .zip(state)
+                .all(|(&(a, b, n), (sa, sb, name))| {
+                    a == *sa && b == *sb && *self.nodes[n].name == **name
+                })
+    }
+}
+
+/// (first slot, last slot, primary's name), sorted.
+type SlotTable = Vec<(u16, u16, String)>;
+
+/// The slot table in the cluster client's cache, with the primaries'
+/// addresses; `None` before it has learned one.
+fn slot_table(cluster: &Client) -> Option<(SlotTable, HashMap<String, Server>)> {
+    let state = cluster.cached_cluster_state()?;
+    let mut servers = HashMap::new();
+    let mut table: SlotTable = state
+        .slots()
+        .iter()
+        .map(|range| {
+            let name = range.primary.to_string();
+            servers.insert(name.clone(), range.primary.clone());
+            (range.start, range.end, name)
+        })
+        .collect();
+    table.sort();
+    Some((table, servers))
+}
+
+/// A new routing from the cluster client's slot table, reusing the
+/// connections of primaries already known and connecting to new ones
+/// (waiting [`CLIENT_STALL_BOUND`] at most, all at once). Returns `None`
+/// while nothing changed (or nothing is known yet).
+pub async fn reread(
+    cluster: &Client,
+    current: &Routing,
+    recipe: &ClientRecipe,
+) -> Option<(Routing, Vec<NodeClients>)> {
+    let (table, servers) = slot_table(cluster)?;
+    if current.matches(&table) {
+        return None;
+    }
+    let mut known: HashMap<&str, &NodeClients> = current
+        .nodes
+        .iter()
+        .map(|n| (&*n.name, &n.clients))
+        .collect();
+    let mut nodes: Vec<Node> = Vec::new();
+    let mut fresh = Vec::new();
+    let mut ranges = Vec::with_capacity(table.len());
+    for (start, end, name) in &table {
+        let i = match nodes.iter().position(|n| &*n.name == name.as_str()) {
+            Some(i) => i,
+            None => {
+                let clients = match known.remove(name.as_str()) {
+                    Some(c) => c.clone(),
+                    None => {
+                        let server = servers.get(name)?;
+                        match NodeClients::connect(recipe, recipe.for_server(server)) {
+                            Ok(c) => {
+                                fresh.push(c.clone());
+                                c
+                            }
+                            Err(e) => {
+                                tracing::warn!(node = %name, error = %e, "cannot connect to Redis primary");
+                                return None;
+                            }
+                        }
+                    }
+                };
+                nodes.push(Node {
+                    name: Arc::from(name.as_str()),
+                    clients,
+                });
+                nodes.len() - 1
+            }
+        };
+        ranges.push((*start, *end, i));
+    }
+    futures::future::join_all(fresh.iter().map(|c| c.wait(CLIENT_STALL_BOUND))).await;
+    let gone = known.into_values().cloned().collect();
+    Some((Routing { ranges, nodes }, gone))
+}
+
+/// Reads the cluster client's topology every [`ROUTING_REFRESH`] until the
+/// store is gone, connecting to new primaries and closing the connections
+/// of former ones.
+pub fn spawn_refresh(cluster: Pool, recipe: ClientRecipe, routing: Weak<RwLock<Arc<Routing>>>) {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(ROUTING_REFRESH);
+        loop {
+            tick.tick().await;
+            let Some(shared) = routing.upgrade() else {
+                return;
+            };
+            let current = shared.read().clone();
+            drop(shared);
+            if let Some((next, gone)) = reread(cluster.next(), &current, &recipe).await {
+                let Some(shared) = routing.upgrade() else {
+                    return;
+                };
+                *shared.write() = Arc::new(next);
+                for clients in gone {
+                    clients.close();
+                }
+            }
+        }
+    });
+}
