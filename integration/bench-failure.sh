@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Decision latency when Redis is healthy, when one primary is hung (SIGSTOP:
-# its keys answer by their failure mode, the others' by Redis), when one is
-# killed (its replica takes over within the phase), when every node
+# its keys answer by their failure mode, the others' by Redis; once with
+# Redis's default cluster-require-full-coverage yes, then with no), when one
+# is killed (its replica takes over within the phase), when every node
 # is hung, and when every node is dead: rls-bench in open loop at a fixed rate
 # against one instance on a local Redis Cluster, with --redis-timeout 10ms (as
 # in the first recorded table; the default is 50ms) and rules that fail open.
@@ -32,21 +33,24 @@ run() {
 }
 metric() { curl -s 127.0.0.1:18282/metrics | awk -v m="$1" '$1 == m {print $2}'; }
 run "healthy"
-open_before=$(metric 'rls_failure_policy_total{mode="open"}')
-primary=$(for p in $(seq 7401 7406); do redis-cli -p "$p" role | head -n 1 | grep -q master && echo "$p" && break; done)
-kill -STOP "$(cat "$work/cluster/$primary/redis.pid")"
-run "1 hung "
-kill -CONT "$(cat "$work/cluster/$primary/redis.pid")"
-open_after=$(metric 'rls_failure_policy_total{mode="open"}')
-echo "  one primary ($primary) hung: $(python3 -c "print(int(float('$open_after') - float('$open_before')))") decisions by the failure mode, the rest by Redis"
-sleep 2
-primary=$(for p in $(seq 7401 7406); do redis-cli -p "$p" role | head -n 1 | grep -q master && echo "$p" && break; done)
-kill -KILL "$(cat "$work/cluster/$primary/redis.pid")"
-run "1 killed"
-open_before=$open_after
-open_after=$(metric 'rls_failure_policy_total{mode="open"}')
-echo "  one primary ($primary) killed: $(python3 -c "print(int(float('$open_after') - float('$open_before')))") decisions by the failure mode, the rest by Redis"
-sleep 2
+# One primary sick: its keys answer by their failure mode, the rest by Redis
+# (except, with Redis's default cluster-require-full-coverage yes, during the
+# window in which Redis itself refuses every key).
+one_sick() { # LABEL SIGNAL
+  local open_before open_after primary
+  primary=$(for p in $(seq 7401 7406); do redis-cli -p "$p" role 2>/dev/null | head -n 1 | grep -q master && echo "$p" && break; done)
+  open_before=$(metric 'rls_failure_policy_total{mode="open"}')
+  kill "-$2" "$(cat "$work/cluster/$primary/redis.pid")"
+  run "$1"
+  kill -CONT "$(cat "$work/cluster/$primary/redis.pid")" 2>/dev/null || true
+  open_after=$(metric 'rls_failure_policy_total{mode="open"}')
+  echo "  one primary ($primary, SIG$2): $(python3 -c "print(int(float('$open_after' or 0) - float('$open_before' or 0)))") decisions by the failure mode, the rest by Redis"
+  sleep 3
+}
+one_sick "1 hung, full coverage" STOP
+for p in $(seq 7401 7406); do redis-cli -p "$p" config set cluster-require-full-coverage no >/dev/null || true; done
+one_sick "1 hung " STOP
+one_sick "1 killed" KILL
 for p in $(seq 7401 7406); do kill -STOP "$(cat "$work/cluster/$p/redis.pid")" 2>/dev/null || true; done
 run "hung   "
 for p in $(seq 7401 7406); do kill -CONT "$(cat "$work/cluster/$p/redis.pid")" 2>/dev/null || true; done

@@ -10,6 +10,9 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{free_port, ChildGuard};
+use tokenbucket_rls::limiter::key::{descriptor_tag, KeyOrigin};
+use tokenbucket_rls::rules::BucketValue;
+use tokenbucket_rls::store::redis::{slot_of, tag_hash};
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 
@@ -396,11 +399,8 @@ async fn a_tenant_on_one_endpoint() {
     );
 }
 
-#[tokio::test]
-async fn when_the_redis_cluster_dies_each_rule_fails_its_own_way() {
-    let mut cluster = common::redis::RedisCluster::start();
-    let rules = common::rules_dir(
-        r#"
+/// One rule per failure mode, burst 3 (local: 10) per API key and plan.
+const MODE_RULES: &str = r#"
 domain: edge
 descriptors:
   - key: plan
@@ -415,8 +415,12 @@ descriptors:
     value: local
     failure_mode: local
     descriptors: [{key: api_key, rate_limit: {unit: day, requests_per_unit: 1, burst: 10}}]
-"#,
-    );
+"#;
+
+#[tokio::test]
+async fn when_the_redis_cluster_dies_each_rule_fails_its_own_way() {
+    let mut cluster = common::redis::RedisCluster::start();
+    let rules = common::rules_dir(MODE_RULES);
     let env = vec![
         ("RLS_STORE", "redis".to_string()),
         ("RLS_REDIS_URL", cluster.url()),
@@ -448,4 +452,131 @@ descriptors:
         "local: B/N per instance, B for the fleet: {codes:?}"
     );
     assert!(codes.iter().all(|&c| c == 200 || c == 429), "{codes:?}");
+}
+
+/// Fresh API keys whose buckets (for a given plan) live on one primary, or
+/// off it, by the slot owners read before any fault.
+struct Keys {
+    next: usize,
+    owners: Vec<usize>,
+    sick: usize,
+}
+
+impl Keys {
+    fn pick(&mut self, plan: &str, on_sick: bool) -> String {
+        loop {
+            self.next += 1;
+            let key = format!("k{}", self.next);
+            let tag = descriptor_tag(
+                KeyOrigin::Rule,
+                "edge",
+                [
+                    ("plan", BucketValue::Value(plan)),
+                    ("api_key", BucketValue::Value(&key)),
+                ]
+                .into_iter(),
+            );
+            if (self.owners[usize::from(slot_of(tag_hash(&tag)))] == self.sick) == on_sick {
+                return key;
+            }
+        }
+    }
+}
+
+/// Through Envoy: keys on the healthy primaries keep exact counts, and
+/// (when `sick_too`) keys on the sick one answer by their rule's mode.
+async fn per_node_answers(edge: &Edge, keys: &mut Keys, sick_too: bool, when: &str) {
+    for plan in ["open", "closed"] {
+        let k = keys.pick(plan, false);
+        let h = [("x-plan", plan), ("x-api-key", k.as_str())];
+        assert_eq!(
+            edge.codes(4, "/", &h).await,
+            [200, 200, 200, 429],
+            "{when}: {plan} on a healthy primary"
+        );
+    }
+    let k = keys.pick("local", false);
+    let h = [("x-plan", "local"), ("x-api-key", k.as_str())];
+    let mut exact = twos(10);
+    exact.extend([429, 429]);
+    assert_eq!(
+        edge.codes(12, "/", &h).await,
+        exact,
+        "{when}: local on a healthy primary"
+    );
+    if !sick_too {
+        return;
+    }
+    let k = keys.pick("open", true);
+    let h = [("x-plan", "open"), ("x-api-key", k.as_str())];
+    assert_eq!(edge.codes(6, "/", &h).await, twos(6), "{when}: open");
+    let k = keys.pick("closed", true);
+    let h = [("x-plan", "closed"), ("x-api-key", k.as_str())];
+    assert_eq!(edge.codes(3, "/", &h).await, [503; 3], "{when}: closed");
+    // each of the 2 instances admits B/N = 5 locally: 10 for the fleet
+    let k = keys.pick("local", true);
+    let h = [("x-plan", "local"), ("x-api-key", k.as_str())];
+    let codes = edge.codes(30, "/", &h).await;
+    assert_eq!(
+        codes.iter().filter(|&&c| c == 200).count(),
+        10,
+        "{when}: local {codes:?}"
+    );
+    assert!(codes.iter().all(|&c| c == 200 || c == 429), "{codes:?}");
+}
+
+/// Waits (`secs` at most) until Redis decides a fresh open-mode key on the
+/// sick primary's slots again (its fourth request is refused).
+async fn until_redis_decides(edge: &Edge, keys: &mut Keys, secs: u64, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        let k = keys.pick("open", true);
+        let h = [("x-plan", "open"), ("x-api-key", k.as_str())];
+        if edge.codes(4, "/", &h).await == [200, 200, 200, 429] {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{what} never decided again");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// One primary hung, then killed with its failover held back, through a
+/// real Envoy in front of two instances with default flags: the other
+/// primaries' keys keep exact counts throughout, the sick one's keys answer
+/// by their rule's mode, and Redis decides them again after SIGCONT and
+/// after the failover, with no restart.
+#[tokio::test]
+async fn one_sick_primary_through_envoy_affects_only_its_keys() {
+    let mut cluster = common::redis::RedisCluster::start();
+    let rules = common::rules_dir(MODE_RULES);
+    let env = vec![
+        ("RLS_STORE", "redis".to_string()),
+        ("RLS_REDIS_URL", cluster.url()),
+        ("RLS_INSTANCES", "2".to_string()),
+    ];
+    let edge = Edge::start_with_rules(rules.path(), &[env.clone(), env]).await;
+    let sick = cluster.primaries()[0];
+    let mut keys = Keys {
+        next: 0,
+        owners: cluster.slot_owners(),
+        sick,
+    };
+    per_node_answers(&edge, &mut keys, false, "healthy").await;
+
+    cluster.nodes[sick].signal("-STOP");
+    per_node_answers(&edge, &mut keys, true, "one primary hung").await;
+    cluster.nodes[sick].signal("-CONT");
+    until_redis_decides(&edge, &mut keys, 10, "the thawed primary").await;
+
+    cluster.config_set_all("cluster-require-full-coverage", "no");
+    let replica = cluster.replica_of(sick);
+    let out = cluster.nodes[replica].cli(&["CONFIG", "SET", "cluster-replica-no-failover", "yes"]);
+    assert!(out.contains("OK"), "{out}");
+    cluster.nodes[sick].kill();
+    per_node_answers(&edge, &mut keys, true, "one primary killed").await;
+
+    let out = cluster.nodes[replica].cli(&["CLUSTER", "FAILOVER", "TAKEOVER"]);
+    assert!(out.contains("OK"), "{out}");
+    until_redis_decides(&edge, &mut keys, 30, "the failed-over slots").await;
+    per_node_answers(&edge, &mut keys, false, "after the failover").await;
 }

@@ -24,8 +24,15 @@ use parking_lot::RwLock;
 /// Bound on the Redis clients' own connects and internal commands.
 pub const CLIENT_STALL_BOUND: Duration = Duration::from_millis(250);
 
-/// How often the routing is read again from the cluster client.
+/// How often the routing is read again from the cluster client's cache.
 pub const ROUTING_REFRESH: Duration = Duration::from_millis(250);
+
+/// How often the cluster client is asked to read the topology from the
+/// cluster (`CLUSTER SLOTS`). It learns a change by itself when one of its
+/// connections breaks or a redirection reaches it; but off the hot path it
+/// sees no traffic, and a hung (not dead) primary breaks no connection, so
+/// it would never notice that primary's replica taking over.
+pub const TOPOLOGY_SYNC: Duration = Duration::from_secs(1);
 
 /// The reconnect policy of every client: at once, then backing off to 250 ms.
 fn reconnect_policy() -> ReconnectPolicy {
@@ -283,8 +290,20 @@ pub async fn reread(
 
 /// Reads the cluster client's topology every [`ROUTING_REFRESH`] until the
 /// store is gone, connecting to new primaries and closing the connections
-/// of former ones.
+/// of former ones; has the client read it from the cluster every
+/// [`TOPOLOGY_SYNC`].
 pub fn spawn_refresh(cluster: Pool, recipe: ClientRecipe, routing: Weak<RwLock<Arc<Routing>>>) {
+    let syncing = cluster.clone();
+    let alive = routing.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(TOPOLOGY_SYNC);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        while alive.strong_count() > 0 {
+            tick.tick().await;
+            // bounded: a sync that meets a hung node waits on it
+            let _ = tokio::time::timeout(TOPOLOGY_SYNC, syncing.next().sync_cluster()).await;
+        }
+    });
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(ROUTING_REFRESH);
         loop {
