@@ -76,6 +76,10 @@ pub struct ServeArgs {
     /// Redis connections to each primary, shared by all requests (each pipelines many calls).
     #[arg(long, env = "RLS_REDIS_POOL_SIZE", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=256))]
     pub redis_pool_size: u32,
+    /// Most buckets the memory store holds; past it, the buckets whose loss
+    /// costs least are evicted (README, "Limits on state").
+    #[arg(long, env = "RLS_MAX_BUCKETS", default_value_t = crate::store::memory::DEFAULT_MAX_BUCKETS, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub max_buckets: usize,
     /// Store calls in flight at once; past it a call fails at once ("overloaded")
     /// and its rule's failure mode answers.
     #[arg(long, env = "RLS_MAX_IN_FLIGHT", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]

@@ -12,6 +12,7 @@ pub mod bucket;
 pub mod cli;
 pub mod clock;
 pub mod health;
+pub mod labels;
 pub mod limiter;
 pub mod periodic;
 pub mod rules;

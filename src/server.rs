@@ -105,8 +105,12 @@ pub async fn start(args: &ServeArgs) -> Result<RunningServer> {
 
     let store: Arc<dyn Store> = match args.store {
         StoreKind::Memory => {
-            let memory = Arc::new(MemoryStore::new(MonotonicClock::new()));
-            memory.spawn_sweeper(Duration::from_secs(1));
+            let memory = Arc::new(MemoryStore::with_cap(
+                MonotonicClock::new(),
+                args.max_buckets,
+                Some(metrics.eviction_sink()),
+            ));
+            memory.spawn_sweeper(Duration::from_secs(1), metrics.clone());
             memory
         }
         StoreKind::Redis => {

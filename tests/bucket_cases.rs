@@ -279,6 +279,7 @@ async fn lua_and_rust_give_the_same_answers() {
                 .map(|(i, (params, _))| BucketRef {
                     key: [tag.as_slice(), format!("#{i}").as_bytes()].concat(),
                     params: *params,
+                    rule: Default::default(),
                 })
                 .collect(),
             tag,
@@ -366,6 +367,7 @@ async fn a_lowered_rate_lengthens_the_ttl_at_the_next_decision() {
         buckets: vec![BucketRef {
             key: b"lowered#0".to_vec(),
             params: p(5, 1, unit_secs),
+            rule: Default::default(),
         }],
     };
     let key = redis_key(tag_hash(b"lowered"), b"lowered#0");

@@ -45,6 +45,7 @@ fn a_million_idle_buckets_fit_in_200_bytes_each_and_are_evicted() {
             buckets: vec![BucketRef {
                 key: bucket_key(&tag, "0"),
                 params,
+                rule: Default::default(),
             }],
             tag,
         }

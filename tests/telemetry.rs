@@ -396,13 +396,70 @@ async fn spans_reach_an_otlp_collector_and_continue_the_callers_trace() {
     );
 }
 
-#[tokio::test]
-async fn the_grafana_dashboard_queries_only_exported_metrics() {
-    let (_dir, s, mut c) = serve_rules().await;
-    // one decision, so that the per-rule series exist
-    c.should_rate_limit(request("d", vec![descriptor(&[("user", "u")])]))
+/// A server on RULES holding at most `max_buckets` buckets.
+async fn serve_capped(
+    max_buckets: usize,
+) -> (
+    tempfile::TempDir,
+    server::RunningServer,
+    RateLimitServiceClient<tonic::transport::Channel>,
+) {
+    let dir = rules_dir(RULES);
+    let mut args = serve_args(dir.path().to_path_buf());
+    args.max_buckets = max_buckets;
+    let s = server::start(&args).await.expect("start");
+    let c = RateLimitServiceClient::connect(format!("http://{}", s.grpc_addr))
+        .await
+        .expect("connect");
+    (dir, s, c)
+}
+
+/// `n` decisions for users `u0`, `u1`, …: `n` new buckets of `per-user`.
+async fn new_users(c: &mut RateLimitServiceClient<tonic::transport::Channel>, n: usize) {
+    for i in 0..n {
+        c.should_rate_limit(request(
+            "d",
+            vec![descriptor(&[("user", &format!("u{i}"))])],
+        ))
         .await
         .expect("answered");
+    }
+}
+
+#[tokio::test]
+async fn the_bucket_cap_holds_and_every_eviction_is_counted() {
+    let (_dir, s, mut c) = serve_capped(64).await;
+    new_users(&mut c, 500).await;
+    // the gauge is set by the once-a-second sweep; `per-user` refills one
+    // token in 30 min, so no bucket is dropped for being full: each of the
+    // 500 is held or was evicted
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let text = s.metrics.render();
+        let held = sample(&text, "rls_buckets{store=\"memory\"}").unwrap_or(-1.0);
+        let evicted = sample(
+            &text,
+            "rls_buckets_evicted_total{domain=\"d\",rule=\"per-user\"}",
+        )
+        .unwrap_or(0.0);
+        if held >= 0.0 && held + evicted == 500.0 {
+            assert!(held <= 64.0, "{held} held");
+            assert!(evicted >= 436.0, "{evicted} evicted");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "held {held} + evicted {evicted} never made 500"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn the_grafana_dashboard_queries_only_exported_metrics() {
+    // a cap small enough that evictions have series
+    let (_dir, s, mut c) = serve_capped(4).await;
+    new_users(&mut c, 20).await;
     let exported = reqwest::get(format!("http://{}/metrics", s.admin_addr))
         .await
         .expect("scrape")

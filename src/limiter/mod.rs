@@ -19,6 +19,7 @@ use tracing::Instrument;
 
 use crate::bucket::{BucketOutcome, BucketParams, Cost};
 use crate::clock::MonotonicClock;
+use crate::labels::RuleId;
 use crate::rules::{
     BucketValue, DescriptorEntry, FailureMode, Limit, Rule, RuleAction, RuleSet, Unit,
 };
@@ -186,6 +187,13 @@ impl Limiter {
         metrics: Arc<Metrics>,
         max_in_flight: usize,
     ) -> Self {
+        // Bounded too: a flood of new values while the store fails would
+        // otherwise grow it without end (it is never swept).
+        let local = MemoryStore::with_cap(
+            MonotonicClock::new(),
+            crate::store::memory::DEFAULT_MAX_BUCKETS,
+            Some(metrics.eviction_sink()),
+        );
         Self {
             leases: Arc::new(Leases::new(
                 store.clone(),
@@ -196,7 +204,7 @@ impl Limiter {
             metrics,
             in_flight: tokio::sync::Semaphore::new(max_in_flight.max(1)),
             default_failure_mode,
-            local: MemoryStore::new(MonotonicClock::new()),
+            local,
             instances: instances.max(1),
         }
     }
@@ -341,6 +349,7 @@ impl Limiter {
                             // At least one token each, so that a burst
                             // below N does not block everything: the fleet's
                             // local burst is then at most max(B, N).
+                            rule: b.rule,
                             params: BucketParams {
                                 capacity: (b.params.capacity / n).max(1),
                                 tokens_per_unit: b.params.tokens_per_unit,
@@ -418,6 +427,7 @@ fn plan<'a, E: DescriptorEntry>(
                                 &format!("override/{rpu}/{}", unit.seconds()),
                             ),
                             params,
+                            rule: RuleId::of(domain, "override"),
                         }],
                         tag,
                     },
@@ -466,6 +476,7 @@ fn plan<'a, E: DescriptorEntry>(
                 .map(|l| BucketRef {
                     key: key::bucket_key(&tag, &l.bucket_id),
                     params: l.params,
+                    rule: m.rule.id,
                 })
                 .collect();
             Plan::Buckets {

@@ -183,7 +183,7 @@ fn compile_rule(scope: &Scope<'_>, doc: &DescriptorDoc, errors: &mut ConfigError
             Some(compile_lease(scope, l, limits, errors)?)
         }
     };
-    Some(Rule {
+    let mut rule = Rule {
         domain: scope.domain.clone(),
         path: scope.path.clone(),
         source: scope.file.to_path_buf(),
@@ -194,7 +194,10 @@ fn compile_rule(scope: &Scope<'_>, doc: &DescriptorDoc, errors: &mut ConfigError
         value_to_metric: doc.value_to_metric,
         failure_mode: scope.failure_mode,
         lease,
-    })
+        id: Default::default(),
+    };
+    rule.id = crate::labels::RuleId::of(&rule.domain, rule.label());
+    Some(rule)
 }
 
 /// Shortest and longest lease `ttl` accepted.

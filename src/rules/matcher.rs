@@ -33,6 +33,9 @@ pub struct Rule {
     pub failure_mode: Option<FailureMode>,
     /// Spend through local leases of the shared bucket (`lease:`).
     pub lease: Option<LeaseConfig>,
+    /// (domain, [`Rule::label`]) as a small id, for what stores count per bucket.
+    #[serde(skip)]
+    pub id: crate::labels::RuleId,
 }
 
 /// A rule's `lease:`: each instance takes up to `size` tokens from the shared

@@ -6,6 +6,19 @@
 //! monotonic [`Clock`]. A bucket that has refilled completely is the same as
 //! no bucket, so a sweeper drops such entries: memory is bounded by the
 //! buckets that are not full, not by every key ever seen.
+//!
+//! Request values choose buckets, so a client sending random values could
+//! still create them faster than they refill: the store holds at most
+//! `max_buckets` (each shard its share). A shard at its share makes room
+//! before an insert by dropping, in one pass, the eighth of its buckets
+//! whose loss costs least: idle ones (no decision in the last second or so)
+//! first, then those decided once (as each of a flood of new values is),
+//! and buckets in steady use (decisions in a row, at most a second apart)
+//! last; within each group, those that will be full soonest first.
+//! A dropped bucket comes back full, so dropping one that was `Δ` from full
+//! admits at most `r·Δ` (its missing `B − t` tokens) more than it should
+//! have. One pass per eighth of a shard: amortised O(1) per insert, under the
+//! shard's own lock only.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
@@ -18,33 +31,132 @@ use parking_lot::Mutex;
 use super::{DescriptorBuckets, Store, StoreError};
 use crate::bucket::{self, BucketOutcome, BucketState, Cost};
 use crate::clock::Clock;
+use crate::labels::RuleId;
+use crate::telemetry::Metrics;
 
-/// A bucket's state plus when it will be full again (and can be forgotten).
+/// Buckets held at most unless told otherwise (`--max-buckets`): about
+/// 300 MB at the measured ~145 bytes per bucket.
+pub const DEFAULT_MAX_BUCKETS: usize = 2_000_000;
+
+/// A bucket's state, the clock's second by which it is full again (and can
+/// be forgotten; rounded up), the rule it belongs to (for counting
+/// evictions), and how it is used. 24 bytes, packed to keep a million
+/// idle buckets near 140 MB.
 #[derive(Debug, Clone, Copy)]
 struct Entry {
     state: BucketState,
-    full_at_micros: u64,
+    full_at: FullAt,
+    rule: RuleId,
+    use_: Use,
 }
 
-type Shard = Mutex<HashMap<Box<[u8]>, Entry>>;
+/// The clock's whole second by which a bucket is full, rounded up;
+/// `u32::MAX`: never (136 years).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct FullAt(u32);
+
+impl FullAt {
+    fn of(micros: Option<u64>) -> Self {
+        match micros {
+            Some(m) => FullAt(u32::try_from(m.div_ceil(1_000_000)).unwrap_or(u32::MAX)),
+            None => FullAt(u32::MAX),
+        }
+    }
+
+    /// Whether the bucket is full at `now_micros`.
+    fn passed(self, now_micros: u64) -> bool {
+        u64::from(self.0) * 1_000_000 <= now_micros
+    }
+}
+
+/// How a bucket is used, for eviction.
+#[derive(Debug, Clone, Copy)]
+struct Use {
+    /// The clock's second (mod 256) of the bucket's last decision.
+    touched_secs: u8,
+    /// Decisions in a row, each at most a second or so after the last.
+    streak: u8,
+}
+
+impl Use {
+    fn first(now: u64) -> Self {
+        Self {
+            touched_secs: secs(now),
+            streak: 1,
+        }
+    }
+
+    fn touch(&mut self, now: u64) {
+        let now = secs(now);
+        self.streak = if now.wrapping_sub(self.touched_secs) <= 1 {
+            self.streak.saturating_add(1)
+        } else {
+            1
+        };
+        self.touched_secs = now;
+    }
+
+    /// 0: idle (no decision in this second or the one before); 1: recent,
+    /// once (as each of a flood of new values is); 2: in steady use.
+    fn tier(self, now: u64) -> u8 {
+        match (secs(now).wrapping_sub(self.touched_secs) <= 1, self.streak) {
+            (false, _) => 0,
+            (true, 1) => 1,
+            (true, _) => 2,
+        }
+    }
+}
+
+/// The clock's whole second, as kept in [`Use::touched_secs`] (wrapping:
+/// only differences of a second or two are read).
+fn secs(micros: u64) -> u8 {
+    (micros / 1_000_000) as u8
+}
+
+type Buckets = HashMap<Box<[u8]>, Entry>;
+type Shard = Mutex<Buckets>;
+
+/// Told how many buckets of a rule were evicted to make room.
+pub type EvictionSink = Arc<dyn Fn(RuleId, u64) + Send + Sync>;
 
 /// In-memory buckets for one process.
 pub struct MemoryStore<C: Clock> {
     shards: Box<[Shard]>,
+    /// Most buckets one shard holds: its share of `max_buckets`.
+    shard_cap: usize,
     /// Keyed SipHash: request values pick the shard, so the seed must be secret.
     hasher: RandomState,
     clock: C,
+    on_evict: Option<EvictionSink>,
 }
 
 impl<C: Clock> MemoryStore<C> {
+    /// A store of at most [`DEFAULT_MAX_BUCKETS`] buckets.
     pub fn new(clock: C) -> Self {
-        let count =
-            (std::thread::available_parallelism().map_or(4, |n| n.get()) * 16).next_power_of_two();
+        Self::with_cap(clock, DEFAULT_MAX_BUCKETS, None)
+    }
+
+    /// A store of at most `max_buckets` buckets (at least one); `on_evict`
+    /// hears of every bucket evicted to make room.
+    pub fn with_cap(clock: C, max_buckets: usize, on_evict: Option<EvictionSink>) -> Self {
+        let max_buckets = max_buckets.max(1);
+        // 16 shards per core, but never more shards than buckets, so that
+        // every shard's share is at least one and their sum at most the cap
+        let count = (std::thread::available_parallelism().map_or(4, |n| n.get()) * 16)
+            .next_power_of_two()
+            .min(1 << max_buckets.ilog2());
         Self {
             shards: (0..count).map(|_| Mutex::new(HashMap::new())).collect(),
+            shard_cap: max_buckets / count,
             hasher: RandomState::new(),
             clock,
+            on_evict,
         }
+    }
+
+    /// The most buckets the store holds.
+    pub fn max_buckets(&self) -> usize {
+        self.shard_cap * self.shards.len()
     }
 
     fn shard(&self, tag: &[u8]) -> &Shard {
@@ -73,34 +185,53 @@ impl<C: Clock> MemoryStore<C> {
             // its old numbers gave (the Lua script lengthens the TTL alike).
             for (b, p) in descriptor.buckets.iter().zip(&params) {
                 if let Some(e) = shard.get_mut(b.key.as_slice()) {
-                    let full_at_micros = p.full_at_micros(&e.state).unwrap_or(u64::MAX);
-                    e.full_at_micros = e.full_at_micros.max(full_at_micros);
+                    e.full_at = e.full_at.max(FullAt::of(p.full_at_micros(&e.state)));
+                    e.use_.touch(now);
                 }
             }
         }
+        let mut evicted = Vec::new();
         if writes {
             for ((b, state), p) in descriptor.buckets.iter().zip(new_states).zip(&params) {
-                let full_at_micros = p.full_at_micros(&state).unwrap_or(u64::MAX);
+                let full_at = FullAt::of(p.full_at_micros(&state));
                 match shard.get_mut(b.key.as_slice()) {
                     Some(e) => {
-                        *e = Entry {
-                            state,
-                            full_at_micros,
-                        }
+                        e.state = state;
+                        e.full_at = full_at;
+                        e.rule = b.rule;
+                        e.use_.touch(now);
                     }
                     None => {
-                        shard.insert(
-                            b.key.clone().into_boxed_slice(),
-                            Entry {
-                                state,
-                                full_at_micros,
-                            },
-                        );
+                        let entry = Entry {
+                            state,
+                            full_at,
+                            rule: b.rule,
+                            use_: Use::first(now),
+                        };
+                        if shard.len() >= self.shard_cap {
+                            make_room(&mut shard, self.shard_cap, now, &mut evicted);
+                        }
+                        shard.insert(b.key.clone().into_boxed_slice(), entry);
                     }
                 }
             }
         }
+        drop(shard);
+        if !evicted.is_empty() {
+            self.report(evicted);
+        }
         outcomes
+    }
+
+    /// Tells the sink about evictions, one call per rule.
+    fn report(&self, mut evicted: Vec<RuleId>) {
+        let Some(sink) = &self.on_evict else {
+            return;
+        };
+        evicted.sort_unstable();
+        for run in evicted.chunk_by(|a, b| a == b) {
+            sink(run[0], run.len() as u64);
+        }
     }
 
     /// Drops every bucket that is full again; returns how many were dropped.
@@ -110,7 +241,7 @@ impl<C: Clock> MemoryStore<C> {
         for shard in self.shards.iter() {
             let mut shard = shard.lock();
             let before = shard.len();
-            shard.retain(|_, e| e.full_at_micros > now);
+            shard.retain(|_, e| !e.full_at.passed(now));
             dropped += before - shard.len();
             if shard.capacity() > 64 && shard.capacity() > shard.len() * 4 {
                 shard.shrink_to_fit();
@@ -129,11 +260,46 @@ impl<C: Clock> MemoryStore<C> {
     }
 }
 
+/// Makes room in a shard holding `cap` buckets or more: drops those full
+/// already, and if that is not an eighth of `cap`, the cheapest others (see
+/// the module's doc) until an eighth is free. Evicted buckets' rules go to
+/// `evicted`.
+fn make_room(shard: &mut Buckets, cap: usize, now: u64, evicted: &mut Vec<RuleId>) {
+    let target = cap - (cap / 8).max(1);
+    shard.retain(|_, e| !e.full_at.passed(now));
+    if shard.len() <= target {
+        return;
+    }
+    // Order of eviction: not spent recently before spent recently, then
+    // soonest full first. Find the k-th cheapest, then drop everything
+    // cheaper and as many of its equals as make up k.
+    let rank = |e: &Entry| (e.use_.tier(now), e.full_at);
+    let k = shard.len() - target;
+    let mut ranks: Vec<(u8, FullAt)> = shard.values().map(rank).collect();
+    let (cheaper, kth, _) = ranks.select_nth_unstable(k - 1);
+    let kth = *kth;
+    let mut equal_quota = k - cheaper.iter().filter(|r| **r < kth).count();
+    shard.retain(|_, e| {
+        let r = rank(e);
+        let drop = r < kth || (r == kth && equal_quota > 0);
+        if drop {
+            if r == kth {
+                equal_quota -= 1;
+            }
+            evicted.push(e.rule);
+        }
+        !drop
+    });
+}
+
 impl<C: Clock> MemoryStore<C> {
-    /// Runs [`MemoryStore::evict_full`] every `every` until the store is dropped.
-    pub fn spawn_sweeper(self: &Arc<Self>, every: Duration) {
-        crate::periodic::spawn_every(self, every, |store| {
+    /// Runs [`MemoryStore::evict_full`] every `every` until the store is
+    /// dropped, and sets the `rls_buckets` gauge.
+    pub fn spawn_sweeper(self: &Arc<Self>, every: Duration, metrics: Arc<Metrics>) {
+        metrics.buckets_held("memory", 0);
+        crate::periodic::spawn_every(self, every, move |store| {
             store.evict_full();
+            metrics.buckets_held("memory", store.len());
         });
     }
 }
@@ -165,6 +331,7 @@ mod tests {
             tag: key.as_bytes().to_vec(),
             buckets: vec![BucketRef {
                 key: key.as_bytes().to_vec(),
+                rule: Default::default(),
                 params: BucketParams {
                     capacity,
                     tokens_per_unit: rate,
@@ -231,6 +398,8 @@ mod tests {
         assert_eq!(store.len(), 101);
         assert_eq!(store.evict_full(), 0, "nothing full yet");
         clock.advance_secs_f64(0.2); // fast buckets needed 0.1 s
+        assert_eq!(store.evict_full(), 0, "kept to the whole second");
+        clock.advance_secs_f64(0.8);
         assert_eq!(store.evict_full(), 100);
         assert_eq!(store.len(), 1);
         clock.advance_secs_f64(5.0);
@@ -238,6 +407,130 @@ mod tests {
         // a forgotten bucket behaves as a full one
         let d = descriptor("slow", 10, 1);
         assert_eq!(store.decide_now(&d, Cost::Spend(1))[0].remaining, 9);
+    }
+
+    /// One bucket of `rule` for `key`: burst 10, one token per second.
+    fn of_rule(key: &str, rule: RuleId) -> DescriptorBuckets {
+        let mut d = descriptor(key, 10, 1);
+        d.buckets[0].rule = rule;
+        d
+    }
+
+    type Counted = Arc<parking_lot::Mutex<HashMap<RuleId, u64>>>;
+
+    fn counting() -> (Counted, EvictionSink) {
+        let counted: Counted = Arc::default();
+        let c = counted.clone();
+        (
+            counted,
+            Arc::new(move |rule, n| *c.lock().entry(rule).or_default() += n),
+        )
+    }
+
+    fn entry(full_in_secs: u32, touched_secs: u8, rule: RuleId) -> Entry {
+        Entry {
+            state: BucketState {
+                tokens: 0.0,
+                updated_micros: 0,
+            },
+            full_at: FullAt(100 + full_in_secs),
+            rule,
+            use_: Use {
+                touched_secs,
+                streak: 2,
+            },
+        }
+    }
+
+    #[test]
+    fn an_entry_is_24_bytes() {
+        assert_eq!(std::mem::size_of::<Entry>(), 24);
+    }
+
+    #[test]
+    fn making_room_drops_the_full_then_the_idle_closest_to_full() {
+        let now = 100 * 1_000_000;
+        let (a, b) = (RuleId::of("t", "a"), RuleId::of("t", "b"));
+        let mut shard = Buckets::new();
+        let mut put = |name: &str, e: Entry| shard.insert(name.as_bytes().into(), e);
+        put("full", entry(0, 50, a)); // full already: dropped, not counted
+        for i in 0..8 {
+            put(&format!("idle-near{i}"), entry(1 + i, 50, a)); // idle, nearly full
+            put(&format!("idle-far{i}"), entry(500 + i, 50, b)); // idle, far from full
+            put(&format!("active{i}"), entry(1, 99, b)); // touched a second ago
+        }
+        let mut evicted = Vec::new();
+        // cap 24: one pass frees an eighth, down to 21
+        make_room(&mut shard, 24, now, &mut evicted);
+        assert_eq!(shard.len(), 21);
+        assert_eq!(
+            evicted,
+            vec![a, a, a],
+            "the three idle buckets nearest to full"
+        );
+        for i in 0..3 {
+            assert!(!shard.contains_key(format!("idle-near{i}").as_bytes()));
+        }
+        assert!(shard.contains_key(b"idle-near3".as_slice()));
+        // only active ones left: then they go too, nearest to full first
+        let mut shard: Buckets = (0..8)
+            .map(|i| {
+                (
+                    format!("active{i}").into_bytes().into(),
+                    entry(1 + i, 100, b),
+                )
+            })
+            .collect();
+        evicted.clear();
+        make_room(&mut shard, 8, now, &mut evicted);
+        assert_eq!(evicted, vec![b]);
+        assert!(!shard.contains_key(b"active0".as_slice()));
+    }
+
+    #[test]
+    fn a_full_store_never_holds_more_than_its_cap_and_counts_every_eviction() {
+        let clock = ManualClock::new(1_000_000);
+        let (counted, sink) = counting();
+        let store = MemoryStore::with_cap(clock.clone(), 1_000, Some(sink));
+        let rule = RuleId::of("t", "flood");
+        for i in 0..10_000 {
+            let d = of_rule(&format!("k{i}"), rule);
+            assert!(store.decide_now(&d, Cost::Spend(5))[0].admitted);
+            assert!(store.len() <= store.max_buckets());
+        }
+        let evicted = counted.lock().get(&rule).copied().unwrap_or(0);
+        assert_eq!(evicted as usize + store.len(), 10_000, "held or counted");
+        assert!(store.len() >= store.max_buckets() * 7 / 8 - store.shards.len());
+    }
+
+    /// A flood of new values, each decided once and far from full, keeps
+    /// the shard at its cap and turns it over every 1.2 s; a bucket in
+    /// steady use (every 0.3 s) is nearer to full than any of them, and
+    /// still is never evicted.
+    #[test]
+    fn a_bucket_in_steady_use_outlives_a_flood_of_new_values() {
+        let clock = ManualClock::new(1_000_000);
+        let store = MemoryStore::with_cap(clock.clone(), 64 * 64, None);
+        let shard_cap = store.shard_cap;
+        let active = of_rule("active", RuleId::default()); // burst 10, 1/s
+        let same_shard =
+            |key: &str| std::ptr::eq(store.shard(key.as_bytes()), store.shard(b"active"));
+        let mut flood = (0..).map(|i| format!("new{i}")).filter(|k| same_shard(k));
+        let mut admitted = 0;
+        for _ in 0..40 {
+            // spends every 0.3 s while new values keep its shard full
+            clock.advance_secs_f64(0.3);
+            admitted += usize::from(store.decide_now(&active, Cost::Spend(1))[0].admitted);
+            // a quarter of the shard: it turns over every 1.2 s
+            for _ in 0..shard_cap / 4 {
+                let key = flood.next().expect("endless");
+                // 100 of 1,000 tokens gone at one per second: full in 100 s
+                store.decide_now(&descriptor(&key, 1_000, 1), Cost::Spend(100));
+            }
+        }
+        // burst 10, then one per second from 0.3 s to 12 s: exactly 10 + 11
+        // (an eviction would have brought it back full)
+        assert_eq!(admitted, 10 + 11);
     }
 
     #[test]

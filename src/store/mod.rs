@@ -10,12 +10,15 @@ pub mod redis;
 use async_trait::async_trait;
 
 use crate::bucket::{BucketOutcome, BucketParams, Cost};
+use crate::labels::RuleId;
 
-/// One bucket of a descriptor: its store key and its parameters.
+/// One bucket of a descriptor: its store key, its parameters, and the rule
+/// it belongs to.
 #[derive(Debug, Clone)]
 pub struct BucketRef {
     pub key: Vec<u8>,
     pub params: BucketParams,
+    pub rule: RuleId,
 }
 
 /// The buckets one descriptor spends from, decided together.

@@ -5,11 +5,14 @@
 //! `detailed_metric` or `value_to_metric`; a domain no rule file defines is
 //! counted as `_unknown`, so clients cannot grow the label set.
 
+use std::sync::Arc;
+
 use prometheus::{
     Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
     IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
+use crate::labels::RuleId;
 use crate::limiter::{Decision, Verdict};
 use crate::rules::{DescriptorEntry, FailureMode, RuleSet};
 use crate::store::StoreError;
@@ -38,6 +41,8 @@ pub struct Metrics {
     failure_policy: IntCounterVec,
     config_reloads: IntCounterVec,
     config_generation: IntGauge,
+    buckets: IntGaugeVec,
+    buckets_evicted: IntCounterVec,
     lease: LeaseMetrics,
 }
 
@@ -176,6 +181,22 @@ impl Metrics {
         let config_generation =
             IntGauge::new("rls_config_generation", "Generation of the rules in force")
                 .expect("valid metric");
+        let buckets = IntGaugeVec::new(
+            Opts::new(
+                "rls_buckets",
+                "Buckets held by the memory store (not yet full again)",
+            ),
+            &["store"],
+        )
+        .expect("valid metric");
+        let buckets_evicted = IntCounterVec::new(
+            Opts::new(
+                "rls_buckets_evicted_total",
+                "Buckets evicted before they were full, to keep the store within --max-buckets",
+            ),
+            &["domain", "rule"],
+        )
+        .expect("valid metric");
         let lease = LeaseMetrics::new();
         for c in [
             Box::new(decisions.clone()) as Box<dyn prometheus::core::Collector>,
@@ -188,6 +209,8 @@ impl Metrics {
             Box::new(failure_policy.clone()),
             Box::new(config_reloads.clone()),
             Box::new(config_generation.clone()),
+            Box::new(buckets.clone()),
+            Box::new(buckets_evicted.clone()),
         ]
         .into_iter()
         .chain(lease.collectors())
@@ -216,6 +239,8 @@ impl Metrics {
             failure_policy,
             config_reloads,
             config_generation,
+            buckets,
+            buckets_evicted,
             lease,
         }
     }
@@ -294,6 +319,31 @@ impl Metrics {
     }
 
     /// `node`'s breaker opened (or closed).
+    /// How many buckets `store` holds now.
+    pub fn buckets_held(&self, store: &str, n: usize) {
+        self.buckets
+            .with_label_values(&[store])
+            .set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    /// `n` buckets of `rule` evicted to make room.
+    pub fn buckets_evicted(&self, rule: RuleId, n: u64) {
+        let (domain, rule) = rule.labels();
+        self.buckets_evicted
+            .with_label_values(&[&domain, &rule])
+            .inc_by(n);
+    }
+
+    /// A [`crate::store::memory::EvictionSink`] counting here.
+    pub fn eviction_sink(self: &Arc<Self>) -> crate::store::memory::EvictionSink {
+        let metrics = Arc::downgrade(self);
+        Arc::new(move |rule, n| {
+            if let Some(m) = metrics.upgrade() {
+                m.buckets_evicted(rule, n);
+            }
+        })
+    }
+
     pub fn breaker_open(&self, node: &str, open: bool) {
         self.breaker_open
             .with_label_values(&[node])

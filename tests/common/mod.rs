@@ -37,6 +37,7 @@ pub fn serve_args(config: PathBuf) -> ServeArgs {
         redis_ca_file: None,
         redis_client_cert: None,
         redis_client_key: None,
+        max_buckets: tokenbucket_rls::store::memory::DEFAULT_MAX_BUCKETS,
         max_in_flight: 10_000,
         failure_mode: FailureMode::Open,
         instances: 1,

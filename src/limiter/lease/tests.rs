@@ -265,6 +265,7 @@ fn bucket(capacity: u64, tokens_per_unit: u64, unit_secs: u64) -> DescriptorBuck
         tag: b"hot".to_vec(),
         buckets: vec![BucketRef {
             key: b"hot#0".to_vec(),
+            rule: Default::default(),
             params: BucketParams {
                 capacity,
                 tokens_per_unit,
