@@ -131,7 +131,9 @@ pub async fn start(args: &ServeArgs) -> Result<RunningServer> {
             let redis = RedisStore::connect(&settings)
                 .await
                 .map_err(anyhow::Error::msg)?;
-            Arc::new(Breakers::new(Arc::new(redis), metrics.clone()))
+            let redis = Arc::new(redis);
+            redis.spawn_memory_watch(metrics.clone());
+            Arc::new(Breakers::new(redis, metrics.clone()))
         }
     };
     let limiter = Arc::new(Limiter::with_max_in_flight(

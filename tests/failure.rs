@@ -274,3 +274,106 @@ async fn the_callers_deadline_caps_the_store_call() {
     assert!(!from_store(&r), "answered by the open failure mode");
     assert_eq!(metric(&s, "rls_failure_policy_total{mode=\"open\"}"), 1.0);
 }
+
+/// `used_memory` and `maxmemory` of a server, from `INFO memory`.
+fn memory(redis: &RedisServer) -> (u64, u64) {
+    let info = redis.cli(&["INFO", "memory"]);
+    let field = |name: &str| {
+        info.lines()
+            .find_map(|l| l.trim().strip_prefix(name)?.strip_prefix(':'))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .expect("INFO memory field")
+    };
+    (field("used_memory"), field("maxmemory"))
+}
+
+async fn readyz(s: &RunningServer) -> (u16, String) {
+    let r = reqwest::get(format!("http://{}/readyz", s.admin_addr))
+        .await
+        .expect("readyz");
+    (r.status().as_u16(), r.text().await.expect("body"))
+}
+
+/// A flood of new values fills a Redis with a small `maxmemory` and
+/// `noeviction`: `/readyz` warns first, then writes fail with `OOM`,
+/// counted as their own kind, and the failure modes answer (open: OK, closed:
+/// an error); nothing crashes or hangs, and the instance stays ready.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_redis_warns_first_then_its_oom_errors_answer_by_the_failure_modes() {
+    let redis = RedisServer::standalone();
+    let dir = rules_dir(
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: day, requests_per_unit: 10, burst: 100}\n  - key: closed\n    failure_mode: closed\n    rate_limit: {unit: day, requests_per_unit: 10, burst: 100}\n",
+    );
+    let (s, c) = start(&redis.url(), &dir, 500).await;
+    // room for a few thousand bucket keys above what the server uses now
+    let (used, _) = memory(&redis);
+    let limit = (used + 512 * 1024).to_string();
+    assert!(redis
+        .cli(&["CONFIG", "SET", "maxmemory", &limit])
+        .contains("OK"));
+    let mut warned = false;
+    let mut next = 0;
+    for _ in 0..400 {
+        let batch: Vec<_> = (0..50)
+            .map(|i| {
+                let mut c = c.clone();
+                let v = format!("flood-{}", next + i);
+                tokio::spawn(async move { call(&mut c, &v).await })
+            })
+            .collect();
+        next += 50;
+        for b in batch {
+            b.await.expect("answered");
+        }
+        let (used, max) = memory(&redis);
+        if !warned && used * 100 >= max * 85 {
+            // the watch reads every second: the warning shows before writes fail
+            assert_eq!(metric(&s, "rls_store_errors_total{kind=\"oom\"}"), 0.0);
+            let deadline = Instant::now() + Duration::from_secs(5);
+            loop {
+                let (status, body) = readyz(&s).await;
+                assert_eq!(status, 200, "{body}");
+                if body.contains("of maxmemory") {
+                    break;
+                }
+                assert!(Instant::now() < deadline, "no warning at 85 %: {body}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            warned = true;
+        }
+        if metric(&s, "rls_store_errors_total{kind=\"oom\"}") > 0.0 {
+            break;
+        }
+    }
+    assert!(warned, "never reached 85 % of maxmemory");
+    let oom = metric(&s, "rls_store_errors_total{kind=\"oom\"}");
+    assert!(oom > 0.0, "the flood never met OOM");
+    assert_eq!(metric(&s, "rls_store_errors_total{kind=\"script\"}"), 0.0);
+    let text = s.metrics.render();
+    assert!(
+        text.lines().any(
+            |l| l.starts_with("rls_store_node_memory_bytes{kind=\"max\"")
+                && l.ends_with(&format!(" {limit}"))
+        ),
+        "maxmemory exported per node"
+    );
+    // Near the limit, used_memory moves with client buffers, so a write
+    // may pass now and then; well below what it holds, none does: a new
+    // open key is answered by its mode, a closed one refused.
+    let (used, _) = memory(&redis);
+    assert!(redis
+        .cli(&["CONFIG", "SET", "maxmemory", &(used / 2).to_string()])
+        .contains("OK"));
+    let mut c = c;
+    let r = call(&mut c, "after-the-flood").await;
+    assert!(!from_store(&r), "OK from the open mode");
+    let closed = c
+        .should_rate_limit(request("d", vec![descriptor(&[("closed", "x")])]))
+        .await;
+    assert!(closed.is_err(), "the closed mode refuses: {closed:?}");
+    assert_eq!(
+        readyz(&s).await.0,
+        200,
+        "a full Redis is not this instance's problem"
+    );
+}

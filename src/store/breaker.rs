@@ -55,7 +55,9 @@ pub enum CallOutcome {
 impl CallOutcome {
     pub fn of<T>(result: &Result<T, StoreError>) -> Option<Self> {
         match result {
-            Ok(_) | Err(StoreError::Script(_)) => Some(CallOutcome::Answered),
+            Ok(_) | Err(StoreError::Script(_) | StoreError::OutOfMemory(_)) => {
+                Some(CallOutcome::Answered)
+            }
             Err(StoreError::Timeout) => Some(CallOutcome::Timeout),
             Err(StoreError::Connection(_)) => Some(CallOutcome::Connection),
             Err(StoreError::BreakerOpen | StoreError::Overloaded) => None,

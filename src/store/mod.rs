@@ -39,6 +39,9 @@ pub enum StoreError {
     Connection(String),
     #[error("store script failed: {0}")]
     Script(String),
+    /// Redis is at its `maxmemory` (with `noeviction`) and refuses writes.
+    #[error("store out of memory: {0}")]
+    OutOfMemory(String),
     #[error("store unavailable (circuit breaker open)")]
     BreakerOpen,
     #[error("too many store calls in flight (--max-in-flight)")]
@@ -47,10 +50,11 @@ pub enum StoreError {
 
 impl StoreError {
     /// Every value of [`StoreError::kind`].
-    pub const KINDS: [&'static str; 5] = [
+    pub const KINDS: [&'static str; 6] = [
         "timeout",
         "connection",
         "script",
+        "oom",
         "breaker_open",
         "overloaded",
     ];
@@ -61,6 +65,7 @@ impl StoreError {
             StoreError::Timeout => "timeout",
             StoreError::Connection(_) => "connection",
             StoreError::Script(_) => "script",
+            StoreError::OutOfMemory(_) => "oom",
             StoreError::BreakerOpen => "breaker_open",
             StoreError::Overloaded => "overloaded",
         }

@@ -43,6 +43,7 @@ pub struct Metrics {
     config_generation: IntGauge,
     buckets: IntGaugeVec,
     buckets_evicted: IntCounterVec,
+    node_memory: IntGaugeVec,
     lease: LeaseMetrics,
 }
 
@@ -197,6 +198,14 @@ impl Metrics {
             &["domain", "rule"],
         )
         .expect("valid metric");
+        let node_memory = IntGaugeVec::new(
+            Opts::new(
+                "rls_store_node_memory_bytes",
+                "A Redis primary's used_memory and maxmemory (0: no limit), read every second",
+            ),
+            &["node", "kind"],
+        )
+        .expect("valid metric");
         let lease = LeaseMetrics::new();
         for c in [
             Box::new(decisions.clone()) as Box<dyn prometheus::core::Collector>,
@@ -211,6 +220,7 @@ impl Metrics {
             Box::new(config_generation.clone()),
             Box::new(buckets.clone()),
             Box::new(buckets_evicted.clone()),
+            Box::new(node_memory.clone()),
         ]
         .into_iter()
         .chain(lease.collectors())
@@ -241,6 +251,7 @@ impl Metrics {
             config_generation,
             buckets,
             buckets_evicted,
+            node_memory,
             lease,
         }
     }
@@ -324,6 +335,15 @@ impl Metrics {
         self.buckets
             .with_label_values(&[store])
             .set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    /// A Redis primary's memory (`kind` `used` and `max`).
+    pub fn node_memory(&self, node: &str, used: u64, max: u64) {
+        for (kind, v) in [("used", used), ("max", max)] {
+            self.node_memory
+                .with_label_values(&[node, kind])
+                .set(i64::try_from(v).unwrap_or(i64::MAX));
+        }
     }
 
     /// `n` buckets of `rule` evicted to make room.

@@ -9,6 +9,7 @@
 //! timed out or lost its connection is never re-sent, since it may have
 //! deducted: the caller's failure policy answers instead.
 
+pub mod memory;
 pub mod nodes;
 pub mod url;
 
@@ -23,10 +24,12 @@ use fred::prelude::*;
 use fred::types::config::{Options, ServerConfig};
 use parking_lot::RwLock;
 
+use self::memory::NodeMemory;
 use self::nodes::{ClientRecipe, NodeClients, Routing};
 use super::breaker::Nodes;
 use super::{DescriptorBuckets, Store, StoreError};
 use crate::bucket::{BucketOutcome, Cost, NeverReason};
+use crate::telemetry::Metrics;
 
 /// The decision script, kept in its own file.
 pub const SCRIPT: &str = include_str!("bucket.lua");
@@ -91,6 +94,8 @@ const PROBE_TIMEOUT: Duration = Duration::from_millis(250);
 pub struct RedisStatus {
     /// Servers whose `maxmemory-policy` may evict bucket keys.
     pub eviction_warnings: Vec<String>,
+    /// Primaries near their `maxmemory`.
+    pub memory_warnings: Vec<String>,
 }
 
 pub struct RedisStore {
@@ -225,6 +230,43 @@ impl RedisStore {
         self.status.write().eviction_warnings = warnings;
     }
 
+    /// Reads every primary's memory every [`memory::MEMORY_WATCH`] until the
+    /// store is gone: gauges per node, and warnings for `/readyz`.
+    pub fn spawn_memory_watch(self: &Arc<Self>, metrics: Arc<Metrics>) {
+        crate::periodic::spawn_every(self, memory::MEMORY_WATCH, move |store| {
+            let routing = store.routing.read().clone();
+            let status = store.status.clone();
+            let metrics = metrics.clone();
+            tokio::spawn(async move {
+                let opts = Options {
+                    timeout: Some(PROBE_TIMEOUT),
+                    fail_fast: true,
+                    max_attempts: Some(1),
+                    ..Options::default()
+                };
+                let reads = routing.nodes.iter().map(|node| async {
+                    let info: Result<String, _> = node
+                        .clients
+                        .probe
+                        .with_options(&opts)
+                        .info(Some(fred::types::InfoKind::Memory))
+                        .await;
+                    (
+                        node.name.clone(),
+                        info.ok().as_deref().and_then(NodeMemory::parse),
+                    )
+                });
+                let mut warnings = Vec::new();
+                for (name, read) in futures::future::join_all(reads).await {
+                    let Some(m) = read else { continue };
+                    metrics.node_memory(&name, m.used, m.max);
+                    warnings.extend(m.warning(&name));
+                }
+                status.write().memory_warnings = warnings;
+            });
+        });
+    }
+
     /// Runs the script on `pool`, sending it once with `EVAL` when the
     /// server's script cache is empty (flush, restart, failover).
     async fn run_on(
@@ -320,6 +362,9 @@ fn store_error(e: RedisError) -> StoreError {
         | ErrorKind::Routing
         | ErrorKind::Cluster
         | ErrorKind::Backpressure => StoreError::Connection(e.to_string()),
+        _ if e.details().contains("OOM command not allowed") => {
+            StoreError::OutOfMemory(e.details().to_string())
+        }
         _ => StoreError::Script(e.to_string()),
     }
 }
@@ -434,7 +479,13 @@ impl Store for RedisStore {
     }
 
     fn warnings(&self) -> Vec<String> {
-        self.status.read().eviction_warnings.clone()
+        let status = self.status.read();
+        status
+            .eviction_warnings
+            .iter()
+            .chain(&status.memory_warnings)
+            .cloned()
+            .collect()
     }
 }
 
