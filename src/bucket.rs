@@ -188,6 +188,15 @@ impl BucketParams {
         let micros = (missing * self.unit_secs as f64 * 1e6 / self.tokens_per_unit as f64).ceil();
         Some(state.updated_micros.saturating_add(micros as u64))
     }
+
+    /// How long an empty bucket takes to fill; `u64::MAX`: never.
+    pub fn micros_from_empty_to_full(&self) -> u64 {
+        let empty = BucketState {
+            tokens: 0.0,
+            updated_micros: 0,
+        };
+        self.full_at_micros(&empty).unwrap_or(u64::MAX)
+    }
 }
 
 enum Rejection {

@@ -16,6 +16,8 @@ pub enum KeyOrigin {
     Rule,
     /// The limit Envoy sent in the request (`RateLimitDescriptor.limit`).
     Override,
+    /// The shared bucket of a `max_values` rule's overflow.
+    Overflow,
 }
 
 const VERSION: u8 = 1;
@@ -45,6 +47,7 @@ pub fn descriptor_tag<'a>(
     out.push(match origin {
         KeyOrigin::Rule => b'r',
         KeyOrigin::Override => b'o',
+        KeyOrigin::Overflow => b'f',
     });
     put(&mut out, domain.as_bytes());
     for (key, value) in entries {

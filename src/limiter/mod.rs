@@ -8,8 +8,9 @@
 
 pub mod key;
 pub mod lease;
+pub mod values;
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use std::time::Instant;
@@ -18,7 +19,7 @@ use futures::future::join_all;
 use tracing::Instrument;
 
 use crate::bucket::{BucketOutcome, BucketParams, Cost};
-use crate::clock::MonotonicClock;
+use crate::clock::{Clock, MonotonicClock};
 use crate::labels::RuleId;
 use crate::rules::{
     BucketValue, DescriptorEntry, FailureMode, Limit, Rule, RuleAction, RuleSet, Unit,
@@ -29,6 +30,7 @@ use crate::telemetry::tracing::SPAN_TARGET;
 use crate::telemetry::Metrics;
 use key::KeyOrigin;
 use lease::Leases;
+use values::RuleValues;
 
 /// One descriptor of a request, as the limiter needs it.
 #[derive(Debug)]
@@ -162,6 +164,9 @@ pub struct Limiter {
     instances: u32,
     /// Local batches of tokens for rules with `lease:`.
     leases: Arc<Leases<MonotonicClock>>,
+    /// The descriptors of each `max_values` rule that have buckets of their own.
+    values: parking_lot::Mutex<HashMap<RuleId, RuleValues>>,
+    clock: MonotonicClock,
 }
 
 impl Limiter {
@@ -206,6 +211,8 @@ impl Limiter {
             default_failure_mode,
             local,
             instances: instances.max(1),
+            values: parking_lot::Mutex::default(),
+            clock: MonotonicClock::new(),
         }
     }
 
@@ -247,7 +254,8 @@ impl Limiter {
         descriptors: &[DescriptorInput<'_, E>],
         budget: Option<std::time::Duration>,
     ) -> Result<Vec<Decision>, Unavailable> {
-        let plans = plan(rules, domain, descriptors);
+        let mut plans = plan(rules, domain, descriptors);
+        self.bound_values(domain, &mut plans);
         let generation = rules.generation();
         if let [only] = plans.as_slice() {
             return Ok(vec![self.decide_plan(only, generation, budget).await?]);
@@ -260,6 +268,57 @@ impl Limiter {
         .await
         .into_iter()
         .collect()
+    }
+
+    /// Sends each descriptor of a `max_values` rule that has no buckets of
+    /// its own, while the rule holds its maximum, to the rule's overflow
+    /// bucket. Each of `--instances` instances holds its share of the
+    /// maximum (see `values`).
+    fn bound_values(&self, domain: &str, plans: &mut [Plan<'_>]) {
+        for p in plans.iter_mut() {
+            let Plan::Buckets {
+                rule: Some(rule),
+                limits,
+                buckets,
+                ..
+            } = p
+            else {
+                continue;
+            };
+            let Some(max) = rule.max_values else {
+                continue;
+            };
+            let share =
+                usize::try_from(max.div_ceil(u64::from(self.instances))).unwrap_or(usize::MAX);
+            let idle_micros = buckets
+                .buckets
+                .iter()
+                .map(|b| b.params.micros_from_empty_to_full())
+                .max()
+                .unwrap_or(0);
+            let now = self.clock.now_micros();
+            let own = self.values.lock().entry(rule.id).or_default().admit(
+                &buckets.tag,
+                share,
+                idle_micros,
+                now,
+            );
+            if own {
+                continue;
+            }
+            self.metrics.value_overflowed(rule.id);
+            let tag = key::descriptor_tag(
+                KeyOrigin::Overflow,
+                domain,
+                [(rule.path.as_str(), BucketValue::Shared(""))].into_iter(),
+            );
+            for (b, l) in buckets.buckets.iter_mut().zip(limits.iter()) {
+                if let LimitRef::Rule(l) = l {
+                    b.key = key::bucket_key(&tag, &l.bucket_id);
+                }
+            }
+            buckets.tag = tag;
+        }
     }
 
     async fn decide_plan(

@@ -162,25 +162,39 @@ fn compile_level(
 
 fn compile_rule(scope: &Scope<'_>, doc: &DescriptorDoc, errors: &mut ConfigErrors) -> Option<Rule> {
     let action = compile_action(scope, doc, errors);
-    let lease = match (&doc.lease, &action) {
-        (None, _) => None,
-        (Some(_), None) if doc.rate_limit.is_none() && doc.limits.is_none() => {
-            scope.error(
+    let lease = match &doc.lease {
+        None => None,
+        Some(l) => {
+            let limits = limits_for(
+                scope,
+                doc,
+                &action,
+                "`lease`",
+                "no bucket to lease from",
                 errors,
-                "`lease` needs a `rate_limit` or `limits` on the same descriptor",
-            );
-            return None;
-        }
-        (Some(_), None) => return None, // the limits' own errors say why
-        (Some(_), Some(RuleAction::Unlimited { .. })) => {
-            scope.error(
-                errors,
-                "`lease` on an unlimited rule: there is no bucket to lease from",
-            );
-            return None;
-        }
-        (Some(l), Some(RuleAction::Limited(limits))) => {
+            )?;
             Some(compile_lease(scope, l, limits, errors)?)
+        }
+    };
+    let max_values = match doc.max_values {
+        None => None,
+        Some(n) => {
+            limits_for(
+                scope,
+                doc,
+                &action,
+                "`max_values`",
+                "no bucket to bound",
+                errors,
+            )?;
+            if n == 0 {
+                scope.error(
+                    errors,
+                    "`max_values: 0`: at least one descriptor must have buckets of its own",
+                );
+                return None;
+            }
+            Some(n)
         }
     };
     let mut rule = Rule {
@@ -194,10 +208,43 @@ fn compile_rule(scope: &Scope<'_>, doc: &DescriptorDoc, errors: &mut ConfigError
         value_to_metric: doc.value_to_metric,
         failure_mode: scope.failure_mode,
         lease,
+        max_values,
         id: Default::default(),
     };
     rule.id = crate::labels::RuleId::of(&rule.domain, rule.label());
     Some(rule)
+}
+
+/// The limits of the descriptor carrying `option` (which needs buckets);
+/// `None`, with the reason reported, when it has none: no limits at all, an
+/// unlimited rule (`unlimited`: what is missing), or limits that failed to
+/// compile (their own errors say why).
+fn limits_for<'a>(
+    scope: &Scope<'_>,
+    doc: &DescriptorDoc,
+    action: &'a Option<RuleAction>,
+    option: &str,
+    unlimited: &str,
+    errors: &mut ConfigErrors,
+) -> Option<&'a [Limit]> {
+    match action {
+        Some(RuleAction::Limited(limits)) => Some(limits),
+        Some(RuleAction::Unlimited { .. }) => {
+            scope.error(
+                errors,
+                format!("{option} on an unlimited rule: there is {unlimited}"),
+            );
+            None
+        }
+        None if doc.rate_limit.is_none() && doc.limits.is_none() => {
+            scope.error(
+                errors,
+                format!("{option} needs a `rate_limit` or `limits` on the same descriptor"),
+            );
+            None
+        }
+        None => None,
+    }
 }
 
 /// Shortest and longest lease `ttl` accepted.

@@ -33,6 +33,10 @@ pub struct Rule {
     pub failure_mode: Option<FailureMode>,
     /// Spend through local leases of the shared bucket (`lease:`).
     pub lease: Option<LeaseConfig>,
+    /// `max_values:` at most this many distinct descriptors get buckets of
+    /// their own; the others share the rule's overflow bucket.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_values: Option<u64>,
     /// (domain, [`Rule::label`]) as a small id, for what stores count per bucket.
     #[serde(skip)]
     pub id: crate::labels::RuleId,

@@ -59,6 +59,10 @@ pub struct DescriptorDoc {
     /// envoyproxy/ratelimit).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lease: Option<LeaseDoc>,
+    /// At most this many distinct descriptors of the rule get buckets of
+    /// their own; the rest share one (ours, not in envoyproxy/ratelimit).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_values: Option<u64>,
 }
 
 /// `lease: {size: 50, ttl: 1s}`.

@@ -320,6 +320,34 @@ descriptors:
 }
 
 #[test]
+fn bad_max_values_are_named() {
+    let cases = [
+        (
+            "max_values: 0\n    rate_limit: {unit: second, requests_per_unit: 5}",
+            "`max_values: 0`",
+        ),
+        (
+            "max_values: 10\n    rate_limit: {unlimited: true}",
+            "`max_values` on an unlimited rule",
+        ),
+        (
+            "max_values: 10",
+            "`max_values` needs a `rate_limit` or `limits`",
+        ),
+        (
+            "max_values: many\n    rate_limit: {unit: second, requests_per_unit: 5}",
+            "max_values",
+        ),
+    ];
+    for (rule, expected) in cases {
+        let yaml = format!("domain: d\ndescriptors:\n  - key: k\n    {rule}\n");
+        let e = errors(&yaml);
+        assert!(e.contains(expected), "for {rule}: {e}");
+        assert!(e.contains("rules.yaml"), "{e}");
+    }
+}
+
+#[test]
 fn bad_leases_are_named() {
     let cases = [
         (

@@ -44,6 +44,7 @@ pub struct Metrics {
     buckets: IntGaugeVec,
     buckets_evicted: IntCounterVec,
     node_memory: IntGaugeVec,
+    values_overflowed: IntCounterVec,
     lease: LeaseMetrics,
 }
 
@@ -206,6 +207,14 @@ impl Metrics {
             &["node", "kind"],
         )
         .expect("valid metric");
+        let values_overflowed = IntCounterVec::new(
+            Opts::new(
+                "rls_values_overflowed_total",
+                "Descriptors of a max_values rule decided by its shared overflow bucket",
+            ),
+            &["domain", "rule"],
+        )
+        .expect("valid metric");
         let lease = LeaseMetrics::new();
         for c in [
             Box::new(decisions.clone()) as Box<dyn prometheus::core::Collector>,
@@ -221,6 +230,7 @@ impl Metrics {
             Box::new(buckets.clone()),
             Box::new(buckets_evicted.clone()),
             Box::new(node_memory.clone()),
+            Box::new(values_overflowed.clone()),
         ]
         .into_iter()
         .chain(lease.collectors())
@@ -252,6 +262,7 @@ impl Metrics {
             buckets,
             buckets_evicted,
             node_memory,
+            values_overflowed,
             lease,
         }
     }
@@ -344,6 +355,14 @@ impl Metrics {
                 .with_label_values(&[node, kind])
                 .set(i64::try_from(v).unwrap_or(i64::MAX));
         }
+    }
+
+    /// A descriptor of a `max_values` rule sent to its overflow bucket.
+    pub fn value_overflowed(&self, rule: RuleId) {
+        let (domain, rule) = rule.labels();
+        self.values_overflowed
+            .with_label_values(&[&domain, &rule])
+            .inc();
     }
 
     /// `n` buckets of `rule` evicted to make room.
