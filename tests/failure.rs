@@ -325,27 +325,26 @@ async fn a_full_redis_warns_first_then_its_oom_errors_answer_by_the_failure_mode
         for b in batch {
             b.await.expect("answered");
         }
+        // the warning must show before the first OOM
+        let oom = metric(&s, "rls_store_errors_total{kind=\"oom\"}");
+        if !warned {
+            let (status, body) = readyz(&s).await;
+            assert_eq!(status, 200, "{body}");
+            warned = body.contains("of maxmemory");
+            assert!(warned || oom == 0.0, "OOM before any warning: {body}");
+        }
+        // past 80 % by this test's own reading, flood slowly, so that the
+        // once-a-second watch reads the node several times before it is full
+        // (client buffers make used_memory move by tens of KB either way)
         let (used, max) = memory(&redis);
-        if !warned && used * 100 >= max * 85 {
-            // the watch reads every second: the warning shows before writes fail
-            assert_eq!(metric(&s, "rls_store_errors_total{kind=\"oom\"}"), 0.0);
-            let deadline = Instant::now() + Duration::from_secs(5);
-            loop {
-                let (status, body) = readyz(&s).await;
-                assert_eq!(status, 200, "{body}");
-                if body.contains("of maxmemory") {
-                    break;
-                }
-                assert!(Instant::now() < deadline, "no warning at 85 %: {body}");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            warned = true;
+        if used * 100 >= max * 80 {
+            tokio::time::sleep(Duration::from_millis(200)).await;
         }
         if metric(&s, "rls_store_errors_total{kind=\"oom\"}") > 0.0 {
             break;
         }
     }
-    assert!(warned, "never reached 85 % of maxmemory");
+    assert!(warned, "never warned");
     let oom = metric(&s, "rls_store_errors_total{kind=\"oom\"}");
     assert!(oom > 0.0, "the flood never met OOM");
     assert_eq!(metric(&s, "rls_store_errors_total{kind=\"script\"}"), 0.0);
