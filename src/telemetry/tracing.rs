@@ -116,11 +116,14 @@ pub fn init(format: LogFormat, otlp_endpoint: Option<&str>) -> Result<TracingGua
         }
         None => (None, None),
     };
-    Registry::default()
-        .with(logs)
-        .with(traces)
-        .try_init()
-        .context("cannot install the log subscriber")?;
+    // No `Option` layer for absent traces: a `None` layer answers
+    // "always interested" for every callsite, which would have the registry
+    // build every span (h2's and ours) on every request for nothing.
+    match traces {
+        Some(traces) => Registry::default().with(logs).with(traces).try_init(),
+        None => Registry::default().with(logs).try_init(),
+    }
+    .context("cannot install the log subscriber")?;
     Ok(TracingGuard { provider })
 }
 
