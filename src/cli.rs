@@ -84,6 +84,13 @@ pub struct ServeArgs {
     /// and its rule's failure mode answers.
     #[arg(long, env = "RLS_MAX_IN_FLIGHT", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
     pub max_in_flight: u64,
+    /// Threads serving gRPC, each a single-threaded runtime that keeps its
+    /// connections (handed out round-robin); 0 serves on the shared
+    /// multi-thread runtime instead. Default: one per core with the memory
+    /// store, 0 with the Redis store (its connections run on the shared
+    /// runtime). TLS is always served on the shared runtime.
+    #[arg(long, env = "RLS_SERVING_THREADS")]
+    pub serving_threads: Option<usize>,
     /// What rules without their own `failure_mode` do when the store fails.
     #[arg(long, env = "RLS_FAILURE_MODE", value_enum, default_value = "open")]
     pub failure_mode: FailureMode,
@@ -111,4 +118,14 @@ pub struct ServeArgs {
     /// Log lines as text or JSON (level from RUST_LOG, default info).
     #[arg(long, env = "RLS_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,
+}
+
+impl ServeArgs {
+    /// `--serving-threads`, or its default for the store.
+    pub fn serving_threads(&self) -> usize {
+        self.serving_threads.unwrap_or_else(|| match self.store {
+            StoreKind::Memory => std::thread::available_parallelism().map_or(1, |n| n.get()),
+            StoreKind::Redis => 0,
+        })
+    }
 }

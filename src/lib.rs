@@ -8,6 +8,7 @@
 //! and [`server`] sit beside the path.
 
 pub mod admin;
+pub mod background;
 pub mod bucket;
 pub mod cli;
 pub mod clock;
@@ -18,6 +19,7 @@ pub mod periodic;
 pub mod rules;
 pub mod server;
 pub mod service;
+pub mod serving;
 pub mod store;
 pub mod telemetry;
 pub mod tls;

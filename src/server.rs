@@ -20,6 +20,7 @@ use crate::limiter::Limiter;
 use crate::rules::reload::Reloader;
 use crate::rules::{self, LoadOptions};
 use crate::service::{RateLimitGrpc, ResponseOptions, SharedRules};
+use crate::serving;
 use crate::store::breaker::Breakers;
 use crate::store::memory::MemoryStore;
 use crate::store::redis::{RedisSettings, RedisStore};
@@ -180,14 +181,16 @@ pub async fn start(args: &ServeArgs) -> Result<RunningServer> {
     let (reporter, health_service) = tonic_health::server::health_reporter();
     health.clone().spawn_grpc_sync(reporter);
 
-    let router = tonic::transport::Server::builder()
-        .max_concurrent_streams(Some(MAX_STREAMS_PER_CONNECTION))
-        .add_service(health_service)
-        .add_service(
-            RateLimitServiceServer::new(service).max_decoding_message_size(MAX_REQUEST_BYTES),
-        );
+    let rls = RateLimitServiceServer::new(service).max_decoding_message_size(MAX_REQUEST_BYTES);
+    let router = move || {
+        tonic::transport::Server::builder()
+            .max_concurrent_streams(Some(MAX_STREAMS_PER_CONNECTION))
+            .add_service(health_service.clone())
+            .add_service(rls.clone())
+    };
     let grpc_stopped = until_stopped(stopped.clone());
-    let grpc: futures::future::BoxFuture<'static, Result<(), tonic::transport::Error>> =
+    let threads = args.serving_threads();
+    let grpc: futures::future::BoxFuture<'static, Result<()>> =
         match (&args.tls_cert, &args.tls_key) {
             (Some(cert), Some(key)) => {
                 let tls = ReloadingTls::load(TlsFiles {
@@ -196,14 +199,25 @@ pub async fn start(args: &ServeArgs) -> Result<RunningServer> {
                     client_ca: args.tls_client_ca.clone(),
                 })?;
                 tls.spawn_reloader();
-                Box::pin(
-                    router.serve_with_incoming_shutdown(tls.incoming(grpc_listener), grpc_stopped),
-                )
+                let serve = router()
+                    .serve_with_incoming_shutdown(tls.incoming(grpc_listener), grpc_stopped);
+                Box::pin(async move { serve.await.context("gRPC server failed") })
             }
-            _ => Box::pin(router.serve_with_incoming_shutdown(
-                tonic::transport::server::TcpIncoming::from(grpc_listener).with_nodelay(Some(true)),
-                grpc_stopped,
-            )),
+            _ if threads > 0 => {
+                let serve: serving::ServeFn = Arc::new(move |incoming, stopped| {
+                    Box::pin(router().serve_with_incoming_shutdown(incoming, stopped))
+                });
+                let serving = serving::start(grpc_listener, threads, serve, stopped.clone())?;
+                Box::pin(async move { serving.await.context("serving threads panicked")? })
+            }
+            _ => {
+                let serve = router().serve_with_incoming_shutdown(
+                    tonic::transport::server::TcpIncoming::from(grpc_listener)
+                        .with_nodelay(Some(true)),
+                    grpc_stopped,
+                );
+                Box::pin(async move { serve.await.context("gRPC server failed") })
+            }
         };
     let admin = axum::serve(
         admin_listener,
@@ -216,7 +230,7 @@ pub async fn start(args: &ServeArgs) -> Result<RunningServer> {
     .with_graceful_shutdown(until_stopped(stopped));
 
     let tasks = vec![
-        tokio::spawn(async move { grpc.await.context("gRPC server failed") }),
+        tokio::spawn(grpc),
         tokio::spawn(async move { admin.await.context("admin server failed") }),
     ];
     tracing::info!(

@@ -381,7 +381,7 @@ impl<C: Clock> Leases<C> {
     /// Spawns the worker of a lease whose `working` the caller just set.
     fn start_worker(self: &Arc<Self>, lease: Arc<Lease>) {
         let leases = self.clone();
-        tokio::spawn(async move { leases.work(&lease).await });
+        crate::background::spawn(async move { leases.work(&lease).await });
     }
 
     /// The worker: store calls one after another until nothing is asked.

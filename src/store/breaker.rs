@@ -271,7 +271,7 @@ impl<S: Store + Nodes> Breakers<S> {
             cells: self.cells.clone(),
             metrics: self.metrics.clone(),
         };
-        tokio::spawn(async move {
+        crate::background::spawn(async move {
             loop {
                 let ok = this.inner.probe(&node).await.is_ok();
                 let (change, again) = cell.update(|s| s.probed(ok));

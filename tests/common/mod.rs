@@ -39,6 +39,7 @@ pub fn serve_args(config: PathBuf) -> ServeArgs {
         redis_client_key: None,
         max_buckets: tokenbucket_rls::store::memory::DEFAULT_MAX_BUCKETS,
         max_in_flight: 10_000,
+        serving_threads: None,
         failure_mode: FailureMode::Open,
         instances: 1,
         response_headers: false,
