@@ -54,6 +54,11 @@ impl RuleId {
         id
     }
 
+    /// A dense index (0 for the default), for tables by rule.
+    pub fn index(self) -> usize {
+        usize::from(self.0)
+    }
+
     /// The (domain, rule) labels of this id.
     pub fn labels(self) -> (Arc<str>, Arc<str>) {
         let registry = registry().read();

@@ -5,7 +5,9 @@
 //! `detailed_metric` or `value_to_metric`; a domain no rule file defines is
 //! counted as `_unknown`, so clients cannot grow the label set.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
+
+use arc_swap::ArcSwap;
 
 use prometheus::{
     Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
@@ -29,12 +31,23 @@ pub const UNKNOWN_DOMAIN: &str = "_unknown";
 /// Rule label of a descriptor no rule matched.
 pub const NO_RULE: &str = "_none";
 
+/// The `result` labels of `rls_decisions_total`, in [`RuleCounters`]' order.
+const RESULTS: [&str; 5] = ["ok", "over_limit", "shadow", "unlimited", "no_rule"];
+
+/// One rule's `rls_decisions_total` series by result, resolved once, so a
+/// decision costs one atomic add instead of a hashed, locked label lookup.
+type RuleCounters = [IntCounter; RESULTS.len()];
+
 pub struct Metrics {
     registry: Registry,
     decisions: IntCounterVec,
+    /// By [`RuleId`] index; grows as rules are first counted.
+    rule_decisions: ArcSwap<Vec<Option<Arc<RuleCounters>>>>,
     duration: Histogram,
     store_calls: IntCounterVec,
     store_duration: HistogramVec,
+    /// The series of the first store observed (a server has one store).
+    store_call_series: OnceLock<(String, IntCounter, Histogram)>,
     store_errors: IntCounterVec,
     node_errors: IntCounterVec,
     breaker_open: IntGaugeVec,
@@ -250,6 +263,8 @@ impl Metrics {
         Self {
             registry,
             decisions,
+            rule_decisions: ArcSwap::from_pointee(Vec::new()),
+            store_call_series: OnceLock::new(),
             duration,
             store_calls,
             store_duration,
@@ -300,10 +315,39 @@ impl Metrics {
             } else {
                 decision.verdict.result_label()
             };
-            self.decisions
-                .with_label_values(&[domain_label, rule, result])
-                .inc();
+            match (&decision.rule, RESULTS.iter().position(|r| *r == result)) {
+                (Some(r), Some(i))
+                    if !(r.detailed_metric || r.value_to_metric) && r.id != RuleId::default() =>
+                {
+                    self.rule_counters(r.id)[i].inc()
+                }
+                _ => self
+                    .decisions
+                    .with_label_values(&[domain_label, rule, result])
+                    .inc(),
+            }
         }
+    }
+
+    /// The decision counters of rule `id` (whose labels are the rule's
+    /// domain and label), resolved on its first decision.
+    fn rule_counters(&self, id: RuleId) -> Arc<RuleCounters> {
+        if let Some(Some(c)) = self.rule_decisions.load().get(id.index()) {
+            return c.clone();
+        }
+        let (domain, rule) = id.labels();
+        let counters: Arc<RuleCounters> = Arc::new(
+            RESULTS.map(|result| self.decisions.with_label_values(&[&domain, &rule, result])),
+        );
+        self.rule_decisions.rcu(|table| {
+            let mut table = Vec::clone(table);
+            if table.len() <= id.index() {
+                table.resize(id.index() + 1, None);
+            }
+            table[id.index()] = Some(counters.clone());
+            table
+        });
+        counters
     }
 
     pub fn observe_call(&self, seconds: f64) {
@@ -311,10 +355,22 @@ impl Metrics {
     }
 
     pub fn observe_store_call(&self, store: &str, seconds: f64) {
-        self.store_calls.with_label_values(&[store]).inc();
-        self.store_duration
-            .with_label_values(&[store])
-            .observe(seconds);
+        let (name, calls, duration) = self.store_call_series.get_or_init(|| {
+            (
+                store.to_owned(),
+                self.store_calls.with_label_values(&[store]),
+                self.store_duration.with_label_values(&[store]),
+            )
+        });
+        if name == store {
+            calls.inc();
+            duration.observe(seconds);
+        } else {
+            self.store_calls.with_label_values(&[store]).inc();
+            self.store_duration
+                .with_label_values(&[store])
+                .observe(seconds);
+        }
     }
 
     pub fn store_error(&self, kind: &str) {
