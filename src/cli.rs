@@ -73,6 +73,15 @@ pub struct ServeArgs {
     /// PEM private key of --redis-client-cert.
     #[arg(long, env = "RLS_REDIS_CLIENT_KEY", requires = "redis_client_cert")]
     pub redis_client_key: Option<PathBuf>,
+    /// How buckets are written in Redis (both are read): `hash` only for the
+    /// first step of a rolling upgrade from a version before 0.2.
+    #[arg(
+        long,
+        env = "RLS_REDIS_BUCKET_LAYOUT",
+        value_enum,
+        default_value = "packed"
+    )]
+    pub redis_bucket_layout: crate::store::redis::BucketLayout,
     /// Redis connections to each primary, shared by all requests (each pipelines many calls).
     #[arg(long, env = "RLS_REDIS_POOL_SIZE", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=256))]
     pub redis_pool_size: u32,

@@ -128,6 +128,7 @@ pub async fn start(args: &ServeArgs) -> Result<RunningServer> {
                     .redis_client_cert
                     .clone()
                     .zip(args.redis_client_key.clone()),
+                layout: args.redis_bucket_layout,
             };
             let redis = RedisStore::connect(&settings)
                 .await

@@ -10,10 +10,10 @@
 
 mod common;
 
-use common::redis::RedisServer;
+use common::redis::{stored_bucket, RedisServer};
 use fred::prelude::*;
 use tokenbucket_rls::bucket::{self, BucketParams, BucketState, Cost};
-use tokenbucket_rls::store::redis::{redis_key, tag_hash, RedisSettings, RedisStore};
+use tokenbucket_rls::store::redis::{redis_key, tag_hash, BucketLayout, RedisSettings, RedisStore};
 use tokenbucket_rls::store::{BucketRef, DescriptorBuckets, Store};
 
 const SEC: i64 = 1_000_000;
@@ -239,13 +239,14 @@ fn assert_ttl(case: &str, params: &BucketParams, tokens: f64, ttl: i64) {
 }
 
 /// The store under test and a raw client, both on `redis`.
-async fn store_and_client(redis: &RedisServer) -> (RedisStore, Client) {
+async fn store_and_client(redis: &RedisServer, layout: BucketLayout) -> (RedisStore, Client) {
     let store = RedisStore::connect(&RedisSettings {
         url: redis.url(),
         timeout: std::time::Duration::from_secs(2),
         pool_size: 1,
         ca_file: None,
         client_cert: None,
+        layout,
     })
     .await
     .expect("connect");
@@ -267,10 +268,18 @@ async fn server_now(client: &Client) -> i64 {
 #[tokio::test]
 async fn lua_and_rust_give_the_same_answers() {
     let redis = RedisServer::standalone();
-    let (store, client) = store_and_client(&redis).await;
+    let (store, client) = store_and_client(&redis, BucketLayout::Packed).await;
 
-    for (n, case) in cases().into_iter().enumerate() {
-        let tag = format!("case-{n}").into_bytes();
+    // each case seeded in the packed layout, then in the hash of earlier
+    // versions (a rolling upgrade): the script reads both and writes packed
+    let seeded = [false, true].into_iter().flat_map(|hash| {
+        cases()
+            .into_iter()
+            .enumerate()
+            .map(move |(n, c)| (n, c, hash))
+    });
+    for (n, case, seed_hash) in seeded {
+        let tag = format!("case-{n}-{}", if seed_hash { "hash" } else { "packed" }).into_bytes();
         let descriptor = DescriptorBuckets {
             buckets: case
                 .buckets
@@ -292,17 +301,31 @@ async fn lua_and_rust_give_the_same_answers() {
                 tokens,
                 updated_micros: (now - age) as u64,
             }));
-            if let Some((tokens, age)) = state {
-                let _: () = client
-                    .hset(
-                        key,
-                        [
-                            ("t", format!("{tokens:.17}")),
-                            ("u", (now - age).to_string()),
-                        ],
-                    )
-                    .await
-                    .expect("HSET");
+            match state {
+                Some((tokens, age)) if seed_hash => {
+                    let _: () = client
+                        .hset(
+                            key,
+                            [
+                                ("t", format!("{tokens:.17}")),
+                                ("u", (now - age).to_string()),
+                            ],
+                        )
+                        .await
+                        .expect("HSET");
+                }
+                Some((tokens, age)) => {
+                    // no expiry, like the hash above
+                    let packed: Vec<u8> = [*tokens, (now - age) as f64, 0.0]
+                        .iter()
+                        .flat_map(|f| f.to_le_bytes())
+                        .collect();
+                    let _: () = client
+                        .set(key, packed.as_slice(), None, None, false)
+                        .await
+                        .expect("SET");
+                }
+                None => {}
             }
         }
         let params: Vec<_> = case.buckets.iter().map(|(p, _)| *p).collect();
@@ -320,13 +343,11 @@ async fn lua_and_rust_give_the_same_answers() {
         let admitted_and_spent = rust[0].admitted && case.cost.deducted() != 0;
         for ((b, rust_state), before) in descriptor.buckets.iter().zip(&rust_states).zip(&states) {
             let key = redis_key(tag_hash(&descriptor.tag), &b.key);
-            let stored: Vec<Option<String>> = client
-                .hmget(key.clone(), vec!["t", "u"])
-                .await
-                .expect("HMGET");
-            match (&stored[0], admitted_and_spent, before) {
+            let stored = stored_bucket(&client, &key).await.map(|(t, _)| t);
+            match (stored, admitted_and_spent, before) {
                 (Some(t), true, _) => {
-                    let t: f64 = t.parse().expect("float");
+                    let kind: String = client.r#type(key.clone()).await.expect("TYPE");
+                    assert_eq!(kind, "string", "case '{}': written packed", case.name);
                     let tolerance = b.params.rate_per_sec() * drift_secs + 1e-6;
                     assert!(
                         (t - rust_state.tokens).abs() <= tolerance,
@@ -339,7 +360,6 @@ async fn lua_and_rust_give_the_same_answers() {
                 }
                 (None, false, None) => {}
                 (Some(t), false, Some(before)) => {
-                    let t: f64 = t.parse().expect("float");
                     assert!(
                         (t - before.tokens).abs() < 1e-9,
                         "case '{}': a rejection or check writes nothing",
@@ -361,7 +381,7 @@ async fn lua_and_rust_give_the_same_answers() {
 #[tokio::test]
 async fn a_lowered_rate_lengthens_the_ttl_at_the_next_decision() {
     let redis = RedisServer::standalone();
-    let (store, client) = store_and_client(&redis).await;
+    let (store, client) = store_and_client(&redis, BucketLayout::Packed).await;
     let descriptor = |unit_secs| DescriptorBuckets {
         tag: b"lowered".to_vec(),
         buckets: vec![BucketRef {
@@ -383,13 +403,19 @@ async fn a_lowered_rate_lengthens_the_ttl_at_the_next_decision() {
         (5_000..=6_000).contains(&ttl),
         "{{second, 1, burst 5}} drained: {ttl}"
     );
+    // writes: SET (the packed layout) and PEXPIRE (the hash layout)
     let pexpires = || async {
         let info = redis.cli(&["INFO", "commandstats"]);
-        info.lines()
-            .find(|l| l.starts_with("cmdstat_pexpire:"))
-            .and_then(|l| l.split("calls=").nth(1))
-            .and_then(|v| v.split(',').next())
-            .map_or(0, |v| v.parse::<u64>().expect("calls"))
+        ["cmdstat_set:", "cmdstat_pexpire:"]
+            .iter()
+            .map(|name| {
+                info.lines()
+                    .find(|l| l.starts_with(name))
+                    .and_then(|l| l.split("calls=").nth(1))
+                    .and_then(|v| v.split(',').next())
+                    .map_or(0, |v| v.parse::<u64>().expect("calls"))
+            })
+            .sum::<u64>()
     };
     let before = pexpires().await;
     let o = store
@@ -415,4 +441,56 @@ async fn a_lowered_rate_lengthens_the_ttl_at_the_next_decision() {
         ttl > 4 * 3600 * 1000,
         "the TTL follows the new rate: {ttl} ms"
     );
+}
+
+/// A rolling upgrade from 0.1 (hashes): while 0.1 instances still run, new
+/// ones with `--redis-bucket-layout hash` spend the same buckets and leave
+/// them readable to 0.1; once none is left, the packed layout takes over
+/// the hashes. One bucket {burst 10, 1 per day}, spent in turn: exact.
+#[tokio::test]
+async fn a_rolling_upgrade_shares_buckets_with_the_previous_version() {
+    let redis = RedisServer::standalone();
+    let (step_one, client) = store_and_client(&redis, BucketLayout::Hash).await;
+    let (step_two, _) = store_and_client(&redis, BucketLayout::Packed).await;
+    let old_script = include_str!("fixtures/bucket-0.1.lua");
+    let descriptor = DescriptorBuckets {
+        tag: b"upgrade".to_vec(),
+        buckets: vec![BucketRef {
+            key: b"upgrade#0".to_vec(),
+            params: p(10, 1, 86_400),
+            rule: Default::default(),
+        }],
+    };
+    let key = redis_key(tag_hash(b"upgrade"), b"upgrade#0");
+    // 0.1's call: needed, deducted, margin, then capacity, rate, unit
+    let old_spend = |n: i64| {
+        let (client, key) = (client.clone(), key.clone());
+        async move {
+            let reply: Vec<i64> = client
+                .eval(old_script, vec![key], vec![n, n, 1_000, 10, 1, 86_400])
+                .await
+                .expect("0.1's script runs");
+            (reply[0] == 1, reply[1])
+        }
+    };
+    let kind = || async {
+        let kind: String = client.r#type(key.clone()).await.expect("TYPE");
+        kind
+    };
+    async fn spend(store: &RedisStore, d: &DescriptorBuckets, n: u64) -> (bool, i64) {
+        let o = store.decide(d, Cost::Spend(n)).await.expect("script runs");
+        (o[0].admitted, o[0].remaining as i64)
+    }
+    assert_eq!(old_spend(3).await, (true, 7));
+    assert_eq!(spend(&step_one, &descriptor, 3).await, (true, 4));
+    assert_eq!(kind().await, "hash", "step one writes what 0.1 reads");
+    assert_eq!(old_spend(2).await, (true, 2));
+    assert_eq!(spend(&step_two, &descriptor, 2).await, (true, 0));
+    assert_eq!(kind().await, "string", "step two converts the hash");
+    assert!(!spend(&step_two, &descriptor, 1).await.0);
+    assert!(
+        !spend(&step_one, &descriptor, 1).await.0,
+        "step one reads packed too"
+    );
+    assert_eq!(kind().await, "string", "a rejection writes nothing");
 }

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::redis::{RedisCluster, RedisServer};
+use common::redis::{stored_bucket, RedisCluster, RedisServer};
 use common::{client, descriptor, request, rules_dir};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
@@ -160,8 +160,7 @@ async fn several_limits_are_all_or_nothing_in_one_slot() {
         fred::util::redis_keyslot(&short),
         fred::util::redis_keyslot(&long)
     );
-    let tokens: Option<String> = raw.hget(long, "t").await.expect("HGET");
-    let tokens: f64 = tokens.expect("stored").parse().expect("float");
+    let (tokens, _) = stored_bucket(&raw, &long).await.expect("stored");
     assert!((tokens - 2.0).abs() < 0.01, "long bucket holds {tokens}");
     s.shutdown().await.expect("stop");
 }
@@ -506,11 +505,9 @@ async fn primary_failover_decisions_resume() {
     let admitted = counts[0].load(Ordering::SeqCst) as f64;
     let unavailable = counts[2].load(Ordering::SeqCst);
     let raw = raw_client(&cluster.url()).await;
-    let tokens: Option<String> = raw.hget(key, "t").await.expect("HGET on the new primary");
-    let tokens: f64 = tokens
-        .expect("bucket survived on the replica")
-        .parse()
-        .expect("float");
+    let (tokens, _) = stored_bucket(&raw, &key)
+        .await
+        .expect("bucket survived on the replica");
     // Without failures, tokens = B − admitted (refill is 1/day). Two things
     // move it: writes the old primary acknowledged but had not replicated are
     // lost, and their tokens can be spent again (over-admission); a call that

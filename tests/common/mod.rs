@@ -40,6 +40,7 @@ pub fn serve_args(config: PathBuf) -> ServeArgs {
         max_buckets: tokenbucket_rls::store::memory::DEFAULT_MAX_BUCKETS,
         max_in_flight: 10_000,
         serving_threads: None,
+        redis_bucket_layout: Default::default(),
         failure_mode: FailureMode::Open,
         instances: 1,
         response_headers: false,

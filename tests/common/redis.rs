@@ -317,3 +317,26 @@ impl RedisCluster {
         owner
     }
 }
+
+/// A bucket as Redis holds it, in either layout: (tokens, last update µs).
+#[allow(dead_code)] // not every test binary reads buckets
+pub async fn stored_bucket(client: &fred::clients::Client, key: &[u8]) -> Option<(f64, f64)> {
+    use fred::prelude::*;
+    let key = fred::types::Key::from(key);
+    let kind: String = client.r#type(key.clone()).await.expect("TYPE");
+    match kind.as_str() {
+        "string" => {
+            let value: fred::bytes::Bytes = client.get(key).await.expect("GET");
+            let (t, u, _) = tokenbucket_rls::store::redis::unpack_bucket(&value)
+                .unwrap_or_else(|| panic!("not a packed bucket: {value:?}"));
+            Some((t, u))
+        }
+        "hash" => {
+            let state: Vec<Option<String>> =
+                client.hmget(key, vec!["t", "u"]).await.expect("HMGET");
+            let number = |s: &Option<String>| s.as_deref().and_then(|v| v.parse::<f64>().ok());
+            Some((number(&state[0])?, number(&state[1])?))
+        }
+        _ => None,
+    }
+}

@@ -3,13 +3,18 @@
 -- The Lua copy of src/bucket.rs; tests/bucket_cases.rs checks that
 -- both give the same answers. Keep the expressions in the same order.
 --
--- KEYS[i]  one hash per bucket: t = tokens (float), u = last update (µs)
+-- KEYS[i]  one string per bucket: struct.pack('<ddd', tokens, last update
+--          (µs), expiry set (ms, server time; 0: none)), 24 bytes. Read
+--          also: the hash of earlier versions (t = tokens, u = last update),
+--          which a write in the packed layout replaces.
 -- ARGV[1]  tokens needed to admit
 -- ARGV[2]  tokens to deduct when admitted (0 for a check, negative for a
 --          refund); more than ARGV[1] for a lease: take as many whole tokens as
 --          every bucket holds, up to ARGV[2], and at least ARGV[1]
 -- ARGV[3]  expiry margin in ms, added to the time a bucket needs to refill
--- ARGV[4 + 3(i-1) ..]  per bucket: capacity, tokens_per_unit, unit_secs
+-- ARGV[4]  layout to write: 0 packed, 1 the hash of earlier versions (for
+--          a rolling upgrade: instances of both versions read it)
+-- ARGV[5 + 3(i-1) ..]  per bucket: capacity, tokens_per_unit, unit_secs
 --
 -- Returns {admitted, then per bucket: remaining, retry_after (-1: none),
 -- full_in, never (0: no, 1: zero rate, 2: cost above capacity), then the
@@ -20,53 +25,90 @@
 -- take longer than MAX_TTL_MS to fill does not expire. A rejection or a check
 -- writes no state, but lengthens an existing bucket's expiry when the rules'
 -- numbers now need longer (a reload lowered the rate). Every number handed
--- to a command is formatted as an integer: Lua would print a large float in
--- exponent form, which Redis refuses.
+-- to a command is a whole number below 1e14 or formatted as an integer: Lua
+-- would print a larger float in exponent form, which Redis refuses.
+--
+-- Written for Redis's CPU: one table for every bucket's numbers (a table is
+-- the costliest thing a short script makes), one GET and one SET … PX per
+-- bucket.
 
+local min, max, floor, ceil = math.min, math.max, math.floor, math.ceil
 local EPSILON = 1e-9
 local MAX_TTL_MS = 3153600000000 -- 100 years
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
+local now_ms = floor(now / 1000)
 local needed = tonumber(ARGV[1])
 local deducted = tonumber(ARGV[2])
 local margin_ms = tonumber(ARGV[3])
+local write_hash = ARGV[4] == '1'
 
+-- Per bucket i, at B[S * (i - 1) + field]:
+local S = 12
+local CAP, RATE, UNIT, PER_SEC, TOKENS, STAMP = 1, 2, 3, 4, 5, 6
+-- LAYOUT: 0 no key, 1 packed, 2 hash; then what is stored, and the answer
+local LAYOUT, STORED_T, STORED_U, STORED_EXP, RETRY, NEVER = 7, 8, 9, 10, 11, 12
+local B = {}
 local n = #KEYS
-local caps, rates, units, tokens, stamps, existed = {}, {}, {}, {}, {}, {}
 local all_admit = true
-local retry, never = {}, {}
+
+-- Milliseconds until a bucket holding t is full, plus the margin; nil when
+-- that is longer than MAX_TTL_MS or never (rate 0).
+local function ttl_ms(k, t)
+  local per_sec = B[k + PER_SEC]
+  if per_sec <= 0 then return nil end
+  local ms = ceil((B[k + CAP] - t) / per_sec * 1000) + margin_ms
+  if ms > MAX_TTL_MS then return nil end
+  return ms
+end
 
 for i = 1, n do
-  local cap = tonumber(ARGV[4 + 3 * (i - 1)])
-  local rate = tonumber(ARGV[5 + 3 * (i - 1)])
-  local unit = tonumber(ARGV[6 + 3 * (i - 1)])
-  caps[i], rates[i], units[i] = cap, rate, unit
-  local state = redis.call('HMGET', KEYS[i], 't', 'u')
-  local t, u
-  existed[i] = state[1] and state[2]
-  if not state[1] or not state[2] then
-    t, u = cap, now
-  else
-    t, u = tonumber(state[1]), tonumber(state[2])
-    if now > u then
-      t = math.min(cap, t + (now - u) * rate / (unit * 1e6))
-      u = now
-    else
-      t = math.min(cap, t)
+  local k = S * (i - 1)
+  local cap = tonumber(ARGV[5 + 3 * (i - 1)])
+  local rate = tonumber(ARGV[6 + 3 * (i - 1)])
+  local unit = tonumber(ARGV[7 + 3 * (i - 1)])
+  local per_sec = 0
+  if unit ~= 0 then per_sec = rate / unit end
+  B[k + CAP], B[k + RATE], B[k + UNIT], B[k + PER_SEC] = cap, rate, unit, per_sec
+  local layout, st, su, se = 0, 0, 0, 0
+  local value = redis.pcall('GET', KEYS[i])
+  if type(value) == 'string' and #value == 24 then
+    layout = 1
+    st, su, se = struct.unpack('<ddd', value)
+  elseif type(value) == 'table' and value.err then
+    -- WRONGTYPE: the hash layout of earlier versions
+    local state = redis.call('HMGET', KEYS[i], 't', 'u')
+    if state[1] and state[2] then
+      layout = 2
+      st, su = tonumber(state[1]), tonumber(state[2])
     end
   end
-  tokens[i], stamps[i] = t, u
-
-  retry[i], never[i] = -1, 0
-  if rate == 0 or unit == 0 then
-    never[i] = 1
-  elseif needed > cap then
-    never[i] = 2
-  elseif t + EPSILON < needed then
-    local secs = math.ceil((needed - t) / (rate / unit) - EPSILON)
-    retry[i] = math.max(1, secs)
+  B[k + LAYOUT], B[k + STORED_T], B[k + STORED_U], B[k + STORED_EXP] = layout, st, su, se
+  local t, u
+  if layout == 0 then
+    t, u = cap, now
+  else
+    t, u = st, su
+    if now > u then
+      t = min(cap, t + (now - u) * rate / (unit * 1e6))
+      u = now
+    else
+      t = min(cap, t)
+    end
   end
-  if never[i] ~= 0 or retry[i] ~= -1 then
+  B[k + TOKENS], B[k + STAMP] = t, u
+
+  local retry, never = -1, 0
+  if rate == 0 or unit == 0 then
+    never = 1
+  elseif needed > cap then
+    never = 2
+  elseif t + EPSILON < needed then
+    local secs = ceil((needed - t) / (rate / unit) - EPSILON)
+    retry = max(1, secs)
+  end
+  B[k + RETRY], B[k + NEVER] = retry, never
+  if never ~= 0 or retry ~= -1 then
     all_admit = false
   end
 end
@@ -74,73 +116,86 @@ end
 if deducted > needed then
   local available = math.huge
   for i = 1, n do
-    available = math.min(available, math.floor(tokens[i] + EPSILON))
+    available = min(available, floor(B[S * (i - 1) + TOKENS] + EPSILON))
   end
-  deducted = math.max(needed, math.min(deducted, available))
+  deducted = max(needed, min(deducted, available))
 end
 
--- Milliseconds until a bucket holding t is full, plus the margin; nil when
--- that is longer than MAX_TTL_MS or never (rate 0).
-local function ttl_ms(i, t)
-  local per_sec = 0
-  if units[i] ~= 0 then per_sec = rates[i] / units[i] end
-  if per_sec <= 0 then return nil end
-  local ms = math.ceil((caps[i] - t) / per_sec * 1000) + margin_ms
-  if ms > MAX_TTL_MS then return nil end
-  return ms
-end
-
-local function expire(i, ms)
-  if ms then
-    redis.call('PEXPIRE', KEYS[i], string.format('%d', ms))
+-- Stores bucket i (at k) holding t at stamp u, expiring in ms (nil: never).
+local function store(i, k, t, u, ms)
+  if write_hash then
+    if B[k + LAYOUT] == 1 then redis.call('DEL', KEYS[i]) end
+    redis.call('HSET', KEYS[i], 't', string.format('%.17g', t), 'u', string.format('%d', u))
+    if ms then
+      redis.call('PEXPIRE', KEYS[i], ms)
+    else
+      redis.call('PERSIST', KEYS[i])
+    end
+  elseif ms then
+    redis.call('SET', KEYS[i], struct.pack('<ddd', t, u, now_ms + ms), 'PX', ms)
   else
-    redis.call('PERSIST', KEYS[i])
+    redis.call('SET', KEYS[i], struct.pack('<ddd', t, u, 0))
   end
 end
 
 if all_admit and deducted ~= 0 then
   for i = 1, n do
-    local t = math.min(caps[i], math.max(0, tokens[i] - deducted))
-    tokens[i] = t
-    redis.call('HSET', KEYS[i], 't', string.format('%.17g', t), 'u', string.format('%d', stamps[i]))
-    expire(i, ttl_ms(i, t))
+    local k = S * (i - 1)
+    local t = min(B[k + CAP], max(0, B[k + TOKENS] - deducted))
+    B[k + TOKENS] = t
+    store(i, k, t, B[k + STAMP], ttl_ms(k, t))
   end
 else
   for i = 1, n do
-    if existed[i] then
-      local want = ttl_ms(i, tokens[i])
-      local have = redis.call('PTTL', KEYS[i])
+    local k = S * (i - 1)
+    local layout = B[k + LAYOUT]
+    if layout ~= 0 then
+      local want = ttl_ms(k, B[k + TOKENS])
+      local have = -1
+      if layout == 2 then
+        have = redis.call('PTTL', KEYS[i])
+      elseif B[k + STORED_EXP] > 0 then
+        have = B[k + STORED_EXP] - now_ms
+      end
       -- more than the margin short: the rules changed (a rounding
-      -- millisecond must not turn every rejection into a write)
+      -- millisecond must not turn every rejection into a write). What is
+      -- stored stays as it was; only its expiry moves.
       if have >= 0 and (want == nil or have + margin_ms < want) then
-        expire(i, want)
+        if layout == 2 then
+          if want then
+            redis.call('PEXPIRE', KEYS[i], want)
+          else
+            redis.call('PERSIST', KEYS[i])
+          end
+        else
+          store(i, k, B[k + STORED_T], B[k + STORED_U], want)
+        end
       end
     end
   end
 end
 
 local out = { all_admit and 1 or 0 }
+local o = 1
 for i = 1, n do
-  local t = tokens[i]
-  local remaining = math.floor(t + EPSILON)
-  if remaining < 0 or never[i] == 1 then remaining = 0 end
+  local k = S * (i - 1)
+  local t = B[k + TOKENS]
+  local remaining = floor(t + EPSILON)
+  if remaining < 0 or B[k + NEVER] == 1 then remaining = 0 end
   local full_in = 0
-  local missing = caps[i] - t
-  local per_sec = 0
-  if units[i] ~= 0 then per_sec = rates[i] / units[i] end
+  local missing = B[k + CAP] - t
+  local per_sec = B[k + PER_SEC]
   if missing > EPSILON and per_sec > 0 then
-    full_in = math.max(0, math.ceil(missing / per_sec - EPSILON))
+    full_in = max(0, ceil(missing / per_sec - EPSILON))
   end
-  local r = retry[i]
+  local r = B[k + RETRY]
   if all_admit then r = -1 end
-  out[#out + 1] = remaining
-  out[#out + 1] = r
-  out[#out + 1] = full_in
-  out[#out + 1] = never[i]
+  out[o + 1], out[o + 2], out[o + 3], out[o + 4] = remaining, r, full_in, B[k + NEVER]
+  o = o + 4
 end
 if all_admit and deducted > 0 then
-  out[#out + 1] = deducted
+  out[o + 1] = deducted
 else
-  out[#out + 1] = 0
+  out[o + 1] = 0
 end
 return out

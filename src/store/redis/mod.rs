@@ -1,6 +1,7 @@
 //! Buckets in Redis or Redis Cluster, one atomic Lua decision per descriptor.
 //!
-//! Each bucket is a hash `rls:{H}:<key>`: `H` is a hash of the descriptor's
+//! Each bucket is a key `rls:{H}:<key>` holding a 24-byte packed value
+//! (tokens, last update, expiry set; see [`BucketLayout`]): `H` is a hash of the descriptor's
 //! tag, so every bucket of one descriptor lands in one slot and a single
 //! `EVALSHA` of `bucket.lua` decides them together with the owning server's
 //! clock. The key bytes after the tag are the unambiguous encoding of
@@ -38,6 +39,31 @@ pub const SCRIPT: &str = include_str!("bucket.lua");
 /// before its bucket would be full.
 const EXPIRY_MARGIN_MS: i64 = 1_000;
 
+/// How a bucket is written. Both are read: the script converts as it writes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum BucketLayout {
+    /// One string per bucket, `struct.pack('<ddd', tokens, updated µs,
+    /// expiry ms)`: read with one `GET`, written with one `SET … PX`.
+    #[default]
+    Packed,
+    /// The hash (`t`, `u`) of versions before 0.2, written with `HSET` and
+    /// `PEXPIRE`: for the first step of a rolling upgrade, while instances
+    /// that read only hashes still run.
+    Hash,
+}
+
+/// Tokens, last update (µs) and expiry (ms, server time; 0: none) of a
+/// bucket stored in the packed layout, or `None` for another value.
+pub fn unpack_bucket(value: &[u8]) -> Option<(f64, f64, f64)> {
+    let field = |i: usize| -> Option<f64> {
+        Some(f64::from_le_bytes(
+            value.get(8 * i..8 * i + 8)?.try_into().ok()?,
+        ))
+    };
+    (value.len() == 24).then_some(())?;
+    Some((field(0)?, field(1)?, field(2)?))
+}
+
 /// How the store connects.
 #[derive(Debug, Clone)]
 pub struct RedisSettings {
@@ -51,6 +77,8 @@ pub struct RedisSettings {
     pub ca_file: Option<PathBuf>,
     /// For `rediss://` servers that ask for a client certificate.
     pub client_cert: Option<(PathBuf, PathBuf)>,
+    /// How buckets are written.
+    pub layout: BucketLayout,
 }
 
 /// A rustls client configuration for `rediss://` from the settings' files.
@@ -106,6 +134,7 @@ pub struct RedisStore {
     /// Each primary's own connections, by the slots it owns.
     routing: Arc<RwLock<Arc<Routing>>>,
     sha: String,
+    layout: BucketLayout,
     options: Options,
     status: Arc<RwLock<RedisStatus>>,
 }
@@ -168,6 +197,7 @@ impl RedisStore {
             cluster,
             routing,
             sha: sha1_smol::Sha1::from(SCRIPT).digest().to_string(),
+            layout: settings.layout,
             options: Options {
                 timeout: Some(settings.timeout),
                 // `fail_fast` answers every command that was written when its
@@ -452,9 +482,14 @@ impl Store for RedisStore {
             .iter()
             .map(|b| Key::from(redis_key(hash, &b.key)))
             .collect();
-        let mut args = Vec::with_capacity(3 + 3 * descriptor.buckets.len());
+        let mut args = Vec::with_capacity(4 + 3 * descriptor.buckets.len());
         // needed() is at most MAX_COST (2^53), so the cast keeps it positive.
-        args.extend([cost.needed() as i64, cost.deducted(), EXPIRY_MARGIN_MS]);
+        args.extend([
+            cost.needed() as i64,
+            cost.deducted(),
+            EXPIRY_MARGIN_MS,
+            i64::from(self.layout == BucketLayout::Hash),
+        ]);
         for b in &descriptor.buckets {
             args.extend([
                 b.params.capacity as i64,
