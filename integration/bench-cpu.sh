@@ -6,7 +6,9 @@
 # connections x 16 in flight, one descriptor, one hot key, 200,000 calls:
 #   - the floor: `examples/rls-floor.rs`, a constant-OK ShouldRateLimit
 #     server from the same dependencies, default runtime and one worker;
-#   - tokenbucket-rls, memory store, default runtime and one worker;
+#   - tokenbucket-rls, memory store: default (a serving thread per core),
+#     on the shared multi-thread runtime (--serving-threads 0), and on one
+#     serving thread;
 #   - tokenbucket-rls, Redis store on one local redis-server (service and
 #     redis-server CPU per decision);
 #   - with LIMITADOR_BIN set: Limitador, memory storage, same load.
@@ -63,7 +65,9 @@ for round in $(seq "$rounds"); do
   serve "floor (constant OK), default runtime" X=1 -- target/release/examples/rls-floor
   serve "floor (constant OK), TOKIO_WORKER_THREADS=1" TOKIO_WORKER_THREADS=1 -- target/release/examples/rls-floor
   serve "tokenbucket-rls memory, default" X=1 -- "${rls[@]}"
-  serve "tokenbucket-rls memory, TOKIO_WORKER_THREADS=1" TOKIO_WORKER_THREADS=1 -- "${rls[@]}"
+  serve "tokenbucket-rls memory, --serving-threads 0" X=1 -- "${rls[@]}" --serving-threads 0
+  serve "tokenbucket-rls memory, --serving-threads 1" X=1 -- "${rls[@]}" --serving-threads 1
+  redis-cli -p 18699 flushall >/dev/null
   REDIS_PID=$redis_pid serve "tokenbucket-rls redis (service; redis-server)" X=1 -- "${rls[@]}" --store redis --redis-url redis://127.0.0.1:18699
   if [ -n "${LIMITADOR_BIN:-}" ]; then
     cat > "$work/limits.yaml" <<'LIMITS'

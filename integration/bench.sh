@@ -7,7 +7,10 @@
 #   - rls-bench closed loop: hot key, uniform over 10k keys, zipf over 10k keys;
 #   - rls-bench open loop at half of each store's h2load saturation, for p99;
 #   - one hot key with and without `lease` (redis store), with the Redis
-#     calls per admitted request read from the service's metrics.
+#     calls per admitted request read from the service's metrics;
+#   - CPU per decision (integration/bench-cpu.sh): the constant-answer floor,
+#     the memory store, the Redis store (service and redis-server), and
+#     Limitador when LIMITADOR_BIN is set, from /proc over a fixed count.
 # Prints a summary with ratios. Loopback only, bounded in time. Needs
 # redis-server and h2load (Debian: redis-server, nghttp2-client).
 #   integration/bench.sh [SECONDS]          (default 10 per run)
@@ -43,7 +46,7 @@ for p in 7101 7102 7103; do
 done
 redis-cli -p "$port" script load "$(cat src/store/redis/bucket.lua)" >/dev/null
 baseline=$(redis-benchmark -p "$port" -c 50 -n $((secs * 60000)) -q \
-  EVALSHA "$sha" 1 "rls:{hot}:k" 1 1 1000 1000000000 1000000000 1 | tr '\r' '\n' | grep -oE '[0-9.]+ requests per second' | tail -n 1 | cut -d' ' -f1)
+  EVALSHA "$sha" 1 "rls:{hot}:k" 1 1 1000 0 1000000000 1000000000 1 | tr '\r' '\n' | grep -oE '[0-9.]+ requests per second' | tail -n 1 | cut -d' ' -f1)
 
 run_service() {  # store, grpc port, extra args...
   local store=$1 port=$2; shift 2
@@ -123,3 +126,6 @@ echo "h2load hot key: redis store ${redis_h2}/s, memory store ${memory_h2}/s"
 echo "ratio redis store (h2load, hot key) / redis-benchmark on its shard: $(python3 -c "print(f'{$redis_h2/$baseline:.2f}')")"
 echo "hot key, redis store, h2load: leased ${leased_h2}/s vs not ${redis_h2}/s: $(python3 -c "print(f'{$leased_h2/$redis_h2:.2f}')")x"
 echo "hot key, redis store, rls-bench: leased ${leased}/s vs not ${unleased}/s: $(python3 -c "print(f'{$leased/$unleased:.2f}')")x; leased / redis-benchmark on its shard: $(python3 -c "print(f'{$leased/$baseline:.2f}')")x"
+echo
+echo "CPU per decision (utime+stime from /proc over a fixed number of calls):"
+integration/bench-cpu.sh "${CPU_CALLS:-200000}" "${CPU_ROUNDS:-3}"
