@@ -16,6 +16,7 @@ pub mod health;
 pub mod labels;
 pub mod limiter;
 pub mod periodic;
+pub mod quota;
 pub mod rules;
 pub mod server;
 pub mod service;

@@ -1,0 +1,263 @@
+//! Splitting one global token bucket between the Envoys that report it
+//! (RLQS), by their demand. Pure: no clock of its own, no I/O; the caller
+//! says what time it is and what was reported.
+//!
+//! **Shares.** Each Envoy's demand is its reported requests (allowed +
+//! denied) per second, smoothed over reports. Of the budget (burst `B`,
+//! rate `r`), [`NEWCOMER_RESERVE`] is held back for Envoys that are about
+//! to join; the rest is split so that every Envoy gets at least
+//! [`FLOOR_FRACTION`] of an equal share (a quiet or new Envoy is never
+//! starved) and the remainder in proportion to demand.
+//!
+//! **Never over the budget, also while shares move.** Envoy replaces its
+//! assignment when a different one arrives, but the server cannot know
+//! when that is, so an assignment counts as live until its time to live
+//! has passed. Each Envoy reserves the largest burst and rate among its live
+//! assignments; a share may grow only into what nobody reserves. So at every
+//! moment, Σ of what Envoys may enforce ≤ `B` and ≤ `r` ([`Allocation::reserved`]
+//! is the bound, checked by the tests at every step). Shrinking is
+//! immediate; growing waits until the shrunk Envoys' old assignments expire
+//! (one time to live), except into the reserve and any unreserved part.
+
+use std::collections::HashMap;
+
+/// Part of the budget held back for Envoys that are about to join, so a
+/// newcomer has a share at once even while the others' assignments live.
+pub const NEWCOMER_RESERVE: f64 = 0.1;
+/// Every reporting Envoy gets at least this fraction of an equal share.
+pub const FLOOR_FRACTION: f64 = 0.2;
+/// Weight of the newest demand sample in the smoothed demand.
+pub const SMOOTHING: f64 = 0.5;
+
+/// A token bucket's size and refill: tokens, and tokens per second.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Budget {
+    pub burst: f64,
+    pub rate: f64,
+}
+
+impl Budget {
+    pub const ZERO: Budget = Budget {
+        burst: 0.0,
+        rate: 0.0,
+    };
+
+    fn max(self, other: Budget) -> Budget {
+        Budget {
+            burst: self.burst.max(other.burst),
+            rate: self.rate.max(other.rate),
+        }
+    }
+
+    fn scaled(self, k: f64) -> Budget {
+        Budget {
+            burst: self.burst * k,
+            rate: self.rate * k,
+        }
+    }
+}
+
+/// An assignment sent to one Envoy, live until `expires_micros`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Grant {
+    pub share: Budget,
+    pub expires_micros: u64,
+}
+
+/// One Envoy's part of an allocation.
+#[derive(Debug, Clone, Default)]
+struct Member {
+    /// Smoothed requests per second; `None` before its first report.
+    demand: Option<f64>,
+    /// Assignments sent and not yet expired, newest last.
+    live: Vec<Grant>,
+}
+
+impl Member {
+    fn reserved(&self) -> Budget {
+        self.live.iter().fold(Budget::ZERO, |r, g| r.max(g.share))
+    }
+
+    fn current(&self) -> Option<Budget> {
+        self.live.last().map(|g| g.share)
+    }
+}
+
+/// The split of one global bucket between the Envoys reporting it, keyed by
+/// whatever identifies an Envoy's stream (`E`).
+#[derive(Debug, Clone)]
+pub struct Allocation<E> {
+    budget: Budget,
+    members: HashMap<E, Member>,
+}
+
+impl<E: Clone + Eq + std::hash::Hash> Allocation<E> {
+    pub fn new(budget: Budget) -> Self {
+        Self {
+            budget,
+            members: HashMap::new(),
+        }
+    }
+
+    pub fn budget(&self) -> Budget {
+        self.budget
+    }
+
+    /// A reload changed the rule's numbers: later plans split the new ones
+    /// (a lowered budget still waits for the live assignments to expire).
+    pub fn set_budget(&mut self, budget: Budget) {
+        self.budget = budget;
+    }
+
+    /// Records one report: `requests` (allowed + denied) over `elapsed_secs`.
+    pub fn report(&mut self, envoy: &E, requests: u64, elapsed_secs: f64) {
+        let member = self.members.entry(envoy.clone()).or_default();
+        let sample = requests as f64 / elapsed_secs.max(1e-3);
+        member.demand = Some(match member.demand {
+            None => sample,
+            Some(d) => SMOOTHING * sample + (1.0 - SMOOTHING) * d,
+        });
+    }
+
+    /// Forgets an Envoy (its stream closed, or it stopped reporting). What
+    /// it was sent stays reserved until it expires, like any assignment.
+    pub fn leave(&mut self, envoy: &E, now_micros: u64) {
+        self.expire(now_micros);
+        if let Some(m) = self.members.get_mut(envoy) {
+            m.demand = None;
+        }
+    }
+
+    /// Envoys taking part (reported and not left).
+    pub fn members(&self) -> usize {
+        self.members.values().filter(|m| m.demand.is_some()).count()
+    }
+
+    /// Σ over Envoys of the largest share each may still enforce: never
+    /// above the budget.
+    pub fn reserved(&self, now_micros: u64) -> Budget {
+        self.members
+            .values()
+            .map(|m| {
+                m.live
+                    .iter()
+                    .filter(|g| g.expires_micros > now_micros)
+                    .fold(Budget::ZERO, |r, g| r.max(g.share))
+            })
+            .fold(Budget::ZERO, |a, b| Budget {
+                burst: a.burst + b.burst,
+                rate: a.rate + b.rate,
+            })
+    }
+
+    fn expire(&mut self, now_micros: u64) {
+        for m in self.members.values_mut() {
+            m.live.retain(|g| g.expires_micros > now_micros);
+        }
+        self.members
+            .retain(|_, m| m.demand.is_some() || !m.live.is_empty());
+    }
+
+    /// Where each reporting Envoy's share should be, ignoring what is live.
+    fn targets(&self) -> Vec<(E, Budget)> {
+        let active: Vec<(&E, f64)> = self
+            .members
+            .iter()
+            .filter_map(|(e, m)| m.demand.map(|d| (e, d)))
+            .collect();
+        let n = active.len() as f64;
+        if active.is_empty() {
+            return Vec::new();
+        }
+        let assignable = self.budget.scaled(1.0 - NEWCOMER_RESERVE);
+        let floor = FLOOR_FRACTION / n;
+        let total_demand: f64 = active.iter().map(|(_, d)| d).sum();
+        active
+            .into_iter()
+            .map(|(e, d)| {
+                let weight = if total_demand > 0.0 {
+                    d / total_demand
+                } else {
+                    1.0 / n
+                };
+                // floor for everyone, the rest by demand: Σ weights = 1
+                let part = floor + (1.0 - FLOOR_FRACTION) * weight;
+                (e.clone(), assignable.scaled(part))
+            })
+            .collect()
+    }
+
+    /// The assignments to send now, each live for `ttl_micros`: for every
+    /// reporting Envoy, its target where the budget allows, else as much as
+    /// nobody reserves. An Envoy whose share is unchanged gets it again (the
+    /// resend extends its life). Records what it returns as sent.
+    pub fn plan(&mut self, now_micros: u64, ttl_micros: u64) -> Vec<(E, Budget)> {
+        self.expire(now_micros);
+        let targets = self.targets();
+        let expires_micros = now_micros.saturating_add(ttl_micros);
+        // Shrinking is always safe; growing only into unreserved budget,
+        // counting the shrunk Envoys' live assignments as reserved.
+        let reserved = self.reserved(now_micros);
+        let mut headroom = Budget {
+            burst: (self.budget.burst - reserved.burst).max(0.0),
+            rate: (self.budget.rate - reserved.rate).max(0.0),
+        };
+        // growth wanted beyond what each Envoy already reserves
+        let wants: Vec<Budget> = targets
+            .iter()
+            .map(|(e, t)| {
+                let have = self.members.get(e).map_or(Budget::ZERO, Member::reserved);
+                Budget {
+                    burst: (t.burst - have.burst).max(0.0),
+                    rate: (t.rate - have.rate).max(0.0),
+                }
+            })
+            .collect();
+        let wanted = wants.iter().fold(Budget::ZERO, |a, w| Budget {
+            burst: a.burst + w.burst,
+            rate: a.rate + w.rate,
+        });
+        let fill = Budget {
+            burst: if wanted.burst > 0.0 {
+                (headroom.burst / wanted.burst).min(1.0)
+            } else {
+                1.0
+            },
+            rate: if wanted.rate > 0.0 {
+                (headroom.rate / wanted.rate).min(1.0)
+            } else {
+                1.0
+            },
+        };
+        let mut out = Vec::with_capacity(targets.len());
+        for ((e, target), want) in targets.into_iter().zip(wants) {
+            let member = self.members.entry(e.clone()).or_default();
+            let have = member.reserved();
+            let share = Budget {
+                burst: target.burst.min(have.burst + want.burst * fill.burst),
+                rate: target.rate.min(have.rate + want.rate * fill.rate),
+            };
+            headroom.burst -= (share.burst - have.burst).max(0.0);
+            headroom.rate -= (share.rate - have.rate).max(0.0);
+            match member.live.last_mut() {
+                // the same again: Envoy only extends its life
+                Some(last) if last.share == share => last.expires_micros = expires_micros,
+                _ => member.live.push(Grant {
+                    share,
+                    expires_micros,
+                }),
+            }
+            out.push((e, share));
+        }
+        debug_assert!(headroom.burst > -1e-6 && headroom.rate > -1e-6);
+        out
+    }
+
+    /// The share last sent to `envoy`, if it has a live one.
+    pub fn current(&self, envoy: &E) -> Option<Budget> {
+        self.members.get(envoy).and_then(Member::current)
+    }
+}
+
+#[cfg(test)]
+mod tests;
