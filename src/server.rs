@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use arc_swap::ArcSwap;
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::RateLimitQuotaServiceServer;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -19,6 +20,7 @@ use crate::health::Health;
 use crate::limiter::Limiter;
 use crate::rules::reload::Reloader;
 use crate::rules::{self, LoadOptions};
+use crate::service::quota::{QuotaHub, RateLimitQuotaGrpc};
 use crate::service::{RateLimitGrpc, ResponseOptions, SharedRules};
 use crate::serving;
 use crate::store::breaker::Breakers;
@@ -47,6 +49,7 @@ pub struct RunningServer {
     pub reloader: Arc<Reloader>,
     pub metrics: Arc<Metrics>,
     limiter: Arc<Limiter>,
+    quota_hub: Arc<QuotaHub>,
     draining: Arc<std::sync::atomic::AtomicBool>,
     stop: watch::Sender<bool>,
     tasks: Vec<JoinHandle<Result<()>>>,
@@ -59,6 +62,9 @@ impl RunningServer {
         self.draining
             .store(true, std::sync::atomic::Ordering::Release);
         let _ = self.stop.send(true);
+        // RLQS streams last as long as their Envoy: end them, or draining
+        // would wait for them for ever
+        self.quota_hub.close_all();
         for task in self.tasks {
             task.await.context("server task panicked")??;
         }
@@ -183,11 +189,16 @@ pub async fn start(args: &ServeArgs) -> Result<RunningServer> {
     health.clone().spawn_grpc_sync(reporter);
 
     let rls = RateLimitServiceServer::new(service).max_decoding_message_size(MAX_REQUEST_BYTES);
+    let quota_hub = QuotaHub::new(rules.clone(), metrics.clone());
+    quota_hub.spawn_ticker();
+    let rlqs = RateLimitQuotaServiceServer::new(RateLimitQuotaGrpc::new(quota_hub.clone()))
+        .max_decoding_message_size(MAX_REQUEST_BYTES);
     let router = move || {
         tonic::transport::Server::builder()
             .max_concurrent_streams(Some(MAX_STREAMS_PER_CONNECTION))
             .add_service(health_service.clone())
             .add_service(rls.clone())
+            .add_service(rlqs.clone())
     };
     let grpc_stopped = until_stopped(stopped.clone());
     let threads = args.serving_threads();
@@ -250,6 +261,7 @@ pub async fn start(args: &ServeArgs) -> Result<RunningServer> {
         reloader,
         metrics,
         limiter,
+        quota_hub,
         draining,
         stop,
         tasks,

@@ -1,4 +1,420 @@
-//! Rate Limit Quota Service (RLQS) state: which Envoys report which bucket,
-//! and how each global bucket is split between them ([`allocation`], pure).
+//! Rate Limit Quota Service (RLQS) state: which Envoy streams report which
+//! bucket, what each bucket's rule says, and what to send to whom.
+//!
+//! Pure apart from the rules snapshot it reads: every entry point takes the
+//! time and returns the messages to send per stream, which the gRPC face
+//! (`service::quota`) writes. [`allocation`] splits each rule's bucket.
+//!
+//! **Buckets and rules.** Envoy builds a bucket id (an unordered map of
+//! strings) itself; it becomes a descriptor path of the stream's domain by
+//! walking the rules tree ([`crate::rules::RuleSet::quota_path`]), and the
+//! rule that path reaches decides: no rule, an `unlimited` rule or a
+//! `shadow_mode` rule → ALLOW_ALL; `requests_per_unit: 0` → DENY_ALL; else a
+//! token bucket, this Envoy's share of the rule's bucket (of the limit with
+//! the lowest rate, when it has several). Each bucket id is one global bucket,
+//! split between the Envoys reporting it.
 
 pub mod allocation;
+
+use std::collections::HashMap;
+
+use envoy_types::pb::envoy::r#type::v3::rate_limit_strategy::{BlanketRule, Strategy};
+use envoy_types::pb::envoy::r#type::v3::{RateLimitStrategy, TokenBucket};
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::bucket_action::{
+    self, QuotaAssignmentAction,
+};
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::BucketAction;
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::{BucketId, RateLimitQuotaResponse};
+use envoy_types::pb::google::protobuf::{Duration as PbDuration, UInt32Value};
+
+use self::allocation::{Allocation, Budget};
+use crate::rules::matcher::RuleAction;
+use crate::rules::RuleSet;
+
+/// One Envoy's stream.
+pub type StreamId = u64;
+
+/// Assignments live this many report intervals, so that a late report or
+/// two never lets one expire while its Envoy still reports.
+pub const TTL_INTERVALS: u64 = 3;
+/// Bounds on an assignment's time to live.
+pub const MIN_TTL_MICROS: u64 = 3_000_000;
+pub const MAX_TTL_MICROS: u64 = 60_000_000;
+/// A share that moved by less than this fraction is not re-sent early.
+pub const RESEND_THRESHOLD: f64 = 0.05;
+
+/// A bucket: its domain and its id's pairs, sorted.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BucketKey {
+    pub domain: String,
+    pub pairs: Vec<(String, String)>,
+}
+
+impl BucketKey {
+    fn new(domain: &str, id: &BucketId) -> Self {
+        let mut pairs: Vec<(String, String)> = id
+            .bucket
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        pairs.sort_unstable();
+        Self {
+            domain: domain.to_owned(),
+            pairs,
+        }
+    }
+
+    fn id(&self) -> BucketId {
+        BucketId {
+            bucket: self.pairs.iter().cloned().collect(),
+        }
+    }
+}
+
+/// What a bucket's rule says.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Policy {
+    AllowAll,
+    DenyAll,
+    /// Split this budget between the Envoys reporting the bucket.
+    Shared(Budget),
+}
+
+impl Policy {
+    /// The rule `pairs` reach in `domain`.
+    pub fn of(rules: &RuleSet, domain: &str, pairs: &[(String, String)]) -> Policy {
+        let entries: Vec<(&str, &str)> = pairs
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        let Some(path) = rules.quota_path(domain, &entries) else {
+            return Policy::AllowAll;
+        };
+        let Some(m) = rules.lookup(domain, &path) else {
+            return Policy::AllowAll;
+        };
+        if m.rule.shadow_mode {
+            return Policy::AllowAll;
+        }
+        let RuleAction::Limited(limits) = &m.rule.action else {
+            return Policy::AllowAll;
+        };
+        let strictest = limits
+            .iter()
+            .min_by(|a, b| a.params.rate_per_sec().total_cmp(&b.params.rate_per_sec()));
+        match strictest {
+            None => Policy::AllowAll,
+            Some(l) if l.params.tokens_per_unit == 0 || l.params.capacity == 0 => Policy::DenyAll,
+            Some(l) => Policy::Shared(Budget {
+                burst: l.params.capacity as f64,
+                rate: l.params.rate_per_sec(),
+            }),
+        }
+    }
+}
+
+/// A bucket as one stream reports it.
+#[derive(Debug, Clone, Default)]
+struct Subscription {
+    last_report_micros: u64,
+    /// Smoothed time between reports.
+    interval_micros: u64,
+    /// What was last sent, and when.
+    sent: Option<(Sent, u64)>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Sent {
+    Blanket(BlanketRule),
+    Share(Budget),
+}
+
+#[derive(Debug)]
+struct Bucket {
+    policy: Policy,
+    generation: u64,
+    allocation: Allocation<StreamId>,
+}
+
+#[derive(Debug, Default)]
+struct Stream {
+    domain: Option<String>,
+    buckets: HashMap<BucketKey, Subscription>,
+}
+
+/// Every stream and bucket.
+#[derive(Debug, Default)]
+pub struct Quotas {
+    streams: HashMap<StreamId, Stream>,
+    buckets: HashMap<BucketKey, Bucket>,
+}
+
+/// Messages to write, per stream.
+pub type Outbox = Vec<(StreamId, RateLimitQuotaResponse)>;
+
+impl Quotas {
+    pub fn open(&mut self, stream: StreamId) {
+        self.streams.entry(stream).or_default();
+    }
+
+    /// Streams open now.
+    pub fn streams(&self) -> usize {
+        self.streams.len()
+    }
+
+    /// Buckets with at least one reporting stream or a live assignment.
+    pub fn buckets(&self) -> usize {
+        self.buckets.len()
+    }
+
+    /// One message of usage reports from `stream`. The first message names
+    /// the domain; later ones are in it whatever they say.
+    pub fn report(
+        &mut self,
+        stream: StreamId,
+        domain: &str,
+        usages: &[BucketQuotaUsage],
+        rules: &RuleSet,
+        now_micros: u64,
+    ) -> Result<Outbox, String> {
+        self.prune(now_micros);
+        let entry = self.streams.entry(stream).or_default();
+        let domain = match &entry.domain {
+            Some(d) => d.clone(),
+            None if domain.is_empty() => {
+                return Err("the first usage report of a stream must name its domain".into())
+            }
+            None => {
+                entry.domain = Some(domain.to_owned());
+                domain.to_owned()
+            }
+        };
+        let mut touched = Vec::with_capacity(usages.len());
+        for usage in usages {
+            let Some(id) = &usage.bucket_id else {
+                return Err("a usage report without a bucket_id".into());
+            };
+            if id.bucket.is_empty() {
+                return Err("a bucket_id with no entries".into());
+            }
+            let key = BucketKey::new(&domain, id);
+            let elapsed_secs = usage
+                .time_elapsed
+                .as_ref()
+                .map_or(0.0, |d| d.seconds as f64 + f64::from(d.nanos) / 1e9);
+            let sub = entry.buckets.entry(key.clone()).or_default();
+            if sub.last_report_micros > 0 {
+                let gap = now_micros.saturating_sub(sub.last_report_micros);
+                sub.interval_micros = if sub.interval_micros == 0 {
+                    gap
+                } else {
+                    (sub.interval_micros + gap) / 2
+                };
+            } else if elapsed_secs > 0.0 {
+                sub.interval_micros = (elapsed_secs * 1e6) as u64;
+            }
+            sub.last_report_micros = now_micros;
+            let bucket = self.buckets.entry(key.clone()).or_insert_with(|| Bucket {
+                policy: Policy::of(rules, &key.domain, &key.pairs),
+                generation: rules.generation(),
+                allocation: Allocation::new(Budget::ZERO),
+            });
+            let requests = usage
+                .num_requests_allowed
+                .saturating_add(usage.num_requests_denied);
+            bucket
+                .allocation
+                .report(&stream, requests, elapsed_secs.max(0.001));
+            touched.push(key);
+        }
+        touched.sort_unstable();
+        touched.dedup();
+        Ok(self.assign(&touched, rules, now_micros))
+    }
+
+    /// A stream closed: its buckets are re-split between the others.
+    pub fn close(&mut self, stream: StreamId, rules: &RuleSet, now_micros: u64) -> Outbox {
+        let Some(s) = self.streams.remove(&stream) else {
+            return Vec::new();
+        };
+        let keys: Vec<BucketKey> = s.buckets.into_keys().collect();
+        for key in &keys {
+            if let Some(b) = self.buckets.get_mut(key) {
+                b.allocation.leave(&stream, now_micros);
+            }
+        }
+        self.assign(&keys, rules, now_micros)
+    }
+
+    /// Periodic work: streams that stopped reporting a bucket leave it,
+    /// every bucket is re-planned (old assignments expire, reloads apply),
+    /// and buckets nobody holds are forgotten.
+    pub fn tick(&mut self, rules: &RuleSet, now_micros: u64) -> Outbox {
+        self.prune(now_micros);
+        let keys: Vec<BucketKey> = self.buckets.keys().cloned().collect();
+        let out = self.assign(&keys, rules, now_micros);
+        self.buckets.retain(|_, b| {
+            b.allocation.members() > 0 || b.allocation.reserved(now_micros).rate > 0.0
+        });
+        out
+    }
+
+    /// Streams quiet about a bucket for longer than its time to live leave it.
+    fn prune(&mut self, now_micros: u64) {
+        for (id, s) in &mut self.streams {
+            s.buckets.retain(|key, sub| {
+                let quiet = now_micros.saturating_sub(sub.last_report_micros);
+                let keep = quiet <= ttl_micros(sub.interval_micros);
+                if !keep {
+                    if let Some(b) = self.buckets.get_mut(key) {
+                        b.allocation.leave(id, now_micros);
+                    }
+                }
+                keep
+            });
+        }
+    }
+
+    /// Plans `keys` and collects what each member stream must be sent: a
+    /// changed share at once, an unchanged one when a third of its time to
+    /// live has passed (which only extends it).
+    fn assign(&mut self, keys: &[BucketKey], rules: &RuleSet, now_micros: u64) -> Outbox {
+        let mut per_stream: HashMap<StreamId, Vec<BucketAction>> = HashMap::new();
+        for key in keys {
+            let Some(bucket) = self.buckets.get_mut(key) else {
+                continue;
+            };
+            if bucket.generation != rules.generation() {
+                bucket.policy = Policy::of(rules, &key.domain, &key.pairs);
+                bucket.generation = rules.generation();
+            }
+            // the bucket's time to live: the slowest reporter's
+            let interval = self
+                .streams
+                .values()
+                .filter_map(|s| s.buckets.get(key))
+                .map(|sub| sub.interval_micros)
+                .max()
+                .unwrap_or(0);
+            let ttl = ttl_micros(interval);
+            let planned: Vec<(StreamId, Sent)> = match bucket.policy {
+                Policy::Shared(budget) => {
+                    bucket.allocation.set_budget(budget);
+                    bucket
+                        .allocation
+                        .plan(now_micros, ttl)
+                        .into_iter()
+                        .map(|(s, share)| (s, Sent::Share(share)))
+                        .collect()
+                }
+                Policy::AllowAll | Policy::DenyAll => {
+                    let rule = if bucket.policy == Policy::DenyAll {
+                        BlanketRule::DenyAll
+                    } else {
+                        BlanketRule::AllowAll
+                    };
+                    self.streams
+                        .iter()
+                        .filter(|(_, s)| s.buckets.contains_key(key))
+                        .map(|(id, _)| (*id, Sent::Blanket(rule)))
+                        .collect()
+                }
+            };
+            for (stream, what) in planned {
+                let Some(sub) = self
+                    .streams
+                    .get_mut(&stream)
+                    .and_then(|s| s.buckets.get_mut(key))
+                else {
+                    continue;
+                };
+                let due = match sub.sent {
+                    None => true,
+                    Some((before, at)) => {
+                        moved(before, what) || now_micros.saturating_sub(at) >= ttl / TTL_INTERVALS
+                    }
+                };
+                if due {
+                    sub.sent = Some((what, now_micros));
+                    per_stream
+                        .entry(stream)
+                        .or_default()
+                        .push(action(key, what, ttl));
+                }
+            }
+        }
+        let mut out: Outbox = per_stream
+            .into_iter()
+            .map(|(stream, bucket_action)| (stream, RateLimitQuotaResponse { bucket_action }))
+            .collect();
+        out.sort_unstable_by_key(|(s, _)| *s);
+        out
+    }
+}
+
+/// An assignment's time to live for a bucket reported every `interval`.
+fn ttl_micros(interval_micros: u64) -> u64 {
+    interval_micros
+        .saturating_mul(TTL_INTERVALS)
+        .clamp(MIN_TTL_MICROS, MAX_TTL_MICROS)
+}
+
+/// Whether a share moved enough to be sent before its refresh is due.
+fn moved(before: Sent, now: Sent) -> bool {
+    match (before, now) {
+        (Sent::Share(a), Sent::Share(b)) => {
+            let rel = |x: f64, y: f64| (x - y).abs() > RESEND_THRESHOLD * x.max(y);
+            // a decrease always goes out at once: the bound counts on it
+            b.rate < a.rate || b.burst < a.burst || rel(a.rate, b.rate) || rel(a.burst, b.burst)
+        }
+        (a, b) => a != b,
+    }
+}
+
+fn action(key: &BucketKey, what: Sent, ttl_micros: u64) -> BucketAction {
+    let strategy = match what {
+        Sent::Blanket(rule) => Strategy::BlanketRule(rule as i32),
+        Sent::Share(share) => token_bucket(share),
+    };
+    BucketAction {
+        bucket_id: Some(key.id()),
+        bucket_action: Some(bucket_action::BucketAction::QuotaAssignmentAction(
+            QuotaAssignmentAction {
+                assignment_time_to_live: Some(duration(ttl_micros)),
+                rate_limit_strategy: Some(RateLimitStrategy {
+                    strategy: Some(strategy),
+                }),
+            },
+        )),
+    }
+}
+
+/// A share as Envoy's token bucket, never more than the share: whole tokens
+/// rounded down, the fill interval rounded up. Less than one token: DENY_ALL.
+pub fn token_bucket(share: Budget) -> Strategy {
+    let max_tokens = share.burst.floor().min(f64::from(u32::MAX)) as u32;
+    if max_tokens == 0 || share.rate <= 0.0 {
+        return Strategy::BlanketRule(BlanketRule::DenyAll as i32);
+    }
+    // about one fill per second when the rate allows, never under one token
+    let per_fill = share.rate.floor().clamp(1.0, f64::from(u32::MAX));
+    let interval_micros = (per_fill / share.rate * 1e6).ceil() as u64;
+    Strategy::TokenBucket(TokenBucket {
+        max_tokens,
+        tokens_per_fill: Some(UInt32Value {
+            value: per_fill as u32,
+        }),
+        fill_interval: Some(duration(interval_micros.max(1))),
+    })
+}
+
+fn duration(micros: u64) -> PbDuration {
+    PbDuration {
+        seconds: i64::try_from(micros / 1_000_000).unwrap_or(i64::MAX),
+        nanos: ((micros % 1_000_000) * 1_000) as i32,
+    }
+}
+
+#[cfg(test)]
+mod tests;

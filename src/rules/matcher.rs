@@ -208,6 +208,43 @@ impl Level {
         Some(Match { rule, values })
     }
 
+    /// Orders an unordered set of entries (an RLQS `bucket_id`) as a
+    /// descriptor path down this tree: at each level, the entry whose key
+    /// the level has (by key, alphabetically, when several do), then on
+    /// under the node its value reaches. Entries the walk cannot place are
+    /// appended in key order, so the path then reaches no rule, as a
+    /// descriptor with entries the tree does not have.
+    pub fn order_entries<'a>(&self, entries: &[(&'a str, &'a str)]) -> Vec<(&'a str, &'a str)> {
+        let mut left: Vec<(&'a str, &'a str)> = entries.to_vec();
+        left.sort_unstable();
+        let mut path = Vec::with_capacity(left.len());
+        let mut level = self;
+        while let Some(i) = left.iter().position(|(k, _)| level.keys.contains_key(*k)) {
+            let (key, value) = left.remove(i);
+            path.push((key, value));
+            let Some(branch) = level.keys.get(key) else {
+                break;
+            };
+            let node = branch
+                .exact
+                .get(value)
+                .or_else(|| {
+                    branch
+                        .wildcards
+                        .iter()
+                        .find(|w| w.pattern.matches(value))
+                        .map(|w| &w.node)
+                })
+                .or(branch.default.as_ref());
+            match node {
+                Some(node) => level = &node.children,
+                None => break,
+            }
+        }
+        path.extend(left);
+        path
+    }
+
     /// Every rule in the tree, depth first in file order of keys' first appearance.
     pub fn rules(&self) -> Vec<&Arc<Rule>> {
         let mut out = Vec::new();

@@ -59,6 +59,16 @@ impl RuleSet {
         self.domains.get(domain)?.root.lookup(entries)
     }
 
+    /// An RLQS `bucket_id` (unordered) as a descriptor path of `domain`
+    /// (see [`matcher::Level::order_entries`]); `None` for an unknown domain.
+    pub fn quota_path<'a>(
+        &self,
+        domain: &str,
+        bucket: &[(&'a str, &'a str)],
+    ) -> Option<Vec<(&'a str, &'a str)>> {
+        Some(self.domains.get(domain)?.root.order_entries(bucket))
+    }
+
     pub fn has_domain(&self, domain: &str) -> bool {
         self.domains.contains_key(domain)
     }

@@ -59,6 +59,45 @@ pub struct Metrics {
     node_memory: IntGaugeVec,
     values_overflowed: IntCounterVec,
     lease: LeaseMetrics,
+    quota: QuotaMetrics,
+}
+
+/// RLQS: streams, reports and assignments.
+struct QuotaMetrics {
+    streams: IntGauge,
+    reports: IntCounterVec,
+    assignments: IntCounterVec,
+}
+
+impl QuotaMetrics {
+    fn new() -> Self {
+        let by_domain = |name: &str, help: &str| {
+            IntCounterVec::new(Opts::new(name, help), &["domain"]).expect("valid metric")
+        };
+        Self {
+            streams: IntGauge::new(
+                "rls_quota_streams",
+                "RLQS streams open now (one per Envoy and domain)",
+            )
+            .expect("valid metric"),
+            reports: by_domain(
+                "rls_quota_reports_total",
+                "RLQS bucket usage reports received",
+            ),
+            assignments: by_domain(
+                "rls_quota_assignments_total",
+                "RLQS bucket assignments sent (new shares, refreshes, blanket rules)",
+            ),
+        }
+    }
+
+    fn collectors(&self) -> Vec<Box<dyn prometheus::core::Collector>> {
+        vec![
+            Box::new(self.streams.clone()),
+            Box::new(self.reports.clone()),
+            Box::new(self.assignments.clone()),
+        ]
+    }
 }
 
 /// Counters of [`crate::limiter::lease`].
@@ -229,6 +268,7 @@ impl Metrics {
         )
         .expect("valid metric");
         let lease = LeaseMetrics::new();
+        let quota = QuotaMetrics::new();
         for c in [
             Box::new(decisions.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(duration.clone()),
@@ -247,6 +287,7 @@ impl Metrics {
         ]
         .into_iter()
         .chain(lease.collectors())
+        .chain(quota.collectors())
         {
             registry.register(c).expect("metric names are unique");
         }
@@ -279,6 +320,7 @@ impl Metrics {
             node_memory,
             values_overflowed,
             lease,
+            quota,
         }
     }
 
@@ -498,6 +540,36 @@ impl Metrics {
 
     pub fn lease_lost(&self, tokens: u64) {
         self.lease.lost.inc_by(tokens);
+    }
+
+    pub fn quota_streams(&self, open: usize) {
+        self.quota
+            .streams
+            .set(i64::try_from(open).unwrap_or(i64::MAX));
+    }
+
+    /// The `domain` label of an RLQS stream: its domain if the rules define
+    /// it, else [`UNKNOWN_DOMAIN`] (clients cannot grow the label set).
+    pub fn quota_domain_label(&self, rules: &RuleSet, domain: &str) -> String {
+        if rules.has_domain(domain) {
+            domain.to_owned()
+        } else {
+            UNKNOWN_DOMAIN.to_owned()
+        }
+    }
+
+    pub fn quota_reports(&self, domain: &str, buckets: usize) {
+        self.quota
+            .reports
+            .with_label_values(&[domain])
+            .inc_by(buckets as u64);
+    }
+
+    pub fn quota_assignments(&self, domain: &str, actions: usize) {
+        self.quota
+            .assignments
+            .with_label_values(&[domain])
+            .inc_by(actions as u64);
     }
 
     pub fn lease_counts(&self) -> LeaseCounts {

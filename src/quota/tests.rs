@@ -1,0 +1,294 @@
+use std::path::PathBuf;
+
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::bucket_action::BucketAction as Action;
+
+use super::*;
+use crate::rules::{load_sources, LoadOptions};
+
+const SEC: u64 = 1_000_000;
+
+fn rules(yaml: &str) -> RuleSet {
+    load_sources(
+        vec![(PathBuf::from("rules.yaml"), yaml.to_string())],
+        LoadOptions::default(),
+    )
+    .expect("valid rules")
+    .with_generation(1)
+}
+
+const RULES: &str = r#"
+domain: edge
+descriptors:
+  - key: tenant
+    value: acme
+    descriptors:
+      - key: api_key
+        rate_limit: {unit: second, requests_per_unit: 100, burst: 200}
+  - key: tenant
+    value: free
+    rate_limit: {unit: second, requests_per_unit: 0}
+  - key: tenant
+    value: internal
+    rate_limit: {unlimited: true}
+"#;
+
+fn usage(pairs: &[(&str, &str)], allowed: u64, secs: i64) -> BucketQuotaUsage {
+    BucketQuotaUsage {
+        bucket_id: Some(BucketId {
+            bucket: pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        }),
+        time_elapsed: Some(PbDuration {
+            seconds: secs,
+            nanos: 0,
+        }),
+        num_requests_allowed: allowed,
+        num_requests_denied: 0,
+    }
+}
+
+/// The strategies in `out` for `stream`, one per bucket action.
+fn strategies(out: &Outbox, stream: StreamId) -> Vec<Strategy> {
+    out.iter()
+        .filter(|(s, _)| *s == stream)
+        .flat_map(|(_, r)| &r.bucket_action)
+        .map(|a| match &a.bucket_action {
+            Some(Action::QuotaAssignmentAction(q)) => q
+                .rate_limit_strategy
+                .and_then(|s| s.strategy)
+                .expect("a strategy"),
+            other => panic!("not an assignment: {other:?}"),
+        })
+        .collect()
+}
+
+fn tokens(s: &Strategy) -> (u32, f64) {
+    match s {
+        Strategy::TokenBucket(b) => {
+            let fill = b.fill_interval.as_ref().expect("interval");
+            let secs = fill.seconds as f64 + f64::from(fill.nanos) / 1e9;
+            let per_fill = b.tokens_per_fill.as_ref().map_or(1, |v| v.value);
+            (b.max_tokens, f64::from(per_fill) / secs)
+        }
+        other => panic!("not a token bucket: {other:?}"),
+    }
+}
+
+#[test]
+fn a_bucket_id_maps_to_the_rules_path_whatever_its_key_order() {
+    let r = rules(RULES);
+    let acme = [
+        ("api_key".to_string(), "k1".to_string()),
+        ("tenant".to_string(), "acme".to_string()),
+    ];
+    assert!(
+        matches!(Policy::of(&r, "edge", &acme), Policy::Shared(b) if b.rate == 100.0 && b.burst == 200.0)
+    );
+    let free = [("tenant".to_string(), "free".to_string())];
+    assert_eq!(Policy::of(&r, "edge", &free), Policy::DenyAll);
+    let internal = [("tenant".to_string(), "internal".to_string())];
+    assert_eq!(Policy::of(&r, "edge", &internal), Policy::AllowAll);
+    // a key the tree does not have: no rule
+    let extra = [
+        ("api_key".to_string(), "k1".to_string()),
+        ("region".to_string(), "eu".to_string()),
+        ("tenant".to_string(), "acme".to_string()),
+    ];
+    assert_eq!(Policy::of(&r, "edge", &extra), Policy::AllowAll);
+    assert_eq!(Policy::of(&r, "nowhere", &acme), Policy::AllowAll);
+}
+
+#[test]
+fn blanket_rules_for_buckets_without_a_limit() {
+    let r = rules(RULES);
+    let mut q = Quotas::default();
+    q.open(1);
+    let out = q
+        .report(
+            1,
+            "edge",
+            &[
+                usage(&[("tenant", "free")], 5, 5),
+                usage(&[("tenant", "internal")], 5, 5),
+            ],
+            &r,
+            SEC,
+        )
+        .expect("report");
+    let mut got = strategies(&out, 1);
+    got.sort_by_key(|s| format!("{s:?}"));
+    assert_eq!(
+        got,
+        vec![
+            Strategy::BlanketRule(BlanketRule::AllowAll as i32),
+            Strategy::BlanketRule(BlanketRule::DenyAll as i32),
+        ]
+    );
+}
+
+#[test]
+fn two_envoys_split_the_rule_and_the_sum_never_exceeds_it() {
+    let r = rules(RULES);
+    let mut q = Quotas::default();
+    let bucket = [("tenant", "acme"), ("api_key", "k1")];
+    q.open(1);
+    q.open(2);
+    let out = q
+        .report(1, "edge", &[usage(&bucket, 500, 5)], &r, SEC)
+        .expect("report");
+    let (b1, r1) = tokens(&strategies(&out, 1)[0]);
+    assert_eq!(b1, 180, "all but the newcomer reserve");
+    assert!((r1 - 90.0).abs() < 0.01, "{r1}");
+    let out = q
+        .report(2, "edge", &[usage(&bucket, 500, 5)], &r, 2 * SEC)
+        .expect("report");
+    // 1 shrinks to its half at once, 2 gets the reserve until 1's first
+    // assignment expires
+    let (b1, r1) = tokens(&strategies(&out, 1)[0]);
+    let (b2, r2) = tokens(&strategies(&out, 2)[0]);
+    assert_eq!((b1, b2), (90, 20));
+    assert!(
+        (r1 - 45.0).abs() < 0.01 && (r2 - 10.0).abs() < 0.01,
+        "{r1} {r2}"
+    );
+    // reports every 5 s; the ttl is 15 s: by 20 s the first assignment is gone
+    let mut now = 2 * SEC;
+    let mut last = (0, 0.0);
+    for _ in 0..5 {
+        now += 5 * SEC;
+        q.report(1, "edge", &[usage(&bucket, 500, 5)], &r, now)
+            .expect("report");
+        let out = q
+            .report(2, "edge", &[usage(&bucket, 500, 5)], &r, now)
+            .expect("report");
+        if let Some(s) = strategies(&out, 2).first() {
+            last = tokens(s);
+        }
+        let out = q.tick(&r, now + SEC / 2);
+        if let Some(s) = strategies(&out, 2).first() {
+            last = tokens(s);
+        }
+    }
+    assert_eq!(last.0, 90);
+    assert!((last.1 - 45.0).abs() < 0.01, "{last:?}");
+}
+
+/// The last share sent to `stream` in any of `outs`.
+fn last_share(outs: &[Outbox], stream: StreamId) -> Option<(u32, f64)> {
+    outs.iter()
+        .flat_map(|o| strategies(o, stream))
+        .last()
+        .map(|s| tokens(&s))
+}
+
+#[test]
+fn a_closed_stream_leaves_its_buckets_to_the_others() {
+    let r = rules(RULES);
+    let mut q = Quotas::default();
+    let bucket = [("tenant", "acme"), ("api_key", "k1")];
+    let mut outs = Vec::new();
+    let mut now = SEC;
+    for _ in 0..5 {
+        outs.push(
+            q.report(1, "edge", &[usage(&bucket, 500, 5)], &r, now)
+                .expect("report"),
+        );
+        outs.push(
+            q.report(2, "edge", &[usage(&bucket, 500, 5)], &r, now)
+                .expect("report"),
+        );
+        outs.push(q.tick(&r, now));
+        now += 5 * SEC;
+    }
+    assert_eq!(last_share(&outs, 1).map(|s| s.0), Some(90));
+    outs.push(q.close(2, &r, now));
+    assert_eq!(q.streams(), 1);
+    // 2's last assignment lives 15 s (three 5 s reports); then 1 gets
+    // everything assignable
+    for _ in 0..4 {
+        now += 5 * SEC;
+        outs.push(
+            q.report(1, "edge", &[usage(&bucket, 500, 5)], &r, now)
+                .expect("report"),
+        );
+        outs.push(q.tick(&r, now));
+    }
+    let (b1, r1) = last_share(&outs, 1).expect("shares for 1");
+    assert_eq!(b1, 180);
+    assert!((r1 - 90.0).abs() < 0.01, "{r1}");
+}
+
+#[test]
+fn a_stream_that_stops_reporting_is_dropped_from_its_buckets() {
+    let r = rules(RULES);
+    let mut q = Quotas::default();
+    let bucket = [("tenant", "acme"), ("api_key", "k1")];
+    let mut outs = Vec::new();
+    outs.push(
+        q.report(1, "edge", &[usage(&bucket, 500, 5)], &r, SEC)
+            .expect("report"),
+    );
+    outs.push(
+        q.report(2, "edge", &[usage(&bucket, 500, 5)], &r, SEC)
+            .expect("report"),
+    );
+    // only 1 keeps reporting: 2 leaves after 15 s without a report (until
+    // then it is refreshed like any member), and its assignment expires 15 s
+    // after it was last sent
+    let mut now = SEC;
+    let mut sent_to_2_after_leaving = 0;
+    for _ in 0..10 {
+        now += 5 * SEC;
+        let a = q
+            .report(1, "edge", &[usage(&bucket, 500, 5)], &r, now)
+            .expect("report");
+        let b = q.tick(&r, now);
+        if now > 16 * SEC {
+            sent_to_2_after_leaving += strategies(&a, 2).len() + strategies(&b, 2).len();
+        }
+        outs.push(a);
+        outs.push(b);
+    }
+    let (_, r1) = last_share(&outs, 1).expect("shares for 1");
+    assert!((r1 - 90.0).abs() < 0.01, "{r1}");
+    assert_eq!(sent_to_2_after_leaving, 0);
+}
+
+#[test]
+fn the_first_report_must_name_the_domain() {
+    let r = rules(RULES);
+    let mut q = Quotas::default();
+    let err = q
+        .report(1, "", &[usage(&[("tenant", "acme")], 1, 1)], &r, SEC)
+        .expect_err("no domain");
+    assert!(err.contains("domain"), "{err}");
+}
+
+#[test]
+fn token_buckets_never_exceed_the_share() {
+    for (burst, rate) in [
+        (200.0, 100.0),
+        (10.5, 0.3),
+        (1.0, 1e-3),
+        (5.0, 7.7),
+        (0.9, 5.0),
+    ] {
+        match token_bucket(Budget { burst, rate }) {
+            Strategy::TokenBucket(_) => {
+                let s = token_bucket(Budget { burst, rate });
+                let (b, r) = tokens(&s);
+                assert!(
+                    f64::from(b) <= burst && r <= rate + 1e-9,
+                    "{burst} {rate}: {b} {r}"
+                );
+            }
+            Strategy::BlanketRule(rule) => {
+                assert_eq!(rule, BlanketRule::DenyAll as i32);
+                assert!(burst < 1.0);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+}
