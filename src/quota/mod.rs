@@ -41,6 +41,8 @@ pub const TTL_INTERVALS: u64 = 3;
 /// Bounds on an assignment's time to live.
 pub const MIN_TTL_MICROS: u64 = 3_000_000;
 pub const MAX_TTL_MICROS: u64 = 60_000_000;
+/// A stream quiet about a bucket for less than this stays in its split.
+pub const MIN_QUIET_MICROS: u64 = 15_000_000;
 /// A share that moved by less than this fraction is not re-sent early.
 pub const RESEND_THRESHOLD: f64 = 0.05;
 
@@ -133,6 +135,8 @@ enum Sent {
 #[derive(Debug)]
 struct Bucket {
     policy: Policy,
+    /// The label of the rule reached (metrics), if any.
+    rule: Option<String>,
     generation: u64,
     allocation: Allocation<StreamId>,
 }
@@ -204,6 +208,8 @@ impl Quotas {
                 .as_ref()
                 .map_or(0.0, |d| d.seconds as f64 + f64::from(d.nanos) / 1e9);
             let sub = entry.buckets.entry(key.clone()).or_default();
+            // the first report comes when the bucket is new (its elapsed
+            // time is since then): the cadence is learnt from the gaps
             if sub.last_report_micros > 0 {
                 let gap = now_micros.saturating_sub(sub.last_report_micros);
                 sub.interval_micros = if sub.interval_micros == 0 {
@@ -211,12 +217,11 @@ impl Quotas {
                 } else {
                     (sub.interval_micros + gap) / 2
                 };
-            } else if elapsed_secs > 0.0 {
-                sub.interval_micros = (elapsed_secs * 1e6) as u64;
             }
             sub.last_report_micros = now_micros;
             let bucket = self.buckets.entry(key.clone()).or_insert_with(|| Bucket {
                 policy: Policy::of(rules, &key.domain, &key.pairs),
+                rule: rule_label(rules, &key.domain, &key.pairs),
                 generation: rules.generation(),
                 allocation: Allocation::new(Budget::ZERO),
             });
@@ -260,12 +265,33 @@ impl Quotas {
         out
     }
 
-    /// Streams quiet about a bucket for longer than its time to live leave it.
+    /// For each (domain, rule) with a split bucket: the largest fraction of
+    /// one of its buckets' budget that live assignments may enforce now
+    /// (never above 1: the allocation's bound).
+    pub fn assigned_fractions(&self, now_micros: u64) -> Vec<(String, String, f64)> {
+        let mut by_rule: HashMap<(String, String), f64> = HashMap::new();
+        for (key, b) in &self.buckets {
+            let (Policy::Shared(budget), Some(rule)) = (b.policy, &b.rule) else {
+                continue;
+            };
+            let reserved = b.allocation.reserved(now_micros);
+            let fraction = (reserved.rate / budget.rate).max(reserved.burst / budget.burst);
+            let entry = by_rule
+                .entry((key.domain.clone(), rule.clone()))
+                .or_insert(0.0);
+            *entry = entry.max(fraction);
+        }
+        let mut out: Vec<_> = by_rule.into_iter().map(|((d, r), f)| (d, r, f)).collect();
+        out.sort_by(|a, b| (&a.0, &a.1).cmp(&(&b.0, &b.1)));
+        out
+    }
+
+    /// Streams quiet about a bucket for longer than [`quiet_limit_micros`] leave it.
     fn prune(&mut self, now_micros: u64) {
         for (id, s) in &mut self.streams {
             s.buckets.retain(|key, sub| {
                 let quiet = now_micros.saturating_sub(sub.last_report_micros);
-                let keep = quiet <= ttl_micros(sub.interval_micros);
+                let keep = quiet <= quiet_limit_micros(sub.interval_micros);
                 if !keep {
                     if let Some(b) = self.buckets.get_mut(key) {
                         b.allocation.leave(id, now_micros);
@@ -287,6 +313,7 @@ impl Quotas {
             };
             if bucket.generation != rules.generation() {
                 bucket.policy = Policy::of(rules, &key.domain, &key.pairs);
+                bucket.rule = rule_label(rules, &key.domain, &key.pairs);
                 bucket.generation = rules.generation();
             }
             // the bucket's time to live: the slowest reporter's
@@ -353,6 +380,27 @@ impl Quotas {
     }
 }
 
+/// The metric label of the rule `pairs` reach in `domain`.
+fn rule_label(rules: &RuleSet, domain: &str, pairs: &[(String, String)]) -> Option<String> {
+    let entries: Vec<(&str, &str)> = pairs
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    let path = rules.quota_path(domain, &entries)?;
+    rules
+        .lookup(domain, &path)
+        .map(|m| m.rule.label().to_owned())
+}
+
+/// How long a stream may be quiet about a bucket before it leaves it:
+/// three report intervals, and never less than [`MIN_QUIET_MICROS`] (Envoy
+/// 1.40 reports about every five seconds, whatever `reporting_interval` says).
+fn quiet_limit_micros(interval_micros: u64) -> u64 {
+    interval_micros
+        .saturating_mul(TTL_INTERVALS)
+        .max(MIN_QUIET_MICROS)
+}
+
 /// An assignment's time to live for a bucket reported every `interval`.
 fn ttl_micros(interval_micros: u64) -> u64 {
     interval_micros
@@ -391,21 +439,29 @@ fn action(key: &BucketKey, what: Sent, ttl_micros: u64) -> BucketAction {
 }
 
 /// A share as Envoy's token bucket, never more than the share: whole tokens
-/// rounded down, the fill interval rounded up. Less than one token: DENY_ALL.
+/// rounded down, refilled every whole number of seconds (Envoy 1.40 admitted
+/// every request under a fill interval with a fraction of a second: measured
+/// with two Envoys, see tests/envoy_e2e.rs), so the rate is rounded down to
+/// what whole tokens per whole seconds give. Less than one token: DENY_ALL.
 pub fn token_bucket(share: Budget) -> Strategy {
     let max_tokens = share.burst.floor().min(f64::from(u32::MAX)) as u32;
     if max_tokens == 0 || share.rate <= 0.0 {
         return Strategy::BlanketRule(BlanketRule::DenyAll as i32);
     }
-    // about one fill per second when the rate allows, never under one token
-    let per_fill = share.rate.floor().clamp(1.0, f64::from(u32::MAX));
-    let interval_micros = (per_fill / share.rate * 1e6).ceil() as u64;
+    // every second when the rate gives a whole token a second, else every
+    // as many seconds as one token takes
+    let secs = if share.rate >= 1.0 {
+        1.0
+    } else {
+        (1.0 / share.rate).ceil()
+    };
+    let per_fill = (share.rate * secs).floor().clamp(1.0, f64::from(u32::MAX));
     Strategy::TokenBucket(TokenBucket {
         max_tokens,
         tokens_per_fill: Some(UInt32Value {
             value: per_fill as u32,
         }),
-        fill_interval: Some(duration(interval_micros.max(1))),
+        fill_interval: Some(duration((secs as u64).saturating_mul(1_000_000))),
     })
 }
 

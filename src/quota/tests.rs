@@ -153,6 +153,11 @@ fn two_envoys_split_the_rule_and_the_sum_never_exceeds_it() {
         (r1 - 45.0).abs() < 0.01 && (r2 - 10.0).abs() < 0.01,
         "{r1} {r2}"
     );
+    // 1's first assignment (90 %) may still be enforced, beside 2's 10 %
+    let fractions = q.assigned_fractions(2 * SEC);
+    assert_eq!(fractions.len(), 1, "{fractions:?}");
+    assert_eq!(fractions[0].0, "edge");
+    assert!((fractions[0].2 - 1.0).abs() < 1e-9, "{fractions:?}");
     // reports every 5 s; the ttl is 15 s: by 20 s the first assignment is gone
     let mut now = 2 * SEC;
     let mut last = (0, 0.0);
@@ -276,7 +281,12 @@ fn token_buckets_never_exceed_the_share() {
         (0.9, 5.0),
     ] {
         match token_bucket(Budget { burst, rate }) {
-            Strategy::TokenBucket(_) => {
+            Strategy::TokenBucket(tb) => {
+                let fill = tb.fill_interval.expect("interval");
+                assert!(
+                    fill.seconds >= 1 && fill.nanos == 0,
+                    "whole seconds: {fill:?}"
+                );
                 let s = token_bucket(Budget { burst, rate });
                 let (b, r) = tokens(&s);
                 assert!(

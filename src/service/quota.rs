@@ -61,11 +61,15 @@ impl QuotaHub {
     /// Re-plans every [`TICK`] for as long as the hub lives.
     pub fn spawn_ticker(self: &Arc<Self>) {
         crate::periodic::spawn_every(self, TICK, |hub| {
-            let out = hub
-                .quotas
-                .lock()
-                .tick(&hub.rules.load(), hub.clock.now_micros());
+            let now = hub.clock.now_micros();
+            let rules = hub.rules.load();
+            let (out, fractions) = {
+                let mut quotas = hub.quotas.lock();
+                let out = quotas.tick(&rules, now);
+                (out, quotas.assigned_fractions(now))
+            };
             hub.send(out);
+            hub.metrics.quota_shares(&fractions);
         });
     }
 
@@ -124,6 +128,7 @@ impl QuotaHub {
         }
         let streams = self.streams.lock();
         for (id, response) in out {
+            tracing::debug!(stream = id, ?response, "RLQS assignment");
             if let Some((tx, domain)) = streams.get(&id) {
                 self.metrics
                     .quota_assignments(domain, response.bucket_action.len());

@@ -65,6 +65,9 @@ pub struct Metrics {
 /// RLQS: streams, reports and assignments.
 struct QuotaMetrics {
     streams: IntGauge,
+    share: prometheus::GaugeVec,
+    /// The (domain, rule) series `share` has now.
+    share_series: parking_lot::Mutex<Vec<(String, String)>>,
     reports: IntCounterVec,
     assignments: IntCounterVec,
 }
@@ -80,6 +83,15 @@ impl QuotaMetrics {
                 "RLQS streams open now (one per Envoy and domain)",
             )
             .expect("valid metric"),
+            share: prometheus::GaugeVec::new(
+                Opts::new(
+                    "rls_quota_share",
+                    "RLQS: the largest fraction of one of the rule's buckets that live assignments may enforce (at most 1)",
+                ),
+                &["domain", "rule"],
+            )
+            .expect("valid metric"),
+            share_series: parking_lot::Mutex::default(),
             reports: by_domain(
                 "rls_quota_reports_total",
                 "RLQS bucket usage reports received",
@@ -94,6 +106,7 @@ impl QuotaMetrics {
     fn collectors(&self) -> Vec<Box<dyn prometheus::core::Collector>> {
         vec![
             Box::new(self.streams.clone()),
+            Box::new(self.share.clone()),
             Box::new(self.reports.clone()),
             Box::new(self.assignments.clone()),
         ]
@@ -556,6 +569,27 @@ impl Metrics {
         } else {
             UNKNOWN_DOMAIN.to_owned()
         }
+    }
+
+    /// Sets `rls_quota_share` for every rule given, and drops the series of
+    /// rules no longer split.
+    pub fn quota_shares(&self, fractions: &[(String, String, f64)]) {
+        let mut series = self.quota.share_series.lock();
+        for (domain, rule, fraction) in fractions {
+            self.quota
+                .share
+                .with_label_values(&[domain, rule])
+                .set(*fraction);
+        }
+        for (domain, rule) in series.iter() {
+            if !fractions.iter().any(|(d, r, _)| d == domain && r == rule) {
+                let _ = self.quota.share.remove_label_values(&[domain, rule]);
+            }
+        }
+        *series = fractions
+            .iter()
+            .map(|(d, r, _)| (d.clone(), r.clone()))
+            .collect();
     }
 
     pub fn quota_reports(&self, domain: &str, buckets: usize) {
