@@ -822,5 +822,8 @@ descriptors:
         "rls_quota_share{domain=\"edge\",rule=\"plan_gold.api_key\"}",
     )
     .await;
-    assert!(share.is_some_and(|s| s <= 1.0 && s >= 0.85), "{share:?}");
+    assert!(
+        share.is_some_and(|s| (0.85..=1.0).contains(&s)),
+        "{share:?}"
+    );
 }
