@@ -11,6 +11,9 @@ use std::time::{Duration, Instant};
 
 use common::redis::RedisServer;
 use common::{descriptor, free_port, request, rules_dir, sample, serve_args, ChildGuard};
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_client::RateLimitQuotaServiceClient;
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::{BucketId, RateLimitQuotaUsageReports};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
     TraceService, TraceServiceServer,
@@ -460,6 +463,40 @@ async fn the_grafana_dashboard_queries_only_exported_metrics() {
     // a cap small enough that evictions have series
     let (_dir, s, mut c) = serve_capped(4).await;
     new_users(&mut c, 20).await;
+    // an RLQS stream, for the quota series: one report, its assignment,
+    // then the next re-plan (every second) sets the share gauge
+    let mut quota = RateLimitQuotaServiceClient::connect(format!("http://{}", s.grpc_addr))
+        .await
+        .expect("connect");
+    let report = RateLimitQuotaUsageReports {
+        domain: "d".into(),
+        bucket_quota_usages: vec![BucketQuotaUsage {
+            bucket_id: Some(BucketId {
+                bucket: [("user".to_string(), "rlqs".to_string())].into(),
+            }),
+            time_elapsed: Some(envoy_types::pb::google::protobuf::Duration {
+                seconds: 1,
+                nanos: 0,
+            }),
+            num_requests_allowed: 5,
+            num_requests_denied: 0,
+        }],
+    };
+    let (keep_open, rx) = tokio::sync::mpsc::unbounded_channel();
+    keep_open.send(report).expect("queued");
+    let outbound =
+        futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|m| (m, rx)) });
+    let mut assignments = quota
+        .stream_rate_limit_quotas(outbound)
+        .await
+        .expect("stream")
+        .into_inner();
+    tokio::time::timeout(Duration::from_secs(5), assignments.message())
+        .await
+        .expect("an assignment")
+        .expect("ok")
+        .expect("open");
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
     let exported = reqwest::get(format!("http://{}/metrics", s.admin_addr))
         .await
         .expect("scrape")
