@@ -41,6 +41,8 @@ pub const TTL_INTERVALS: u64 = 3;
 /// Bounds on an assignment's time to live.
 pub const MIN_TTL_MICROS: u64 = 3_000_000;
 pub const MAX_TTL_MICROS: u64 = 60_000_000;
+/// A bucket a stream reports without requests for this long is abandoned.
+pub const ABANDON_AFTER_MICROS: u64 = 300_000_000;
 /// A stream quiet about a bucket for less than this stays in its split.
 pub const MIN_QUIET_MICROS: u64 = 15_000_000;
 /// A share that moved by less than this fraction is not re-sent early.
@@ -124,6 +126,8 @@ struct Subscription {
     interval_micros: u64,
     /// What was last sent, and when.
     sent: Option<(Sent, u64)>,
+    /// Since when every report said no requests; `None` while it has some.
+    idle_since_micros: Option<u64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -219,15 +223,20 @@ impl Quotas {
                 };
             }
             sub.last_report_micros = now_micros;
+            let requests = usage
+                .num_requests_allowed
+                .saturating_add(usage.num_requests_denied);
+            if requests > 0 {
+                sub.idle_since_micros = None;
+            } else if sub.idle_since_micros.is_none() {
+                sub.idle_since_micros = Some(now_micros);
+            }
             let bucket = self.buckets.entry(key.clone()).or_insert_with(|| Bucket {
                 policy: Policy::of(rules, &key.domain, &key.pairs),
                 rule: rule_label(rules, &key.domain, &key.pairs),
                 generation: rules.generation(),
                 allocation: Allocation::new(Budget::ZERO),
             });
-            let requests = usage
-                .num_requests_allowed
-                .saturating_add(usage.num_requests_denied);
             bucket
                 .allocation
                 .report(&stream, requests, elapsed_secs.max(0.001));
@@ -257,11 +266,49 @@ impl Quotas {
     /// and buckets nobody holds are forgotten.
     pub fn tick(&mut self, rules: &RuleSet, now_micros: u64) -> Outbox {
         self.prune(now_micros);
+        let mut out = self.abandon_idle(now_micros);
         let keys: Vec<BucketKey> = self.buckets.keys().cloned().collect();
-        let out = self.assign(&keys, rules, now_micros);
+        out.extend(self.assign(&keys, rules, now_micros));
         self.buckets.retain(|_, b| {
             b.allocation.members() > 0 || b.allocation.reserved(now_micros).rate > 0.0
         });
+        out
+    }
+
+    /// Buckets a stream has reported without requests for [`ABANDON_AFTER_MICROS`]:
+    /// Envoy is told to drop them (`abandon_action`; it subscribes again
+    /// with its next request there) and the stream leaves their split.
+    fn abandon_idle(&mut self, now_micros: u64) -> Outbox {
+        let mut out = Vec::new();
+        for (id, s) in &mut self.streams {
+            let mut actions = Vec::new();
+            s.buckets.retain(|key, sub| {
+                let idle = sub
+                    .idle_since_micros
+                    .is_some_and(|t| now_micros.saturating_sub(t) >= ABANDON_AFTER_MICROS);
+                if idle {
+                    if let Some(b) = self.buckets.get_mut(key) {
+                        b.allocation.leave(id, now_micros);
+                    }
+                    actions.push(BucketAction {
+                        bucket_id: Some(key.id()),
+                        bucket_action: Some(bucket_action::BucketAction::AbandonAction(
+                            bucket_action::AbandonAction {},
+                        )),
+                    });
+                }
+                !idle
+            });
+            if !actions.is_empty() {
+                out.push((
+                    *id,
+                    RateLimitQuotaResponse {
+                        bucket_action: actions,
+                    },
+                ));
+            }
+        }
+        out.sort_unstable_by_key(|(s, _)| *s);
         out
     }
 

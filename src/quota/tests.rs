@@ -262,6 +262,49 @@ fn a_stream_that_stops_reporting_is_dropped_from_its_buckets() {
 }
 
 #[test]
+fn a_bucket_without_requests_for_five_minutes_is_abandoned() {
+    let r = rules(RULES);
+    let mut q = Quotas::default();
+    let bucket = [("tenant", "acme"), ("api_key", "k1")];
+    let other = [("tenant", "acme"), ("api_key", "k2")];
+    let mut now = SEC;
+    q.report(
+        1,
+        "edge",
+        &[usage(&bucket, 5, 5), usage(&other, 5, 5)],
+        &r,
+        now,
+    )
+    .expect("report");
+    let mut abandoned = Vec::new();
+    // k1 idle from here on, k2 busy
+    for _ in 0..70 {
+        now += 5 * SEC;
+        q.report(
+            1,
+            "edge",
+            &[usage(&bucket, 0, 5), usage(&other, 5, 5)],
+            &r,
+            now,
+        )
+        .expect("report");
+        for (stream, response) in q.tick(&r, now) {
+            for a in response.bucket_action {
+                if let Some(Action::AbandonAction(_)) = a.bucket_action {
+                    abandoned.push((stream, now, a.bucket_id.expect("id")));
+                }
+            }
+        }
+    }
+    assert_eq!(abandoned.len(), 1, "{abandoned:?}");
+    let (stream, at, id) = &abandoned[0];
+    assert_eq!(*stream, 1);
+    assert_eq!(id.bucket.get("api_key").map(String::as_str), Some("k1"));
+    // idle since its first empty report at 6 s: abandoned 300 s later
+    assert_eq!(*at, 306 * SEC);
+}
+
+#[test]
 fn the_first_report_must_name_the_domain() {
     let r = rules(RULES);
     let mut q = Quotas::default();
