@@ -7,6 +7,10 @@
 //! from when a request was due, so a stalled service shows up as latency
 //! instead of being hidden by a slower send rate (coordinated omission).
 //! Keys: one hot key, uniform over K keys, or zipf(s) over K keys.
+//! `--rlqs`: simulated Envoys on RLQS streams instead ([`rlqs`]).
+
+#[path = "rls-bench/rlqs.rs"]
+mod rlqs;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -87,6 +91,17 @@ struct Args {
     /// and fewer preemptions in its latency.
     #[arg(long, default_value_t = 0)]
     threads: usize,
+    /// RLQS instead of ShouldRateLimit: `throughput` (simulated Envoys
+    /// reporting as fast as the service takes it) or `converge` (time for
+    /// shares to follow a shift in demand).
+    #[arg(long, value_enum)]
+    rlqs: Option<rlqs::Mode>,
+    /// RLQS: simulated Envoys (one stream each).
+    #[arg(long, default_value_t = 10)]
+    streams: usize,
+    /// RLQS: buckets per stream (`{<key>: k<i>}`).
+    #[arg(long, default_value_t = 10)]
+    buckets: usize,
 }
 
 /// SplitMix64: fast, small, good enough to pick keys.
@@ -384,6 +399,21 @@ fn main() -> Result<()> {
 }
 
 async fn run(args: Args) -> Result<()> {
+    if let Some(mode) = args.rlqs {
+        return rlqs::run(
+            mode,
+            rlqs::Settings {
+                target: &args.target,
+                domain: &args.domain,
+                key: &args.key,
+                streams: args.streams,
+                buckets: args.buckets,
+                duration: args.duration,
+                json: args.json,
+            },
+        )
+        .await;
+    }
     let mut clients = Vec::with_capacity(args.connections.max(1));
     for _ in 0..args.connections.max(1) {
         clients.push(connect(&args.target).await?);
