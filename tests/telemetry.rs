@@ -496,7 +496,13 @@ async fn the_grafana_dashboard_queries_only_exported_metrics() {
         .expect("an assignment")
         .expect("ok")
         .expect("open");
-    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    // the share gauge is set by the next re-plan (every second)
+    for _ in 0..100 {
+        if s.metrics.render().contains("rls_quota_share{") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let exported = reqwest::get(format!("http://{}/metrics", s.admin_addr))
         .await
         .expect("scrape")
