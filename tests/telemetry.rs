@@ -397,6 +397,58 @@ async fn spans_reach_an_otlp_collector_and_continue_the_callers_trace() {
         "{:?}",
         call.attributes
     );
+
+    // RLQS: a span per report message
+    let mut quota = RateLimitQuotaServiceClient::connect(format!("http://127.0.0.1:{grpc}"))
+        .await
+        .expect("connect");
+    let (keep_open, rx) = tokio::sync::mpsc::unbounded_channel();
+    keep_open
+        .send(RateLimitQuotaUsageReports {
+            domain: "d".into(),
+            bucket_quota_usages: vec![BucketQuotaUsage {
+                bucket_id: Some(BucketId {
+                    bucket: [("user".to_string(), "traced".to_string())].into(),
+                }),
+                time_elapsed: Some(envoy_types::pb::google::protobuf::Duration {
+                    seconds: 1,
+                    nanos: 0,
+                }),
+                num_requests_allowed: 3,
+                num_requests_denied: 0,
+            }],
+        })
+        .expect("queued");
+    let outbound =
+        futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|m| (m, rx)) });
+    let _assignments = quota
+        .stream_rate_limit_quotas(outbound)
+        .await
+        .expect("stream");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let report = loop {
+        if let Some(s) = collector
+            .spans
+            .lock()
+            .iter()
+            .find(|s| s.name == "RLQS report")
+            .cloned()
+        {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "no RLQS report span");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(
+        attr(&report, "domain").is_some_and(|v| v.contains("\"d\"")),
+        "{:?}",
+        report.attributes
+    );
+    assert!(
+        attr(&report, "buckets").is_some_and(|v| v.contains('1')),
+        "{:?}",
+        report.attributes
+    );
 }
 
 /// A server on RULES holding at most `max_buckets` buckets.

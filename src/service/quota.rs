@@ -25,6 +25,7 @@ use tonic::{Request, Response, Status, Streaming};
 use super::SharedRules;
 use crate::clock::{Clock, MonotonicClock};
 use crate::quota::{Outbox, Quotas, StreamId};
+use crate::telemetry::tracing::SPAN_TARGET;
 use crate::telemetry::Metrics;
 
 /// How often every bucket is re-planned without a report.
@@ -83,6 +84,15 @@ impl QuotaHub {
     }
 
     fn report(&self, id: StreamId, reports: &RateLimitQuotaUsageReports) -> Result<(), Status> {
+        // one span per report message (exported only with --otlp-endpoint)
+        let _span = tracing::info_span!(
+            target: SPAN_TARGET,
+            "RLQS report",
+            stream = id,
+            domain = %reports.domain,
+            buckets = reports.bucket_quota_usages.len(),
+        )
+        .entered();
         let rules = self.rules.load();
         let out = self
             .quotas
