@@ -827,3 +827,86 @@ descriptors:
         "{share:?}"
     );
 }
+
+/// One of two Envoys on an RLQS bucket (100/s, burst 100) goes away: its
+/// stream closes, and once its last assignment has expired the other gets
+/// the whole assignable budget (90 %: 10 % stays held for newcomers).
+#[tokio::test]
+async fn when_one_envoy_goes_the_other_gets_its_share() {
+    const RULES: &str = r#"
+domain: edge
+descriptors:
+  - key: plan
+    value: gold
+    descriptors:
+      - key: api_key
+        rate_limit: {unit: second, requests_per_unit: 100, burst: 100}
+"#;
+    const KEY: &[(&str, &str)] = &[("x-plan", "gold"), ("x-api-key", "left")];
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let rules = common::rules_dir(RULES);
+    let edge = Edge::start_full(rules.path(), "rlqs.yaml", &[vec![]]).await;
+    let mut second = None;
+    for _ in 0..4 {
+        second = RunningEnvoy::start(&edge.client, "rlqs.yaml", &edge.grpc_ports).await;
+        if second.is_some() {
+            break;
+        }
+    }
+    let second = second.expect("a second Envoy starts");
+    let (measuring, stop) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicBool::new(false)),
+    );
+    let (idle, stop_second) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicBool::new(false)),
+    );
+    let first_callers = load(&edge.client, &edge.base, KEY, 4, &measuring, &stop);
+    let second_callers = load(&edge.client, &second.base, KEY, 4, &idle, &stop_second);
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    assert_eq!(rls_metric(&edge, 0, "rls_quota_streams").await, Some(2.0));
+    stop_second.store(true, Ordering::Relaxed);
+    for c in second_callers {
+        c.await.expect("caller");
+    }
+    drop(second);
+    // its stream closes at once; its last assignment lives up to three
+    // report intervals (Envoy reports about every 5 s)
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while rls_metric(&edge, 0, "rls_quota_streams").await != Some(1.0) {
+        assert!(
+            Instant::now() < deadline,
+            "the second Envoy's stream never closed"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    measuring.store(true, Ordering::Relaxed);
+    let started = Instant::now();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    measuring.store(false, Ordering::Relaxed);
+    let secs = started.elapsed().as_secs_f64();
+    stop.store(true, Ordering::Relaxed);
+    let (mut ok, mut over) = (0, 0);
+    for c in first_callers {
+        let (o, v) = c.await.expect("caller");
+        ok += o;
+        over += v;
+    }
+    eprintln!("the remaining Envoy, {secs:.1} s: {ok} admitted, {over} refused");
+    assert!(
+        over > ok,
+        "it was sent far more than the rate: {ok} / {over}"
+    );
+    assert!(
+        (ok as f64) <= 100.0 + 100.0 * secs,
+        "{ok} admitted, over B + r·t"
+    );
+    // more than its former half (45/s) could give: it has the others' share
+    assert!(
+        (ok as f64) >= 0.8 * 90.0 * secs,
+        "{ok} admitted in {secs:.1} s: the whole assignable share was not reached"
+    );
+}
