@@ -910,3 +910,114 @@ descriptors:
         "{ok} admitted in {secs:.1} s: the whole assignable share was not reached"
     );
 }
+
+/// `per_sec` requests a second through `base`, paced, until `stop`;
+/// answers counted while `measuring` is set: (200s, 429s).
+fn paced(
+    client: &reqwest::Client,
+    base: &str,
+    headers: &'static [(&'static str, &'static str)],
+    per_sec: u64,
+    measuring: &std::sync::Arc<std::sync::atomic::AtomicBool>,
+    stop: &std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> tokio::task::JoinHandle<(u64, u64)> {
+    use std::sync::atomic::Ordering;
+    let (client, url) = (client.clone(), format!("{base}/"));
+    let (measuring, stop) = (measuring.clone(), stop.clone());
+    tokio::spawn(async move {
+        let counts = std::sync::Arc::new(std::sync::Mutex::new((0u64, 0u64)));
+        let mut tick = tokio::time::interval(Duration::from_micros(1_000_000 / per_sec));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        let mut inflight = tokio::task::JoinSet::new();
+        while !stop.load(Ordering::Relaxed) {
+            tick.tick().await;
+            let (client, url, measuring, counts) = (
+                client.clone(),
+                url.clone(),
+                measuring.clone(),
+                counts.clone(),
+            );
+            inflight.spawn(async move {
+                let mut req = client.get(&url);
+                for (k, v) in headers {
+                    req = req.header(*k, *v);
+                }
+                let measured = measuring.load(Ordering::Relaxed);
+                if let Ok(resp) = req.send().await {
+                    if measured {
+                        let mut c = counts.lock().expect("counts");
+                        match resp.status().as_u16() {
+                            200 => c.0 += 1,
+                            429 => c.1 += 1,
+                            other => panic!("unexpected status {other}"),
+                        }
+                    }
+                }
+            });
+            while inflight.try_join_next().is_some() {}
+        }
+        while inflight.join_next().await.is_some() {}
+        let c = *counts.lock().expect("counts");
+        c
+    })
+}
+
+/// Two Envoys on one RLQS bucket (100/s, burst 100) with demand 900:100
+/// requests a second: the shares follow demand (of the assignable 90/s,
+/// each gets a floor of 9/s and the rest by demand: about 74 and 16), and
+/// together they stay within B + r·t.
+#[tokio::test]
+async fn rlqs_shares_follow_demand_and_the_quiet_envoy_keeps_its_floor() {
+    const RULES: &str = r#"
+domain: edge
+descriptors:
+  - key: plan
+    value: gold
+    descriptors:
+      - key: api_key
+        rate_limit: {unit: second, requests_per_unit: 100, burst: 100}
+"#;
+    const KEY: &[(&str, &str)] = &[("x-plan", "gold"), ("x-api-key", "skewed")];
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let rules = common::rules_dir(RULES);
+    let edge = Edge::start_full(rules.path(), "rlqs.yaml", &[vec![]]).await;
+    let mut second = None;
+    for _ in 0..4 {
+        second = RunningEnvoy::start(&edge.client, "rlqs.yaml", &edge.grpc_ports).await;
+        if second.is_some() {
+            break;
+        }
+    }
+    let second = second.expect("a second Envoy starts");
+    let (measuring, stop) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicBool::new(false)),
+    );
+    let loud = paced(&edge.client, &edge.base, KEY, 900, &measuring, &stop);
+    let quiet = paced(&edge.client, &second.base, KEY, 100, &measuring, &stop);
+    // demand is learnt over a few reports (Envoy reports about every 5 s)
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    measuring.store(true, Ordering::Relaxed);
+    let started = Instant::now();
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    measuring.store(false, Ordering::Relaxed);
+    let secs = started.elapsed().as_secs_f64();
+    stop.store(true, Ordering::Relaxed);
+    let (loud_ok, loud_over) = loud.await.expect("loud");
+    let (quiet_ok, quiet_over) = quiet.await.expect("quiet");
+    eprintln!(
+        "900:100 over {secs:.1} s: loud {loud_ok} admitted / {loud_over} refused, quiet {quiet_ok} / {quiet_over}"
+    );
+    assert!(
+        (loud_ok + quiet_ok) as f64 <= 100.0 + 100.0 * secs,
+        "over B + r·t"
+    );
+    // the loud one gets most of it, the quiet one at least its floor
+    assert!(loud_ok > 3 * quiet_ok, "{loud_ok} vs {quiet_ok}");
+    assert!(
+        quiet_ok as f64 >= 0.8 * 9.0 * secs,
+        "the quiet Envoy lost its floor: {quiet_ok}"
+    );
+    assert!(quiet_over > 0, "the quiet one was limited too");
+}
