@@ -103,7 +103,8 @@ pub struct ServeArgs {
     /// What rules without their own `failure_mode` do when the store fails.
     #[arg(long, env = "RLS_FAILURE_MODE", value_enum, default_value = "open")]
     pub failure_mode: FailureMode,
-    /// Expected replicas: the `local` failure mode gives each B/N and r/N.
+    /// Expected replicas: the `local` failure mode gives each B/N and r/N, and
+    /// RLQS splits 1/N of each budget among this instance's Envoys.
     #[arg(long, env = "RLS_INSTANCES", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     pub instances: u32,
     /// Add RateLimit-Limit / RateLimit-Remaining / RateLimit-Reset to every answer.

@@ -189,7 +189,7 @@ pub async fn start(args: &ServeArgs) -> Result<RunningServer> {
     health.clone().spawn_grpc_sync(reporter);
 
     let rls = RateLimitServiceServer::new(service).max_decoding_message_size(MAX_REQUEST_BYTES);
-    let quota_hub = QuotaHub::new(rules.clone(), metrics.clone());
+    let quota_hub = QuotaHub::new(rules.clone(), metrics.clone(), args.instances);
     quota_hub.spawn_ticker();
     let rlqs = RateLimitQuotaServiceServer::new(RateLimitQuotaGrpc::new(quota_hub.clone()))
         .max_decoding_message_size(MAX_REQUEST_BYTES);

@@ -214,3 +214,32 @@ async fn a_stream_whose_first_report_has_no_domain_is_refused() {
     assert!(status.message().contains("domain"), "{status}");
     server.shutdown().await.expect("stop");
 }
+
+/// Two instances with `--instances 2`, one Envoy on each, on one bucket
+/// (100/s, burst 200): each instance splits half, so the two Envoys
+/// together are assigned at most the budget (each 90 % of its half).
+#[tokio::test]
+async fn two_instances_each_split_half_of_the_budget() {
+    let rules = rules_dir(RULES);
+    let mut args = serve_args(rules.path().to_path_buf());
+    args.instances = 2;
+    let one = tokenbucket_rls::server::start(&args)
+        .await
+        .expect("first instance");
+    let two = tokenbucket_rls::server::start(&args)
+        .await
+        .expect("second instance");
+    let mut a = Envoy::connect(one.grpc_addr).await;
+    let mut b = Envoy::connect(two.grpc_addr).await;
+    a.report("edge", ACME, 100, 1);
+    b.report("edge", ACME, 100, 1);
+    let (share_a, share_b) = (
+        bucket(&a.next("acme", None).await),
+        bucket(&b.next("acme", None).await),
+    );
+    assert_eq!(share_a, (90, 45.0));
+    assert_eq!(share_b, (90, 45.0));
+    assert!(share_a.0 + share_b.0 <= 200 && share_a.1 + share_b.1 <= 100.0);
+    one.shutdown().await.expect("stop");
+    two.shutdown().await.expect("stop");
+}

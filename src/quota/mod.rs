@@ -156,12 +156,24 @@ struct Stream {
 pub struct Quotas {
     streams: HashMap<StreamId, Stream>,
     buckets: HashMap<BucketKey, Bucket>,
+    /// Instances serving RLQS (`--instances`): each splits 1/N of every
+    /// budget among its own Envoys, so N of them never assign more than
+    /// the budget together. 0 is taken as 1.
+    instances: u32,
 }
 
 /// Messages to write, per stream.
 pub type Outbox = Vec<(StreamId, RateLimitQuotaResponse)>;
 
 impl Quotas {
+    /// State for one of `instances` instances (see [`Quotas::instances`]).
+    pub fn for_instances(instances: u32) -> Self {
+        Self {
+            instances,
+            ..Self::default()
+        }
+    }
+
     pub fn open(&mut self, stream: StreamId) {
         self.streams.entry(stream).or_default();
     }
@@ -321,7 +333,8 @@ impl Quotas {
             let (Policy::Shared(budget), Some(rule)) = (b.policy, &b.rule) else {
                 continue;
             };
-            let reserved = b.allocation.reserved(now_micros);
+            // of this instance's part of the budget
+            let (budget, reserved) = (b.allocation.budget(), b.allocation.reserved(now_micros));
             let fraction = (reserved.rate / budget.rate).max(reserved.burst / budget.burst);
             let entry = by_rule
                 .entry((key.domain.clone(), rule.clone()))
@@ -374,7 +387,11 @@ impl Quotas {
             let ttl = ttl_micros(interval);
             let planned: Vec<(StreamId, Sent)> = match bucket.policy {
                 Policy::Shared(budget) => {
-                    bucket.allocation.set_budget(budget);
+                    let share = 1.0 / f64::from(self.instances.max(1));
+                    bucket.allocation.set_budget(Budget {
+                        burst: budget.burst * share,
+                        rate: budget.rate * share,
+                    });
                     bucket
                         .allocation
                         .plan(now_micros, ttl)

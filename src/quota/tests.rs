@@ -305,6 +305,21 @@ fn a_bucket_without_requests_for_five_minutes_is_abandoned() {
 }
 
 #[test]
+fn each_of_n_instances_splits_one_nth_of_the_budget() {
+    let r = rules(RULES);
+    let mut q = Quotas::for_instances(2);
+    let bucket = [("tenant", "acme"), ("api_key", "k1")];
+    let out = q
+        .report(1, "edge", &[usage(&bucket, 500, 5)], &r, SEC)
+        .expect("report");
+    // half of {100/s, burst 200}, less the newcomer reserve
+    let (b, rate) = tokens(&strategies(&out, 1)[0]);
+    assert_eq!(b, 90);
+    assert!((rate - 45.0).abs() < 0.01, "{rate}");
+    assert!((q.assigned_fractions(SEC)[0].2 - 0.9).abs() < 1e-9);
+}
+
+#[test]
 fn the_first_report_must_name_the_domain() {
     let r = rules(RULES);
     let mut q = Quotas::default();

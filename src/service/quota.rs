@@ -47,12 +47,13 @@ pub struct QuotaHub {
 }
 
 impl QuotaHub {
-    pub fn new(rules: SharedRules, metrics: Arc<Metrics>) -> Arc<Self> {
+    /// For one of `instances` instances serving RLQS (`--instances`).
+    pub fn new(rules: SharedRules, metrics: Arc<Metrics>, instances: u32) -> Arc<Self> {
         Arc::new(Self {
             rules,
             metrics,
             clock: MonotonicClock::new(),
-            quotas: Mutex::new(Quotas::default()),
+            quotas: Mutex::new(Quotas::for_instances(instances)),
             streams: Mutex::new(HashMap::new()),
             next_stream: AtomicU64::new(1),
             closing: tokio::sync::watch::channel(false).0,

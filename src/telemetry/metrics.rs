@@ -86,7 +86,7 @@ impl QuotaMetrics {
             share: prometheus::GaugeVec::new(
                 Opts::new(
                     "rls_quota_share",
-                    "RLQS: the largest fraction of one of the rule's buckets that live assignments may enforce (at most 1)",
+                    "RLQS: the largest fraction of one of the rule's buckets (of this instance's part, 1/--instances) that live assignments may enforce (at most 1)",
                 ),
                 &["domain", "rule"],
             )
