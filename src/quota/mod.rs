@@ -330,7 +330,7 @@ impl Quotas {
     pub fn assigned_fractions(&self, now_micros: u64) -> Vec<(String, String, f64)> {
         let mut by_rule: HashMap<(String, String), f64> = HashMap::new();
         for (key, b) in &self.buckets {
-            let (Policy::Shared(budget), Some(rule)) = (b.policy, &b.rule) else {
+            let (Policy::Shared(_), Some(rule)) = (b.policy, &b.rule) else {
                 continue;
             };
             // of this instance's part of the budget
