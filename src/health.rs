@@ -57,28 +57,39 @@ impl Health {
         Ok(detail)
     }
 
-    /// Keeps the gRPC health service in step with readiness, checking every second.
-    pub fn spawn_grpc_sync(self, reporter: tonic_health::server::HealthReporter) {
+    /// Keeps the gRPC health service in step with readiness, checking every
+    /// second. The first status is set before this returns, so a health
+    /// check never meets an unregistered service once the port is open.
+    pub async fn start_grpc_sync(self, reporter: tonic_health::server::HealthReporter) {
+        let mut last = None;
+        self.sync_grpc(&reporter, &mut last).await;
         tokio::spawn(async move {
-            let mut last = None;
             let mut tick = tokio::time::interval(Duration::from_secs(1));
             loop {
                 tick.tick().await;
-                let ready = self.readiness().is_ok();
-                if last != Some(ready) {
-                    let status = if ready {
-                        tonic_health::ServingStatus::Serving
-                    } else {
-                        tonic_health::ServingStatus::NotServing
-                    };
-                    reporter.set_service_status(SERVICE_NAME, status).await;
-                    reporter.set_service_status("", status).await;
-                    if last.is_some() {
-                        tracing::info!(ready, "readiness changed");
-                    }
-                    last = Some(ready);
-                }
+                self.sync_grpc(&reporter, &mut last).await;
             }
         });
+    }
+
+    async fn sync_grpc(
+        &self,
+        reporter: &tonic_health::server::HealthReporter,
+        last: &mut Option<bool>,
+    ) {
+        let ready = self.readiness().is_ok();
+        if *last != Some(ready) {
+            let status = if ready {
+                tonic_health::ServingStatus::Serving
+            } else {
+                tonic_health::ServingStatus::NotServing
+            };
+            reporter.set_service_status(SERVICE_NAME, status).await;
+            reporter.set_service_status("", status).await;
+            if last.is_some() {
+                tracing::info!(ready, "readiness changed");
+            }
+            *last = Some(ready);
+        }
     }
 }

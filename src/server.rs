@@ -186,7 +186,7 @@ pub async fn start(args: &ServeArgs) -> Result<RunningServer> {
         draining: draining.clone(),
     };
     let (reporter, health_service) = tonic_health::server::health_reporter();
-    health.clone().spawn_grpc_sync(reporter);
+    health.clone().start_grpc_sync(reporter).await;
 
     let rls = RateLimitServiceServer::new(service).max_decoding_message_size(MAX_REQUEST_BYTES);
     let quota_hub = QuotaHub::new(rules.clone(), metrics.clone(), args.instances);
