@@ -744,13 +744,8 @@ fn load(
         .collect()
 }
 
-/// Two real Envoys on one RLQS bucket (100/s, burst 100), each sent far
-/// more than the whole rate: once their shares have settled, the two
-/// together admit at most B + r·t over a 10 s window, and at least 80 % of
-/// r·t (each gets 45 %: 10 % is held for newcomers).
-#[tokio::test]
-async fn two_envoys_share_one_rlqs_budget() {
-    const RULES: &str = r#"
+/// One RLQS bucket for the two-Envoy tests: 100/s, burst 100.
+const RLQS_RULES: &str = r#"
 domain: edge
 descriptors:
   - key: plan
@@ -759,17 +754,29 @@ descriptors:
       - key: api_key
         rate_limit: {unit: second, requests_per_unit: 100, burst: 100}
 "#;
-    const KEY: &[(&str, &str)] = &[("x-plan", "gold"), ("x-api-key", "shared")];
-    let rules = common::rules_dir(RULES);
+
+/// The service on [`RLQS_RULES`] with two Envoys (`examples/envoy/rlqs.yaml`)
+/// in front of it; the rules directory lives as long as the first value.
+async fn two_rlqs_envoys() -> (tempfile::TempDir, Edge, RunningEnvoy) {
+    let rules = common::rules_dir(RLQS_RULES);
     let edge = Edge::start_full(rules.path(), "rlqs.yaml", &[vec![]]).await;
-    let mut second = None;
     for _ in 0..4 {
-        second = RunningEnvoy::start(&edge.client, "rlqs.yaml", &edge.grpc_ports).await;
-        if second.is_some() {
-            break;
+        if let Some(second) = RunningEnvoy::start(&edge.client, "rlqs.yaml", &edge.grpc_ports).await
+        {
+            return (rules, edge, second);
         }
     }
-    let second = second.expect("a second Envoy starts");
+    panic!("a second Envoy never started");
+}
+
+/// Two real Envoys on one RLQS bucket (100/s, burst 100), each sent far
+/// more than the whole rate: once their shares have settled, the two
+/// together admit at most B + r·t over a 10 s window, and at least 80 % of
+/// r·t (each gets 45 %: 10 % is held for newcomers).
+#[tokio::test]
+async fn two_envoys_share_one_rlqs_budget() {
+    const KEY: &[(&str, &str)] = &[("x-plan", "gold"), ("x-api-key", "shared")];
+    let (_rules, edge, second) = two_rlqs_envoys().await;
     let measuring = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut callers = load(&edge.client, &edge.base, KEY, 4, &measuring, &stop);
@@ -833,28 +840,10 @@ descriptors:
 /// the whole assignable budget (90 %: 10 % stays held for newcomers).
 #[tokio::test]
 async fn when_one_envoy_goes_the_other_gets_its_share() {
-    const RULES: &str = r#"
-domain: edge
-descriptors:
-  - key: plan
-    value: gold
-    descriptors:
-      - key: api_key
-        rate_limit: {unit: second, requests_per_unit: 100, burst: 100}
-"#;
     const KEY: &[(&str, &str)] = &[("x-plan", "gold"), ("x-api-key", "left")];
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
-    let rules = common::rules_dir(RULES);
-    let edge = Edge::start_full(rules.path(), "rlqs.yaml", &[vec![]]).await;
-    let mut second = None;
-    for _ in 0..4 {
-        second = RunningEnvoy::start(&edge.client, "rlqs.yaml", &edge.grpc_ports).await;
-        if second.is_some() {
-            break;
-        }
-    }
-    let second = second.expect("a second Envoy starts");
+    let (_rules, edge, second) = two_rlqs_envoys().await;
     let (measuring, stop) = (
         Arc::new(AtomicBool::new(false)),
         Arc::new(AtomicBool::new(false)),
@@ -968,28 +957,10 @@ fn paced(
 /// together they stay within B + r·t.
 #[tokio::test]
 async fn rlqs_shares_follow_demand_and_the_quiet_envoy_keeps_its_floor() {
-    const RULES: &str = r#"
-domain: edge
-descriptors:
-  - key: plan
-    value: gold
-    descriptors:
-      - key: api_key
-        rate_limit: {unit: second, requests_per_unit: 100, burst: 100}
-"#;
     const KEY: &[(&str, &str)] = &[("x-plan", "gold"), ("x-api-key", "skewed")];
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
-    let rules = common::rules_dir(RULES);
-    let edge = Edge::start_full(rules.path(), "rlqs.yaml", &[vec![]]).await;
-    let mut second = None;
-    for _ in 0..4 {
-        second = RunningEnvoy::start(&edge.client, "rlqs.yaml", &edge.grpc_ports).await;
-        if second.is_some() {
-            break;
-        }
-    }
-    let second = second.expect("a second Envoy starts");
+    let (_rules, edge, second) = two_rlqs_envoys().await;
     let (measuring, stop) = (
         Arc::new(AtomicBool::new(false)),
         Arc::new(AtomicBool::new(false)),
