@@ -23,15 +23,35 @@ fn port_pair_free(port: u16) -> bool {
         && std::net::TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok()
 }
 
-/// A port `p` with `p` and `p + 10000` (the cluster bus) both free.
-pub fn free_cluster_port() -> u16 {
-    for _ in 0..1000 {
-        let p = super::free_port();
-        if (1024..55_000).contains(&p) && port_pair_free(p) {
+/// A free port below the kernel's ephemeral range (32768 and up), in
+/// `lo..hi`: a Redis server is killed and restarted on its port, and a
+/// port in the ephemeral range can meanwhile become some outgoing
+/// connection's local port (ci12 lost a restarted server so).
+fn free_port_below_ephemeral(lo: u16, hi: u16, free: impl Fn(u16) -> bool) -> u16 {
+    use std::hash::{BuildHasher, Hasher};
+    let seed = std::collections::hash_map::RandomState::new();
+    for i in 0..10_000u64 {
+        let mut h = seed.build_hasher();
+        h.write_u64(i);
+        let p = lo + (h.finish() % u64::from(hi - lo)) as u16;
+        if free(p) {
             return p;
         }
     }
-    panic!("no free port pair for a Redis cluster node");
+    panic!("no free port in {lo}..{hi}");
+}
+
+/// A port for a standalone Redis server (see [`free_port_below_ephemeral`]).
+pub fn free_redis_port() -> u16 {
+    free_port_below_ephemeral(20_000, 32_768, |p| {
+        std::net::TcpListener::bind(("127.0.0.1", p)).is_ok()
+    })
+}
+
+/// A port `p` with `p` and `p + 10000` (the cluster bus) both free, both
+/// below the ephemeral range.
+pub fn free_cluster_port() -> u16 {
+    free_port_below_ephemeral(10_000, 22_768, port_pair_free)
 }
 
 impl RedisServer {
@@ -50,7 +70,7 @@ impl RedisServer {
     }
 
     pub fn standalone() -> Self {
-        Self::start(super::free_port(), &[])
+        Self::start(free_redis_port(), &[])
     }
 
     fn spawn(&mut self) {
