@@ -18,6 +18,8 @@ use crate::cli::{ServeArgs, StoreKind};
 use crate::clock::MonotonicClock;
 use crate::health::Health;
 use crate::limiter::Limiter;
+use crate::quota::ledger::QuotaLedger;
+use crate::quota::redis_ledger::RedisLedger;
 use crate::rules::reload::Reloader;
 use crate::rules::{self, LoadOptions};
 use crate::service::quota::{QuotaHub, RateLimitQuotaGrpc};
@@ -110,6 +112,7 @@ pub async fn start(args: &ServeArgs) -> Result<RunningServer> {
         .spawn()
         .with_context(|| format!("cannot watch {} for changes", args.config.display()))?;
 
+    let mut quota_ledger: Option<Arc<dyn QuotaLedger>> = None;
     let store: Arc<dyn Store> = match args.store {
         StoreKind::Memory => {
             let memory = Arc::new(MemoryStore::with_cap(
@@ -141,6 +144,8 @@ pub async fn start(args: &ServeArgs) -> Result<RunningServer> {
                 .map_err(anyhow::Error::msg)?;
             let redis = Arc::new(redis);
             redis.spawn_memory_watch(metrics.clone());
+            // RLQS budgets are split across replicas in the same Redis
+            quota_ledger = Some(Arc::new(RedisLedger::new(redis.clone())));
             Arc::new(Breakers::new(redis, metrics.clone()))
         }
     };
@@ -189,7 +194,7 @@ pub async fn start(args: &ServeArgs) -> Result<RunningServer> {
     health.clone().start_grpc_sync(reporter).await;
 
     let rls = RateLimitServiceServer::new(service).max_decoding_message_size(MAX_REQUEST_BYTES);
-    let quota_hub = QuotaHub::new(rules.clone(), metrics.clone(), args.instances);
+    let quota_hub = QuotaHub::new(rules.clone(), metrics.clone(), args.instances, quota_ledger);
     quota_hub.spawn_ticker();
     let rlqs = RateLimitQuotaServiceServer::new(RateLimitQuotaGrpc::new(quota_hub.clone()))
         .max_decoding_message_size(MAX_REQUEST_BYTES);

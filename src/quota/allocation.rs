@@ -29,6 +29,15 @@ pub const FLOOR_FRACTION: f64 = 0.2;
 /// Weight of the newest demand sample in the smoothed demand.
 pub const SMOOTHING: f64 = 0.5;
 
+/// A demand after one more report of `requests` over `elapsed_secs`.
+pub fn smoothed(before: Option<f64>, requests: u64, elapsed_secs: f64) -> f64 {
+    let sample = requests as f64 / elapsed_secs.max(1e-3);
+    match before {
+        None => sample,
+        Some(d) => SMOOTHING * sample + (1.0 - SMOOTHING) * d,
+    }
+}
+
 /// A token bucket's size and refill: tokens, and tokens per second.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Budget {
@@ -112,11 +121,7 @@ impl<E: Clone + Eq + std::hash::Hash> Allocation<E> {
     /// Records one report: `requests` (allowed + denied) over `elapsed_secs`.
     pub fn report(&mut self, envoy: &E, requests: u64, elapsed_secs: f64) {
         let member = self.members.entry(envoy.clone()).or_default();
-        let sample = requests as f64 / elapsed_secs.max(1e-3);
-        member.demand = Some(match member.demand {
-            None => sample,
-            Some(d) => SMOOTHING * sample + (1.0 - SMOOTHING) * d,
-        });
+        member.demand = Some(smoothed(member.demand, requests, elapsed_secs));
     }
 
     /// Forgets an Envoy (its stream closed, or it stopped reporting). What

@@ -15,6 +15,8 @@
 //! split between the Envoys reporting it.
 
 pub mod allocation;
+pub mod ledger;
+pub mod redis_ledger;
 
 use std::collections::HashMap;
 
@@ -28,7 +30,8 @@ use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_usag
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::{BucketId, RateLimitQuotaResponse};
 use envoy_types::pb::google::protobuf::{Duration as PbDuration, UInt32Value};
 
-use self::allocation::{Allocation, Budget};
+use self::allocation::{smoothed, Allocation, Budget};
+use self::ledger::Shared;
 use crate::rules::matcher::RuleAction;
 use crate::rules::RuleSet;
 
@@ -69,7 +72,7 @@ impl BucketKey {
         }
     }
 
-    fn id(&self) -> BucketId {
+    pub fn id(&self) -> BucketId {
         BucketId {
             bucket: self.pairs.iter().cloned().collect(),
         }
@@ -128,6 +131,9 @@ struct Subscription {
     sent: Option<(Sent, u64)>,
     /// Since when every report said no requests; `None` while it has some.
     idle_since_micros: Option<u64>,
+    /// Smoothed requests per second (for a shared ledger; the local split
+    /// keeps its own).
+    demand: Option<f64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -143,6 +149,9 @@ struct Bucket {
     rule: Option<String>,
     generation: u64,
     allocation: Allocation<StreamId>,
+    /// With a shared ledger: Σ reserved by all replicas' Envoys, as the
+    /// last step saw it.
+    shared_reserved: Budget,
 }
 
 #[derive(Debug, Default)]
@@ -158,8 +167,24 @@ pub struct Quotas {
     buckets: HashMap<BucketKey, Bucket>,
     /// Instances serving RLQS (`--instances`): each splits 1/N of every
     /// budget among its own Envoys, so N of them never assign more than
-    /// the budget together. 0 is taken as 1.
+    /// the budget together. 0 is taken as 1. Not used with a shared ledger.
     instances: u32,
+    /// Whether a shared ledger splits the budgets ([`ledger`]): then
+    /// Shared buckets are not planned here but queued as [`Step`]s, and
+    /// [`Quotas::granted`] takes the ledger's answers.
+    shared: bool,
+    steps: Vec<Step>,
+}
+
+/// A step of the shared ledger to take for one stream and bucket: its
+/// demand (`None`: it leaves the bucket) and the bucket's budget.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Step {
+    pub stream: StreamId,
+    pub key: BucketKey,
+    pub demand: Option<f64>,
+    pub budget: Budget,
+    pub ttl_micros: u64,
 }
 
 /// Messages to write, per stream.
@@ -172,6 +197,19 @@ impl Quotas {
             instances,
             ..Self::default()
         }
+    }
+
+    /// State whose budgets a shared ledger splits between replicas.
+    pub fn shared() -> Self {
+        Self {
+            shared: true,
+            ..Self::default()
+        }
+    }
+
+    /// The ledger steps queued since the last call.
+    pub fn take_steps(&mut self) -> Vec<Step> {
+        std::mem::take(&mut self.steps)
     }
 
     pub fn open(&mut self, stream: StreamId) {
@@ -248,10 +286,13 @@ impl Quotas {
                 rule: rule_label(rules, &key.domain, &key.pairs),
                 generation: rules.generation(),
                 allocation: Allocation::new(Budget::ZERO),
+                shared_reserved: Budget::ZERO,
             });
-            bucket
-                .allocation
-                .report(&stream, requests, elapsed_secs.max(0.001));
+            if self.shared {
+                sub.demand = Some(smoothed(sub.demand, requests, elapsed_secs));
+            } else {
+                bucket.allocation.report(&stream, requests, elapsed_secs);
+            }
             touched.push(key);
         }
         touched.sort_unstable();
@@ -266,9 +307,14 @@ impl Quotas {
         };
         let keys: Vec<BucketKey> = s.buckets.into_keys().collect();
         for key in &keys {
-            if let Some(b) = self.buckets.get_mut(key) {
-                b.allocation.leave(&stream, now_micros);
-            }
+            leave(
+                &mut self.buckets,
+                &mut self.steps,
+                self.shared,
+                stream,
+                key,
+                now_micros,
+            );
         }
         self.assign(&keys, rules, now_micros)
     }
@@ -281,9 +327,18 @@ impl Quotas {
         let mut out = self.abandon_idle(now_micros);
         let keys: Vec<BucketKey> = self.buckets.keys().cloned().collect();
         out.extend(self.assign(&keys, rules, now_micros));
-        self.buckets.retain(|_, b| {
-            b.allocation.members() > 0 || b.allocation.reserved(now_micros).rate > 0.0
-        });
+        if self.shared {
+            let subscribed: std::collections::HashSet<&BucketKey> = self
+                .streams
+                .values()
+                .flat_map(|s| s.buckets.keys())
+                .collect();
+            self.buckets.retain(|k, _| subscribed.contains(k));
+        } else {
+            self.buckets.retain(|_, b| {
+                b.allocation.members() > 0 || b.allocation.reserved(now_micros).rate > 0.0
+            });
+        }
         out
     }
 
@@ -299,9 +354,14 @@ impl Quotas {
                     .idle_since_micros
                     .is_some_and(|t| now_micros.saturating_sub(t) >= ABANDON_AFTER_MICROS);
                 if idle {
-                    if let Some(b) = self.buckets.get_mut(key) {
-                        b.allocation.leave(id, now_micros);
-                    }
+                    leave(
+                        &mut self.buckets,
+                        &mut self.steps,
+                        self.shared,
+                        *id,
+                        key,
+                        now_micros,
+                    );
                     actions.push(BucketAction {
                         bucket_id: Some(key.id()),
                         bucket_action: Some(bucket_action::BucketAction::AbandonAction(
@@ -333,8 +393,12 @@ impl Quotas {
             let (Policy::Shared(_), Some(rule)) = (b.policy, &b.rule) else {
                 continue;
             };
-            // of this instance's part of the budget
-            let (budget, reserved) = (b.allocation.budget(), b.allocation.reserved(now_micros));
+            // of this instance's part of the budget, or with a shared
+            // ledger, of the whole as the last step saw it
+            let (budget, reserved) = match b.policy {
+                Policy::Shared(budget) if self.shared => (budget, b.shared_reserved),
+                _ => (b.allocation.budget(), b.allocation.reserved(now_micros)),
+            };
             let fraction = (reserved.rate / budget.rate).max(reserved.burst / budget.burst);
             let entry = by_rule
                 .entry((key.domain.clone(), rule.clone()))
@@ -353,9 +417,14 @@ impl Quotas {
                 let quiet = now_micros.saturating_sub(sub.last_report_micros);
                 let keep = quiet <= quiet_limit_micros(sub.interval_micros);
                 if !keep {
-                    if let Some(b) = self.buckets.get_mut(key) {
-                        b.allocation.leave(id, now_micros);
-                    }
+                    leave(
+                        &mut self.buckets,
+                        &mut self.steps,
+                        self.shared,
+                        *id,
+                        key,
+                        now_micros,
+                    );
                 }
                 keep
             });
@@ -386,6 +455,20 @@ impl Quotas {
                 .unwrap_or(0);
             let ttl = ttl_micros(interval);
             let planned: Vec<(StreamId, Sent)> = match bucket.policy {
+                Policy::Shared(budget) if self.shared => {
+                    for (id, s) in &self.streams {
+                        if let Some(sub) = s.buckets.get(key) {
+                            self.steps.push(Step {
+                                stream: *id,
+                                key: key.clone(),
+                                demand: Some(sub.demand.unwrap_or(0.0)),
+                                budget,
+                                ttl_micros: ttl,
+                            });
+                        }
+                    }
+                    Vec::new()
+                }
                 Policy::Shared(budget) => {
                     let share = 1.0 / f64::from(self.instances.max(1));
                     bucket.allocation.set_budget(Budget {
@@ -413,34 +496,91 @@ impl Quotas {
                 }
             };
             for (stream, what) in planned {
-                let Some(sub) = self
-                    .streams
-                    .get_mut(&stream)
-                    .and_then(|s| s.buckets.get_mut(key))
-                else {
-                    continue;
-                };
-                let due = match sub.sent {
-                    None => true,
-                    Some((before, at)) => {
-                        moved(before, what) || now_micros.saturating_sub(at) >= ttl / TTL_INTERVALS
-                    }
-                };
-                if due {
-                    sub.sent = Some((what, now_micros));
-                    per_stream
-                        .entry(stream)
-                        .or_default()
-                        .push(action(key, what, ttl));
+                if let Some(a) = self.offer(stream, key, what, ttl, now_micros) {
+                    per_stream.entry(stream).or_default().push(a);
                 }
             }
         }
-        let mut out: Outbox = per_stream
-            .into_iter()
-            .map(|(stream, bucket_action)| (stream, RateLimitQuotaResponse { bucket_action }))
-            .collect();
-        out.sort_unstable_by_key(|(s, _)| *s);
-        out
+        outbox(per_stream)
+    }
+
+    /// The shared ledger's answers to [`Quotas::take_steps`]: what each
+    /// stream must be sent (as [`Quotas::assign`] decides for a local
+    /// split). A step whose stream or bucket has gone since is dropped.
+    pub fn granted(&mut self, answers: Vec<(Step, Shared)>, now_micros: u64) -> Outbox {
+        let mut per_stream: HashMap<StreamId, Vec<BucketAction>> = HashMap::new();
+        for (step, shared) in answers {
+            let Some(bucket) = self.buckets.get_mut(&step.key) else {
+                continue;
+            };
+            bucket.shared_reserved = shared.reserved;
+            if step.demand.is_none() {
+                continue;
+            }
+            let what = Sent::Share(shared.share);
+            if let Some(a) = self.offer(step.stream, &step.key, what, step.ttl_micros, now_micros) {
+                per_stream.entry(step.stream).or_default().push(a);
+            }
+        }
+        outbox(per_stream)
+    }
+
+    /// The action to send `stream` for `key` if `what` moved from what it
+    /// was last sent, or a third of that one's time to live has passed
+    /// (re-sending the same only extends it); records it as sent.
+    fn offer(
+        &mut self,
+        stream: StreamId,
+        key: &BucketKey,
+        what: Sent,
+        ttl: u64,
+        now_micros: u64,
+    ) -> Option<BucketAction> {
+        let sub = self.streams.get_mut(&stream)?.buckets.get_mut(key)?;
+        let due = match sub.sent {
+            None => true,
+            Some((before, at)) => {
+                moved(before, what) || now_micros.saturating_sub(at) >= ttl / TTL_INTERVALS
+            }
+        };
+        due.then(|| {
+            sub.sent = Some((what, now_micros));
+            action(key, what, ttl)
+        })
+    }
+}
+
+fn outbox(per_stream: HashMap<StreamId, Vec<BucketAction>>) -> Outbox {
+    let mut out: Outbox = per_stream
+        .into_iter()
+        .map(|(stream, bucket_action)| (stream, RateLimitQuotaResponse { bucket_action }))
+        .collect();
+    out.sort_unstable_by_key(|(s, _)| *s);
+    out
+}
+
+/// `stream` leaves `key`'s split: locally, or with a shared ledger by a
+/// leaving step (its assignments stay reserved until they expire).
+fn leave(
+    buckets: &mut HashMap<BucketKey, Bucket>,
+    steps: &mut Vec<Step>,
+    shared: bool,
+    stream: StreamId,
+    key: &BucketKey,
+    now_micros: u64,
+) {
+    let Some(b) = buckets.get_mut(key) else {
+        return;
+    };
+    match b.policy {
+        Policy::Shared(budget) if shared => steps.push(Step {
+            stream,
+            key: key.clone(),
+            demand: None,
+            budget,
+            ttl_micros: 0,
+        }),
+        _ => b.allocation.leave(&stream, now_micros),
     }
 }
 

@@ -5,7 +5,9 @@
 //! reports, and the server pushes assignments whenever shares move. The
 //! decisions are [`crate::quota::Quotas`]'; this file only carries messages
 //! between it and the streams, and re-plans every [`TICK`] so that expired
-//! assignments, quiet Envoys and reloads take effect without a report.
+//! assignments, quiet Envoys and reloads take effect without a report. With
+//! a shared ledger (the Redis store), the steps it queues are taken here,
+//! concurrently, and their answers handed back.
 
 use std::collections::HashMap;
 use std::pin::Pin;
@@ -24,7 +26,8 @@ use tonic::{Request, Response, Status, Streaming};
 
 use super::SharedRules;
 use crate::clock::{Clock, MonotonicClock};
-use crate::quota::{Outbox, Quotas, StreamId};
+use crate::quota::ledger::{Member, QuotaLedger};
+use crate::quota::{Outbox, Quotas, Step, StreamId};
 use crate::telemetry::tracing::SPAN_TARGET;
 use crate::telemetry::Metrics;
 
@@ -44,35 +47,97 @@ pub struct QuotaHub {
     next_stream: AtomicU64,
     /// Set at shutdown: every stream's reader stops.
     closing: tokio::sync::watch::Sender<bool>,
+    /// The shared ledger, if budgets are split across replicas.
+    ledger: Option<Arc<dyn QuotaLedger>>,
+    /// This replica's name in the ledger (random at start).
+    replica: u32,
 }
 
 impl QuotaHub {
-    /// For one of `instances` instances serving RLQS (`--instances`).
-    pub fn new(rules: SharedRules, metrics: Arc<Metrics>, instances: u32) -> Arc<Self> {
+    /// For one of `instances` instances serving RLQS (`--instances`), each
+    /// splitting its part of every budget; or, with `ledger`, for one of
+    /// any number of replicas splitting the whole through it.
+    pub fn new(
+        rules: SharedRules,
+        metrics: Arc<Metrics>,
+        instances: u32,
+        ledger: Option<Arc<dyn QuotaLedger>>,
+    ) -> Arc<Self> {
+        let quotas = match ledger {
+            Some(_) => Quotas::shared(),
+            None => Quotas::for_instances(instances),
+        };
         Arc::new(Self {
             rules,
             metrics,
             clock: MonotonicClock::new(),
-            quotas: Mutex::new(Quotas::for_instances(instances)),
+            quotas: Mutex::new(quotas),
             streams: Mutex::new(HashMap::new()),
             next_stream: AtomicU64::new(1),
             closing: tokio::sync::watch::channel(false).0,
+            ledger,
+            replica: random_replica(),
         })
     }
 
-    /// Re-plans every [`TICK`] for as long as the hub lives.
+    /// Re-plans every [`TICK`] for as long as the hub lives (a tick whose
+    /// ledger steps take longer delays the next).
     pub fn spawn_ticker(self: &Arc<Self>) {
-        crate::periodic::spawn_every(self, TICK, |hub| {
-            let now = hub.clock.now_micros();
-            let rules = hub.rules.load();
-            let (out, fractions) = {
-                let mut quotas = hub.quotas.lock();
-                let out = quotas.tick(&rules, now);
-                (out, quotas.assigned_fractions(now))
-            };
-            hub.send(out);
-            hub.metrics.quota_shares(&fractions);
+        let weak = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(TICK);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let Some(hub) = weak.upgrade() else {
+                    return;
+                };
+                let now = hub.clock.now_micros();
+                let rules = hub.rules.load();
+                let out = hub.quotas.lock().tick(&rules, now);
+                hub.send(out);
+                hub.take_steps().await;
+                let fractions = hub.quotas.lock().assigned_fractions(hub.clock.now_micros());
+                hub.metrics.quota_shares(&fractions);
+            }
         });
+    }
+
+    /// Takes the ledger steps queued, concurrently, and sends what their
+    /// answers call for. A step that fails sends nothing: the Envoy keeps
+    /// its assignment until it expires, then falls back to its
+    /// `expired_assignment_behavior`.
+    async fn take_steps(&self) {
+        let Some(ledger) = &self.ledger else {
+            return;
+        };
+        let steps: Vec<Step> = self.quotas.lock().take_steps();
+        if steps.is_empty() {
+            return;
+        }
+        let calls = steps.into_iter().map(|step| async move {
+            let member = Member {
+                replica: self.replica,
+                stream: step.stream,
+            };
+            let ttl_ms = i64::try_from(step.ttl_micros / 1000).unwrap_or(i64::MAX);
+            let answer = ledger
+                .step(&step.key, member, step.demand, step.budget, ttl_ms)
+                .await;
+            (step, answer)
+        });
+        let mut answers = Vec::new();
+        for (step, answer) in futures::future::join_all(calls).await {
+            match answer {
+                Ok(shared) => answers.push((step, shared)),
+                Err(e) => {
+                    self.metrics.store_error(e.kind());
+                    tracing::debug!(stream = step.stream, error = %e, "RLQS ledger step failed");
+                }
+            }
+        }
+        let out = self.quotas.lock().granted(answers, self.clock.now_micros());
+        self.send(out);
     }
 
     fn open(&self) -> (StreamId, mpsc::UnboundedReceiver<Reply>) {
@@ -84,7 +149,17 @@ impl QuotaHub {
         (id, rx)
     }
 
-    fn report(&self, id: StreamId, reports: &RateLimitQuotaUsageReports) -> Result<(), Status> {
+    async fn report(
+        &self,
+        id: StreamId,
+        reports: &RateLimitQuotaUsageReports,
+    ) -> Result<(), Status> {
+        self.report_now(id, reports)?;
+        self.take_steps().await;
+        Ok(())
+    }
+
+    fn report_now(&self, id: StreamId, reports: &RateLimitQuotaUsageReports) -> Result<(), Status> {
         // one span per report message (exported only with --otlp-endpoint)
         let _span = tracing::info_span!(
             target: SPAN_TARGET,
@@ -123,7 +198,7 @@ impl QuotaHub {
         Ok(())
     }
 
-    fn close(&self, id: StreamId) {
+    async fn close(&self, id: StreamId) {
         self.streams.lock().remove(&id);
         self.metrics.quota_streams(self.streams.lock().len());
         let out = self
@@ -131,6 +206,7 @@ impl QuotaHub {
             .lock()
             .close(id, &self.rules.load(), self.clock.now_micros());
         self.send(out);
+        self.take_steps().await;
     }
 
     fn send(&self, out: Outbox) {
@@ -160,6 +236,19 @@ impl QuotaHub {
     pub fn streams(&self) -> usize {
         self.streams.lock().len()
     }
+}
+
+/// A replica's name in the shared ledger: random, so that replicas (and a
+/// restarted one) never share members.
+fn random_replica() -> u32 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.finish() as u32
 }
 
 /// The gRPC service.
@@ -194,7 +283,7 @@ impl RateLimitQuotaService for RateLimitQuotaGrpc {
                 };
                 match next {
                     Ok(Some(reports)) => {
-                        if let Err(status) = hub.report(id, &reports) {
+                        if let Err(status) = hub.report(id, &reports).await {
                             tracing::debug!(stream = id, %status, "RLQS stream refused");
                             if let Some((tx, _)) = hub.streams.lock().get(&id) {
                                 let _ = tx.send(Err(status));
@@ -209,7 +298,7 @@ impl RateLimitQuotaService for RateLimitQuotaGrpc {
                     }
                 }
             }
-            hub.close(id);
+            hub.close(id).await;
         });
         let replies = futures::stream::poll_fn(move |cx| outbound.poll_recv(cx));
         Ok(Response::new(Box::pin(replies)))

@@ -133,7 +133,7 @@ pub struct RedisStore {
     cluster: Option<Pool>,
     /// Each primary's own connections, by the slots it owns.
     routing: Arc<RwLock<Arc<Routing>>>,
-    sha: String,
+    script: LuaScript,
     layout: BucketLayout,
     options: Options,
     status: Arc<RwLock<RedisStatus>>,
@@ -196,7 +196,7 @@ impl RedisStore {
         let store = Self {
             cluster,
             routing,
-            sha: sha1_smol::Sha1::from(SCRIPT).digest().to_string(),
+            script: LuaScript::new(SCRIPT),
             layout: settings.layout,
             options: Options {
                 timeout: Some(settings.timeout),
@@ -297,31 +297,38 @@ impl RedisStore {
         });
     }
 
-    /// Runs the script on `pool`, sending it once with `EVAL` when the
+    /// Runs `script` on `pool`, sending it once with `EVAL` when the
     /// server's script cache is empty (flush, restart, failover).
     async fn run_on(
         &self,
+        script: &LuaScript,
         pool: &Pool,
         keys: &[Key],
-        args: &[i64],
+        args: &[Value],
     ) -> Result<Vec<i64>, RedisError> {
         let client = pool.next().with_options(&self.options);
         match client
-            .evalsha(&self.sha, keys.to_vec(), args.to_vec())
+            .evalsha(&script.sha, keys.to_vec(), args.to_vec())
             .await
         {
             Err(e) if e.details().starts_with("NOSCRIPT") => {
-                client.eval(SCRIPT, keys.to_vec(), args.to_vec()).await
+                client.eval(script.body, keys.to_vec(), args.to_vec()).await
             }
             other => other,
         }
     }
 
-    /// Runs the script on the connections of the primary owning `slot`;
+    /// Runs `script` on the connections of the primary owning `slot`;
     /// where that primary answers with a redirection (the slot is moving or
     /// has moved: the script did not run) or no primary is known for the
     /// slot, through the cluster client, which follows redirections.
-    async fn run(&self, slot: u16, keys: &[Key], args: &[i64]) -> Result<Vec<i64>, RedisError> {
+    async fn run(
+        &self,
+        script: &LuaScript,
+        slot: u16,
+        keys: &[Key],
+        args: &[Value],
+    ) -> Result<Vec<i64>, RedisError> {
         let pool = self
             .routing
             .read()
@@ -330,14 +337,44 @@ impl RedisStore {
         let Some(cluster) = &self.cluster else {
             let pool =
                 pool.ok_or_else(|| RedisError::new(ErrorKind::Routing, "no Redis server"))?;
-            return self.run_on(&pool, keys, args).await;
+            return self.run_on(script, &pool, keys, args).await;
         };
         match pool {
-            Some(pool) => match self.run_on(&pool, keys, args).await {
-                Err(e) if is_redirection(&e) => self.run_on(cluster, keys, args).await,
+            Some(pool) => match self.run_on(script, &pool, keys, args).await {
+                Err(e) if is_redirection(&e) => self.run_on(script, cluster, keys, args).await,
                 other => other,
             },
-            None => self.run_on(cluster, keys, args).await,
+            None => self.run_on(script, cluster, keys, args).await,
+        }
+    }
+
+    /// Runs another of the service's scripts (the RLQS ledger's) on the
+    /// single key `key`, routed and retried like a decision.
+    pub async fn run_script(
+        &self,
+        script: &LuaScript,
+        key: Bytes,
+        args: &[Value],
+    ) -> Result<Vec<i64>, StoreError> {
+        let slot = fred::util::redis_keyslot(&key);
+        self.run(script, slot, &[Key::from(key)], args)
+            .await
+            .map_err(store_error)
+    }
+}
+
+/// A Lua script and its SHA-1, for `EVALSHA`.
+#[derive(Debug, Clone)]
+pub struct LuaScript {
+    body: &'static str,
+    sha: String,
+}
+
+impl LuaScript {
+    pub fn new(body: &'static str) -> Self {
+        Self {
+            body,
+            sha: sha1_smol::Sha1::from(body).digest().to_string(),
         }
     }
 }
@@ -482,23 +519,23 @@ impl Store for RedisStore {
             .iter()
             .map(|b| Key::from(redis_key(hash, &b.key)))
             .collect();
-        let mut args = Vec::with_capacity(4 + 3 * descriptor.buckets.len());
+        let mut args: Vec<Value> = Vec::with_capacity(4 + 3 * descriptor.buckets.len());
         // needed() is at most MAX_COST (2^53), so the cast keeps it positive.
         args.extend([
-            cost.needed() as i64,
-            cost.deducted(),
-            EXPIRY_MARGIN_MS,
-            i64::from(self.layout == BucketLayout::Hash),
+            Value::Integer(cost.needed() as i64),
+            Value::Integer(cost.deducted()),
+            Value::Integer(EXPIRY_MARGIN_MS),
+            Value::Integer(i64::from(self.layout == BucketLayout::Hash)),
         ]);
         for b in &descriptor.buckets {
             args.extend([
-                b.params.capacity as i64,
-                b.params.tokens_per_unit as i64,
-                b.params.unit_secs as i64,
+                Value::Integer(b.params.capacity as i64),
+                Value::Integer(b.params.tokens_per_unit as i64),
+                Value::Integer(b.params.unit_secs as i64),
             ]);
         }
         let reply = self
-            .run(slot_of(hash), &keys, &args)
+            .run(&self.script, slot_of(hash), &keys, &args)
             .await
             .map_err(store_error)?;
         outcomes(&reply, descriptor.buckets.len())

@@ -1,0 +1,74 @@
+//! The shared ledger of RLQS buckets in Redis (or Redis Cluster): one hash
+//! per bucket, stepped by `ledger.lua` with one `EVALSHA`, on the store's
+//! connections. See [`super::ledger`] for what a step does.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use fred::bytes::Bytes;
+use fred::prelude::Value;
+
+use super::allocation::Budget;
+use super::ledger::{shared_from_reply, Member, QuotaLedger, Shared, StepArgs};
+use super::BucketKey;
+use crate::store::redis::{redis_key, tag_hash, LuaScript, RedisStore};
+use crate::store::StoreError;
+
+/// The step script, kept in its own file.
+pub const SCRIPT: &str = include_str!("ledger.lua");
+
+pub struct RedisLedger {
+    store: Arc<RedisStore>,
+    script: LuaScript,
+}
+
+impl RedisLedger {
+    pub fn new(store: Arc<RedisStore>) -> Self {
+        Self {
+            store,
+            script: LuaScript::new(SCRIPT),
+        }
+    }
+}
+
+/// `rls:{<hash>}:quota\0<domain>\0<key>\0<value>…`: the bucket's hash, in
+/// the slot of its own name.
+pub fn ledger_key(key: &BucketKey) -> Bytes {
+    let mut name = Vec::with_capacity(64);
+    name.extend_from_slice(b"quota\0");
+    name.extend_from_slice(key.domain.as_bytes());
+    for (k, v) in &key.pairs {
+        name.push(0);
+        name.extend_from_slice(k.as_bytes());
+        name.push(0);
+        name.extend_from_slice(v.as_bytes());
+    }
+    redis_key(tag_hash(&name), &name)
+}
+
+/// The script's ARGV for one step.
+pub fn script_args(member: Member, args: StepArgs) -> Vec<Value> {
+    let mut out = Vec::with_capacity(9);
+    out.push(Value::from(member.field()));
+    out.extend(args.argv().into_iter().map(Value::Integer));
+    out
+}
+
+#[async_trait]
+impl QuotaLedger for RedisLedger {
+    async fn step(
+        &self,
+        key: &BucketKey,
+        member: Member,
+        demand: Option<f64>,
+        budget: Budget,
+        ttl_ms: i64,
+    ) -> Result<Shared, StoreError> {
+        let args = script_args(member, StepArgs::new(demand, budget, ttl_ms));
+        let reply = self
+            .store
+            .run_script(&self.script, ledger_key(key), &args)
+            .await?;
+        shared_from_reply(&reply)
+    }
+}
