@@ -1,6 +1,6 @@
 -- tokenbucket-rls: one step of an RLQS bucket's shared ledger.
 --
--- The Lua copy of src/quota/ledger.rs (Ledger::step); tests/rlqs_redis.rs
+-- The Lua copy of src/quota/ledger.rs (Ledger::step); tests/rlqs.rs
 -- checks that both give the same answers. Keep the expressions in the same
 -- order.
 --

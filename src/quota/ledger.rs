@@ -19,7 +19,7 @@
 //! small moves of demand neither re-send nor pile up reservations.
 //!
 //! [`Ledger`] is the Rust copy of `ledger.lua` (the Redis ledger, see
-//! [`super::redis_ledger`]); `tests/rlqs_redis.rs` checks that both answer
+//! [`super::redis_ledger`]); `tests/rlqs.rs` checks that both answer
 //! alike. Numbers cross as integers: milli-tokens, milli-requests per second,
 //! milliseconds.
 
@@ -84,6 +84,8 @@ pub struct StepArgs {
     pub burst: i64,
     pub rate: i64,
     pub ttl_ms: i64,
+    /// [`STALE_MS`] but in tests.
+    pub stale_ms: i64,
 }
 
 impl StepArgs {
@@ -94,6 +96,7 @@ impl StepArgs {
             burst: milli(budget.burst),
             rate: milli(budget.rate),
             ttl_ms,
+            stale_ms: STALE_MS,
         }
     }
 
@@ -105,7 +108,7 @@ impl StepArgs {
             self.burst,
             self.rate,
             self.ttl_ms,
-            STALE_MS,
+            self.stale_ms,
             (FLOOR_FRACTION * 1000.0).round() as i64,
             (NEWCOMER_RESERVE * 1000.0).round() as i64,
             (RESEND_THRESHOLD * 1000.0).round() as i64,
@@ -177,7 +180,7 @@ impl Ledger {
         let demand = args.demand as f64;
         let (budget_b, budget_r) = (args.burst as f64, args.rate as f64);
         let ttl = args.ttl_ms as f64;
-        let stale = STALE_MS as f64;
+        let stale = args.stale_ms as f64;
         let threshold = (RESEND_THRESHOLD * 1000.0).round() / 1000.0;
         let floor_fraction = (FLOOR_FRACTION * 1000.0).round() / 1000.0;
         let reserve = (NEWCOMER_RESERVE * 1000.0).round() / 1000.0;
