@@ -107,8 +107,19 @@ impl Edge {
     /// (a Redis node, another Envoy) can take one in between: a start whose
     /// process exits for that is tried again on new ports.
     async fn start_full(rules: &Path, bootstrap: &str, instances: &[Vec<(&str, String)>]) -> Self {
+        Self::start_on(rules, bootstrap, instances, false).await
+    }
+
+    /// As [`Edge::start_full`]; with `first_only`, Envoy talks to the first
+    /// instance only (the others are for more Envoys).
+    async fn start_on(
+        rules: &Path,
+        bootstrap: &str,
+        instances: &[Vec<(&str, String)>],
+        first_only: bool,
+    ) -> Self {
         for _ in 0..4 {
-            if let Some(edge) = Self::try_start(rules, bootstrap, instances).await {
+            if let Some(edge) = Self::try_start(rules, bootstrap, instances, first_only).await {
                 return edge;
             }
             eprintln!("a process of the edge exited at start (port taken?): trying new ports");
@@ -120,6 +131,7 @@ impl Edge {
         rules: &Path,
         bootstrap: &str,
         instances: &[Vec<(&str, String)>],
+        first_only: bool,
     ) -> Option<Self> {
         let mut rls = Vec::new();
         let mut grpc_ports = Vec::new();
@@ -148,7 +160,12 @@ impl Edge {
             )
             .await?;
         }
-        let envoy = RunningEnvoy::start(&client, bootstrap, &grpc_ports).await?;
+        let ports = if first_only {
+            &grpc_ports[..1]
+        } else {
+            &grpc_ports[..]
+        };
+        let envoy = RunningEnvoy::start(&client, bootstrap, ports).await?;
         Some(Self {
             client,
             base: envoy.base.clone(),
@@ -760,10 +777,15 @@ descriptors:
 async fn two_rlqs_envoys() -> (tempfile::TempDir, Edge, RunningEnvoy) {
     let rules = common::rules_dir(RLQS_RULES);
     let edge = Edge::start_full(rules.path(), "rlqs.yaml", &[vec![]]).await;
+    let second = second_rlqs_envoy(&edge, &edge.grpc_ports).await;
+    (rules, edge, second)
+}
+
+/// Another Envoy with the RLQS bootstrap, on the service at `grpc_ports`.
+async fn second_rlqs_envoy(edge: &Edge, grpc_ports: &[u16]) -> RunningEnvoy {
     for _ in 0..4 {
-        if let Some(second) = RunningEnvoy::start(&edge.client, "rlqs.yaml", &edge.grpc_ports).await
-        {
-            return (rules, edge, second);
+        if let Some(second) = RunningEnvoy::start(&edge.client, "rlqs.yaml", grpc_ports).await {
+            return second;
         }
     }
     panic!("a second Envoy never started");
@@ -897,6 +919,99 @@ async fn when_one_envoy_goes_the_other_gets_its_share() {
     assert!(
         (ok as f64) >= 0.8 * 90.0 * secs,
         "{ok} admitted in {secs:.1} s: the whole assignable share was not reached"
+    );
+}
+
+/// Two replicas on one Redis Cluster, a real Envoy on each, one RLQS
+/// bucket (100/s, burst 100), each Envoy sent far more than the rate: the
+/// replicas split the whole budget through the shared ledger, so together
+/// the Envoys admit at most B + r·t over 10 s and at least 80 % of r·t.
+/// Then one Envoy goes: the other, on the other replica, gets the whole
+/// assignable budget once the gone one's last assignment has expired (with
+/// `--instances 2` alone it would stay at its replica's half).
+#[tokio::test]
+async fn two_replicas_on_a_redis_cluster_share_one_rlqs_budget() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    const KEY: &[(&str, &str)] = &[("x-plan", "gold"), ("x-api-key", "replicas")];
+    let cluster = common::redis::RedisCluster::start();
+    let rules = common::rules_dir(RLQS_RULES);
+    let env = vec![
+        ("RLS_STORE", "redis".to_string()),
+        ("RLS_REDIS_URL", cluster.url()),
+        ("RLS_REDIS_TIMEOUT", "200ms".to_string()),
+    ];
+    let edge = Edge::start_on(rules.path(), "rlqs.yaml", &[env.clone(), env], true).await;
+    let second = second_rlqs_envoy(&edge, &edge.grpc_ports[1..]).await;
+    let flag = || Arc::new(AtomicBool::new(false));
+    let (measuring, stop, stop_second) = (flag(), flag(), flag());
+    let first_callers = load(&edge.client, &edge.base, KEY, 4, &measuring, &stop);
+    let second_callers = load(&edge.client, &second.base, KEY, 4, &measuring, &stop_second);
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    assert_eq!(rls_metric(&edge, 0, "rls_quota_streams").await, Some(1.0));
+    assert_eq!(rls_metric(&edge, 1, "rls_quota_streams").await, Some(1.0));
+    let count = |callers: Vec<tokio::task::JoinHandle<(u64, u64)>>| async move {
+        let (mut ok, mut over) = (0, 0);
+        for c in callers {
+            let (o, v) = c.await.expect("caller");
+            ok += o;
+            over += v;
+        }
+        (ok, over)
+    };
+    measuring.store(true, Ordering::Relaxed);
+    let started = Instant::now();
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    measuring.store(false, Ordering::Relaxed);
+    let secs = started.elapsed().as_secs_f64();
+    stop_second.store(true, Ordering::Relaxed);
+    let (ok2, over2) = count(second_callers).await;
+    drop(second);
+    let bound = 100.0 + 100.0 * secs;
+    // the first Envoy alone (its callers go on, no longer counted), once
+    // the second's last assignment has expired
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    let (measuring_alone, stop_alone) = (flag(), flag());
+    let alone = load(
+        &edge.client,
+        &edge.base,
+        KEY,
+        4,
+        &measuring_alone,
+        &stop_alone,
+    );
+    stop.store(true, Ordering::Relaxed);
+    let (ok1, over1) = count(first_callers).await;
+    let together = ok1 + ok2;
+    eprintln!("two replicas, {secs:.1} s: {together} admitted ({ok1} + {ok2}), bound {bound:.0}");
+    assert!(
+        over1 > ok1 && over2 > ok2,
+        "both were sent far more than the rate"
+    );
+    assert!(
+        (together as f64) <= bound,
+        "{together} admitted, over B + r·t = {bound:.0}"
+    );
+    assert!(
+        (together as f64) >= 0.8 * 100.0 * secs,
+        "{together} admitted, under 80 % of r·t"
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    measuring_alone.store(true, Ordering::Relaxed);
+    let started = Instant::now();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    measuring_alone.store(false, Ordering::Relaxed);
+    let secs = started.elapsed().as_secs_f64();
+    stop_alone.store(true, Ordering::Relaxed);
+    let (ok, over) = count(alone).await;
+    eprintln!("the remaining Envoy, {secs:.1} s: {ok} admitted, {over} refused");
+    assert!(
+        (ok as f64) <= 100.0 + 100.0 * secs,
+        "{ok} admitted, over B + r·t"
+    );
+    assert!(
+        (ok as f64) >= 0.8 * 90.0 * secs,
+        "{ok} admitted in {secs:.1} s: the other replica's share was not reclaimed"
     );
 }
 

@@ -127,8 +127,8 @@ struct Subscription {
     last_report_micros: u64,
     /// Smoothed time between reports.
     interval_micros: u64,
-    /// What was last sent, and when.
-    sent: Option<(Sent, u64)>,
+    /// What was last sent, when, and its time to live.
+    sent: Option<(Sent, u64, u64)>,
     /// Since when every report said no requests; `None` while it has some.
     idle_since_micros: Option<u64>,
     /// Smoothed requests per second (for a shared ledger; the local split
@@ -526,7 +526,7 @@ impl Quotas {
     }
 
     /// The action to send `stream` for `key` if `what` moved from what it
-    /// was last sent, or a third of that one's time to live has passed
+    /// was last sent, or a third of the sent one's time to live has passed
     /// (re-sending the same only extends it); records it as sent.
     fn offer(
         &mut self,
@@ -537,14 +537,17 @@ impl Quotas {
         now_micros: u64,
     ) -> Option<BucketAction> {
         let sub = self.streams.get_mut(&stream)?.buckets.get_mut(key)?;
+        // the refresh is due by the life of what Envoy holds: when the
+        // cadence was just learnt, the new time to live is longer
         let due = match sub.sent {
             None => true,
-            Some((before, at)) => {
-                moved(before, what) || now_micros.saturating_sub(at) >= ttl / TTL_INTERVALS
+            Some((before, at, sent_ttl)) => {
+                moved(before, what)
+                    || now_micros.saturating_sub(at) >= ttl.min(sent_ttl) / TTL_INTERVALS
             }
         };
         due.then(|| {
-            sub.sent = Some((what, now_micros));
+            sub.sent = Some((what, now_micros, ttl));
             action(key, what, ttl)
         })
     }

@@ -360,3 +360,90 @@ fn token_buckets_never_exceed_the_share() {
         }
     }
 }
+
+/// Answers the steps `q` queued with one in-process [`ledger::Ledger`] per
+/// bucket (as the Redis ledger would, with `now` as its clock).
+fn answer_steps(
+    q: &mut Quotas,
+    ledgers: &mut HashMap<BucketKey, ledger::Ledger>,
+    now: u64,
+) -> Outbox {
+    let answers = q
+        .take_steps()
+        .into_iter()
+        .map(|step| {
+            let args =
+                ledger::StepArgs::new(step.demand, step.budget, (step.ttl_micros / 1000) as i64);
+            let field = ledger::Member {
+                replica: 7,
+                stream: step.stream,
+            }
+            .field();
+            let reply = ledgers.entry(step.key.clone()).or_default().step(
+                &field,
+                args,
+                (now / 1000) as i64,
+            );
+            let shared = ledger::shared_from_reply(&reply).expect("reply");
+            (step, shared)
+        })
+        .collect();
+    q.granted(answers, now)
+}
+
+/// Until when each assignment in `out` for `stream` lives.
+fn lives_until(out: &Outbox, stream: StreamId, now: u64) -> Option<u64> {
+    out.iter()
+        .filter(|(s, _)| *s == stream)
+        .flat_map(|(_, r)| &r.bucket_action)
+        .filter_map(|a| match &a.bucket_action {
+            Some(Action::QuotaAssignmentAction(q)) => q.assignment_time_to_live,
+            _ => None,
+        })
+        .map(|d| now + d.seconds as u64 * SEC + d.nanos as u64 / 1000)
+        .max()
+}
+
+/// An Envoy reporting every 5 s, with ticks every second: what it holds
+/// never lapses, also when its first report interval is learnt and the time
+/// to live grows from 3 s to 15 s (the refresh must follow the life of what
+/// was sent, not of what would be sent now; it lapsed on a shared ledger,
+/// whose kept share is not re-sent as moved). Both the local split and the
+/// shared ledger.
+#[test]
+fn an_assignment_never_lapses_while_its_envoy_reports() {
+    let r = rules(RULES);
+    let bucket = [("tenant", "acme"), ("api_key", "k1")];
+    for shared in [false, true] {
+        let mut q = if shared {
+            Quotas::shared()
+        } else {
+            Quotas::default()
+        };
+        let mut ledgers = HashMap::new();
+        let mut live_until = 0;
+        let mut sends = 0;
+        for tenth in 10..400u64 {
+            let now = tenth * SEC / 10;
+            let mut out = Vec::new();
+            if tenth % 50 == 0 {
+                out.extend(
+                    q.report(1, "edge", &[usage(&bucket, 500, 5)], &r, now)
+                        .expect("report"),
+                );
+            }
+            if tenth % 10 == 3 {
+                out.extend(q.tick(&r, now));
+            }
+            out.extend(answer_steps(&mut q, &mut ledgers, now));
+            if sends > 0 {
+                assert!(now < live_until, "lapsed at {now} (shared: {shared})");
+            }
+            if let Some(until) = lives_until(&out, 1, now) {
+                live_until = until;
+                sends += 1;
+            }
+        }
+        assert!(sends > 5, "{sends}");
+    }
+}
