@@ -395,3 +395,99 @@ async fn two_replicas_on_redis_split_by_demand_across_them() {
     one.shutdown().await.expect("stop");
     two.shutdown().await.expect("stop");
 }
+
+/// Protocol edge cases over a real stream, each answered and none ending
+/// it: a bucket report without a bucket id is passed over (counted) while
+/// the rest of its message is served; `time_elapsed` 0; a domain without
+/// rules (ALLOW_ALL); and 10,000 buckets in one message, each assigned.
+#[tokio::test]
+async fn protocol_edge_cases_are_answered_and_the_stream_goes_on() {
+    let rules = rules_dir(RULES);
+    let server = tokenbucket_rls::server::start(&serve_args(rules.path().to_path_buf()))
+        .await
+        .expect("server starts");
+    let mut e = Envoy::connect(server.grpc_addr).await;
+    let valid = |pairs: &[(&str, &str)], secs: i64| BucketQuotaUsage {
+        bucket_id: Some(BucketId {
+            bucket: pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        }),
+        time_elapsed: Some(PbDuration {
+            seconds: secs,
+            nanos: 0,
+        }),
+        num_requests_allowed: 5,
+        num_requests_denied: 0,
+    };
+    let send = |e: &Envoy, domain: &str, usages: Vec<BucketQuotaUsage>| {
+        e.reports
+            .send(RateLimitQuotaUsageReports {
+                domain: domain.to_string(),
+                bucket_quota_usages: usages,
+            })
+            .expect("stream open");
+    };
+    send(
+        &e,
+        "edge",
+        vec![
+            valid(&[], 1),
+            BucketQuotaUsage::default(),
+            valid(&[("tenant", "free")], 0),
+        ],
+    );
+    assert_eq!(
+        e.next("free", None).await,
+        Strategy::BlanketRule(BlanketRule::DenyAll as i32)
+    );
+    // 10,000 buckets of the acme rule in one message
+    let many: Vec<BucketQuotaUsage> = (0..10_000)
+        .map(|i| {
+            let key = format!("many{i}");
+            valid(&[("tenant", "acme"), ("api_key", key.as_str())], 1)
+        })
+        .collect();
+    send(&e, "edge", many);
+    let mut assigned = std::collections::HashSet::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while assigned.len() < 10_000 {
+        let message = tokio::time::timeout_at(deadline, e.assignments.message())
+            .await
+            .expect("10,000 assignments within 20 s")
+            .expect("no error")
+            .expect("stream open");
+        for action in message.bucket_action {
+            if let Some(v) = action
+                .bucket_id
+                .and_then(|id| id.bucket.get("api_key").cloned())
+                .filter(|v| v.starts_with("many"))
+            {
+                assigned.insert(v);
+            }
+        }
+    }
+    let text = reqwest::get(format!("http://{}/metrics", server.admin_addr))
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    assert_eq!(
+        sample(&text, "rls_quota_dropped_total{reason=\"invalid\"}"),
+        Some(2.0)
+    );
+    assert_eq!(
+        sample(&text, "rls_quota_dropped_total{reason=\"bucket_limit\"}"),
+        Some(0.0)
+    );
+    // another Envoy, on a domain without rules
+    let mut other = Envoy::connect(server.grpc_addr).await;
+    send(&other, "nowhere", vec![valid(&[("tenant", "free")], 1)]);
+    assert_eq!(
+        other.next("free", None).await,
+        Strategy::BlanketRule(BlanketRule::AllowAll as i32)
+    );
+    server.shutdown().await.expect("stop");
+}

@@ -50,6 +50,11 @@ pub const ABANDON_AFTER_MICROS: u64 = 300_000_000;
 pub const MIN_QUIET_MICROS: u64 = 15_000_000;
 /// A share that moved by less than this fraction is not re-sent early.
 pub const RESEND_THRESHOLD: f64 = 0.05;
+/// Buckets one stream may hold; reports of more are not taken (Envoy
+/// applies its `no_assignment_behavior` to them).
+pub const MAX_BUCKETS_PER_STREAM: usize = 20_000;
+/// (stream, bucket) pairs one instance holds at most, all streams together.
+pub const MAX_SUBSCRIPTIONS: usize = 1_000_000;
 
 /// A bucket: its domain and its id's pairs, sorted.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -174,6 +179,9 @@ pub struct Quotas {
     /// [`Quotas::granted`] takes the ledger's answers.
     shared: bool,
     steps: Vec<Step>,
+    /// Bucket reports not taken since the last [`Quotas::take_dropped`]:
+    /// (invalid, over a limit).
+    dropped: (u64, u64),
 }
 
 /// A step of the shared ledger to take for one stream and bucket: its
@@ -207,6 +215,12 @@ impl Quotas {
         }
     }
 
+    /// Bucket reports not taken since the last call: (without a valid
+    /// bucket id, over [`MAX_BUCKETS_PER_STREAM`] or [`MAX_SUBSCRIPTIONS`]).
+    pub fn take_dropped(&mut self) -> (u64, u64) {
+        std::mem::take(&mut self.dropped)
+    }
+
     /// The ledger steps queued since the last call.
     pub fn take_steps(&mut self) -> Vec<Step> {
         std::mem::take(&mut self.steps)
@@ -237,6 +251,7 @@ impl Quotas {
         now_micros: u64,
     ) -> Result<Outbox, String> {
         self.prune(now_micros);
+        let mut held: usize = self.streams.values().map(|s| s.buckets.len()).sum();
         let entry = self.streams.entry(stream).or_default();
         let domain = match &entry.domain {
             Some(d) => d.clone(),
@@ -250,18 +265,33 @@ impl Quotas {
         };
         let mut touched = Vec::with_capacity(usages.len());
         for usage in usages {
-            let Some(id) = &usage.bucket_id else {
-                return Err("a usage report without a bucket_id".into());
+            // a report Envoy should not send is passed over, not the stream
+            // ended: its other buckets stay served
+            let Some(id) = usage.bucket_id.as_ref().filter(|id| !id.bucket.is_empty()) else {
+                self.dropped.0 += 1;
+                continue;
             };
-            if id.bucket.is_empty() {
-                return Err("a bucket_id with no entries".into());
-            }
             let key = BucketKey::new(&domain, id);
-            let elapsed_secs = usage
+            if !entry.buckets.contains_key(&key) {
+                if entry.buckets.len() >= MAX_BUCKETS_PER_STREAM || held >= MAX_SUBSCRIPTIONS {
+                    self.dropped.1 += 1;
+                    continue;
+                }
+                held += 1;
+            }
+            let sub = entry.buckets.entry(key.clone()).or_default();
+            // a report without elapsed time counts over the usual interval
+            let given = usage
                 .time_elapsed
                 .as_ref()
                 .map_or(0.0, |d| d.seconds as f64 + f64::from(d.nanos) / 1e9);
-            let sub = entry.buckets.entry(key.clone()).or_default();
+            let elapsed_secs = if given > 0.0 {
+                given
+            } else if sub.interval_micros > 0 {
+                sub.interval_micros as f64 / 1e6
+            } else {
+                1.0
+            };
             // the first report comes when the bucket is new (its elapsed
             // time is since then): the cadence is learnt from the gaps
             if sub.last_report_micros > 0 {

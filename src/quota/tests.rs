@@ -447,3 +447,116 @@ fn an_assignment_never_lapses_while_its_envoy_reports() {
         assert!(sends > 5, "{sends}");
     }
 }
+
+/// Reports Envoy should not send are passed over one by one (counted), and
+/// the rest of the message is served; the stream goes on.
+#[test]
+fn a_report_without_a_bucket_id_is_passed_over() {
+    let r = rules(RULES);
+    let mut q = Quotas::default();
+    let mut missing = usage(&[], 1, 1);
+    missing.bucket_id = None;
+    let out = q
+        .report(
+            1,
+            "edge",
+            &[
+                usage(&[], 1, 1),
+                missing,
+                usage(&[("tenant", "free")], 1, 1),
+            ],
+            &r,
+            SEC,
+        )
+        .expect("served");
+    assert_eq!(q.take_dropped(), (2, 0));
+    assert_eq!(
+        strategies(&out, 1),
+        vec![Strategy::BlanketRule(BlanketRule::DenyAll as i32)]
+    );
+}
+
+/// `time_elapsed` 0 (or none, or negative) counts over the stream's usual
+/// interval, else one second: 100 requests so reported are 100/s of
+/// demand, not 100,000/s.
+#[test]
+fn a_report_without_elapsed_time_counts_over_the_usual_interval() {
+    let r = rules(RULES);
+    let mut q = Quotas::default();
+    let bucket = [("tenant", "acme"), ("api_key", "k1")];
+    let mut zero = usage(&bucket, 100, 0);
+    q.report(1, "edge", &[zero.clone()], &r, SEC)
+        .expect("report");
+    q.report(2, "edge", &[usage(&bucket, 100, 1)], &r, SEC)
+        .expect("report");
+    zero.time_elapsed = None;
+    q.report(1, "edge", &[zero], &r, 2 * SEC).expect("report");
+    q.report(2, "edge", &[usage(&bucket, 100, 1)], &r, 2 * SEC)
+        .expect("report");
+    // equal demand: equal targets (45 each once the first 90 expired)
+    let mut outs = Vec::new();
+    for s in 3..=20 {
+        outs.push(q.tick(&r, s * SEC));
+    }
+    assert_eq!(last_share(&outs, 1), last_share(&outs, 2));
+    assert_eq!(last_share(&outs, 1).map(|s| s.0), Some(90));
+}
+
+/// A domain without rules gets ALLOW_ALL; a stream that names another
+/// domain later stays in its first one (one stream per domain).
+#[test]
+fn unknown_domains_allow_and_a_stream_keeps_its_first_domain() {
+    let r = rules(RULES);
+    let mut q = Quotas::default();
+    let out = q
+        .report(1, "nowhere", &[usage(&[("tenant", "free")], 1, 1)], &r, SEC)
+        .expect("served");
+    assert_eq!(
+        strategies(&out, 1),
+        vec![Strategy::BlanketRule(BlanketRule::AllowAll as i32)]
+    );
+    let out = q
+        .report(2, "edge", &[usage(&[("tenant", "free")], 1, 1)], &r, SEC)
+        .expect("served");
+    assert_eq!(
+        strategies(&out, 2),
+        vec![Strategy::BlanketRule(BlanketRule::DenyAll as i32)]
+    );
+    // stream 2 names "nowhere" now: a new bucket is still edge's (a token
+    // bucket of its acme rule, where "nowhere" would allow all)
+    let out = q
+        .report(
+            2,
+            "nowhere",
+            &[usage(&[("tenant", "acme"), ("api_key", "k9")], 1, 1)],
+            &r,
+            2 * SEC,
+        )
+        .expect("served");
+    assert_eq!(tokens(&strategies(&out, 2)[0]).0, 180);
+}
+
+/// One stream reporting more buckets than it may hold: the first
+/// [`MAX_BUCKETS_PER_STREAM`] are served, the rest counted and passed over;
+/// buckets it holds already are still served after.
+#[test]
+fn a_stream_holds_at_most_max_buckets() {
+    let r = rules(RULES);
+    let mut q = Quotas::default();
+    let values: Vec<String> = (0..MAX_BUCKETS_PER_STREAM + 5)
+        .map(|i| format!("k{i}"))
+        .collect();
+    let usages: Vec<BucketQuotaUsage> = values
+        .iter()
+        .map(|v| usage(&[("tenant", "acme"), ("api_key", v)], 1, 1))
+        .collect();
+    let out = q.report(1, "edge", &usages, &r, SEC).expect("served");
+    assert_eq!(strategies(&out, 1).len(), MAX_BUCKETS_PER_STREAM);
+    assert_eq!(q.take_dropped(), (0, 5));
+    let out = q
+        .report(1, "edge", &usages[..3], &r, 2 * SEC)
+        .expect("served");
+    assert_eq!(q.take_dropped(), (0, 0));
+    let _ = out;
+    assert_eq!(q.buckets(), MAX_BUCKETS_PER_STREAM);
+}

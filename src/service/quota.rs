@@ -33,6 +33,10 @@ use crate::telemetry::Metrics;
 
 /// How often every bucket is re-planned without a report.
 pub const TICK: Duration = Duration::from_secs(1);
+/// Messages waiting for one Envoy to read them, at most; further ones are
+/// dropped (`rls_quota_dropped_total{reason="outbox_full"}`): what Envoy
+/// holds then expires, and the split counts it as live until it does.
+pub const OUTBOX_MESSAGES: usize = 16;
 
 type Reply = Result<RateLimitQuotaResponse, Status>;
 
@@ -43,7 +47,7 @@ pub struct QuotaHub {
     clock: MonotonicClock,
     quotas: Mutex<Quotas>,
     /// Each open stream's outbox and domain (its metric label, once known).
-    streams: Mutex<HashMap<StreamId, (mpsc::UnboundedSender<Reply>, String)>>,
+    streams: Mutex<HashMap<StreamId, (mpsc::Sender<Reply>, String)>>,
     next_stream: AtomicU64,
     /// Set at shutdown: every stream's reader stops.
     closing: tokio::sync::watch::Sender<bool>,
@@ -140,9 +144,9 @@ impl QuotaHub {
         self.send(out);
     }
 
-    fn open(&self) -> (StreamId, mpsc::UnboundedReceiver<Reply>) {
+    fn open(&self) -> (StreamId, mpsc::Receiver<Reply>) {
         let id = self.next_stream.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = mpsc::unbounded_channel();
+        let (tx, rx) = mpsc::channel(OUTBOX_MESSAGES);
         self.streams.lock().insert(id, (tx, String::new()));
         self.quotas.lock().open(id);
         self.metrics.quota_streams(self.streams.lock().len());
@@ -170,17 +174,27 @@ impl QuotaHub {
         )
         .entered();
         let rules = self.rules.load();
-        let out = self
-            .quotas
-            .lock()
-            .report(
+        let (out, (invalid, over_limit)) = {
+            let mut quotas = self.quotas.lock();
+            let out = quotas.report(
                 id,
                 &reports.domain,
                 &reports.bucket_quota_usages,
                 &rules,
                 self.clock.now_micros(),
-            )
-            .map_err(Status::invalid_argument)?;
+            );
+            (out, quotas.take_dropped())
+        };
+        self.metrics.quota_dropped("invalid", invalid);
+        self.metrics.quota_dropped("bucket_limit", over_limit);
+        if over_limit > 0 {
+            tracing::warn!(
+                stream = id,
+                buckets = over_limit,
+                "RLQS buckets over the limit of one stream or the instance not taken"
+            );
+        }
+        let out = out.map_err(Status::invalid_argument)?;
         let domain = {
             let mut streams = self.streams.lock();
             match streams.get_mut(&id) {
@@ -219,8 +233,13 @@ impl QuotaHub {
             if let Some((tx, domain)) = streams.get(&id) {
                 self.metrics
                     .quota_assignments(domain, response.bucket_action.len());
-                // a closed receiver: the stream is going; close() follows
-                let _ = tx.send(Ok(response));
+                match tx.try_send(Ok(response)) {
+                    Err(mpsc::error::TrySendError::Full(_)) => {
+                        self.metrics.quota_dropped("outbox_full", 1);
+                    }
+                    // a closed receiver: the stream is going; close() follows
+                    Err(mpsc::error::TrySendError::Closed(_)) | Ok(()) => {}
+                }
             }
         }
     }
@@ -286,7 +305,7 @@ impl RateLimitQuotaService for RateLimitQuotaGrpc {
                         if let Err(status) = hub.report(id, &reports).await {
                             tracing::debug!(stream = id, %status, "RLQS stream refused");
                             if let Some((tx, _)) = hub.streams.lock().get(&id) {
-                                let _ = tx.send(Err(status));
+                                let _ = tx.try_send(Err(status));
                             }
                             break;
                         }

@@ -70,6 +70,7 @@ struct QuotaMetrics {
     share_series: parking_lot::Mutex<Vec<(String, String)>>,
     reports: IntCounterVec,
     assignments: IntCounterVec,
+    dropped: IntCounterVec,
 }
 
 impl QuotaMetrics {
@@ -77,6 +78,17 @@ impl QuotaMetrics {
         let by_domain = |name: &str, help: &str| {
             IntCounterVec::new(Opts::new(name, help), &["domain"]).expect("valid metric")
         };
+        let dropped = IntCounterVec::new(
+            Opts::new(
+                "rls_quota_dropped_total",
+                "RLQS: bucket reports not taken (invalid: no or an empty bucket_id; bucket_limit: over the buckets one stream or the instance may hold) and messages not written (outbox_full: the Envoy does not read its stream)",
+            ),
+            &["reason"],
+        )
+        .expect("valid metric");
+        for reason in ["invalid", "bucket_limit", "outbox_full"] {
+            dropped.with_label_values(&[reason]);
+        }
         Self {
             streams: IntGauge::new(
                 "rls_quota_streams",
@@ -86,7 +98,7 @@ impl QuotaMetrics {
             share: prometheus::GaugeVec::new(
                 Opts::new(
                     "rls_quota_share",
-                    "RLQS: the largest fraction of one of the rule's buckets (of this instance's part, 1/--instances) that live assignments may enforce (at most 1)",
+                    "RLQS: the largest fraction of one of the rule's buckets that live assignments may enforce (at most 1): of the whole budget with the Redis store (all replicas' Envoys, as the last ledger step saw it), else of this instance's part (1/--instances)",
                 ),
                 &["domain", "rule"],
             )
@@ -100,6 +112,7 @@ impl QuotaMetrics {
                 "rls_quota_assignments_total",
                 "RLQS bucket assignments sent (new shares, refreshes, blanket rules)",
             ),
+            dropped,
         }
     }
 
@@ -108,6 +121,7 @@ impl QuotaMetrics {
             Box::new(self.streams.clone()),
             Box::new(self.share.clone()),
             Box::new(self.reports.clone()),
+            Box::new(self.dropped.clone()),
             Box::new(self.assignments.clone()),
         ]
     }
@@ -604,6 +618,13 @@ impl Metrics {
             .assignments
             .with_label_values(&[domain])
             .inc_by(actions as u64);
+    }
+
+    /// `reason`: `invalid`, `bucket_limit` or `outbox_full`.
+    pub fn quota_dropped(&self, reason: &str, n: u64) {
+        if n > 0 {
+            self.quota.dropped.with_label_values(&[reason]).inc_by(n);
+        }
     }
 
     pub fn lease_counts(&self) -> LeaseCounts {
