@@ -491,3 +491,52 @@ async fn protocol_edge_cases_are_answered_and_the_stream_goes_on() {
     );
     server.shutdown().await.expect("stop");
 }
+
+/// A reload that changes the rule's numbers reaches the Envoys at once (a
+/// decrease is sent without waiting for a report); an invalid reload keeps
+/// the assignments of the rules that serve.
+#[tokio::test]
+async fn a_reload_changes_the_assignments_and_an_invalid_one_keeps_them() {
+    let rules = rules_dir(RULES);
+    let server = tokenbucket_rls::server::start(&serve_args(rules.path().to_path_buf()))
+        .await
+        .expect("server starts");
+    let mut e = Envoy::connect(server.grpc_addr).await;
+    e.report("edge", ACME, 100, 1);
+    let first = e.next("acme", None).await;
+    assert_eq!(bucket(&first), (180, 90.0));
+    std::fs::write(
+        rules.path().join("rules.yaml"),
+        RULES.replace(
+            "requests_per_unit: 100, burst: 200",
+            "requests_per_unit: 50, burst: 100",
+        ),
+    )
+    .expect("write");
+    // no report: the next tick after the reload re-plans
+    let halved = e.next("acme", Some(&first)).await;
+    assert_eq!(bucket(&halved), (90, 45.0));
+    assert_eq!(server.rules.load().generation(), 2);
+    std::fs::write(
+        rules.path().join("rules.yaml"),
+        "domain: edge\ndescriptors:\n  - key: tenant\n    ratelimit: {unit: minute}\n",
+    )
+    .expect("write");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while server.metrics.reloads("error") == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the invalid rules were never read"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // refreshes for 3 s: all of the rules still serving
+    for _ in 0..3 {
+        e.report("edge", ACME, 100, 1);
+        if let Some(s) = e.latest("acme", Duration::from_secs(1)).await {
+            assert_eq!(bucket(&s), (90, 45.0));
+        }
+    }
+    assert_eq!(server.rules.load().generation(), 2);
+    server.shutdown().await.expect("stop");
+}
