@@ -57,6 +57,7 @@ async fn config(State(state): State<AdminState>) -> impl IntoResponse {
                 "domain": &*d.name,
                 "files": d.files,
                 "rules": rules.rules(&d.name),
+                "rlqs": crate::quota::describe_domain(&rules, &d.name),
             })
         })
         .collect();

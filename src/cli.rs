@@ -32,6 +32,10 @@ pub enum Command {
         /// One domain may span several files.
         #[arg(long, env = "RLS_MERGE_DOMAINS")]
         merge_domains: bool,
+        /// Also print what RLQS assigns the buckets of each rule (the bucket
+        /// id keys that reach it) and where it differs from ShouldRateLimit.
+        #[arg(long)]
+        rlqs: bool,
     },
 }
 

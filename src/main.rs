@@ -4,6 +4,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use tokenbucket_rls::cli::{Cli, Command};
+use tokenbucket_rls::quota::{rule_notes, Policy};
 use tokenbucket_rls::rules::{self, LoadOptions};
 use tokenbucket_rls::telemetry::tracing;
 
@@ -18,7 +19,8 @@ fn main() -> ExitCode {
         Some(Command::CheckConfig {
             path,
             merge_domains,
-        }) => check_config(&path, merge_domains),
+            rlqs,
+        }) => check_config(&path, merge_domains, rlqs),
         None => {
             let runtime = match tokio::runtime::Runtime::new() {
                 Ok(rt) => rt,
@@ -43,7 +45,42 @@ fn main() -> ExitCode {
     }
 }
 
-fn check_config(path: &std::path::Path, merge_domains: bool) -> ExitCode {
+/// One line per rule: its bucket id keys, what RLQS assigns, and notes.
+fn print_rlqs(set: &tokenbucket_rls::rules::RuleSet) {
+    let mut domains: Vec<&str> = set.domains().map(|d| &*d.name).collect();
+    domains.sort_unstable();
+    for domain in domains {
+        let mut rules = set.rules(domain);
+        rules.sort_by(|a, b| a.path.cmp(&b.path));
+        for rule in rules {
+            let assignment = match Policy::of_rule(rule) {
+                Policy::AllowAll => "ALLOW_ALL".to_string(),
+                Policy::DenyAll => "DENY_ALL".to_string(),
+                Policy::Shared(b) => format!(
+                    "split between Envoys: burst {}, {}/s",
+                    b.burst,
+                    short(b.rate)
+                ),
+            };
+            println!(
+                "rlqs: domain {domain}, bucket_id keys {{{}}} -> {}: {assignment}",
+                rule.keys.join(", "),
+                rule.path
+            );
+            for note in rule_notes(rule) {
+                println!("rlqs:   note: {note}");
+            }
+        }
+    }
+}
+
+/// A rate with at most three decimals.
+fn short(rate: f64) -> String {
+    let text = format!("{rate:.3}");
+    text.trim_end_matches('0').trim_end_matches('.').to_string()
+}
+
+fn check_config(path: &std::path::Path, merge_domains: bool, rlqs: bool) -> ExitCode {
     let opts = LoadOptions { merge_domains };
     match rules::load_path(path, opts) {
         Ok(set) => {
@@ -53,6 +90,9 @@ fn check_config(path: &std::path::Path, merge_domains: bool) -> ExitCode {
                 "{}: valid ({files} file(s), {domains} domain(s))",
                 path.display()
             );
+            if rlqs {
+                print_rlqs(&set);
+            }
             if files == 0 {
                 eprintln!(
                     "warning: {} holds no rule files: a server starts on it answering OK to every request, and a reload to it from loaded rules is rejected",

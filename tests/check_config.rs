@@ -134,3 +134,50 @@ fn a_missing_path_is_an_error_naming_it() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stdout).contains("/nonexistent/rules"));
 }
+
+/// `check-config --rlqs` prints what RLQS assigns the buckets of each rule,
+/// the bucket id keys that reach it, and where RLQS differs from
+/// ShouldRateLimit.
+#[test]
+fn rlqs_mapping_is_printed_with_its_notes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        dir.path().join("r.yaml"),
+        r#"
+domain: edge
+descriptors:
+  - key: tenant
+    value: acme
+    descriptors:
+      - key: api_key
+        limits:
+          - {unit: second, requests_per_unit: 100, burst: 200}
+          - {unit: hour, requests_per_unit: 3600}
+        lease: {size: 10, ttl: 1s}
+  - key: tenant
+    value: free
+    rate_limit: {unit: second, requests_per_unit: 0}
+  - key: internal
+    rate_limit: {unlimited: true}
+"#,
+    )
+    .expect("write");
+    let out = check_config(&["--rlqs", dir.path().to_str().expect("utf-8")]);
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = text.lines().filter(|l| l.starts_with("rlqs:")).collect();
+    assert_eq!(
+        lines,
+        [
+            "rlqs: domain edge, bucket_id keys {internal} -> internal: ALLOW_ALL",
+            "rlqs: domain edge, bucket_id keys {tenant, api_key} -> tenant_acme.api_key: split between Envoys: burst 3600, 1/s",
+            "rlqs:   note: 2 limits: RLQS splits the one with the lowest rate only",
+            "rlqs:   note: lease: applies to ShouldRateLimit only (RLQS splits the budget between Envoys itself)",
+            "rlqs: domain edge, bucket_id keys {tenant} -> tenant_free: DENY_ALL",
+        ],
+        "{text}"
+    );
+    // without --rlqs: the one summary line
+    let out = check_config(&[dir.path().to_str().expect("utf-8")]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 1);
+}

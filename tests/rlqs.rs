@@ -540,3 +540,33 @@ async fn a_reload_changes_the_assignments_and_an_invalid_one_keeps_them() {
     assert_eq!(server.rules.load().generation(), 2);
     server.shutdown().await.expect("stop");
 }
+
+/// `/config` shows, for each rule, the bucket id keys that reach it and
+/// what RLQS assigns its buckets.
+#[tokio::test]
+async fn config_shows_what_each_rule_gives_rlqs_buckets() {
+    let rules = rules_dir(RULES);
+    let server = tokenbucket_rls::server::start(&serve_args(rules.path().to_path_buf()))
+        .await
+        .expect("server starts");
+    let text = reqwest::get(format!("http://{}/config", server.admin_addr))
+        .await
+        .expect("config")
+        .text()
+        .await
+        .expect("text");
+    let config: serde_json::Value = serde_json::from_str(&text).expect("json");
+    let rlqs = &config["domains"][0]["rlqs"];
+    assert_eq!(
+        rlqs[0],
+        serde_json::json!({
+            "rule": "tenant_acme.api_key",
+            "path": "tenant_acme.api_key",
+            "bucket_id_keys": ["tenant", "api_key"],
+            "assignment": {"split_between_envoys": {"burst": 200.0, "per_second": 100.0}},
+        }),
+        "{rlqs:#}"
+    );
+    assert_eq!(rlqs[1]["assignment"], "DENY_ALL", "{rlqs:#}");
+    server.shutdown().await.expect("stop");
+}

@@ -32,7 +32,7 @@ use envoy_types::pb::google::protobuf::{Duration as PbDuration, UInt32Value};
 
 use self::allocation::{smoothed, Allocation, Budget};
 use self::ledger::Shared;
-use crate::rules::matcher::RuleAction;
+use crate::rules::matcher::{Rule, RuleAction};
 use crate::rules::RuleSet;
 
 /// One Envoy's stream.
@@ -103,13 +103,18 @@ impl Policy {
         let Some(path) = rules.quota_path(domain, &entries) else {
             return Policy::AllowAll;
         };
-        let Some(m) = rules.lookup(domain, &path) else {
-            return Policy::AllowAll;
-        };
-        if m.rule.shadow_mode {
+        match rules.lookup(domain, &path) {
+            Some(m) => Policy::of_rule(m.rule),
+            None => Policy::AllowAll,
+        }
+    }
+
+    /// What RLQS gives the buckets that reach `rule`.
+    pub fn of_rule(rule: &Rule) -> Policy {
+        if rule.shadow_mode {
             return Policy::AllowAll;
         }
-        let RuleAction::Limited(limits) = &m.rule.action else {
+        let RuleAction::Limited(limits) = &rule.action else {
             return Policy::AllowAll;
         };
         let strictest = limits
@@ -124,6 +129,63 @@ impl Policy {
             }),
         }
     }
+}
+
+/// For `/config`: what RLQS gives the buckets of each rule of `domain`,
+/// and the `bucket_id` keys that reach it (the rule's descriptor keys, in
+/// any order), by path.
+pub fn describe_domain(rules: &RuleSet, domain: &str) -> serde_json::Value {
+    let mut domain_rules = rules.rules(domain);
+    domain_rules.sort_by(|a, b| a.path.cmp(&b.path));
+    let entries: Vec<serde_json::Value> = domain_rules
+        .into_iter()
+        .map(|rule| {
+            let assignment = match Policy::of_rule(rule) {
+                Policy::AllowAll => serde_json::json!("ALLOW_ALL"),
+                Policy::DenyAll => serde_json::json!("DENY_ALL"),
+                Policy::Shared(b) => serde_json::json!({
+                    "split_between_envoys": {"burst": b.burst, "per_second": b.rate},
+                }),
+            };
+            serde_json::json!({
+                "rule": rule.label(),
+                "path": rule.path,
+                "bucket_id_keys": rule.keys,
+                "assignment": assignment,
+                "notes": rule_notes(rule),
+            })
+        })
+        .collect();
+    serde_json::Value::Array(entries)
+}
+
+/// What RLQS does differently from `ShouldRateLimit` with `rule`, for
+/// `check-config --rlqs` and `/config`.
+pub fn rule_notes(rule: &Rule) -> Vec<String> {
+    let mut notes = Vec::new();
+    if rule.shadow_mode {
+        notes.push("shadow_mode: RLQS assigns ALLOW_ALL".to_string());
+    }
+    if let RuleAction::Limited(limits) = &rule.action {
+        if limits.len() > 1 {
+            notes.push(format!(
+                "{} limits: RLQS splits the one with the lowest rate only",
+                limits.len()
+            ));
+        }
+    }
+    if rule.lease.is_some() {
+        notes.push(
+            "lease: applies to ShouldRateLimit only (RLQS splits the budget between Envoys itself)"
+                .to_string(),
+        );
+    }
+    if rule.max_values.is_some() {
+        notes.push(format!(
+            "max_values: applies to ShouldRateLimit only (RLQS: every bucket id is its own bucket, at most {MAX_BUCKETS_PER_STREAM} per stream)"
+        ));
+    }
+    notes
 }
 
 /// A bucket as one stream reports it.

@@ -23,6 +23,8 @@ struct Scope<'a> {
     place: String,
     /// Config path, for the rule's metric label.
     path: String,
+    /// The descriptor keys down to here (an RLQS bucket id's keys).
+    keys: Vec<String>,
     failure_mode: Option<FailureMode>,
     detailed_metric: bool,
 }
@@ -50,6 +52,7 @@ pub(super) fn compile_top_level(
         domain,
         place: format!("domain '{domain}'"),
         path: String::new(),
+        keys: Vec::new(),
         failure_mode: None,
         detailed_metric: false,
     };
@@ -91,6 +94,12 @@ fn compile_level(
                 (false, Some(v)) => format!("{}.{key}_{v}", scope.path),
                 (false, None) => format!("{}.{key}", scope.path),
             },
+            keys: scope
+                .keys
+                .iter()
+                .cloned()
+                .chain([key.to_string()])
+                .collect(),
             ..scope.clone()
         };
         let here = match doc
@@ -200,6 +209,7 @@ fn compile_rule(scope: &Scope<'_>, doc: &DescriptorDoc, errors: &mut ConfigError
     let mut rule = Rule {
         domain: scope.domain.clone(),
         path: scope.path.clone(),
+        keys: scope.keys.clone(),
         source: scope.file.to_path_buf(),
         action: action?,
         shadow_mode: doc.shadow_mode,

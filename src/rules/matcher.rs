@@ -23,6 +23,8 @@ pub struct Rule {
     /// The descriptor path from the config (`tenant_acme.api_key`): the metric label
     /// when the rule has no name; never holds a raw request value.
     pub path: String,
+    /// The descriptor keys of its path, in order.
+    pub keys: Vec<String>,
     pub source: PathBuf,
     pub action: RuleAction,
     pub shadow_mode: bool,
