@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use tokenbucket_rls::cli::{Cli, Command};
-use tokenbucket_rls::quota::{rule_notes, Policy};
+use tokenbucket_rls::quota::{expired_behavior, rule_notes, Policy};
 use tokenbucket_rls::rules::{self, LoadOptions};
 use tokenbucket_rls::telemetry::tracing;
 
@@ -66,6 +66,10 @@ fn print_rlqs(set: &tokenbucket_rls::rules::RuleSet) {
                 "rlqs: domain {domain}, bucket_id keys {{{}}} -> {}: {assignment}",
                 rule.keys.join(", "),
                 rule.path
+            );
+            println!(
+                "rlqs:   expired_assignment_behavior: {}",
+                expired_behavior(rule)
             );
             for note in rule_notes(rule) {
                 println!("rlqs:   note: {note}");

@@ -24,6 +24,8 @@ struct Edge {
     /// Each instance's admin port (metrics).
     rls_admin: Vec<u16>,
     grpc_ports: Vec<u16>,
+    /// How each instance was started (rules, extra environment), to restart it.
+    rls_recipe: (std::path::PathBuf, Vec<Vec<(String, String)>>),
     _envoy: RunningEnvoy,
 }
 
@@ -82,6 +84,20 @@ impl RunningEnvoy {
     }
 }
 
+/// A service instance on `grpc` and `admin` with `rules` and extra `env`.
+fn spawn_rls(rules: &Path, grpc: u16, admin: u16, env: &[(String, String)]) -> ChildGuard {
+    let child = Command::new(env!("CARGO_BIN_EXE_tokenbucket-rls"))
+        .env("RLS_CONFIG", rules)
+        .env("RLS_GRPC_ADDR", format!("127.0.0.1:{grpc}"))
+        .env("RLS_ADMIN_ADDR", format!("127.0.0.1:{admin}"))
+        .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start tokenbucket-rls");
+    ChildGuard(child)
+}
+
 struct Answer {
     status: u16,
     retry_after: Option<String>,
@@ -136,18 +152,17 @@ impl Edge {
         let mut rls = Vec::new();
         let mut grpc_ports = Vec::new();
         let mut admin_ports = Vec::new();
-        for env in instances {
+        let recipe: Vec<Vec<(String, String)>> = instances
+            .iter()
+            .map(|env| {
+                env.iter()
+                    .map(|(k, v)| (k.to_string(), v.clone()))
+                    .collect()
+            })
+            .collect();
+        for env in &recipe {
             let (grpc, rls_admin) = (free_port(), free_port());
-            let child = Command::new(env!("CARGO_BIN_EXE_tokenbucket-rls"))
-                .env("RLS_CONFIG", rules)
-                .env("RLS_GRPC_ADDR", format!("127.0.0.1:{grpc}"))
-                .env("RLS_ADMIN_ADDR", format!("127.0.0.1:{rls_admin}"))
-                .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
-                .stdout(Stdio::null())
-                .stderr(Stdio::inherit())
-                .spawn()
-                .expect("start tokenbucket-rls");
-            rls.push(ChildGuard(child));
+            rls.push(spawn_rls(rules, grpc, rls_admin, env));
             grpc_ports.push(grpc);
             admin_ports.push(rls_admin);
         }
@@ -172,8 +187,30 @@ impl Edge {
             rls,
             rls_admin: admin_ports,
             grpc_ports,
+            rls_recipe: (rules.to_path_buf(), recipe),
             _envoy: envoy,
         })
+    }
+
+    /// Kills instance `i` (see [`Edge::start_rls`]).
+    fn stop_rls(&mut self, i: usize) {
+        drop(std::mem::replace(
+            &mut self.rls[i],
+            ChildGuard(Command::new("true").spawn().expect("placeholder")),
+        ));
+    }
+
+    /// Starts instance `i` again on its ports, as it was first started.
+    async fn start_rls(&mut self, i: usize) {
+        let (rules, envs) = &self.rls_recipe;
+        self.rls[i] = spawn_rls(rules, self.grpc_ports[i], self.rls_admin[i], &envs[i]);
+        wait_until(
+            &self.client,
+            &format!("http://127.0.0.1:{}/readyz", self.rls_admin[i]),
+            std::slice::from_mut(&mut self.rls[i]),
+        )
+        .await
+        .expect("the restarted instance is ready");
     }
 
     async fn get(&self, path: &str, headers: &[(&str, &str)]) -> Answer {
@@ -1012,6 +1049,113 @@ async fn two_replicas_on_a_redis_cluster_share_one_rlqs_budget() {
     assert!(
         (ok as f64) >= 0.8 * 90.0 * secs,
         "{ok} admitted in {secs:.1} s: the other replica's share was not reclaimed"
+    );
+}
+
+/// The service goes away under two loaded Envoys and comes back. While it
+/// is gone, once their assignments have expired, each Envoy enforces the
+/// example's `expired_assignment_behavior` for gold keys (a token bucket of
+/// 20, 10/s: the rule's budget over two Envoys, its failure_mode being
+/// `local`), where without it they would admit everything. When it is back,
+/// they open new streams; the restarted instance knows nothing of the old
+/// assignments, splits anew, and the pair admits within B + r·t again.
+#[tokio::test]
+async fn across_a_service_restart_envoys_fall_back_then_get_fresh_assignments() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    const KEY: &[(&str, &str)] = &[("x-plan", "gold"), ("x-api-key", "restart")];
+    let (_rules, mut edge, second) = two_rlqs_envoys().await;
+    let flag = || Arc::new(AtomicBool::new(false));
+    let count = |callers: Vec<tokio::task::JoinHandle<(u64, u64)>>| async move {
+        let (mut ok, mut over) = (0, 0);
+        for c in callers {
+            let (o, v) = c.await.expect("caller");
+            ok += o;
+            over += v;
+        }
+        (ok, over)
+    };
+    let (measuring, stop) = (flag(), flag());
+    let mut callers = load(&edge.client, &edge.base, KEY, 4, &measuring, &stop);
+    callers.extend(load(&edge.client, &second.base, KEY, 4, &measuring, &stop));
+    // long enough for the report interval (about 5 s) to be learnt: the
+    // assignments then live 15 s
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    assert_eq!(rls_metric(&edge, 0, "rls_quota_streams").await, Some(2.0));
+    edge.stop_rls(0);
+    // every assignment has expired 15 s after its last refresh
+    tokio::time::sleep(Duration::from_secs(16)).await;
+    let (down_measuring, down_stop) = (flag(), flag());
+    let down = load(
+        &edge.client,
+        &edge.base,
+        KEY,
+        4,
+        &down_measuring,
+        &down_stop,
+    );
+    let down2 = load(
+        &edge.client,
+        &second.base,
+        KEY,
+        4,
+        &down_measuring,
+        &down_stop,
+    );
+    down_measuring.store(true, Ordering::Relaxed);
+    let started = Instant::now();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    down_measuring.store(false, Ordering::Relaxed);
+    let secs = started.elapsed().as_secs_f64();
+    down_stop.store(true, Ordering::Relaxed);
+    let (ok1, over1) = count(down).await;
+    let (ok2, over2) = count(down2).await;
+    let (ok, over) = (ok1 + ok2, over1 + over2);
+    eprintln!("service gone, {secs:.1} s: {ok} admitted ({ok1} + {ok2}), {over} refused");
+    // two fallback buckets of 20 tokens and 10/s (Envoy 1.40 was measured
+    // refilling them at about half that rate); without the fallback, the
+    // Envoys would admit all (no_assignment_behavior)
+    assert!(
+        (ok as f64) <= 2.0 * (20.0 + 10.0 * secs),
+        "{ok} admitted: the expired-assignment fallback was not enforced"
+    );
+    assert!(ok1 > 0 && ok2 > 0, "the fallback denies all: {ok1} + {ok2}");
+    edge.start_rls(0).await;
+    // Envoy opens a new stream with its next report (about every 5 s)
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while rls_metric(&edge, 0, "rls_quota_streams").await != Some(2.0) {
+        assert!(
+            Instant::now() < deadline,
+            "the Envoys never came back to the restarted instance"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let back = rls_metric(&edge, 0, "rls_quota_assignments_total{domain=\"edge\"}").await;
+    assert!(
+        back.is_some_and(|n| n >= 2.0),
+        "fresh assignments: {back:?}"
+    );
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    measuring.store(true, Ordering::Relaxed);
+    let started = Instant::now();
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    measuring.store(false, Ordering::Relaxed);
+    let secs = started.elapsed().as_secs_f64();
+    stop.store(true, Ordering::Relaxed);
+    let (ok, over) = count(callers).await;
+    let bound = 100.0 + 100.0 * secs;
+    eprintln!("after the restart, {secs:.1} s: {ok} admitted, {over} refused (bound {bound:.0})");
+    assert!(
+        over > ok,
+        "both were sent far more than the rate: {ok} / {over}"
+    );
+    assert!(
+        (ok as f64) <= bound,
+        "{ok} admitted, over B + r·t = {bound:.0}"
+    );
+    assert!(
+        (ok as f64) >= 0.8 * 100.0 * secs,
+        "{ok} admitted, under 80 % of r·t"
     );
 }
 

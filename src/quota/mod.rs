@@ -33,6 +33,7 @@ use envoy_types::pb::google::protobuf::{Duration as PbDuration, UInt32Value};
 use self::allocation::{smoothed, Allocation, Budget};
 use self::ledger::Shared;
 use crate::rules::matcher::{Rule, RuleAction};
+use crate::rules::unit::FailureMode;
 use crate::rules::RuleSet;
 
 /// One Envoy's stream.
@@ -152,11 +153,36 @@ pub fn describe_domain(rules: &RuleSet, domain: &str) -> serde_json::Value {
                 "path": rule.path,
                 "bucket_id_keys": rule.keys,
                 "assignment": assignment,
+                "expired_assignment_behavior": expired_behavior(rule),
                 "notes": rule_notes(rule),
             })
         })
         .collect();
     serde_json::Value::Array(entries)
+}
+
+/// The `expired_assignment_behavior` to give the Envoy bucket settings of
+/// `rule`'s buckets, from its `failure_mode` (what Envoy does when it holds
+/// no live assignment, the RLQS counterpart of a store failure): `open`
+/// admits, `closed` denies, `local` enforces a token bucket of its share
+/// (give it the rule's budget divided by the number of Envoys). Envoy 1.40
+/// applies only `fallback_rate_limit` there (`reuse_last_assignment` falls
+/// back to `no_assignment_behavior`).
+pub fn expired_behavior(rule: &Rule) -> String {
+    match rule.failure_mode {
+        Some(FailureMode::Open) => "fallback_rate_limit: {blanket_rule: ALLOW_ALL}".into(),
+        Some(FailureMode::Closed) => "fallback_rate_limit: {blanket_rule: DENY_ALL}".into(),
+        Some(FailureMode::Local) => match Policy::of_rule(rule) {
+            Policy::Shared(b) => format!(
+                "fallback_rate_limit: {{token_bucket: {{max_tokens: {} / Envoys, tokens_per_fill: {} / Envoys, fill_interval: 1s}}}}",
+                b.burst,
+                b.rate.ceil()
+            ),
+            Policy::AllowAll => "fallback_rate_limit: {blanket_rule: ALLOW_ALL}".into(),
+            Policy::DenyAll => "fallback_rate_limit: {blanket_rule: DENY_ALL}".into(),
+        },
+        None => "as the server's --failure-mode (open: ALLOW_ALL, closed: DENY_ALL)".into(),
+    }
 }
 
 /// What RLQS does differently from `ShouldRateLimit` with `rule`, for
@@ -700,11 +726,15 @@ fn quiet_limit_micros(interval_micros: u64) -> u64 {
         .max(MIN_QUIET_MICROS)
 }
 
-/// An assignment's time to live for a bucket reported every `interval`.
+/// An assignment's time to live for a bucket reported every `interval`, in
+/// whole seconds (Envoy 1.40 drops the fraction of a second, so what is
+/// counted live is what Envoy holds).
 fn ttl_micros(interval_micros: u64) -> u64 {
     interval_micros
         .saturating_mul(TTL_INTERVALS)
         .clamp(MIN_TTL_MICROS, MAX_TTL_MICROS)
+        .div_ceil(1_000_000)
+        .saturating_mul(1_000_000)
 }
 
 /// Whether a share moved enough to be sent before its refresh is due.
