@@ -148,6 +148,7 @@ domain: edge
 descriptors:
   - key: tenant
     value: acme
+    failure_mode: local
     descriptors:
       - key: api_key
         limits:
@@ -156,6 +157,7 @@ descriptors:
         lease: {size: 10, ttl: 1s}
   - key: tenant
     value: free
+    failure_mode: closed
     rate_limit: {unit: second, requests_per_unit: 0}
   - key: internal
     rate_limit: {unlimited: true}
@@ -170,10 +172,13 @@ descriptors:
         lines,
         [
             "rlqs: domain edge, bucket_id keys {internal} -> internal: ALLOW_ALL",
+            "rlqs:   expired_assignment_behavior: as the server's --failure-mode (open: ALLOW_ALL, closed: DENY_ALL)",
             "rlqs: domain edge, bucket_id keys {tenant, api_key} -> tenant_acme.api_key: split between Envoys: burst 3600, 1/s",
+            "rlqs:   expired_assignment_behavior: fallback_rate_limit: {token_bucket: ...} of 1/N of burst 3600 and of 1/s (N: the Envoys)",
             "rlqs:   note: 2 limits: RLQS splits the one with the lowest rate only",
             "rlqs:   note: lease: applies to ShouldRateLimit only (RLQS splits the budget between Envoys itself)",
             "rlqs: domain edge, bucket_id keys {tenant} -> tenant_free: DENY_ALL",
+            "rlqs:   expired_assignment_behavior: fallback_rate_limit: {blanket_rule: DENY_ALL}",
         ],
         "{text}"
     );

@@ -564,6 +564,8 @@ async fn config_shows_what_each_rule_gives_rlqs_buckets() {
             "path": "tenant_acme.api_key",
             "bucket_id_keys": ["tenant", "api_key"],
             "assignment": {"split_between_envoys": {"burst": 200.0, "per_second": 100.0}},
+            "expired_assignment_behavior": "as the server's --failure-mode (open: ALLOW_ALL, closed: DENY_ALL)",
+            "notes": [],
         }),
         "{rlqs:#}"
     );

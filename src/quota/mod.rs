@@ -174,9 +174,9 @@ pub fn expired_behavior(rule: &Rule) -> String {
         Some(FailureMode::Closed) => "fallback_rate_limit: {blanket_rule: DENY_ALL}".into(),
         Some(FailureMode::Local) => match Policy::of_rule(rule) {
             Policy::Shared(b) => format!(
-                "fallback_rate_limit: {{token_bucket: {{max_tokens: {} / Envoys, tokens_per_fill: {} / Envoys, fill_interval: 1s}}}}",
+                "fallback_rate_limit: {{token_bucket: ...}} of 1/N of burst {} and of {}/s (N: the Envoys)",
                 b.burst,
-                b.rate.ceil()
+                (b.rate * 1000.0).round() / 1000.0
             ),
             Policy::AllowAll => "fallback_rate_limit: {blanket_rule: ALLOW_ALL}".into(),
             Policy::DenyAll => "fallback_rate_limit: {blanket_rule: DENY_ALL}".into(),
