@@ -170,6 +170,41 @@ fn the_demo_runs_end_to_end() {
     assert!(stdout.contains("demo check: ok"));
 }
 
+/// `demo.sh --rlqs --check`: two Envoys, one on each instance, split one
+/// gold key's budget through the shared ledger in the Redis Cluster; the
+/// script asserts the pair admits within burst + rate × time, both admit
+/// and refuse, and each instance holds one RLQS stream.
+#[test]
+fn the_rlqs_demo_runs_end_to_end() {
+    let redis_base = free_cluster_port();
+    let ports: Vec<u16> = (0..6).map(|_| free_port()).collect();
+    let (rls1, rls2) = (pair(), pair());
+    let out = Command::new("bash")
+        .arg(Path::new(ROOT).join("integration/demo.sh"))
+        .args(["--rlqs", "--check"])
+        .current_dir(ROOT)
+        .env("RLS_BIN", env!("CARGO_BIN_EXE_tokenbucket-rls"))
+        .env("EDGE_PORT", ports[0].to_string())
+        .env("UPSTREAM_PORT", ports[1].to_string())
+        .env("ENVOY_ADMIN_PORT", ports[2].to_string())
+        .env("EDGE_PORT_2", ports[3].to_string())
+        .env("UPSTREAM_PORT_2", ports[4].to_string())
+        .env("ENVOY_ADMIN_PORT_2", ports[5].to_string())
+        .env("RLS_PORT_1", rls1.to_string())
+        .env("RLS_PORT_2", rls2.to_string())
+        .env("REDIS_BASE", redis_base_for_six(redis_base).to_string())
+        .output()
+        .expect("run demo.sh --rlqs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("together: "), "{stdout}");
+    assert!(stdout.contains("demo check: ok"));
+}
+
 /// A port p with p + 1 free too (gRPC and admin).
 fn pair() -> u16 {
     loop {
