@@ -102,6 +102,11 @@ struct Args {
     /// RLQS: buckets per stream (`{<key>: k<i>}`).
     #[arg(long, default_value_t = 10)]
     buckets: usize,
+    /// RLQS throughput: each stream reports all its buckets once per this
+    /// interval (as Envoy does) instead of as fast as the service takes
+    /// them: for the service's memory per (Envoy, bucket) at a real pace.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    report_every: Option<Duration>,
 }
 
 /// SplitMix64: fast, small, good enough to pick keys.
@@ -408,6 +413,7 @@ async fn run(args: Args) -> Result<()> {
                 key: &args.key,
                 streams: args.streams,
                 buckets: args.buckets,
+                report_every: args.report_every,
                 duration: args.duration,
                 json: args.json,
             },

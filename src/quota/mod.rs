@@ -56,6 +56,12 @@ pub const RESEND_THRESHOLD: f64 = 0.05;
 pub const MAX_BUCKETS_PER_STREAM: usize = 20_000;
 /// (stream, bucket) pairs one instance holds at most, all streams together.
 pub const MAX_SUBSCRIPTIONS: usize = 1_000_000;
+/// With a shared ledger, a pair whose stream does not report is stepped
+/// at every tick (once a second; this is a little less, so that a tick
+/// coming early never skips it): well below [`ledger::STALE_MS`], so a live
+/// replica never looks dead, and a third of the shortest time to live, so
+/// refreshes are due in time.
+pub const SHARED_REFRESH_MICROS: u64 = 900_000;
 
 /// A bucket: its domain and its id's pairs, sorted.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -227,6 +233,8 @@ struct Subscription {
     /// Smoothed requests per second (for a shared ledger; the local split
     /// keeps its own).
     demand: Option<f64>,
+    /// When a ledger step was last queued for it.
+    stepped_micros: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -266,7 +274,9 @@ pub struct Quotas {
     /// Shared buckets are not planned here but queued as [`Step`]s, and
     /// [`Quotas::granted`] takes the ledger's answers.
     shared: bool,
-    steps: Vec<Step>,
+    /// Queued ledger steps, one per (stream, bucket): a newer one replaces
+    /// an older one not taken yet, so the queue never outgrows the pairs.
+    steps: HashMap<(StreamId, BucketKey), Step>,
     /// Bucket reports not taken since the last [`Quotas::take_dropped`]:
     /// (invalid, over a limit).
     dropped: (u64, u64),
@@ -311,7 +321,7 @@ impl Quotas {
 
     /// The ledger steps queued since the last call.
     pub fn take_steps(&mut self) -> Vec<Step> {
-        std::mem::take(&mut self.steps)
+        self.steps.drain().map(|(_, step)| step).collect()
     }
 
     pub fn open(&mut self, stream: StreamId) {
@@ -415,7 +425,7 @@ impl Quotas {
         }
         touched.sort_unstable();
         touched.dedup();
-        Ok(self.assign(&touched, rules, now_micros))
+        Ok(self.assign(&touched, rules, now_micros, Some(stream)))
     }
 
     /// A stream closed: its buckets are re-split between the others.
@@ -434,7 +444,7 @@ impl Quotas {
                 now_micros,
             );
         }
-        self.assign(&keys, rules, now_micros)
+        self.assign(&keys, rules, now_micros, None)
     }
 
     /// Periodic work: streams that stopped reporting a bucket leave it,
@@ -444,7 +454,7 @@ impl Quotas {
         self.prune(now_micros);
         let mut out = self.abandon_idle(now_micros);
         let keys: Vec<BucketKey> = self.buckets.keys().cloned().collect();
-        out.extend(self.assign(&keys, rules, now_micros));
+        out.extend(self.assign(&keys, rules, now_micros, None));
         if self.shared {
             let subscribed: std::collections::HashSet<&BucketKey> = self
                 .streams
@@ -552,7 +562,18 @@ impl Quotas {
     /// Plans `keys` and collects what each member stream must be sent: a
     /// changed share at once, an unchanged one when a third of its time to
     /// live has passed (which only extends it).
-    fn assign(&mut self, keys: &[BucketKey], rules: &RuleSet, now_micros: u64) -> Outbox {
+    ///
+    /// With a shared ledger, Shared buckets queue steps instead: for the
+    /// `reporter`'s pairs at once, for every other pair every
+    /// [`SHARED_REFRESH_MICROS`] (so that shifts of demand on other replicas
+    /// reach it, and the ledger sees it is alive).
+    fn assign(
+        &mut self,
+        keys: &[BucketKey],
+        rules: &RuleSet,
+        now_micros: u64,
+        reporter: Option<StreamId>,
+    ) -> Outbox {
         let mut per_stream: HashMap<StreamId, Vec<BucketAction>> = HashMap::new();
         for key in keys {
             let Some(bucket) = self.buckets.get_mut(key) else {
@@ -574,16 +595,27 @@ impl Quotas {
             let ttl = ttl_micros(interval);
             let planned: Vec<(StreamId, Sent)> = match bucket.policy {
                 Policy::Shared(budget) if self.shared => {
-                    for (id, s) in &self.streams {
-                        if let Some(sub) = s.buckets.get(key) {
-                            self.steps.push(Step {
+                    for (id, s) in self.streams.iter_mut() {
+                        let Some(sub) = s.buckets.get_mut(key) else {
+                            continue;
+                        };
+                        let due = Some(*id) == reporter
+                            || now_micros.saturating_sub(sub.stepped_micros)
+                                >= SHARED_REFRESH_MICROS;
+                        if !due {
+                            continue;
+                        }
+                        sub.stepped_micros = now_micros;
+                        self.steps.insert(
+                            (*id, key.clone()),
+                            Step {
                                 stream: *id,
                                 key: key.clone(),
                                 demand: Some(sub.demand.unwrap_or(0.0)),
                                 budget,
                                 ttl_micros: ttl,
-                            });
-                        }
+                            },
+                        );
                     }
                     Vec::new()
                 }
@@ -684,7 +716,7 @@ fn outbox(per_stream: HashMap<StreamId, Vec<BucketAction>>) -> Outbox {
 /// leaving step (its assignments stay reserved until they expire).
 fn leave(
     buckets: &mut HashMap<BucketKey, Bucket>,
-    steps: &mut Vec<Step>,
+    steps: &mut HashMap<(StreamId, BucketKey), Step>,
     shared: bool,
     stream: StreamId,
     key: &BucketKey,
@@ -694,13 +726,18 @@ fn leave(
         return;
     };
     match b.policy {
-        Policy::Shared(budget) if shared => steps.push(Step {
-            stream,
-            key: key.clone(),
-            demand: None,
-            budget,
-            ttl_micros: 0,
-        }),
+        Policy::Shared(budget) if shared => {
+            steps.insert(
+                (stream, key.clone()),
+                Step {
+                    stream,
+                    key: key.clone(),
+                    demand: None,
+                    budget,
+                    ttl_micros: 0,
+                },
+            );
+        }
         _ => b.allocation.leave(&stream, now_micros),
     }
 }

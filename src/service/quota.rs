@@ -19,7 +19,7 @@ use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_serv
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
     RateLimitQuotaResponse, RateLimitQuotaUsageReports,
 };
-use futures::Stream;
+use futures::{Stream, StreamExt};
 use parking_lot::Mutex;
 use tokio::sync::mpsc;
 use tonic::{Request, Response, Status, Streaming};
@@ -37,6 +37,9 @@ pub const TICK: Duration = Duration::from_secs(1);
 /// dropped (`rls_quota_dropped_total{reason="outbox_full"}`): what Envoy
 /// holds then expires, and the split counts it as live until it does.
 pub const OUTBOX_MESSAGES: usize = 16;
+/// Ledger steps in flight at once, per batch (the Redis client pipelines
+/// them; a batch is at most one step per (stream, bucket)).
+pub const LEDGER_CALLS: usize = 256;
 
 type Reply = Result<RateLimitQuotaResponse, Status>;
 
@@ -119,7 +122,7 @@ impl QuotaHub {
         if steps.is_empty() {
             return;
         }
-        let calls = steps.into_iter().map(|step| async move {
+        let calls = futures::stream::iter(steps).map(|step| async move {
             let member = Member {
                 replica: self.replica,
                 stream: step.stream,
@@ -131,7 +134,8 @@ impl QuotaHub {
             (step, answer)
         });
         let mut answers = Vec::new();
-        for (step, answer) in futures::future::join_all(calls).await {
+        let mut calls = calls.buffer_unordered(LEDGER_CALLS);
+        while let Some((step, answer)) = calls.next().await {
             match answer {
                 Ok(shared) => answers.push((step, shared)),
                 Err(e) => {

@@ -2,9 +2,10 @@
 //!
 //! - `throughput`: `--streams` Envoys, each with `--buckets` buckets
 //!   (`{<key>: k<i>}`), sending usage reports as fast as the server takes
-//!   them for `--duration`: report messages and bucket reports per second,
-//!   and assignments received. Measure the server's CPU and resident set
-//!   around it (`integration/bench-rlqs.sh`).
+//!   them for `--duration` (or once per `--report-every`, as Envoy does):
+//!   report messages and bucket reports per second, and assignments
+//!   received. Measure the server's CPU and resident set around it
+//!   (`integration/bench-rlqs.sh`).
 //! - `converge`: two Envoys on one bucket reporting every second, demand
 //!   900:100 requests/s, then swapped: the seconds from the swap until the
 //!   shares follow (the formerly quiet Envoy's rate above the other's).
@@ -77,6 +78,8 @@ pub struct Settings<'a> {
     pub key: &'a str,
     pub streams: usize,
     pub buckets: usize,
+    /// `None`: as fast as the service takes reports.
+    pub report_every: Option<Duration>,
     pub duration: Duration,
     pub json: bool,
 }
@@ -104,6 +107,7 @@ async fn throughput(s: Settings<'_>) -> Result<()> {
             .collect();
         let domain = s.domain.to_string();
         let (reports, assignments) = (reports.clone(), assignments.clone());
+        let report_every = s.report_every;
         let Envoy {
             reports: tx,
             assignments: mut rx,
@@ -120,6 +124,9 @@ async fn throughput(s: Settings<'_>) -> Result<()> {
                     Ok(Ok(())) => reports.fetch_add(1, Ordering::Relaxed),
                     _ => break,
                 };
+                if let Some(every) = report_every {
+                    let _ = tokio::time::timeout_at(until, tokio::time::sleep(every)).await;
+                }
             }
         }));
         tasks.push(tokio::spawn(async move {
