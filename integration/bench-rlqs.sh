@@ -43,6 +43,16 @@ serve() { # STORE
 stop() { kill "$pid"; wait "$pid" 2>/dev/null || true; sleep 0.3; }
 bench() { target/release/rls-bench --target http://127.0.0.1:18781 --domain bench --key key "$@"; }
 
+# Baseline in the same run: the ledger script alone on a bucket of 10
+# members (redis-benchmark EVALSHA, Redis's own usec_per_call).
+sha=$(redis-cli -p "$rport" script load "$(cat src/quota/ledger.lua)")
+args=(100000 200000 100000 15000 5000 200 100 50)
+for m in $(seq 10); do redis-cli -p "$rport" evalsha "$sha" 1 'rls:{base}:quota' "1:$m" "${args[@]}" >/dev/null; done
+redis-cli -p "$rport" config resetstat >/dev/null
+redis-benchmark -p "$rport" -n 200000 -c 8 -q evalsha "$sha" 1 'rls:{base}:quota' 1:3 "${args[@]}" >/dev/null 2>&1
+echo "ledger.lua alone, 10 members: $(redis-cli -p "$rport" info commandstats | awk -F'[=,]' '/^cmdstat_evalsha/ {print $6}' | tr -d '\r') us per call (redis-server)"
+redis-cli -p "$rport" flushall >/dev/null
+
 echo "RLQS throughput, 10 streams x 10 buckets, ${secs}s each:"
 for store in memory redis; do
   serve "$store"
