@@ -759,6 +759,20 @@ async fn envoy_enforces_rlqs_assignments() {
             .status,
         200
     );
+    // a tenant's user: bucket {tenant, user}, rule tenant.user (burst 2,
+    // 6/min): 1 token of its 90 % once assigned, so refusals follow soon
+    let user = [("x-tenant", "globex"), ("x-user", "u1")];
+    let mut codes = Vec::new();
+    for _ in 0..100 {
+        let code = edge.get("/", &user).await.status;
+        codes.push(code);
+        if code == 429 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(codes.last(), Some(&429), "tenant bucket: {codes:?}");
+    assert_eq!(edge.codes(3, "/", &user).await, [429; 3]);
 }
 
 /// Requests through `base` as fast as `callers` loops can send them until

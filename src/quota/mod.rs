@@ -49,6 +49,9 @@ pub const MAX_TTL_MICROS: u64 = 60_000_000;
 pub const ABANDON_AFTER_MICROS: u64 = 300_000_000;
 /// A stream quiet about a bucket for less than this stays in its split.
 pub const MIN_QUIET_MICROS: u64 = 15_000_000;
+/// An assignment counts as live this long beyond its time to live: Envoy
+/// starts its clock when the message arrives, a little after it was planned.
+pub const LIVE_MARGIN_MICROS: u64 = 500_000;
 /// A share that moved by less than this fraction is not re-sent early.
 pub const RESEND_THRESHOLD: f64 = 0.05;
 /// Buckets one stream may hold; reports of more are not taken (Envoy
@@ -627,7 +630,7 @@ impl Quotas {
                     });
                     bucket
                         .allocation
-                        .plan(now_micros, ttl)
+                        .plan(now_micros, ttl + LIVE_MARGIN_MICROS)
                         .into_iter()
                         .map(|(s, share)| (s, Sent::Share(share)))
                         .collect()

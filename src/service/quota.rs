@@ -27,7 +27,7 @@ use tonic::{Request, Response, Status, Streaming};
 use super::SharedRules;
 use crate::clock::{Clock, MonotonicClock};
 use crate::quota::ledger::{Member, QuotaLedger};
-use crate::quota::{Outbox, Quotas, Step, StreamId};
+use crate::quota::{Outbox, Quotas, Step, StreamId, LIVE_MARGIN_MICROS};
 use crate::telemetry::tracing::SPAN_TARGET;
 use crate::telemetry::Metrics;
 
@@ -127,7 +127,9 @@ impl QuotaHub {
                 replica: self.replica,
                 stream: step.stream,
             };
-            let ttl_ms = i64::try_from(step.ttl_micros / 1000).unwrap_or(i64::MAX);
+            // reserved in the ledger a little beyond what Envoy is told
+            let live_micros = step.ttl_micros.saturating_add(LIVE_MARGIN_MICROS);
+            let ttl_ms = i64::try_from(live_micros / 1000).unwrap_or(i64::MAX);
             let answer = ledger
                 .step(&step.key, member, step.demand, step.budget, ttl_ms)
                 .await;
