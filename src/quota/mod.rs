@@ -3,7 +3,9 @@
 //!
 //! Pure apart from the rules snapshot it reads: every entry point takes the
 //! time and returns the messages to send per stream, which the gRPC face
-//! (`service::quota`) writes. [`allocation`] splits each rule's bucket.
+//! (`service::quota`) writes. [`policy`] says what a bucket's rule gives it,
+//! [`allocation`] splits it within this instance, [`ledger`] across
+//! replicas, and [`assignment`] makes Envoy's messages.
 //!
 //! **Buckets and rules.** Envoy builds a bucket id (an unordered map of
 //! strings) itself; it becomes a descriptor path of the stream's domain by
@@ -15,25 +17,25 @@
 //! split between the Envoys reporting it.
 
 pub mod allocation;
+pub mod assignment;
 pub mod ledger;
+pub mod policy;
 pub mod redis_ledger;
 
 use std::collections::HashMap;
 
-use envoy_types::pb::envoy::r#type::v3::rate_limit_strategy::{BlanketRule, Strategy};
-use envoy_types::pb::envoy::r#type::v3::{RateLimitStrategy, TokenBucket};
-use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::bucket_action::{
-    self, QuotaAssignmentAction,
-};
+use envoy_types::pb::envoy::r#type::v3::rate_limit_strategy::BlanketRule;
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::bucket_action;
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::BucketAction;
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::{BucketId, RateLimitQuotaResponse};
-use envoy_types::pb::google::protobuf::{Duration as PbDuration, UInt32Value};
 
 use self::allocation::{smoothed, Allocation, Budget};
+pub use self::assignment::token_bucket;
+use self::assignment::{action, moved, outbox, Sent};
 use self::ledger::Shared;
-use crate::rules::matcher::{Rule, RuleAction};
-use crate::rules::unit::FailureMode;
+use self::policy::rule_label;
+pub use self::policy::{describe_domain, expired_behavior, rule_notes, Policy};
 use crate::rules::RuleSet;
 
 /// One Envoy's stream.
@@ -94,135 +96,6 @@ impl BucketKey {
     }
 }
 
-/// What a bucket's rule says.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Policy {
-    AllowAll,
-    DenyAll,
-    /// Split this budget between the Envoys reporting the bucket.
-    Shared(Budget),
-}
-
-impl Policy {
-    /// The rule `pairs` reach in `domain`.
-    pub fn of(rules: &RuleSet, domain: &str, pairs: &[(String, String)]) -> Policy {
-        let entries: Vec<(&str, &str)> = pairs
-            .iter()
-            .map(|(k, v)| (k.as_str(), v.as_str()))
-            .collect();
-        let Some(path) = rules.quota_path(domain, &entries) else {
-            return Policy::AllowAll;
-        };
-        match rules.lookup(domain, &path) {
-            Some(m) => Policy::of_rule(m.rule),
-            None => Policy::AllowAll,
-        }
-    }
-
-    /// What RLQS gives the buckets that reach `rule`.
-    pub fn of_rule(rule: &Rule) -> Policy {
-        if rule.shadow_mode {
-            return Policy::AllowAll;
-        }
-        let RuleAction::Limited(limits) = &rule.action else {
-            return Policy::AllowAll;
-        };
-        let strictest = limits
-            .iter()
-            .min_by(|a, b| a.params.rate_per_sec().total_cmp(&b.params.rate_per_sec()));
-        match strictest {
-            None => Policy::AllowAll,
-            Some(l) if l.params.tokens_per_unit == 0 || l.params.capacity == 0 => Policy::DenyAll,
-            Some(l) => Policy::Shared(Budget {
-                burst: l.params.capacity as f64,
-                rate: l.params.rate_per_sec(),
-            }),
-        }
-    }
-}
-
-/// For `/config`: what RLQS gives the buckets of each rule of `domain`,
-/// and the `bucket_id` keys that reach it (the rule's descriptor keys, in
-/// any order), by path.
-pub fn describe_domain(rules: &RuleSet, domain: &str) -> serde_json::Value {
-    let mut domain_rules = rules.rules(domain);
-    domain_rules.sort_by(|a, b| a.path.cmp(&b.path));
-    let entries: Vec<serde_json::Value> = domain_rules
-        .into_iter()
-        .map(|rule| {
-            let assignment = match Policy::of_rule(rule) {
-                Policy::AllowAll => serde_json::json!("ALLOW_ALL"),
-                Policy::DenyAll => serde_json::json!("DENY_ALL"),
-                Policy::Shared(b) => serde_json::json!({
-                    "split_between_envoys": {"burst": b.burst, "per_second": b.rate},
-                }),
-            };
-            serde_json::json!({
-                "rule": rule.label(),
-                "path": rule.path,
-                "bucket_id_keys": rule.keys,
-                "assignment": assignment,
-                "expired_assignment_behavior": expired_behavior(rule),
-                "notes": rule_notes(rule),
-            })
-        })
-        .collect();
-    serde_json::Value::Array(entries)
-}
-
-/// The `expired_assignment_behavior` to give the Envoy bucket settings of
-/// `rule`'s buckets, from its `failure_mode` (what Envoy does when it holds
-/// no live assignment, the RLQS counterpart of a store failure): `open`
-/// admits, `closed` denies, `local` enforces a token bucket of its share
-/// (give it the rule's budget divided by the number of Envoys). Envoy 1.40
-/// applies only `fallback_rate_limit` there (`reuse_last_assignment` falls
-/// back to `no_assignment_behavior`).
-pub fn expired_behavior(rule: &Rule) -> String {
-    match rule.failure_mode {
-        Some(FailureMode::Open) => "fallback_rate_limit: {blanket_rule: ALLOW_ALL}".into(),
-        Some(FailureMode::Closed) => "fallback_rate_limit: {blanket_rule: DENY_ALL}".into(),
-        Some(FailureMode::Local) => match Policy::of_rule(rule) {
-            Policy::Shared(b) => format!(
-                "fallback_rate_limit: {{token_bucket: ...}} of 1/N of burst {} and of {}/s (N: the Envoys)",
-                b.burst,
-                (b.rate * 1000.0).round() / 1000.0
-            ),
-            Policy::AllowAll => "fallback_rate_limit: {blanket_rule: ALLOW_ALL}".into(),
-            Policy::DenyAll => "fallback_rate_limit: {blanket_rule: DENY_ALL}".into(),
-        },
-        None => "as the server's --failure-mode (open: ALLOW_ALL, closed: DENY_ALL)".into(),
-    }
-}
-
-/// What RLQS does differently from `ShouldRateLimit` with `rule`, for
-/// `check-config --rlqs` and `/config`.
-pub fn rule_notes(rule: &Rule) -> Vec<String> {
-    let mut notes = Vec::new();
-    if rule.shadow_mode {
-        notes.push("shadow_mode: RLQS assigns ALLOW_ALL".to_string());
-    }
-    if let RuleAction::Limited(limits) = &rule.action {
-        if limits.len() > 1 {
-            notes.push(format!(
-                "{} limits: RLQS splits the one with the lowest rate only",
-                limits.len()
-            ));
-        }
-    }
-    if rule.lease.is_some() {
-        notes.push(
-            "lease: applies to ShouldRateLimit only (RLQS splits the budget between Envoys itself)"
-                .to_string(),
-        );
-    }
-    if rule.max_values.is_some() {
-        notes.push(format!(
-            "max_values: applies to ShouldRateLimit only (RLQS: every bucket id is its own bucket, at most {MAX_BUCKETS_PER_STREAM} per stream)"
-        ));
-    }
-    notes
-}
-
 /// A bucket as one stream reports it.
 #[derive(Debug, Clone, Default)]
 struct Subscription {
@@ -238,12 +111,6 @@ struct Subscription {
     demand: Option<f64>,
     /// When a ledger step was last queued for it.
     stepped_micros: u64,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq)]
-enum Sent {
-    Blanket(BlanketRule),
-    Share(Budget),
 }
 
 #[derive(Debug)]
@@ -706,15 +573,6 @@ impl Quotas {
     }
 }
 
-fn outbox(per_stream: HashMap<StreamId, Vec<BucketAction>>) -> Outbox {
-    let mut out: Outbox = per_stream
-        .into_iter()
-        .map(|(stream, bucket_action)| (stream, RateLimitQuotaResponse { bucket_action }))
-        .collect();
-    out.sort_unstable_by_key(|(s, _)| *s);
-    out
-}
-
 /// `stream` leaves `key`'s split: locally, or with a shared ledger by a
 /// leaving step (its assignments stay reserved until they expire).
 fn leave(
@@ -745,18 +603,6 @@ fn leave(
     }
 }
 
-/// The metric label of the rule `pairs` reach in `domain`.
-fn rule_label(rules: &RuleSet, domain: &str, pairs: &[(String, String)]) -> Option<String> {
-    let entries: Vec<(&str, &str)> = pairs
-        .iter()
-        .map(|(k, v)| (k.as_str(), v.as_str()))
-        .collect();
-    let path = rules.quota_path(domain, &entries)?;
-    rules
-        .lookup(domain, &path)
-        .map(|m| m.rule.label().to_owned())
-}
-
 /// How long a stream may be quiet about a bucket before it leaves it:
 /// three report intervals, and never less than [`MIN_QUIET_MICROS`] (Envoy
 /// 1.40 reports about every five seconds, whatever `reporting_interval` says).
@@ -775,70 +621,6 @@ fn ttl_micros(interval_micros: u64) -> u64 {
         .clamp(MIN_TTL_MICROS, MAX_TTL_MICROS)
         .div_ceil(1_000_000)
         .saturating_mul(1_000_000)
-}
-
-/// Whether a share moved enough to be sent before its refresh is due.
-fn moved(before: Sent, now: Sent) -> bool {
-    match (before, now) {
-        (Sent::Share(a), Sent::Share(b)) => {
-            let rel = |x: f64, y: f64| (x - y).abs() > RESEND_THRESHOLD * x.max(y);
-            // a decrease always goes out at once: the bound counts on it
-            b.rate < a.rate || b.burst < a.burst || rel(a.rate, b.rate) || rel(a.burst, b.burst)
-        }
-        (a, b) => a != b,
-    }
-}
-
-fn action(key: &BucketKey, what: Sent, ttl_micros: u64) -> BucketAction {
-    let strategy = match what {
-        Sent::Blanket(rule) => Strategy::BlanketRule(rule as i32),
-        Sent::Share(share) => token_bucket(share),
-    };
-    BucketAction {
-        bucket_id: Some(key.id()),
-        bucket_action: Some(bucket_action::BucketAction::QuotaAssignmentAction(
-            QuotaAssignmentAction {
-                assignment_time_to_live: Some(duration(ttl_micros)),
-                rate_limit_strategy: Some(RateLimitStrategy {
-                    strategy: Some(strategy),
-                }),
-            },
-        )),
-    }
-}
-
-/// A share as Envoy's token bucket, never more than the share: whole tokens
-/// rounded down, refilled every whole number of seconds (Envoy 1.40 admitted
-/// every request under a fill interval with a fraction of a second: measured
-/// with two Envoys, see tests/envoy_e2e.rs), so the rate is rounded down to
-/// what whole tokens per whole seconds give. Less than one token: DENY_ALL.
-pub fn token_bucket(share: Budget) -> Strategy {
-    let max_tokens = share.burst.floor().min(f64::from(u32::MAX)) as u32;
-    if max_tokens == 0 || share.rate <= 0.0 {
-        return Strategy::BlanketRule(BlanketRule::DenyAll as i32);
-    }
-    // every second when the rate gives a whole token a second, else every
-    // as many seconds as one token takes
-    let secs = if share.rate >= 1.0 {
-        1.0
-    } else {
-        (1.0 / share.rate).ceil()
-    };
-    let per_fill = (share.rate * secs).floor().clamp(1.0, f64::from(u32::MAX));
-    Strategy::TokenBucket(TokenBucket {
-        max_tokens,
-        tokens_per_fill: Some(UInt32Value {
-            value: per_fill as u32,
-        }),
-        fill_interval: Some(duration((secs as u64).saturating_mul(1_000_000))),
-    })
-}
-
-fn duration(micros: u64) -> PbDuration {
-    PbDuration {
-        seconds: i64::try_from(micros / 1_000_000).unwrap_or(i64::MAX),
-        nanos: ((micros % 1_000_000) * 1_000) as i32,
-    }
 }
 
 #[cfg(test)]

@@ -2,6 +2,9 @@ use std::path::PathBuf;
 
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::bucket_action::BucketAction as Action;
 
+use envoy_types::pb::envoy::r#type::v3::rate_limit_strategy::Strategy;
+use envoy_types::pb::google::protobuf::Duration as PbDuration;
+
 use super::*;
 use crate::rules::{load_sources, LoadOptions};
 

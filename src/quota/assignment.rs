@@ -1,0 +1,97 @@
+//! What Envoy is sent: a bucket's share or blanket rule as a
+//! `BucketAction`, and when a changed share is worth sending early.
+
+use std::collections::HashMap;
+
+use envoy_types::pb::envoy::r#type::v3::rate_limit_strategy::{BlanketRule, Strategy};
+use envoy_types::pb::envoy::r#type::v3::{RateLimitStrategy, TokenBucket};
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::bucket_action::{
+    self, QuotaAssignmentAction,
+};
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::BucketAction;
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::RateLimitQuotaResponse;
+use envoy_types::pb::google::protobuf::{Duration as PbDuration, UInt32Value};
+
+use super::allocation::Budget;
+use super::{BucketKey, Outbox, StreamId, RESEND_THRESHOLD};
+
+/// What one stream was sent for a bucket.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Sent {
+    Blanket(BlanketRule),
+    Share(Budget),
+}
+
+/// Per-stream actions as the messages to write, in stream order.
+pub fn outbox(per_stream: HashMap<StreamId, Vec<BucketAction>>) -> Outbox {
+    let mut out: Outbox = per_stream
+        .into_iter()
+        .map(|(stream, bucket_action)| (stream, RateLimitQuotaResponse { bucket_action }))
+        .collect();
+    out.sort_unstable_by_key(|(s, _)| *s);
+    out
+}
+
+/// Whether a share moved enough to be sent before its refresh is due.
+pub fn moved(before: Sent, now: Sent) -> bool {
+    match (before, now) {
+        (Sent::Share(a), Sent::Share(b)) => {
+            let rel = |x: f64, y: f64| (x - y).abs() > RESEND_THRESHOLD * x.max(y);
+            // a decrease always goes out at once: the bound counts on it
+            b.rate < a.rate || b.burst < a.burst || rel(a.rate, b.rate) || rel(a.burst, b.burst)
+        }
+        (a, b) => a != b,
+    }
+}
+
+pub fn action(key: &BucketKey, what: Sent, ttl_micros: u64) -> BucketAction {
+    let strategy = match what {
+        Sent::Blanket(rule) => Strategy::BlanketRule(rule as i32),
+        Sent::Share(share) => token_bucket(share),
+    };
+    BucketAction {
+        bucket_id: Some(key.id()),
+        bucket_action: Some(bucket_action::BucketAction::QuotaAssignmentAction(
+            QuotaAssignmentAction {
+                assignment_time_to_live: Some(duration(ttl_micros)),
+                rate_limit_strategy: Some(RateLimitStrategy {
+                    strategy: Some(strategy),
+                }),
+            },
+        )),
+    }
+}
+
+/// A share as Envoy's token bucket, never more than the share: whole tokens
+/// rounded down, refilled every whole number of seconds (Envoy 1.40 admitted
+/// every request under a fill interval with a fraction of a second: measured
+/// with two Envoys, see tests/envoy_e2e.rs), so the rate is rounded down to
+/// what whole tokens per whole seconds give. Less than one token: DENY_ALL.
+pub fn token_bucket(share: Budget) -> Strategy {
+    let max_tokens = share.burst.floor().min(f64::from(u32::MAX)) as u32;
+    if max_tokens == 0 || share.rate <= 0.0 {
+        return Strategy::BlanketRule(BlanketRule::DenyAll as i32);
+    }
+    // every second when the rate gives a whole token a second, else every
+    // as many seconds as one token takes
+    let secs = if share.rate >= 1.0 {
+        1.0
+    } else {
+        (1.0 / share.rate).ceil()
+    };
+    let per_fill = (share.rate * secs).floor().clamp(1.0, f64::from(u32::MAX));
+    Strategy::TokenBucket(TokenBucket {
+        max_tokens,
+        tokens_per_fill: Some(UInt32Value {
+            value: per_fill as u32,
+        }),
+        fill_interval: Some(duration((secs as u64).saturating_mul(1_000_000))),
+    })
+}
+
+fn duration(micros: u64) -> PbDuration {
+    PbDuration {
+        seconds: i64::try_from(micros / 1_000_000).unwrap_or(i64::MAX),
+        nanos: ((micros % 1_000_000) * 1_000) as i32,
+    }
+}
