@@ -36,6 +36,18 @@ cleanup() {
 }
 trap cleanup EXIT INT TERM
 
+# Waits until URL answers; a process that exits first, or 30 s, fails the demo.
+wait_ready() { # url pid log
+  for _ in $(seq 300); do
+    curl -sf "$1" >/dev/null && return 0
+    if ! kill -0 "$2" 2>/dev/null; then
+      echo "demo: a process exited at start (its log follows)" >&2; tail -n 5 "$3" >&2; exit 1
+    fi
+    sleep 0.1
+  done
+  echo "demo: $1 not ready within 30 s (log follows)" >&2; tail -n 5 "$3" >&2; exit 1
+}
+
 [ -x "$RLS_BIN" ] || cargo build --release --locked --bin tokenbucket-rls
 url=$(integration/redis-cluster.sh start "$work/cluster" "$REDIS_BASE")
 echo "Redis Cluster: $url"
@@ -44,9 +56,11 @@ for port in "$RLS_PORT_1" "$RLS_PORT_2"; do
   RLS_CONFIG=config RLS_STORE=redis RLS_REDIS_URL="$url" RLS_REDIS_TIMEOUT=50ms RLS_INSTANCES=2 \
   RLS_GRPC_ADDR="127.0.0.1:$port" RLS_ADMIN_ADDR="127.0.0.1:$((port + 1))" \
     "$RLS_BIN" >"$work/rls-$port.log" 2>&1 &
+  eval "rls_pid_$port=$!"
 done
 for port in "$RLS_PORT_1" "$RLS_PORT_2"; do
-  until curl -sf "127.0.0.1:$((port + 1))/readyz" >/dev/null; do sleep 0.1; done
+  pid_var="rls_pid_$port"
+  wait_ready "127.0.0.1:$((port + 1))/readyz" "${!pid_var}" "$work/rls-$port.log"
 done
 echo "tokenbucket-rls: gRPC 127.0.0.1:$RLS_PORT_1 and :$RLS_PORT_2 (admin :$((RLS_PORT_1 + 1)), :$((RLS_PORT_2 + 1)))"
 
@@ -59,7 +73,7 @@ if $rlqs; then
         -e "s/port_value: 8081}/port_value: $4}/" \
         examples/envoy/rlqs.yaml >"$work/envoy-$1.yaml"
     envoy -c "$work/envoy-$1.yaml" --disable-hot-restart --log-level warn >"$work/envoy-$1.log" 2>&1 &
-    until curl -sf "127.0.0.1:$3/ready" >/dev/null; do sleep 0.1; done
+    wait_ready "127.0.0.1:$3/ready" $! "$work/envoy-$1.log"
   }
   start_envoy "$EDGE_PORT" "$UPSTREAM_PORT" "$ENVOY_ADMIN_PORT" "$RLS_PORT_1"
   start_envoy "$EDGE_PORT_2" "$UPSTREAM_PORT_2" "$ENVOY_ADMIN_PORT_2" "$RLS_PORT_2"
@@ -119,7 +133,7 @@ sed -e "s/port_value: 10000/port_value: $EDGE_PORT/" \
     -e "s|        - endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: 8081}}}|        - endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: $RLS_PORT_1}}}\n        - endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: $RLS_PORT_2}}}|" \
     examples/envoy/envoy.yaml >"$work/envoy.yaml"
 envoy -c "$work/envoy.yaml" --disable-hot-restart --log-level warn >"$work/envoy.log" 2>&1 &
-until curl -sf "127.0.0.1:$ENVOY_ADMIN_PORT/ready" >/dev/null; do sleep 0.1; done
+wait_ready "127.0.0.1:$ENVOY_ADMIN_PORT/ready" $! "$work/envoy.log"
 echo "Envoy: http://127.0.0.1:$EDGE_PORT"
 echo
 

@@ -20,7 +20,16 @@ start)
       --pidfile "$dir/$p/redis.pid")
   done
   for p in $ports; do
-    until redis-cli -p "$p" ping >/dev/null 2>&1; do sleep 0.05; done
+    tries=0
+    until redis-cli -p "$p" ping >/dev/null 2>&1; do
+      tries=$((tries + 1))
+      if [ "$tries" -gt 200 ]; then
+        echo "redis-server on $p never answered (port taken?):" >&2
+        tail -n 3 "$dir/$p/redis.log" >&2 || true
+        exit 1
+      fi
+      sleep 0.05
+    done
   done
   # shellcheck disable=SC2046
   redis-cli --cluster create $(for p in $ports; do echo "127.0.0.1:$p"; done) \

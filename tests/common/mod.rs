@@ -15,12 +15,16 @@ use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use tokenbucket_rls::cli::{ServeArgs, StoreKind};
 use tokenbucket_rls::rules::FailureMode;
 
-/// A loopback port nobody listens on right now.
+/// A loopback port nobody listens on right now, for a process the test
+/// starts a moment later (Envoy, the service's binary). Below the kernel's
+/// ephemeral range (32768 and up) and the Redis servers' ports (10000 and
+/// up): a port in that range can meanwhile become an outgoing connection's
+/// local port (ci15: the demo's second instance could not bind its admin
+/// port), and a port the OS hands out for `:0` is in it.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free loopback port")
+    redis::free_port_below_ephemeral(2_000, 10_000, |p| {
+        TcpListener::bind(("127.0.0.1", p)).is_ok()
+    })
 }
 
 /// Server arguments for a test: loopback, OS-chosen ports, the given rules.

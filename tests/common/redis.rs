@@ -27,7 +27,7 @@ fn port_pair_free(port: u16) -> bool {
 /// `lo..hi`: a Redis server is killed and restarted on its port, and a
 /// port in the ephemeral range can meanwhile become some outgoing
 /// connection's local port (ci12 lost a restarted server so).
-fn free_port_below_ephemeral(lo: u16, hi: u16, free: impl Fn(u16) -> bool) -> u16 {
+pub fn free_port_below_ephemeral(lo: u16, hi: u16, free: impl Fn(u16) -> bool) -> u16 {
     use std::hash::{BuildHasher, Hasher};
     let seed = std::collections::hash_map::RandomState::new();
     for i in 0..10_000u64 {
