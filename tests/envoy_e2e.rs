@@ -825,6 +825,28 @@ descriptors:
 
 /// The service on [`RLQS_RULES`] with two Envoys (`examples/envoy/rlqs.yaml`)
 /// in front of it; the rules directory lives as long as the first value.
+/// Counts answers while `measuring` is set, for `secs` seconds; the
+/// seconds it was set.
+async fn window(measuring: &std::sync::atomic::AtomicBool, secs: u64) -> f64 {
+    use std::sync::atomic::Ordering;
+    measuring.store(true, Ordering::Relaxed);
+    let started = Instant::now();
+    tokio::time::sleep(Duration::from_secs(secs)).await;
+    measuring.store(false, Ordering::Relaxed);
+    started.elapsed().as_secs_f64()
+}
+
+/// (200s, 429s) of callers from [`load`], once they have stopped.
+async fn tally(callers: Vec<tokio::task::JoinHandle<(u64, u64)>>) -> (u64, u64) {
+    let (mut ok, mut over) = (0, 0);
+    for c in callers {
+        let (o, v) = c.await.expect("caller");
+        ok += o;
+        over += v;
+    }
+    (ok, over)
+}
+
 async fn two_rlqs_envoys() -> (tempfile::TempDir, Edge, RunningEnvoy) {
     let rules = common::rules_dir(RLQS_RULES);
     let edge = Edge::start_full(rules.path(), "rlqs.yaml", &[vec![]]).await;
@@ -858,18 +880,9 @@ async fn two_envoys_share_one_rlqs_budget() {
     // assignment (alone: 90 %) lives 3 s before the second can grow
     tokio::time::sleep(Duration::from_secs(8)).await;
     assert_eq!(rls_metric(&edge, 0, "rls_quota_streams").await, Some(2.0));
-    measuring.store(true, std::sync::atomic::Ordering::Relaxed);
-    let started = Instant::now();
-    tokio::time::sleep(Duration::from_secs(25)).await;
-    measuring.store(false, std::sync::atomic::Ordering::Relaxed);
-    let secs = started.elapsed().as_secs_f64();
+    let secs = window(&measuring, 25).await;
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let (mut ok, mut over) = (0, 0);
-    for c in callers {
-        let (o, v) = c.await.expect("caller");
-        ok += o;
-        over += v;
-    }
+    let (ok, over) = tally(callers).await;
     let bound = 100.0 + 100.0 * secs;
     let text = edge
         .client
@@ -945,18 +958,9 @@ async fn when_one_envoy_goes_the_other_gets_its_share() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     tokio::time::sleep(Duration::from_secs(20)).await;
-    measuring.store(true, Ordering::Relaxed);
-    let started = Instant::now();
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    measuring.store(false, Ordering::Relaxed);
-    let secs = started.elapsed().as_secs_f64();
+    let secs = window(&measuring, 5).await;
     stop.store(true, Ordering::Relaxed);
-    let (mut ok, mut over) = (0, 0);
-    for c in first_callers {
-        let (o, v) = c.await.expect("caller");
-        ok += o;
-        over += v;
-    }
+    let (ok, over) = tally(first_callers).await;
     eprintln!("the remaining Envoy, {secs:.1} s: {ok} admitted, {over} refused");
     assert!(
         over > ok,
@@ -1001,22 +1005,9 @@ async fn two_replicas_on_a_redis_cluster_share_one_rlqs_budget() {
     tokio::time::sleep(Duration::from_secs(8)).await;
     assert_eq!(rls_metric(&edge, 0, "rls_quota_streams").await, Some(1.0));
     assert_eq!(rls_metric(&edge, 1, "rls_quota_streams").await, Some(1.0));
-    let count = |callers: Vec<tokio::task::JoinHandle<(u64, u64)>>| async move {
-        let (mut ok, mut over) = (0, 0);
-        for c in callers {
-            let (o, v) = c.await.expect("caller");
-            ok += o;
-            over += v;
-        }
-        (ok, over)
-    };
-    measuring.store(true, Ordering::Relaxed);
-    let started = Instant::now();
-    tokio::time::sleep(Duration::from_secs(10)).await;
-    measuring.store(false, Ordering::Relaxed);
-    let secs = started.elapsed().as_secs_f64();
+    let secs = window(&measuring, 10).await;
     stop_second.store(true, Ordering::Relaxed);
-    let (ok2, over2) = count(second_callers).await;
+    let (ok2, over2) = tally(second_callers).await;
     drop(second);
     let bound = 100.0 + 100.0 * secs;
     // the first Envoy alone (its callers go on, no longer counted), once
@@ -1032,7 +1023,7 @@ async fn two_replicas_on_a_redis_cluster_share_one_rlqs_budget() {
         &stop_alone,
     );
     stop.store(true, Ordering::Relaxed);
-    let (ok1, over1) = count(first_callers).await;
+    let (ok1, over1) = tally(first_callers).await;
     let together = ok1 + ok2;
     eprintln!("two replicas, {secs:.1} s: {together} admitted ({ok1} + {ok2}), bound {bound:.0}");
     assert!(
@@ -1048,13 +1039,9 @@ async fn two_replicas_on_a_redis_cluster_share_one_rlqs_budget() {
         "{together} admitted, under 80 % of r·t"
     );
     tokio::time::sleep(Duration::from_secs(2)).await;
-    measuring_alone.store(true, Ordering::Relaxed);
-    let started = Instant::now();
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    measuring_alone.store(false, Ordering::Relaxed);
-    let secs = started.elapsed().as_secs_f64();
+    let secs = window(&measuring_alone, 5).await;
     stop_alone.store(true, Ordering::Relaxed);
-    let (ok, over) = count(alone).await;
+    let (ok, over) = tally(alone).await;
     eprintln!("the remaining Envoy, {secs:.1} s: {ok} admitted, {over} refused");
     assert!(
         (ok as f64) <= 100.0 + 100.0 * secs,
@@ -1080,15 +1067,6 @@ async fn across_a_service_restart_envoys_fall_back_then_get_fresh_assignments() 
     const KEY: &[(&str, &str)] = &[("x-plan", "gold"), ("x-api-key", "restart")];
     let (_rules, mut edge, second) = two_rlqs_envoys().await;
     let flag = || Arc::new(AtomicBool::new(false));
-    let count = |callers: Vec<tokio::task::JoinHandle<(u64, u64)>>| async move {
-        let (mut ok, mut over) = (0, 0);
-        for c in callers {
-            let (o, v) = c.await.expect("caller");
-            ok += o;
-            over += v;
-        }
-        (ok, over)
-    };
     let (measuring, stop) = (flag(), flag());
     let mut callers = load(&edge.client, &edge.base, KEY, 4, &measuring, &stop);
     callers.extend(load(&edge.client, &second.base, KEY, 4, &measuring, &stop));
@@ -1116,14 +1094,10 @@ async fn across_a_service_restart_envoys_fall_back_then_get_fresh_assignments() 
         &down_measuring,
         &down_stop,
     );
-    down_measuring.store(true, Ordering::Relaxed);
-    let started = Instant::now();
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    down_measuring.store(false, Ordering::Relaxed);
-    let secs = started.elapsed().as_secs_f64();
+    let secs = window(&down_measuring, 5).await;
     down_stop.store(true, Ordering::Relaxed);
-    let (ok1, over1) = count(down).await;
-    let (ok2, over2) = count(down2).await;
+    let (ok1, over1) = tally(down).await;
+    let (ok2, over2) = tally(down2).await;
     let (ok, over) = (ok1 + ok2, over1 + over2);
     eprintln!("service gone, {secs:.1} s: {ok} admitted ({ok1} + {ok2}), {over} refused");
     // two fallback buckets of 20 tokens and 10/s (Envoy 1.40 was measured
@@ -1150,13 +1124,9 @@ async fn across_a_service_restart_envoys_fall_back_then_get_fresh_assignments() 
         "fresh assignments: {back:?}"
     );
     tokio::time::sleep(Duration::from_secs(8)).await;
-    measuring.store(true, Ordering::Relaxed);
-    let started = Instant::now();
-    tokio::time::sleep(Duration::from_secs(10)).await;
-    measuring.store(false, Ordering::Relaxed);
-    let secs = started.elapsed().as_secs_f64();
+    let secs = window(&measuring, 10).await;
     stop.store(true, Ordering::Relaxed);
-    let (ok, over) = count(callers).await;
+    let (ok, over) = tally(callers).await;
     let bound = 100.0 + 100.0 * secs;
     eprintln!("after the restart, {secs:.1} s: {ok} admitted, {over} refused (bound {bound:.0})");
     assert!(
@@ -1242,11 +1212,7 @@ async fn rlqs_shares_follow_demand_and_the_quiet_envoy_keeps_its_floor() {
     let quiet = paced(&edge.client, &second.base, KEY, 100, &measuring, &stop);
     // demand is learnt over a few reports (Envoy reports about every 5 s)
     tokio::time::sleep(Duration::from_secs(20)).await;
-    measuring.store(true, Ordering::Relaxed);
-    let started = Instant::now();
-    tokio::time::sleep(Duration::from_secs(10)).await;
-    measuring.store(false, Ordering::Relaxed);
-    let secs = started.elapsed().as_secs_f64();
+    let secs = window(&measuring, 10).await;
     stop.store(true, Ordering::Relaxed);
     let (loud_ok, loud_over) = loud.await.expect("loud");
     let (quiet_ok, quiet_over) = quiet.await.expect("quiet");

@@ -158,12 +158,17 @@ fn bucket(s: &Strategy) -> (u32, f64) {
 
 const ACME: &[(&str, &str)] = &[("api_key", "k1"), ("tenant", "acme")];
 
+/// The service on the memory store with the rules in `rules`.
+async fn serve(rules: &tempfile::TempDir) -> tokenbucket_rls::server::RunningServer {
+    tokenbucket_rls::server::start(&serve_args(rules.path().to_path_buf()))
+        .await
+        .expect("server starts")
+}
+
 #[tokio::test]
 async fn two_envoys_split_a_rule_and_converge_on_equal_shares() {
     let rules = rules_dir(RULES);
-    let server = tokenbucket_rls::server::start(&serve_args(rules.path().to_path_buf()))
-        .await
-        .expect("server starts");
+    let server = serve(&rules).await;
     let mut a = Envoy::connect(server.grpc_addr).await;
     a.report("edge", ACME, 100, 1);
     // alone: all but the 10 % newcomer reserve
@@ -229,9 +234,7 @@ async fn two_envoys_split_a_rule_and_converge_on_equal_shares() {
 #[tokio::test]
 async fn a_stream_whose_first_report_has_no_domain_is_refused() {
     let rules = rules_dir(RULES);
-    let server = tokenbucket_rls::server::start(&serve_args(rules.path().to_path_buf()))
-        .await
-        .expect("server starts");
+    let server = serve(&rules).await;
     let mut e = Envoy::connect(server.grpc_addr).await;
     e.report("", ACME, 1, 1);
     let status = tokio::time::timeout(Duration::from_secs(5), e.assignments.message())
@@ -403,9 +406,7 @@ async fn two_replicas_on_redis_split_by_demand_across_them() {
 #[tokio::test]
 async fn protocol_edge_cases_are_answered_and_the_stream_goes_on() {
     let rules = rules_dir(RULES);
-    let server = tokenbucket_rls::server::start(&serve_args(rules.path().to_path_buf()))
-        .await
-        .expect("server starts");
+    let server = serve(&rules).await;
     let mut e = Envoy::connect(server.grpc_addr).await;
     let valid = |pairs: &[(&str, &str)], secs: i64| BucketQuotaUsage {
         bucket_id: Some(BucketId {
@@ -498,9 +499,7 @@ async fn protocol_edge_cases_are_answered_and_the_stream_goes_on() {
 #[tokio::test]
 async fn a_reload_changes_the_assignments_and_an_invalid_one_keeps_them() {
     let rules = rules_dir(RULES);
-    let server = tokenbucket_rls::server::start(&serve_args(rules.path().to_path_buf()))
-        .await
-        .expect("server starts");
+    let server = serve(&rules).await;
     let mut e = Envoy::connect(server.grpc_addr).await;
     e.report("edge", ACME, 100, 1);
     let first = e.next("acme", None).await;
@@ -546,9 +545,7 @@ async fn a_reload_changes_the_assignments_and_an_invalid_one_keeps_them() {
 #[tokio::test]
 async fn config_shows_what_each_rule_gives_rlqs_buckets() {
     let rules = rules_dir(RULES);
-    let server = tokenbucket_rls::server::start(&serve_args(rules.path().to_path_buf()))
-        .await
-        .expect("server starts");
+    let server = serve(&rules).await;
     let text = reqwest::get(format!("http://{}/config", server.admin_addr))
         .await
         .expect("config")
