@@ -36,6 +36,24 @@ descriptors:
     rate_limit: {unit: second, requests_per_unit: 0}
 "#;
 
+/// A bucket report: `requests` allowed over `secs`.
+fn usage(bucket: &[(&str, &str)], requests: u64, secs: i64) -> BucketQuotaUsage {
+    BucketQuotaUsage {
+        bucket_id: Some(BucketId {
+            bucket: bucket
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        }),
+        time_elapsed: Some(PbDuration {
+            seconds: secs,
+            nanos: 0,
+        }),
+        num_requests_allowed: requests,
+        num_requests_denied: 0,
+    }
+}
+
 /// One Envoy's stream: reports go in, assignments come out.
 struct Envoy {
     reports: mpsc::UnboundedSender<RateLimitQuotaUsageReports>,
@@ -62,24 +80,15 @@ impl Envoy {
     }
 
     fn report(&self, domain: &str, bucket: &[(&str, &str)], requests: u64, secs: i64) {
-        let usage = BucketQuotaUsage {
-            bucket_id: Some(BucketId {
-                bucket: bucket
-                    .iter()
-                    .map(|(k, v)| (k.to_string(), v.to_string()))
-                    .collect(),
-            }),
-            time_elapsed: Some(PbDuration {
-                seconds: secs,
-                nanos: 0,
-            }),
-            num_requests_allowed: requests,
-            num_requests_denied: 0,
-        };
+        self.send(domain, vec![usage(bucket, requests, secs)]);
+    }
+
+    /// One message of bucket reports.
+    fn send(&self, domain: &str, usages: Vec<BucketQuotaUsage>) {
         self.reports
             .send(RateLimitQuotaUsageReports {
                 domain: domain.to_string(),
-                bucket_quota_usages: vec![usage],
+                bucket_quota_usages: usages,
             })
             .expect("stream open");
     }
@@ -408,30 +417,8 @@ async fn protocol_edge_cases_are_answered_and_the_stream_goes_on() {
     let rules = rules_dir(RULES);
     let server = serve(&rules).await;
     let mut e = Envoy::connect(server.grpc_addr).await;
-    let valid = |pairs: &[(&str, &str)], secs: i64| BucketQuotaUsage {
-        bucket_id: Some(BucketId {
-            bucket: pairs
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-        }),
-        time_elapsed: Some(PbDuration {
-            seconds: secs,
-            nanos: 0,
-        }),
-        num_requests_allowed: 5,
-        num_requests_denied: 0,
-    };
-    let send = |e: &Envoy, domain: &str, usages: Vec<BucketQuotaUsage>| {
-        e.reports
-            .send(RateLimitQuotaUsageReports {
-                domain: domain.to_string(),
-                bucket_quota_usages: usages,
-            })
-            .expect("stream open");
-    };
-    send(
-        &e,
+    let valid = |pairs: &[(&str, &str)], secs: i64| usage(pairs, 5, secs);
+    e.send(
         "edge",
         vec![
             valid(&[], 1),
@@ -450,7 +437,7 @@ async fn protocol_edge_cases_are_answered_and_the_stream_goes_on() {
             valid(&[("tenant", "acme"), ("api_key", key.as_str())], 1)
         })
         .collect();
-    send(&e, "edge", many);
+    e.send("edge", many);
     let mut assigned = std::collections::HashSet::new();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     while assigned.len() < 10_000 {
@@ -485,7 +472,7 @@ async fn protocol_edge_cases_are_answered_and_the_stream_goes_on() {
     );
     // another Envoy, on a domain without rules
     let mut other = Envoy::connect(server.grpc_addr).await;
-    send(&other, "nowhere", vec![valid(&[("tenant", "free")], 1)]);
+    other.send("nowhere", vec![valid(&[("tenant", "free")], 1)]);
     assert_eq!(
         other.next("free", None).await,
         Strategy::BlanketRule(BlanketRule::AllowAll as i32)
