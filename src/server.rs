@@ -194,7 +194,7 @@ pub async fn start(args: &ServeArgs) -> Result<RunningServer> {
     health.clone().start_grpc_sync(reporter).await;
 
     let rls = RateLimitServiceServer::new(service).max_decoding_message_size(MAX_REQUEST_BYTES);
-    let quota_hub = QuotaHub::new(rules.clone(), metrics.clone(), args.instances, quota_ledger);
+    let quota_hub = QuotaHub::new(rules.clone(), metrics.clone(), args.instances, quota_ledger)?;
     quota_hub.spawn_ticker();
     let rlqs = RateLimitQuotaServiceServer::new(RateLimitQuotaGrpc::new(quota_hub.clone()))
         .max_decoding_message_size(MAX_REQUEST_BYTES);

@@ -19,8 +19,6 @@
 //! immediate; growing waits until the shrunk Envoys' old assignments expire
 //! (one time to live), except into the reserve and any unreserved part.
 
-use std::collections::HashMap;
-
 /// Part of the budget held back for Envoys that are about to join, so a
 /// newcomer has a share at once even while the others' assignments live.
 pub const NEWCOMER_RESERVE: f64 = 0.1;
@@ -93,19 +91,48 @@ impl Member {
 }
 
 /// The split of one global bucket between the Envoys reporting it, keyed by
-/// whatever identifies an Envoy's stream (`E`).
+/// whatever identifies an Envoy's stream (`E`). Members are few per bucket
+/// and the buckets many: a vector costs a bucket far less than a map.
 #[derive(Debug, Clone)]
 pub struct Allocation<E> {
     budget: Budget,
-    members: HashMap<E, Member>,
+    members: Vec<(E, Member)>,
 }
 
-impl<E: Clone + Eq + std::hash::Hash> Allocation<E> {
+impl<E: Clone + Eq> Allocation<E> {
     pub fn new(budget: Budget) -> Self {
         Self {
             budget,
-            members: HashMap::new(),
+            members: Vec::new(),
         }
+    }
+
+    fn member(&self, envoy: &E) -> Option<&Member> {
+        self.members
+            .iter()
+            .find(|(e, _)| e == envoy)
+            .map(|(_, m)| m)
+    }
+
+    fn member_mut(&mut self, envoy: &E) -> &mut Member {
+        let at = match self.members.iter().position(|(e, _)| e == envoy) {
+            Some(at) => at,
+            None => {
+                self.members.push((envoy.clone(), Member::default()));
+                self.members.len() - 1
+            }
+        };
+        &mut self.members[at].1
+    }
+
+    /// When the earliest live assignment expires (then the budget it
+    /// reserved may go to others): the next time a plan can differ
+    /// without a report.
+    pub fn next_expiry(&self) -> Option<u64> {
+        self.members
+            .iter()
+            .flat_map(|(_, m)| m.live.iter().map(|g| g.expires_micros))
+            .min()
     }
 
     pub fn budget(&self) -> Budget {
@@ -120,7 +147,7 @@ impl<E: Clone + Eq + std::hash::Hash> Allocation<E> {
 
     /// Records one report: `requests` (allowed + denied) over `elapsed_secs`.
     pub fn report(&mut self, envoy: &E, requests: u64, elapsed_secs: f64) {
-        let member = self.members.entry(envoy.clone()).or_default();
+        let member = self.member_mut(envoy);
         member.demand = Some(smoothed(member.demand, requests, elapsed_secs));
     }
 
@@ -128,22 +155,25 @@ impl<E: Clone + Eq + std::hash::Hash> Allocation<E> {
     /// it was sent stays reserved until it expires, like any assignment.
     pub fn leave(&mut self, envoy: &E, now_micros: u64) {
         self.expire(now_micros);
-        if let Some(m) = self.members.get_mut(envoy) {
+        if let Some((_, m)) = self.members.iter_mut().find(|(e, _)| e == envoy) {
             m.demand = None;
         }
     }
 
     /// Envoys taking part (reported and not left).
     pub fn members(&self) -> usize {
-        self.members.values().filter(|m| m.demand.is_some()).count()
+        self.members
+            .iter()
+            .filter(|(_, m)| m.demand.is_some())
+            .count()
     }
 
     /// Σ over Envoys of the largest share each may still enforce: never
     /// above the budget.
     pub fn reserved(&self, now_micros: u64) -> Budget {
         self.members
-            .values()
-            .map(|m| {
+            .iter()
+            .map(|(_, m)| {
                 m.live
                     .iter()
                     .filter(|g| g.expires_micros > now_micros)
@@ -156,11 +186,11 @@ impl<E: Clone + Eq + std::hash::Hash> Allocation<E> {
     }
 
     fn expire(&mut self, now_micros: u64) {
-        for m in self.members.values_mut() {
+        for (_, m) in &mut self.members {
             m.live.retain(|g| g.expires_micros > now_micros);
         }
         self.members
-            .retain(|_, m| m.demand.is_some() || !m.live.is_empty());
+            .retain(|(_, m)| m.demand.is_some() || !m.live.is_empty());
     }
 
     /// Where each reporting Envoy's share should be, ignoring what is live.
@@ -211,7 +241,7 @@ impl<E: Clone + Eq + std::hash::Hash> Allocation<E> {
         let wants: Vec<Budget> = targets
             .iter()
             .map(|(e, t)| {
-                let have = self.members.get(e).map_or(Budget::ZERO, Member::reserved);
+                let have = self.member(e).map_or(Budget::ZERO, Member::reserved);
                 Budget {
                     burst: (t.burst - have.burst).max(0.0),
                     rate: (t.rate - have.rate).max(0.0),
@@ -236,7 +266,7 @@ impl<E: Clone + Eq + std::hash::Hash> Allocation<E> {
         };
         let mut out = Vec::with_capacity(targets.len());
         for ((e, target), want) in targets.into_iter().zip(wants) {
-            let member = self.members.entry(e.clone()).or_default();
+            let member = self.member_mut(&e);
             let have = member.reserved();
             let share = Budget {
                 burst: target.burst.min(have.burst + want.burst * fill.burst),
@@ -260,7 +290,7 @@ impl<E: Clone + Eq + std::hash::Hash> Allocation<E> {
 
     /// The share last sent to `envoy`, if it has a live one.
     pub fn current(&self, envoy: &E) -> Option<Budget> {
-        self.members.get(envoy).and_then(Member::current)
+        self.member(envoy).and_then(Member::current)
     }
 }
 

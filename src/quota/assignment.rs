@@ -3,6 +3,8 @@
 
 use std::collections::HashMap;
 
+use prost::Message;
+
 use envoy_types::pb::envoy::r#type::v3::rate_limit_strategy::{BlanketRule, Strategy};
 use envoy_types::pb::envoy::r#type::v3::{RateLimitStrategy, TokenBucket};
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::bucket_action::{
@@ -22,13 +24,33 @@ pub enum Sent {
     Share(Budget),
 }
 
-/// Per-stream actions as the messages to write, in stream order.
+/// The largest response message sent, encoded: well below the 4 MiB that
+/// gRPC clients accept by default; more actions go in further messages.
+pub const MAX_MESSAGE_BYTES: usize = 1024 * 1024;
+
+/// Per-stream actions as the messages to write, in stream order, each at
+/// most [`MAX_MESSAGE_BYTES`].
 pub fn outbox(per_stream: HashMap<StreamId, Vec<BucketAction>>) -> Outbox {
-    let mut out: Outbox = per_stream
-        .into_iter()
-        .map(|(stream, bucket_action)| (stream, RateLimitQuotaResponse { bucket_action }))
-        .collect();
-    out.sort_unstable_by_key(|(s, _)| *s);
+    let mut out: Outbox = Vec::with_capacity(per_stream.len());
+    for (stream, actions) in per_stream {
+        let mut message = RateLimitQuotaResponse::default();
+        let mut bytes = 0;
+        for a in actions {
+            // the field's tag and length prefix: a few bytes each
+            let size = a.encoded_len() + 8;
+            if bytes + size > MAX_MESSAGE_BYTES && !message.bucket_action.is_empty() {
+                out.push((stream, std::mem::take(&mut message)));
+                bytes = 0;
+            }
+            bytes += size;
+            message.bucket_action.push(a);
+        }
+        if !message.bucket_action.is_empty() {
+            out.push((stream, message));
+        }
+    }
+    // stable: a stream's messages stay in order
+    out.sort_by_key(|(s, _)| *s);
     out
 }
 

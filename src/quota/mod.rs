@@ -22,7 +22,8 @@ pub mod ledger;
 pub mod policy;
 pub mod redis_ledger;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet};
+use std::sync::Arc;
 
 use envoy_types::pb::envoy::r#type::v3::rate_limit_strategy::BlanketRule;
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::bucket_action;
@@ -31,8 +32,8 @@ use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_usag
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::{BucketId, RateLimitQuotaResponse};
 
 use self::allocation::{smoothed, Allocation, Budget};
-pub use self::assignment::token_bucket;
-use self::assignment::{action, moved, outbox, Sent};
+use self::assignment::{action, moved, Sent};
+pub use self::assignment::{outbox, token_bucket};
 use self::ledger::Shared;
 use self::policy::rule_label;
 pub use self::policy::{describe_domain, expired_behavior, rule_notes, Policy};
@@ -61,6 +62,14 @@ pub const RESEND_THRESHOLD: f64 = 0.05;
 pub const MAX_BUCKETS_PER_STREAM: usize = 20_000;
 /// (stream, bucket) pairs one instance holds at most, all streams together.
 pub const MAX_SUBSCRIPTIONS: usize = 1_000_000;
+/// Bytes of bucket ids (their keys and values, and the domain) one
+/// instance holds at most, all buckets together: with the bounds on one id
+/// below, state is bounded in bytes, not only in counts.
+pub const MAX_KEY_BYTES: usize = 256 * 1024 * 1024;
+/// Entries of one bucket id, and bytes of one of its keys or values, at
+/// most (as for a descriptor); a bucket id over them is counted `invalid`.
+pub const MAX_ID_ENTRIES: usize = crate::service::request::MAX_ENTRIES;
+pub const MAX_ID_KEY_OR_VALUE_BYTES: usize = crate::service::request::MAX_KEY_OR_VALUE_BYTES;
 /// With a shared ledger, a pair whose stream does not report is stepped
 /// at every tick (once a second; this is a little less, so that a tick
 /// coming early never skips it): well below [`ledger::STALE_MS`], so a live
@@ -89,6 +98,16 @@ impl BucketKey {
         }
     }
 
+    /// Bytes of its strings (what [`MAX_KEY_BYTES`] counts).
+    fn bytes(&self) -> usize {
+        self.domain.len()
+            + self
+                .pairs
+                .iter()
+                .map(|(k, v)| k.len() + v.len())
+                .sum::<usize>()
+    }
+
     pub fn id(&self) -> BucketId {
         BucketId {
             bucket: self.pairs.iter().cloned().collect(),
@@ -97,8 +116,9 @@ impl BucketKey {
 }
 
 /// A bucket as one stream reports it.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 struct Subscription {
+    stream: StreamId,
     last_report_micros: u64,
     /// Smoothed time between reports.
     interval_micros: u64,
@@ -113,29 +133,106 @@ struct Subscription {
     stepped_micros: u64,
 }
 
+impl Subscription {
+    fn new(stream: StreamId) -> Self {
+        Self {
+            stream,
+            last_report_micros: 0,
+            interval_micros: 0,
+            sent: None,
+            idle_since_micros: None,
+            demand: None,
+            stepped_micros: 0,
+        }
+    }
+}
+
+/// Never: a time later than any.
+const NEVER: u64 = u64::MAX;
+
 #[derive(Debug)]
 struct Bucket {
     policy: Policy,
-    /// The label of the rule reached (metrics), if any.
-    rule: Option<String>,
+    /// The label of the rule reached (metrics), if any; one allocation per
+    /// rule, shared by its buckets.
+    rule: Option<Arc<str>>,
     generation: u64,
     allocation: Allocation<StreamId>,
     /// With a shared ledger: Σ reserved by all replicas' Envoys, as the
     /// last step saw it.
     shared_reserved: Budget,
+    /// The streams reporting it (few per bucket: a vector, not a map).
+    subs: Vec<Subscription>,
+    /// When it must next be looked at without a report: a member falls
+    /// quiet or idle, a refresh or ledger step is due, or an assignment
+    /// expires (which frees budget for the others).
+    due_micros: u64,
+    /// The earliest time it is queued for in [`Quotas::due`].
+    queued_micros: u64,
+    /// Its entry in [`Quotas::shares`] (the bits of a fraction).
+    fraction: Option<u64>,
+}
+
+/// A bucket to look at once `at` has come. A min-heap by time; entries
+/// left behind by a bucket that was re-queued earlier, or has gone, are
+/// passed over when they come up.
+#[derive(Debug)]
+struct Due {
+    at: u64,
+    key: Arc<BucketKey>,
+}
+
+impl PartialEq for Due {
+    fn eq(&self, other: &Self) -> bool {
+        self.at == other.at
+    }
+}
+impl Eq for Due {}
+impl PartialOrd for Due {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Due {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        // reversed: the earliest on top of the max-heap
+        other.at.cmp(&self.at)
+    }
 }
 
 #[derive(Debug, Default)]
 struct Stream {
     domain: Option<String>,
-    buckets: HashMap<BucketKey, Subscription>,
+    buckets: HashSet<Arc<BucketKey>>,
 }
 
+/// Actions per stream not yet made into messages.
+pub type Pending = HashMap<StreamId, Vec<BucketAction>>;
+
 /// Every stream and bucket.
+///
+/// **Cost.** Each bucket holds its own subscribers and its next due time
+/// in a queue: a report costs the buckets in it (and their members), a
+/// tick the buckets that are due, never buckets × streams.
 #[derive(Debug, Default)]
 pub struct Quotas {
     streams: HashMap<StreamId, Stream>,
-    buckets: HashMap<BucketKey, Bucket>,
+    buckets: HashMap<Arc<BucketKey>, Bucket>,
+    /// (stream, bucket) pairs held, all streams together.
+    pairs: usize,
+    /// Bytes of the bucket ids held (see [`MAX_KEY_BYTES`]).
+    key_bytes: usize,
+    /// Buckets by when they are due (see [`Due`]).
+    due: BinaryHeap<Due>,
+    /// The rules generation every bucket was planned with; a reload makes
+    /// them all due once.
+    generation: u64,
+    /// Rule labels, one allocation each.
+    labels: HashSet<Arc<str>>,
+    /// Per (domain, rule): how many of its buckets have each assigned
+    /// fraction (bits of an `f64` ≥ 0, which order like the numbers), so
+    /// the largest is at hand without a pass over the buckets.
+    shares: HashMap<(String, Arc<str>), BTreeMap<u64, u32>>,
     /// Instances serving RLQS (`--instances`): each splits 1/N of every
     /// budget among its own Envoys, so N of them never assign more than
     /// the budget together. 0 is taken as 1. Not used with a shared ledger.
@@ -150,6 +247,8 @@ pub struct Quotas {
     /// Bucket reports not taken since the last [`Quotas::take_dropped`]:
     /// (invalid, over a limit).
     dropped: (u64, u64),
+    /// Subscriptions looked at since the last [`Quotas::take_visited`].
+    visited: u64,
 }
 
 /// A step of the shared ledger to take for one stream and bucket: its
@@ -189,6 +288,12 @@ impl Quotas {
         std::mem::take(&mut self.dropped)
     }
 
+    /// (stream, bucket) subscriptions looked at since the last call: the
+    /// work done, for tests and benchmarks of what a report or tick costs.
+    pub fn take_visited(&mut self) -> u64 {
+        std::mem::take(&mut self.visited)
+    }
+
     /// The ledger steps queued since the last call.
     pub fn take_steps(&mut self) -> Vec<Step> {
         self.steps.drain().map(|(_, step)| step).collect()
@@ -208,8 +313,14 @@ impl Quotas {
         self.buckets.len()
     }
 
+    /// (stream, bucket) pairs held, all streams together.
+    pub fn pairs(&self) -> usize {
+        self.pairs
+    }
+
     /// One message of usage reports from `stream`. The first message names
-    /// the domain; later ones are in it whatever they say.
+    /// the domain; later ones are in it whatever they say. Costs the
+    /// buckets in it and their members, nothing else.
     pub fn report(
         &mut self,
         stream: StreamId,
@@ -218,8 +329,10 @@ impl Quotas {
         rules: &RuleSet,
         now_micros: u64,
     ) -> Result<Outbox, String> {
-        self.prune(now_micros);
-        let mut held: usize = self.streams.values().map(|s| s.buckets.len()).sum();
+        if self.buckets.is_empty() {
+            // nothing planned with older rules
+            self.generation = rules.generation();
+        }
         let entry = self.streams.entry(stream).or_default();
         let domain = match &entry.domain {
             Some(d) => d.clone(),
@@ -231,23 +344,47 @@ impl Quotas {
                 domain.to_owned()
             }
         };
-        let mut touched = Vec::with_capacity(usages.len());
+        let mut touched: Vec<Arc<BucketKey>> = Vec::with_capacity(usages.len());
         for usage in usages {
             // a report Envoy should not send is passed over, not the stream
             // ended: its other buckets stay served
-            let Some(id) = usage.bucket_id.as_ref().filter(|id| !id.bucket.is_empty()) else {
+            let Some(id) = usage.bucket_id.as_ref().filter(|id| valid_id(id)) else {
                 self.dropped.0 += 1;
                 continue;
             };
             let key = BucketKey::new(&domain, id);
-            if !entry.buckets.contains_key(&key) {
-                if entry.buckets.len() >= MAX_BUCKETS_PER_STREAM || held >= MAX_SUBSCRIPTIONS {
+            let held = entry.buckets.contains(&key);
+            if !held
+                && (entry.buckets.len() >= MAX_BUCKETS_PER_STREAM
+                    || self.pairs >= MAX_SUBSCRIPTIONS)
+            {
+                self.dropped.1 += 1;
+                continue;
+            }
+            let key = match self.buckets.get_key_value(&key) {
+                Some((k, _)) => k.clone(),
+                None if self.key_bytes + key.bytes() > MAX_KEY_BYTES => {
                     self.dropped.1 += 1;
                     continue;
                 }
-                held += 1;
+                None => {
+                    self.key_bytes += key.bytes();
+                    Arc::new(key)
+                }
+            };
+            let bucket = self
+                .buckets
+                .entry(key.clone())
+                .or_insert_with(|| new_bucket(rules, &key, &mut self.labels));
+            if !held {
+                entry.buckets.insert(key.clone());
+                bucket.subs.push(Subscription::new(stream));
+                self.pairs += 1;
             }
-            let sub = entry.buckets.entry(key.clone()).or_default();
+            self.visited += 1;
+            let Some(sub) = bucket.subs.iter_mut().find(|s| s.stream == stream) else {
+                continue;
+            };
             // a report without elapsed time counts over the usual interval
             let given = usage
                 .time_elapsed
@@ -279,13 +416,6 @@ impl Quotas {
             } else if sub.idle_since_micros.is_none() {
                 sub.idle_since_micros = Some(now_micros);
             }
-            let bucket = self.buckets.entry(key.clone()).or_insert_with(|| Bucket {
-                policy: Policy::of(rules, &key.domain, &key.pairs),
-                rule: rule_label(rules, &key.domain, &key.pairs),
-                generation: rules.generation(),
-                allocation: Allocation::new(Budget::ZERO),
-                shared_reserved: Budget::ZERO,
-            });
             if self.shared {
                 sub.demand = Some(smoothed(sub.demand, requests, elapsed_secs));
             } else {
@@ -295,7 +425,11 @@ impl Quotas {
         }
         touched.sort_unstable();
         touched.dedup();
-        Ok(self.assign(&touched, rules, now_micros, Some(stream)))
+        let mut pending = Pending::new();
+        for key in &touched {
+            self.plan(key, rules, now_micros, Some(stream), &mut pending);
+        }
+        Ok(outbox(pending))
     }
 
     /// A stream closed: its buckets are re-split between the others.
@@ -303,290 +437,450 @@ impl Quotas {
         let Some(s) = self.streams.remove(&stream) else {
             return Vec::new();
         };
-        let keys: Vec<BucketKey> = s.buckets.into_keys().collect();
-        for key in &keys {
+        let mut pending = Pending::new();
+        for key in &s.buckets {
+            if let Some(b) = self.buckets.get_mut(key) {
+                self.visited += 1;
+                if let Some(at) = b.subs.iter().position(|sub| sub.stream == stream) {
+                    b.subs.swap_remove(at);
+                    self.pairs -= 1;
+                }
+                leave(b, &mut self.steps, self.shared, stream, key, now_micros);
+            }
+            self.plan(key, rules, now_micros, None, &mut pending);
+        }
+        outbox(pending)
+    }
+
+    /// Periodic work: every bucket that is due (a member fell quiet or
+    /// idle, a refresh or an expiry came, the rules were reloaded) is
+    /// looked at again; buckets nobody holds are forgotten.
+    pub fn tick(&mut self, rules: &RuleSet, now_micros: u64) -> Outbox {
+        let mut pending = Pending::new();
+        while self.tick_some(rules, now_micros, usize::MAX, &mut pending) {}
+        outbox(pending)
+    }
+
+    /// Like [`Quotas::tick`], for at most `max_buckets` of the due buckets,
+    /// adding what to send to `pending`; true if more are due (so that a
+    /// caller can let others at the state in between).
+    pub fn tick_some(
+        &mut self,
+        rules: &RuleSet,
+        now_micros: u64,
+        max_buckets: usize,
+        pending: &mut Pending,
+    ) -> bool {
+        if self.generation != rules.generation() {
+            // a reload: every bucket is looked at once, with the new rules
+            self.generation = rules.generation();
+            for (key, b) in &mut self.buckets {
+                b.due_micros = now_micros;
+                queue(&mut self.due, key, b);
+            }
+        }
+        let mut done = 0;
+        while done < max_buckets {
+            let Some(top) = self.due.peek() else {
+                break;
+            };
+            if top.at > now_micros {
+                break;
+            }
+            let Some(Due { at, key }) = self.due.pop() else {
+                break;
+            };
+            let Some(b) = self.buckets.get_mut(&key) else {
+                continue;
+            };
+            if b.queued_micros != at {
+                continue;
+            }
+            b.queued_micros = NEVER;
+            if b.due_micros > now_micros {
+                queue(&mut self.due, &key, b);
+                continue;
+            }
+            self.plan(&key, rules, now_micros, None, pending);
+            done += 1;
+        }
+        self.due.peek().is_some_and(|d| d.at <= now_micros)
+    }
+
+    /// For each (domain, rule) with a split bucket: the largest fraction of
+    /// one of its buckets' budget that live assignments may enforce (as of
+    /// each bucket's last plan; never above 1: the allocation's bound).
+    pub fn assigned_fractions(&self, _now_micros: u64) -> Vec<(String, String, f64)> {
+        let mut out: Vec<(String, String, f64)> = self
+            .shares
+            .iter()
+            .filter_map(|((domain, rule), counts)| {
+                let (bits, _) = counts.last_key_value()?;
+                Some((domain.clone(), rule.to_string(), f64::from_bits(*bits)))
+            })
+            .collect();
+        out.sort_by(|a, b| (&a.0, &a.1).cmp(&(&b.0, &b.1)));
+        out
+    }
+
+    /// Looks at one bucket: quiet members leave it, idle ones are told to
+    /// abandon it, it is planned, and what each member must be sent is
+    /// added to `pending`: a changed share at once, an unchanged one when a
+    /// third of its time to live has passed (which only extends it). Then
+    /// it is queued for when it is next due, or forgotten when nobody holds
+    /// it and nothing it assigned lives.
+    ///
+    /// With a shared ledger, Shared buckets queue steps instead: for the
+    /// `reporter`'s pairs at once, for every other pair every
+    /// [`SHARED_REFRESH_MICROS`] (so that shifts of demand on other replicas
+    /// reach it, and the ledger sees it is alive).
+    fn plan(
+        &mut self,
+        key: &Arc<BucketKey>,
+        rules: &RuleSet,
+        now_micros: u64,
+        reporter: Option<StreamId>,
+        pending: &mut Pending,
+    ) {
+        let Some(bucket) = self.buckets.get_mut(key) else {
+            return;
+        };
+        self.visited += bucket.subs.len() as u64;
+        if bucket.generation != rules.generation() {
+            unindex(&mut self.shares, key, bucket);
+            bucket.policy = Policy::of(rules, &key.domain, &key.pairs);
+            bucket.rule =
+                rule_label(rules, &key.domain, &key.pairs).map(|l| intern(&mut self.labels, l));
+            bucket.generation = rules.generation();
+        }
+        // members quiet for too long leave; idle ones are told to abandon it
+        let mut i = 0;
+        while i < bucket.subs.len() {
+            let sub = &bucket.subs[i];
+            let quiet = now_micros.saturating_sub(sub.last_report_micros)
+                > quiet_limit_micros(sub.interval_micros);
+            // (abandoned by a tick, not by the report that found it idle)
+            let idle = reporter.is_none()
+                && sub
+                    .idle_since_micros
+                    .is_some_and(|t| now_micros.saturating_sub(t) >= ABANDON_AFTER_MICROS);
+            if !quiet && !idle {
+                i += 1;
+                continue;
+            }
+            let stream = sub.stream;
+            bucket.subs.swap_remove(i);
+            self.pairs -= 1;
+            if let Some(s) = self.streams.get_mut(&stream) {
+                s.buckets.remove(key);
+            }
             leave(
-                &mut self.buckets,
+                bucket,
                 &mut self.steps,
                 self.shared,
                 stream,
                 key,
                 now_micros,
             );
-        }
-        self.assign(&keys, rules, now_micros, None)
-    }
-
-    /// Periodic work: streams that stopped reporting a bucket leave it,
-    /// every bucket is re-planned (old assignments expire, reloads apply),
-    /// and buckets nobody holds are forgotten.
-    pub fn tick(&mut self, rules: &RuleSet, now_micros: u64) -> Outbox {
-        self.prune(now_micros);
-        let mut out = self.abandon_idle(now_micros);
-        let keys: Vec<BucketKey> = self.buckets.keys().cloned().collect();
-        out.extend(self.assign(&keys, rules, now_micros, None));
-        if self.shared {
-            let subscribed: std::collections::HashSet<&BucketKey> = self
-                .streams
-                .values()
-                .flat_map(|s| s.buckets.keys())
-                .collect();
-            self.buckets.retain(|k, _| subscribed.contains(k));
-        } else {
-            self.buckets.retain(|_, b| {
-                b.allocation.members() > 0 || b.allocation.reserved(now_micros).rate > 0.0
-            });
-        }
-        out
-    }
-
-    /// Buckets a stream has reported without requests for [`ABANDON_AFTER_MICROS`]:
-    /// Envoy is told to drop them (`abandon_action`; it subscribes again
-    /// with its next request there) and the stream leaves their split.
-    fn abandon_idle(&mut self, now_micros: u64) -> Outbox {
-        let mut out = Vec::new();
-        for (id, s) in &mut self.streams {
-            let mut actions = Vec::new();
-            s.buckets.retain(|key, sub| {
-                let idle = sub
-                    .idle_since_micros
-                    .is_some_and(|t| now_micros.saturating_sub(t) >= ABANDON_AFTER_MICROS);
-                if idle {
-                    leave(
-                        &mut self.buckets,
-                        &mut self.steps,
-                        self.shared,
-                        *id,
-                        key,
-                        now_micros,
-                    );
-                    actions.push(BucketAction {
-                        bucket_id: Some(key.id()),
-                        bucket_action: Some(bucket_action::BucketAction::AbandonAction(
-                            bucket_action::AbandonAction {},
-                        )),
-                    });
-                }
-                !idle
-            });
-            if !actions.is_empty() {
-                out.push((
-                    *id,
-                    RateLimitQuotaResponse {
-                        bucket_action: actions,
-                    },
-                ));
+            if idle {
+                pending.entry(stream).or_default().push(BucketAction {
+                    bucket_id: Some(key.id()),
+                    bucket_action: Some(bucket_action::BucketAction::AbandonAction(
+                        bucket_action::AbandonAction {},
+                    )),
+                });
             }
         }
-        out.sort_unstable_by_key(|(s, _)| *s);
-        out
-    }
-
-    /// For each (domain, rule) with a split bucket: the largest fraction of
-    /// one of its buckets' budget that live assignments may enforce now
-    /// (never above 1: the allocation's bound).
-    pub fn assigned_fractions(&self, now_micros: u64) -> Vec<(String, String, f64)> {
-        let mut by_rule: HashMap<(String, String), f64> = HashMap::new();
-        for (key, b) in &self.buckets {
-            let (Policy::Shared(_), Some(rule)) = (b.policy, &b.rule) else {
-                continue;
-            };
-            // of this instance's part of the budget, or with a shared
-            // ledger, of the whole as the last step saw it
-            let (budget, reserved) = match b.policy {
-                Policy::Shared(budget) if self.shared => (budget, b.shared_reserved),
-                _ => (b.allocation.budget(), b.allocation.reserved(now_micros)),
-            };
-            let fraction = (reserved.rate / budget.rate).max(reserved.burst / budget.burst);
-            let entry = by_rule
-                .entry((key.domain.clone(), rule.clone()))
-                .or_insert(0.0);
-            *entry = entry.max(fraction);
-        }
-        let mut out: Vec<_> = by_rule.into_iter().map(|((d, r), f)| (d, r, f)).collect();
-        out.sort_by(|a, b| (&a.0, &a.1).cmp(&(&b.0, &b.1)));
-        out
-    }
-
-    /// Streams quiet about a bucket for longer than [`quiet_limit_micros`] leave it.
-    fn prune(&mut self, now_micros: u64) {
-        for (id, s) in &mut self.streams {
-            s.buckets.retain(|key, sub| {
-                let quiet = now_micros.saturating_sub(sub.last_report_micros);
-                let keep = quiet <= quiet_limit_micros(sub.interval_micros);
-                if !keep {
-                    leave(
-                        &mut self.buckets,
-                        &mut self.steps,
-                        self.shared,
-                        *id,
-                        key,
-                        now_micros,
-                    );
-                }
-                keep
-            });
-        }
-    }
-
-    /// Plans `keys` and collects what each member stream must be sent: a
-    /// changed share at once, an unchanged one when a third of its time to
-    /// live has passed (which only extends it).
-    ///
-    /// With a shared ledger, Shared buckets queue steps instead: for the
-    /// `reporter`'s pairs at once, for every other pair every
-    /// [`SHARED_REFRESH_MICROS`] (so that shifts of demand on other replicas
-    /// reach it, and the ledger sees it is alive).
-    fn assign(
-        &mut self,
-        keys: &[BucketKey],
-        rules: &RuleSet,
-        now_micros: u64,
-        reporter: Option<StreamId>,
-    ) -> Outbox {
-        let mut per_stream: HashMap<StreamId, Vec<BucketAction>> = HashMap::new();
-        for key in keys {
-            let Some(bucket) = self.buckets.get_mut(key) else {
-                continue;
-            };
-            if bucket.generation != rules.generation() {
-                bucket.policy = Policy::of(rules, &key.domain, &key.pairs);
-                bucket.rule = rule_label(rules, &key.domain, &key.pairs);
-                bucket.generation = rules.generation();
-            }
-            // the bucket's time to live: the slowest reporter's
-            let interval = self
-                .streams
-                .values()
-                .filter_map(|s| s.buckets.get(key))
-                .map(|sub| sub.interval_micros)
-                .max()
-                .unwrap_or(0);
-            let ttl = ttl_micros(interval);
-            let planned: Vec<(StreamId, Sent)> = match bucket.policy {
-                Policy::Shared(budget) if self.shared => {
-                    for (id, s) in self.streams.iter_mut() {
-                        let Some(sub) = s.buckets.get_mut(key) else {
-                            continue;
-                        };
-                        let due = Some(*id) == reporter
-                            || now_micros.saturating_sub(sub.stepped_micros)
-                                >= SHARED_REFRESH_MICROS;
-                        if !due {
-                            continue;
-                        }
-                        sub.stepped_micros = now_micros;
-                        self.steps.insert(
-                            (*id, key.clone()),
-                            Step {
-                                stream: *id,
-                                key: key.clone(),
-                                demand: Some(sub.demand.unwrap_or(0.0)),
-                                budget,
-                                ttl_micros: ttl,
-                            },
-                        );
+        // the bucket's time to live: the slowest reporter's
+        let interval = bucket
+            .subs
+            .iter()
+            .map(|sub| sub.interval_micros)
+            .max()
+            .unwrap_or(0);
+        let ttl = ttl_micros(interval);
+        let planned: Vec<(StreamId, Sent)> = match bucket.policy {
+            Policy::Shared(budget) if self.shared => {
+                for sub in &mut bucket.subs {
+                    let due = Some(sub.stream) == reporter
+                        || now_micros.saturating_sub(sub.stepped_micros) >= SHARED_REFRESH_MICROS;
+                    if !due {
+                        continue;
                     }
-                    Vec::new()
+                    sub.stepped_micros = now_micros;
+                    self.steps.insert(
+                        (sub.stream, BucketKey::clone(key)),
+                        Step {
+                            stream: sub.stream,
+                            key: BucketKey::clone(key),
+                            demand: Some(sub.demand.unwrap_or(0.0)),
+                            budget,
+                            ttl_micros: ttl,
+                        },
+                    );
                 }
-                Policy::Shared(budget) => {
-                    let share = 1.0 / f64::from(self.instances.max(1));
-                    bucket.allocation.set_budget(Budget {
-                        burst: budget.burst * share,
-                        rate: budget.rate * share,
-                    });
-                    bucket
-                        .allocation
-                        .plan(now_micros, ttl + LIVE_MARGIN_MICROS)
-                        .into_iter()
-                        .map(|(s, share)| (s, Sent::Share(share)))
-                        .collect()
-                }
-                Policy::AllowAll | Policy::DenyAll => {
-                    let rule = if bucket.policy == Policy::DenyAll {
-                        BlanketRule::DenyAll
-                    } else {
-                        BlanketRule::AllowAll
-                    };
-                    self.streams
-                        .iter()
-                        .filter(|(_, s)| s.buckets.contains_key(key))
-                        .map(|(id, _)| (*id, Sent::Blanket(rule)))
-                        .collect()
-                }
-            };
-            for (stream, what) in planned {
-                if let Some(a) = self.offer(stream, key, what, ttl, now_micros) {
-                    per_stream.entry(stream).or_default().push(a);
-                }
+                Vec::new()
+            }
+            Policy::Shared(budget) => {
+                let share = 1.0 / f64::from(self.instances.max(1));
+                bucket.allocation.set_budget(Budget {
+                    burst: budget.burst * share,
+                    rate: budget.rate * share,
+                });
+                bucket
+                    .allocation
+                    .plan(now_micros, ttl + LIVE_MARGIN_MICROS)
+                    .into_iter()
+                    .map(|(s, share)| (s, Sent::Share(share)))
+                    .collect()
+            }
+            Policy::AllowAll | Policy::DenyAll => {
+                let rule = if bucket.policy == Policy::DenyAll {
+                    BlanketRule::DenyAll
+                } else {
+                    BlanketRule::AllowAll
+                };
+                bucket
+                    .subs
+                    .iter()
+                    .map(|sub| (sub.stream, Sent::Blanket(rule)))
+                    .collect()
+            }
+        };
+        for (stream, what) in planned {
+            if let Some(a) = offer(bucket, stream, key, what, ttl, now_micros) {
+                pending.entry(stream).or_default().push(a);
             }
         }
-        outbox(per_stream)
+        let forget = bucket.subs.is_empty()
+            && (self.shared
+                || (bucket.allocation.members() == 0
+                    && bucket.allocation.reserved(now_micros).rate <= 0.0));
+        if forget {
+            unindex(&mut self.shares, key, bucket);
+            self.buckets.remove(key);
+            self.key_bytes -= key.bytes();
+            return;
+        }
+        index(&mut self.shares, key, bucket, self.shared, now_micros);
+        // a tick moves on past now; after a report, a tick at the same
+        // time does what the report left (an idle member's abandon)
+        let after = if reporter.is_some() {
+            now_micros
+        } else {
+            now_micros + 1
+        };
+        bucket.due_micros = next_due(bucket, self.shared, ttl, after);
+        queue(&mut self.due, key, bucket);
     }
 
     /// The shared ledger's answers to [`Quotas::take_steps`]: what each
-    /// stream must be sent (as [`Quotas::assign`] decides for a local
+    /// stream must be sent (as [`Quotas::plan`] decides for a local
     /// split). A step whose stream or bucket has gone since is dropped.
     pub fn granted(&mut self, answers: Vec<(Step, Shared)>, now_micros: u64) -> Outbox {
-        let mut per_stream: HashMap<StreamId, Vec<BucketAction>> = HashMap::new();
+        let mut pending = Pending::new();
         for (step, shared) in answers {
-            let Some(bucket) = self.buckets.get_mut(&step.key) else {
+            let Some(key) = self
+                .buckets
+                .get_key_value(&step.key)
+                .map(|(k, _)| k.clone())
+            else {
+                continue;
+            };
+            let Some(bucket) = self.buckets.get_mut(&key) else {
                 continue;
             };
             bucket.shared_reserved = shared.reserved;
+            index(&mut self.shares, &key, bucket, self.shared, now_micros);
             if step.demand.is_none() {
                 continue;
             }
             let what = Sent::Share(shared.share);
-            if let Some(a) = self.offer(step.stream, &step.key, what, step.ttl_micros, now_micros) {
-                per_stream.entry(step.stream).or_default().push(a);
+            if let Some(a) = offer(bucket, step.stream, &key, what, step.ttl_micros, now_micros) {
+                pending.entry(step.stream).or_default().push(a);
+            }
+            let due = next_due(bucket, true, step.ttl_micros, now_micros);
+            bucket.due_micros = bucket.due_micros.min(due);
+            queue(&mut self.due, &key, bucket);
+        }
+        outbox(pending)
+    }
+}
+
+/// Whether a bucket id is within the bounds a descriptor has: at least
+/// one entry, at most [`MAX_ID_ENTRIES`], keys and values at most
+/// [`MAX_ID_KEY_OR_VALUE_BYTES`].
+fn valid_id(id: &BucketId) -> bool {
+    !id.bucket.is_empty()
+        && id.bucket.len() <= MAX_ID_ENTRIES
+        && id.bucket.iter().all(|(k, v)| {
+            k.len() <= MAX_ID_KEY_OR_VALUE_BYTES && v.len() <= MAX_ID_KEY_OR_VALUE_BYTES
+        })
+}
+
+/// A bucket seen for the first time.
+fn new_bucket(rules: &RuleSet, key: &BucketKey, labels: &mut HashSet<Arc<str>>) -> Bucket {
+    Bucket {
+        policy: Policy::of(rules, &key.domain, &key.pairs),
+        rule: rule_label(rules, &key.domain, &key.pairs).map(|l| intern(labels, l)),
+        generation: rules.generation(),
+        allocation: Allocation::new(Budget::ZERO),
+        shared_reserved: Budget::ZERO,
+        subs: Vec::new(),
+        due_micros: NEVER,
+        queued_micros: NEVER,
+        fraction: None,
+    }
+}
+
+fn intern(labels: &mut HashSet<Arc<str>>, label: String) -> Arc<str> {
+    if let Some(l) = labels.get(label.as_str()) {
+        return l.clone();
+    }
+    let l: Arc<str> = Arc::from(label);
+    labels.insert(l.clone());
+    l
+}
+
+/// Queues `bucket` for its due time unless it is queued for that or earlier.
+fn queue(due: &mut BinaryHeap<Due>, key: &Arc<BucketKey>, bucket: &mut Bucket) {
+    if bucket.due_micros < bucket.queued_micros {
+        bucket.queued_micros = bucket.due_micros;
+        due.push(Due {
+            at: bucket.due_micros,
+            key: key.clone(),
+        });
+    }
+}
+
+/// When `bucket` must next be looked at without a report: `after` at the
+/// earliest.
+fn next_due(bucket: &Bucket, shared: bool, ttl_micros: u64, after: u64) -> u64 {
+    let mut due = bucket.allocation.next_expiry().unwrap_or(NEVER);
+    // with a shared ledger, Shared buckets are refreshed by their steps
+    let stepped = shared && matches!(bucket.policy, Policy::Shared(_));
+    for sub in &bucket.subs {
+        let quiet = sub
+            .last_report_micros
+            .saturating_add(quiet_limit_micros(sub.interval_micros))
+            .saturating_add(1);
+        due = due.min(quiet);
+        if let Some(t) = sub.idle_since_micros {
+            due = due.min(t.saturating_add(ABANDON_AFTER_MICROS));
+        }
+        match sub.sent {
+            _ if stepped => {
+                due = due.min(sub.stepped_micros.saturating_add(SHARED_REFRESH_MICROS));
+            }
+            Some((_, at, sent_ttl)) => {
+                due = due.min(at.saturating_add(ttl_micros.min(sent_ttl) / TTL_INTERVALS));
+            }
+            None => {}
+        }
+    }
+    due.max(after)
+}
+
+/// Records `bucket`'s assigned fraction in `shares` (see [`Quotas::shares`]).
+fn index(
+    shares: &mut HashMap<(String, Arc<str>), BTreeMap<u64, u32>>,
+    key: &BucketKey,
+    bucket: &mut Bucket,
+    shared: bool,
+    now_micros: u64,
+) {
+    let fraction = match (bucket.policy, &bucket.rule) {
+        (Policy::Shared(budget), Some(_)) => {
+            // of this instance's part of the budget, or with a shared
+            // ledger, of the whole as the last step saw it
+            let (budget, reserved) = if shared {
+                (budget, bucket.shared_reserved)
+            } else {
+                (
+                    bucket.allocation.budget(),
+                    bucket.allocation.reserved(now_micros),
+                )
+            };
+            let f = (reserved.rate / budget.rate).max(reserved.burst / budget.burst);
+            (f.is_finite() && f >= 0.0).then_some(f.to_bits())
+        }
+        _ => None,
+    };
+    if fraction == bucket.fraction {
+        return;
+    }
+    unindex(shares, key, bucket);
+    if let (Some(bits), Some(rule)) = (fraction, &bucket.rule) {
+        *shares
+            .entry((key.domain.clone(), rule.clone()))
+            .or_default()
+            .entry(bits)
+            .or_default() += 1;
+        bucket.fraction = Some(bits);
+    }
+}
+
+/// Takes `bucket`'s fraction out of `shares`.
+fn unindex(
+    shares: &mut HashMap<(String, Arc<str>), BTreeMap<u64, u32>>,
+    key: &BucketKey,
+    bucket: &mut Bucket,
+) {
+    let (Some(bits), Some(rule)) = (bucket.fraction.take(), &bucket.rule) else {
+        return;
+    };
+    let label = (key.domain.clone(), rule.clone());
+    if let Some(counts) = shares.get_mut(&label) {
+        if let Some(n) = counts.get_mut(&bits) {
+            *n -= 1;
+            if *n == 0 {
+                counts.remove(&bits);
             }
         }
-        outbox(per_stream)
+        if counts.is_empty() {
+            shares.remove(&label);
+        }
     }
+}
 
-    /// The action to send `stream` for `key` if `what` moved from what it
-    /// was last sent, or a third of the sent one's time to live has passed
-    /// (re-sending the same only extends it); records it as sent.
-    fn offer(
-        &mut self,
-        stream: StreamId,
-        key: &BucketKey,
-        what: Sent,
-        ttl: u64,
-        now_micros: u64,
-    ) -> Option<BucketAction> {
-        let sub = self.streams.get_mut(&stream)?.buckets.get_mut(key)?;
-        // the refresh is due by the life of what Envoy holds: when the
-        // cadence was just learnt, the new time to live is longer
-        let due = match sub.sent {
-            None => true,
-            Some((before, at, sent_ttl)) => {
-                moved(before, what)
-                    || now_micros.saturating_sub(at) >= ttl.min(sent_ttl) / TTL_INTERVALS
-            }
-        };
-        due.then(|| {
-            sub.sent = Some((what, now_micros, ttl));
-            action(key, what, ttl)
-        })
-    }
+/// The action to send `stream` for `key` if `what` moved from what it
+/// was last sent, or a third of the sent one's time to live has passed
+/// (re-sending the same only extends it); records it as sent.
+fn offer(
+    bucket: &mut Bucket,
+    stream: StreamId,
+    key: &BucketKey,
+    what: Sent,
+    ttl: u64,
+    now_micros: u64,
+) -> Option<BucketAction> {
+    let sub = bucket.subs.iter_mut().find(|s| s.stream == stream)?;
+    // the refresh is due by the life of what Envoy holds: when the
+    // cadence was just learnt, the new time to live is longer
+    let due = match sub.sent {
+        None => true,
+        Some((before, at, sent_ttl)) => {
+            moved(before, what)
+                || now_micros.saturating_sub(at) >= ttl.min(sent_ttl) / TTL_INTERVALS
+        }
+    };
+    due.then(|| {
+        sub.sent = Some((what, now_micros, ttl));
+        action(key, what, ttl)
+    })
 }
 
 /// `stream` leaves `key`'s split: locally, or with a shared ledger by a
 /// leaving step (its assignments stay reserved until they expire).
 fn leave(
-    buckets: &mut HashMap<BucketKey, Bucket>,
+    bucket: &mut Bucket,
     steps: &mut HashMap<(StreamId, BucketKey), Step>,
     shared: bool,
     stream: StreamId,
     key: &BucketKey,
     now_micros: u64,
 ) {
-    let Some(b) = buckets.get_mut(key) else {
-        return;
-    };
-    match b.policy {
+    match bucket.policy {
         Policy::Shared(budget) if shared => {
             steps.insert(
                 (stream, key.clone()),
@@ -599,7 +893,7 @@ fn leave(
                 },
             );
         }
-        _ => b.allocation.leave(&stream, now_micros),
+        _ => bucket.allocation.leave(&stream, now_micros),
     }
 }
 

@@ -563,3 +563,123 @@ fn a_stream_holds_at_most_max_buckets() {
     let _ = out;
     assert_eq!(q.buckets(), MAX_BUCKETS_PER_STREAM);
 }
+
+/// What a report and a tick cost: a report the buckets in it and their
+/// members, a tick the buckets that are due; never buckets × streams (it
+/// was: every report pruned every pair, every tick planned every bucket
+/// scanning every stream, under the lock the serving threads waited on).
+#[test]
+fn a_report_costs_its_buckets_and_a_tick_the_due_ones() {
+    let r = rules(RULES);
+    let mut q = Quotas::default();
+    let streams = 50u64;
+    let per_stream = 200;
+    let shared = [("tenant", "acme"), ("api_key", "everyone")];
+    for s in 1..=streams {
+        let mut usages: Vec<BucketQuotaUsage> = (0..per_stream)
+            .map(|i| {
+                usage(
+                    &[("tenant", "acme"), ("api_key", &format!("s{s}-k{i}"))],
+                    5,
+                    5,
+                )
+            })
+            .collect();
+        usages.push(usage(&shared, 5, 5));
+        q.report(s, "edge", &usages, &r, SEC).expect("report");
+    }
+    assert_eq!(q.pairs(), (streams * (per_stream + 1)) as usize);
+    q.take_visited();
+    // nothing is due half a second later: a tick looks at nothing
+    assert!(q.tick(&r, SEC + SEC / 2).is_empty());
+    assert_eq!(q.take_visited(), 0);
+    // one bucket of one stream: that pair (and the bucket's one member)
+    q.report(
+        7,
+        "edge",
+        &[usage(&[("tenant", "acme"), ("api_key", "s7-k3")], 5, 5)],
+        &r,
+        2 * SEC,
+    )
+    .expect("report");
+    assert!(q.take_visited() <= 2);
+    // the bucket every stream reports: its members, not the other buckets
+    q.report(7, "edge", &[usage(&shared, 5, 5)], &r, 2 * SEC)
+        .expect("report");
+    assert!(q.take_visited() <= 1 + 2 * streams);
+    // a second of ticks while every stream reports every 5 s: the refreshes
+    // come due a few times per time to live, not every bucket every tick
+    for t in 2..=30 {
+        if t % 5 == 0 {
+            for s in 1..=streams {
+                let usages: Vec<BucketQuotaUsage> = (0..per_stream)
+                    .map(|i| {
+                        usage(
+                            &[("tenant", "acme"), ("api_key", &format!("s{s}-k{i}"))],
+                            5,
+                            5,
+                        )
+                    })
+                    .collect();
+                q.report(s, "edge", &usages, &r, t * SEC).expect("report");
+            }
+        }
+        q.tick(&r, t * SEC);
+    }
+    let pairs = q.pairs() as u64;
+    let visited = q.take_visited();
+    // reports, refreshes and expiries: a few visits per pair per report
+    // interval (20 per pair over these 29 s), less than one per pair per
+    // second; the old scan cost 29 ticks × pairs × streams (50 per pair per
+    // second)
+    assert!(visited < 29 * pairs, "{visited} visits for {pairs} pairs");
+}
+
+/// Bucket ids are bounded like descriptors (entries, key and value
+/// length), counted `invalid` when over; and however many buckets one
+/// response carries, each message stays under the size every gRPC client
+/// takes by default (one stream of 1 MB values grew the service by 1 GB).
+#[test]
+fn bucket_ids_are_bounded_and_responses_split_below_the_message_limit() {
+    let r = rules(RULES);
+    let mut q = Quotas::default();
+    let long = "x".repeat(MAX_ID_KEY_OR_VALUE_BYTES + 1);
+    let many: Vec<(String, String)> = (0..=MAX_ID_ENTRIES)
+        .map(|i| (format!("k{i}"), "v".to_string()))
+        .collect();
+    let many: Vec<(&str, &str)> = many.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let out = q
+        .report(
+            1,
+            "edge",
+            &[
+                usage(&[("tenant", "acme"), ("api_key", &long)], 1, 5),
+                usage(&[(&long, "acme")], 1, 5),
+                usage(&many, 1, 5),
+            ],
+            &r,
+            SEC,
+        )
+        .expect("served");
+    assert!(out.is_empty());
+    assert_eq!(q.take_dropped(), (3, 0));
+    assert_eq!(q.pairs(), 0);
+    // 10,000 buckets of 1,000-byte values: all assigned, in messages of at
+    // most MAX_MESSAGE_BYTES
+    let value = |i: usize| format!("{i:01000}");
+    let values: Vec<String> = (0..10_000).map(value).collect();
+    let usages: Vec<BucketQuotaUsage> = values
+        .iter()
+        .map(|v| usage(&[("tenant", "acme"), ("api_key", v)], 1, 5))
+        .collect();
+    let out = q.report(2, "edge", &usages, &r, SEC).expect("served");
+    assert!(
+        out.len() > 1,
+        "one message of {} actions",
+        out[0].1.bucket_action.len()
+    );
+    for (_, m) in &out {
+        assert!(prost::Message::encoded_len(m) <= assignment::MAX_MESSAGE_BYTES);
+    }
+    assert_eq!(strategies(&out, 2).len(), 10_000);
+}

@@ -1,6 +1,13 @@
 //! The second gRPC face: `envoy.service.rate_limit_quota.v3.RateLimitQuotaService/StreamRateLimitQuotas`
 //! (RLQS), served on the same port as `ShouldRateLimit`.
 //!
+//! **Its own thread.** Every stream's reader, the ticker and the ledger
+//! steps run on one thread of their own (`rls-quota`), never on a serving
+//! thread: a fleet's reports, however many, queue there and are held back
+//! by HTTP/2 flow control, while `ShouldRateLimit` calls on the same
+//! connections and threads go on. Only that thread takes the state's lock,
+//! and a tick lets reports in between chunks of [`TICK_CHUNK`] buckets.
+//!
 //! Each Envoy holds one bidirectional stream per domain: it streams usage
 //! reports, and the server pushes assignments whenever shares move. The
 //! decisions are [`crate::quota::Quotas`]'; this file only carries messages
@@ -27,7 +34,7 @@ use tonic::{Request, Response, Status, Streaming};
 use super::SharedRules;
 use crate::clock::{Clock, MonotonicClock};
 use crate::quota::ledger::{Member, QuotaLedger};
-use crate::quota::{Outbox, Quotas, Step, StreamId, LIVE_MARGIN_MICROS};
+use crate::quota::{outbox, Outbox, Pending, Quotas, Step, StreamId, LIVE_MARGIN_MICROS};
 use crate::telemetry::tracing::SPAN_TARGET;
 use crate::telemetry::Metrics;
 
@@ -40,6 +47,8 @@ pub const OUTBOX_MESSAGES: usize = 16;
 /// Ledger steps in flight at once, per batch (the Redis client pipelines
 /// them; a batch is at most one step per (stream, bucket)).
 pub const LEDGER_CALLS: usize = 256;
+/// Buckets a tick looks at before it lets waiting reports in.
+pub const TICK_CHUNK: usize = 2048;
 
 type Reply = Result<RateLimitQuotaResponse, Status>;
 
@@ -58,6 +67,8 @@ pub struct QuotaHub {
     ledger: Option<Arc<dyn QuotaLedger>>,
     /// This replica's name in the ledger (random at start).
     replica: u32,
+    /// The `rls-quota` thread's runtime, where all RLQS work runs.
+    runtime: tokio::runtime::Handle,
 }
 
 impl QuotaHub {
@@ -69,29 +80,32 @@ impl QuotaHub {
         metrics: Arc<Metrics>,
         instances: u32,
         ledger: Option<Arc<dyn QuotaLedger>>,
-    ) -> Arc<Self> {
+    ) -> anyhow::Result<Arc<Self>> {
         let quotas = match ledger {
             Some(_) => Quotas::shared(),
             None => Quotas::for_instances(instances),
         };
-        Arc::new(Self {
+        let closing = tokio::sync::watch::channel(false).0;
+        let runtime = start_thread(closing.subscribe())?;
+        Ok(Arc::new(Self {
             rules,
             metrics,
             clock: MonotonicClock::new(),
             quotas: Mutex::new(quotas),
             streams: Mutex::new(HashMap::new()),
             next_stream: AtomicU64::new(1),
-            closing: tokio::sync::watch::channel(false).0,
+            closing,
             ledger,
             replica: random_replica(),
-        })
+            runtime,
+        }))
     }
 
     /// Re-plans every [`TICK`] for as long as the hub lives (a tick whose
-    /// ledger steps take longer delays the next).
+    /// ledger steps take longer delays the next), on the RLQS thread.
     pub fn spawn_ticker(self: &Arc<Self>) {
         let weak = Arc::downgrade(self);
-        tokio::spawn(async move {
+        self.runtime.spawn(async move {
             let mut tick = tokio::time::interval(TICK);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
@@ -101,8 +115,17 @@ impl QuotaHub {
                 };
                 let now = hub.clock.now_micros();
                 let rules = hub.rules.load();
-                let out = hub.quotas.lock().tick(&rules, now);
-                hub.send(out);
+                // the due buckets, a chunk at a time: reports waiting for
+                // the lock get in between chunks
+                let mut pending = Pending::new();
+                while hub
+                    .quotas
+                    .lock()
+                    .tick_some(&rules, now, TICK_CHUNK, &mut pending)
+                {
+                    tokio::task::yield_now().await;
+                }
+                hub.send(outbox(pending));
                 hub.take_steps().await;
                 let fractions = hub.quotas.lock().assigned_fractions(hub.clock.now_micros());
                 hub.metrics.quota_shares(&fractions);
@@ -150,12 +173,16 @@ impl QuotaHub {
         self.send(out);
     }
 
+    /// A new stream's outbox (on the serving thread: no more than that).
     fn open(&self) -> (StreamId, mpsc::Receiver<Reply>) {
         let id = self.next_stream.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::channel(OUTBOX_MESSAGES);
-        self.streams.lock().insert(id, (tx, String::new()));
-        self.quotas.lock().open(id);
-        self.metrics.quota_streams(self.streams.lock().len());
+        let open = {
+            let mut streams = self.streams.lock();
+            streams.insert(id, (tx, String::new()));
+            streams.len()
+        };
+        self.metrics.quota_streams(open);
         (id, rx)
     }
 
@@ -164,12 +191,17 @@ impl QuotaHub {
         id: StreamId,
         reports: &RateLimitQuotaUsageReports,
     ) -> Result<(), Status> {
-        self.report_now(id, reports)?;
+        let out = self.report_now(id, reports)?;
+        self.deliver(out, id).await;
         self.take_steps().await;
         Ok(())
     }
 
-    fn report_now(&self, id: StreamId, reports: &RateLimitQuotaUsageReports) -> Result<(), Status> {
+    fn report_now(
+        &self,
+        id: StreamId,
+        reports: &RateLimitQuotaUsageReports,
+    ) -> Result<Outbox, Status> {
         // one span per report message (exported only with --otlp-endpoint)
         let _span = tracing::info_span!(
             target: SPAN_TARGET,
@@ -214,8 +246,29 @@ impl QuotaHub {
         };
         self.metrics
             .quota_reports(&domain, reports.bucket_quota_usages.len());
-        self.send(out);
-        Ok(())
+        Ok(out)
+    }
+
+    /// Sends `out`; what goes to `reporter` waits for room in its outbox
+    /// (its next report is read only then: HTTP/2 flow control holds a
+    /// client that does not read), what goes to others is dropped when
+    /// theirs is full.
+    async fn deliver(&self, out: Outbox, reporter: StreamId) {
+        let (own, others): (Outbox, Outbox) = out.into_iter().partition(|(s, _)| *s == reporter);
+        self.send(others);
+        if own.is_empty() {
+            return;
+        }
+        let Some((tx, domain)) = self.streams.lock().get(&reporter).cloned() else {
+            return;
+        };
+        for (_, response) in own {
+            self.metrics
+                .quota_assignments(&domain, response.bucket_action.len());
+            if tx.send(Ok(response)).await.is_err() {
+                return;
+            }
+        }
     }
 
     async fn close(&self, id: StreamId) {
@@ -263,6 +316,37 @@ impl QuotaHub {
     }
 }
 
+/// Starts the `rls-quota` thread: a runtime of its own that runs until
+/// `closing` says so (or its sender is gone), then drops what is left.
+fn start_thread(
+    mut closing: tokio::sync::watch::Receiver<bool>,
+) -> anyhow::Result<tokio::runtime::Handle> {
+    use anyhow::Context;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
+        .name("rls-quota".into())
+        .spawn(move || {
+            let runtime = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(runtime) => runtime,
+                Err(e) => {
+                    let _ = tx.send(Err(e));
+                    return;
+                }
+            };
+            let _ = tx.send(Ok(runtime.handle().clone()));
+            runtime.block_on(async move {
+                let _ = closing.wait_for(|c| *c).await;
+            });
+        })
+        .context("cannot start the RLQS thread")?;
+    rx.recv()
+        .context("the RLQS thread ended at start")?
+        .context("cannot start the RLQS thread's runtime")
+}
+
 /// A replica's name in the shared ledger: random, so that replicas (and a
 /// restarted one) never share members.
 fn random_replica() -> u32 {
@@ -299,7 +383,8 @@ impl RateLimitQuotaService for RateLimitQuotaGrpc {
         let (id, mut outbound) = self.hub.open();
         let hub = self.hub.clone();
         let mut closing = hub.closing.subscribe();
-        tokio::spawn(async move {
+        // read, decoded and handled on the RLQS thread, not this one
+        self.hub.runtime.spawn(async move {
             loop {
                 let next = tokio::select! {
                     next = inbound.message() => next,

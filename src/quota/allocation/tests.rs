@@ -1,3 +1,5 @@
+use std::collections::HashMap;
+
 use super::*;
 
 const SEC: u64 = 1_000_000;
