@@ -11,13 +11,17 @@
 //! still create them faster than they refill: the store holds at most
 //! `max_buckets` (each shard its share). A shard at its share makes room
 //! before an insert by dropping, in one pass, the eighth of its buckets
-//! whose loss costs least: idle ones (no decision in the last second or so)
-//! first, then those decided once (as each of a flood of new values is),
-//! and buckets in steady use (decisions in a row, at most a second apart)
-//! last; within each group, those that will be full soonest first.
-//! A dropped bucket comes back full, so dropping one that was `Δ` from full
-//! admits at most `r·Δ` (its missing `B − t` tokens) more than it should
-//! have. One pass per eighth of a shard: amortised O(1) per insert, under the
+//! whose loss costs least. A dropped bucket comes back full, so dropping
+//! one that holds `t` of its `B` tokens hands its client `B − t` tokens
+//! back: full buckets go first (they cost nothing), then the others by the
+//! tokens they miss, fewest first; buckets in steady use (decisions in a
+//! row, at most a second apart: their client is back at once, so evicting
+//! one hands it tokens pass after pass) after those; and a bucket that
+//! rejected a request in the last [`REJECTED_RECENTLY_SECS`] (a throttled
+//! client) only after every other. So a flood of new values, each missing a
+//! few tokens, never resets a throttled or drained client while a cheaper
+//! bucket exists.
+//! One pass per eighth of a shard: amortised O(1) per insert, under the
 //! shard's own lock only.
 
 use std::collections::HashMap;
@@ -29,7 +33,7 @@ use async_trait::async_trait;
 use parking_lot::Mutex;
 
 use super::{DescriptorBuckets, Store, StoreError};
-use crate::bucket::{self, BucketOutcome, BucketState, Cost};
+use crate::bucket::{self, BucketOutcome, BucketParams, BucketState, Cost};
 use crate::clock::Clock;
 use crate::labels::RuleId;
 use crate::telemetry::Metrics;
@@ -40,32 +44,49 @@ pub const DEFAULT_MAX_BUCKETS: usize = 2_000_000;
 
 /// A bucket's state, the clock's second by which it is full again (and can
 /// be forgotten; rounded up), the rule it belongs to (for counting
-/// evictions), and how it is used. 24 bytes, packed to keep a million
-/// idle buckets near 140 MB.
+/// evictions), its size and refill (for what evicting it gives back), and
+/// how it is used and when it last rejected. 40 bytes, packed to keep a
+/// million idle buckets near 160 MB.
 #[derive(Debug, Clone, Copy)]
 struct Entry {
     state: BucketState,
     full_at: FullAt,
     rule: RuleId,
     use_: Use,
+    rejected: Rejected,
+    capacity: f32,
+    /// Tokens per second.
+    rate: f32,
 }
 
-/// The clock's whole second by which a bucket is full, rounded up;
-/// `u32::MAX`: never (136 years).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-struct FullAt(u32);
-
-impl FullAt {
-    fn of(micros: Option<u64>) -> Self {
-        match micros {
-            Some(m) => FullAt(u32::try_from(m.div_ceil(1_000_000)).unwrap_or(u32::MAX)),
-            None => FullAt(u32::MAX),
+impl Entry {
+    fn new(state: BucketState, params: &BucketParams, rule: RuleId, now_micros: u64) -> Self {
+        Self {
+            state,
+            full_at: FullAt::of(params.full_at_micros(&state)),
+            rule,
+            use_: Use::first(now_micros),
+            rejected: Rejected::default(),
+            capacity: params.capacity as f32,
+            rate: params.rate_per_sec() as f32,
         }
     }
 
-    /// Whether the bucket is full at `now_micros`.
-    fn passed(self, now_micros: u64) -> bool {
-        u64::from(self.0) * 1_000_000 <= now_micros
+    /// Tokens it misses at `now`: what evicting it would give back.
+    fn missing(&self, now_micros: u64) -> f32 {
+        let elapsed = now_micros.saturating_sub(self.state.updated_micros) as f32 / 1e6;
+        let tokens = self.state.tokens as f32 + self.rate * elapsed;
+        (self.capacity - tokens).clamp(0.0, self.capacity.max(0.0))
+    }
+
+    /// Its rank for eviction: lowest first (see the module's doc).
+    fn eviction_rank(&self, now_micros: u64) -> (bool, bool, u32) {
+        // the bits of an f32 ≥ 0 order like the numbers
+        (
+            self.rejected.recently(now_micros),
+            self.use_.tier(now_micros) == 2,
+            self.missing(now_micros).to_bits(),
+        )
     }
 }
 
@@ -107,8 +128,49 @@ impl Use {
     }
 }
 
-/// The clock's whole second, as kept in [`Use::touched_secs`] (wrapping:
-/// only differences of a second or two are read).
+/// A bucket that rejected within this many seconds counts as throttling
+/// its client, and is evicted last.
+pub const REJECTED_RECENTLY_SECS: u8 = 120;
+
+/// When a bucket last rejected a request: the clock's second (mod 256).
+#[derive(Debug, Clone, Copy, Default)]
+struct Rejected {
+    ever: bool,
+    secs: u8,
+}
+
+impl Rejected {
+    fn set(&mut self, now_micros: u64) {
+        self.ever = true;
+        self.secs = secs(now_micros);
+    }
+
+    fn recently(self, now_micros: u64) -> bool {
+        self.ever && secs(now_micros).wrapping_sub(self.secs) <= REJECTED_RECENTLY_SECS
+    }
+}
+
+/// The clock's whole second by which a bucket is full, rounded up;
+/// `u32::MAX`: never (136 years).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct FullAt(u32);
+
+impl FullAt {
+    fn of(micros: Option<u64>) -> Self {
+        match micros {
+            Some(m) => FullAt(u32::try_from(m.div_ceil(1_000_000)).unwrap_or(u32::MAX)),
+            None => FullAt(u32::MAX),
+        }
+    }
+
+    /// Whether the bucket is full at `now_micros`.
+    fn passed(self, now_micros: u64) -> bool {
+        u64::from(self.0) * 1_000_000 <= now_micros
+    }
+}
+
+/// The clock's whole second, as kept in [`Rejected`] (wrapping: only
+/// differences below 256 s are read).
 fn secs(micros: u64) -> u8 {
     (micros / 1_000_000) as u8
 }
@@ -178,15 +240,21 @@ impl<C: Clock> MemoryStore<C> {
         // Only an admitted request that spends (or refunds) changes anything: a
         // rejection or a check leaves the state as it was (refill is a pure
         // function of it).
-        let writes = outcomes.first().is_some_and(|o| o.admitted) && cost.deducted() != 0;
+        let admitted = outcomes.first().is_some_and(|o| o.admitted);
+        let writes = admitted && cost.deducted() != 0;
         if !writes {
             // Nothing to store, but a reload may have lowered the rate since
             // the bucket was written: it is full later now, not at the time
             // its old numbers gave (the Lua script lengthens the TTL alike).
-            for (b, p) in descriptor.buckets.iter().zip(&params) {
+            for ((b, p), o) in descriptor.buckets.iter().zip(&params).zip(&outcomes) {
                 if let Some(e) = shard.get_mut(b.key.as_slice()) {
                     e.full_at = e.full_at.max(FullAt::of(p.full_at_micros(&e.state)));
+                    e.capacity = p.capacity as f32;
+                    e.rate = p.rate_per_sec() as f32;
                     e.use_.touch(now);
+                    if !o.admitted {
+                        e.rejected.set(now);
+                    }
                 }
             }
         }
@@ -199,15 +267,12 @@ impl<C: Clock> MemoryStore<C> {
                         e.state = state;
                         e.full_at = full_at;
                         e.rule = b.rule;
+                        e.capacity = p.capacity as f32;
+                        e.rate = p.rate_per_sec() as f32;
                         e.use_.touch(now);
                     }
                     None => {
-                        let entry = Entry {
-                            state,
-                            full_at,
-                            rule: b.rule,
-                            use_: Use::first(now),
-                        };
+                        let entry = Entry::new(state, p, b.rule, now);
                         if shard.len() >= self.shard_cap {
                             make_room(&mut shard, self.shard_cap, now, &mut evicted);
                         }
@@ -270,12 +335,11 @@ fn make_room(shard: &mut Buckets, cap: usize, now: u64, evicted: &mut Vec<RuleId
     if shard.len() <= target {
         return;
     }
-    // Order of eviction: not spent recently before spent recently, then
-    // soonest full first. Find the k-th cheapest, then drop everything
-    // cheaper and as many of its equals as make up k.
-    let rank = |e: &Entry| (e.use_.tier(now), e.full_at);
+    // Order of eviction: see the module's doc. Find the k-th cheapest,
+    // then drop everything cheaper and as many of its equals as make up k.
+    let rank = |e: &Entry| e.eviction_rank(now);
     let k = shard.len() - target;
-    let mut ranks: Vec<(u8, FullAt)> = shard.values().map(rank).collect();
+    let mut ranks: Vec<(bool, bool, u32)> = shard.values().map(rank).collect();
     let (cheaper, kth, _) = ranks.select_nth_unstable(k - 1);
     let kth = *kth;
     let mut equal_quota = k - cheaper.iter().filter(|r| **r < kth).count();
@@ -322,7 +386,6 @@ impl<C: Clock> Store for MemoryStore<C> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bucket::BucketParams;
     use crate::clock::ManualClock;
     use crate::store::BucketRef;
 
@@ -427,64 +490,121 @@ mod tests {
         )
     }
 
-    fn entry(full_in_secs: u32, touched_secs: u8, rule: RuleId) -> Entry {
-        Entry {
-            state: BucketState {
-                tokens: 0.0,
-                updated_micros: 0,
-            },
-            full_at: FullAt(100 + full_in_secs),
-            rule,
-            use_: Use {
-                touched_secs,
-                streak: 2,
-            },
+    /// A bucket of `capacity` holding `tokens` at `now` (refill 1/s, full
+    /// `capacity - tokens` seconds later), which rejected at `rejected`.
+    fn entry(capacity: u64, tokens: f64, rejected: Option<u64>, rule: RuleId) -> Entry {
+        let now = 1_000 * 1_000_000;
+        let params = BucketParams {
+            capacity,
+            tokens_per_unit: 1,
+            unit_secs: 1,
+        };
+        let state = BucketState {
+            tokens,
+            updated_micros: now,
+        };
+        // decided once, 50 s ago: not in steady use
+        let mut e = Entry::new(state, &params, rule, now - 50_000_000);
+        if let Some(at) = rejected {
+            e.rejected.set(at);
         }
+        e
     }
 
     #[test]
-    fn an_entry_is_24_bytes() {
-        assert_eq!(std::mem::size_of::<Entry>(), 24);
+    fn an_entry_is_40_bytes() {
+        assert_eq!(std::mem::size_of::<Entry>(), 40);
     }
 
     #[test]
-    fn making_room_drops_the_full_then_the_idle_closest_to_full() {
-        let now = 100 * 1_000_000;
+    fn making_room_drops_the_full_then_those_missing_fewest_tokens_and_rejecting_last() {
+        let now = 1_000 * 1_000_000;
         let (a, b) = (RuleId::of("t", "a"), RuleId::of("t", "b"));
         let mut shard = Buckets::new();
         let mut put = |name: &str, e: Entry| shard.insert(name.as_bytes().into(), e);
-        put("full", entry(0, 50, a)); // full already: dropped, not counted
+        put("full", entry(10, 10.0, None, a)); // full already: dropped, not counted
         for i in 0..8 {
-            put(&format!("idle-near{i}"), entry(1 + i, 50, a)); // idle, nearly full
-            put(&format!("idle-far{i}"), entry(500 + i, 50, b)); // idle, far from full
-            put(&format!("active{i}"), entry(1, 99, b)); // touched a second ago
+            put(&format!("near{i}"), entry(100, 99.0 - f64::from(i), None, a)); // misses 1 + i
+            put(&format!("drained{i}"), entry(100, 0.0, None, b)); // misses 100
+            // misses only 1, but rejected (a throttled client's cost-5 requests) 3 s ago
+            put(&format!("rejecting{i}"), entry(100, 99.0, Some(now - 3_000_000), b));
         }
         let mut evicted = Vec::new();
         // cap 24: one pass frees an eighth, down to 21
         make_room(&mut shard, 24, now, &mut evicted);
         assert_eq!(shard.len(), 21);
-        assert_eq!(
-            evicted,
-            vec![a, a, a],
-            "the three idle buckets nearest to full"
-        );
+        assert_eq!(evicted, vec![a, a, a], "the three missing fewest tokens");
         for i in 0..3 {
-            assert!(!shard.contains_key(format!("idle-near{i}").as_bytes()));
+            assert!(!shard.contains_key(format!("near{i}").as_bytes()));
         }
-        assert!(shard.contains_key(b"idle-near3".as_slice()));
-        // only active ones left: then they go too, nearest to full first
-        let mut shard: Buckets = (0..8)
-            .map(|i| {
-                (
-                    format!("active{i}").into_bytes().into(),
-                    entry(1 + i, 100, b),
-                )
+        assert!(shard.contains_key(b"near3".as_slice()));
+        // only drained and rejecting ones left: the drained go first, the
+        // rejecting after every other
+        let mut shard: Buckets = (0..4)
+            .flat_map(|i| {
+                [
+                    (format!("drained{i}"), entry(100, 0.0, None, a)),
+                    (format!("rejecting{i}"), entry(100, 99.0, Some(now), b)),
+                ]
             })
+            .map(|(k, e)| (k.into_bytes().into(), e))
             .collect();
         evicted.clear();
         make_room(&mut shard, 8, now, &mut evicted);
-        assert_eq!(evicted, vec![b]);
-        assert!(!shard.contains_key(b"active0".as_slice()));
+        assert_eq!(evicted, vec![a]);
+        // a rejection long ago no longer protects
+        let old = now - (u64::from(REJECTED_RECENTLY_SECS) + 5) * 1_000_000;
+        let mut shard: Buckets = [
+            ("old", entry(100, 90.0, Some(old), a)),
+            ("recent", entry(100, 99.0, Some(now), b)),
+        ]
+        .into_iter()
+        .map(|(k, e)| (k.as_bytes().into(), e))
+        .collect();
+        evicted.clear();
+        make_room(&mut shard, 2, now, &mut evicted);
+        assert_eq!(evicted, vec![a]);
+    }
+
+    /// The audit's case: a rule of 1/hour, burst 5; alice spends her five
+    /// and is rejected three times; 3 s later a flood of new values fills
+    /// the store many times over. She gets nothing more: her drained,
+    /// rejecting bucket is never the one evicted (it was: idle buckets went
+    /// first, and hers was idle for 3 s).
+    #[test]
+    fn a_flood_of_new_values_never_hands_a_throttled_client_its_budget_back() {
+        let clock = ManualClock::new(1_000_000);
+        let (counted, sink) = counting();
+        let store = MemoryStore::with_cap(clock.clone(), 1024, Some(sink));
+        let login = |user: &str| DescriptorBuckets {
+            tag: user.as_bytes().to_vec(),
+            buckets: vec![BucketRef {
+                key: user.as_bytes().to_vec(),
+                rule: RuleId::of("auth", "login"),
+                params: BucketParams {
+                    capacity: 5,
+                    tokens_per_unit: 1,
+                    unit_secs: 3600,
+                },
+            }],
+        };
+        let alice = login("alice");
+        let mut answers = String::new();
+        let mut spend = |answers: &mut String| {
+            for _ in 0..8 {
+                let ok = store.decide_now(&alice, Cost::Spend(1))[0].admitted;
+                answers.push(if ok { 'A' } else { 'r' });
+            }
+        };
+        spend(&mut answers);
+        clock.advance_secs_f64(3.0);
+        for i in 0..3_000 {
+            store.decide_now(&login(&format!("user{i}")), Cost::Spend(1));
+            clock.advance_secs_f64(0.0005);
+        }
+        assert!(counted.lock().values().sum::<u64>() > 1_000, "the flood evicted");
+        spend(&mut answers);
+        assert_eq!(answers, "AAAAArrrrrrrrrrr");
     }
 
     #[test]
