@@ -149,6 +149,10 @@ impl BucketParams {
 
     /// Whether `cost` fits into a bucket holding `tokens` (already refilled).
     fn verdict(&self, tokens: f64, cost: Cost) -> Result<(), Rejection> {
+        if let Cost::Refund(_) = cost {
+            // a refund is answered OK whatever the rule, `requests_per_unit: 0` too
+            return Ok(());
+        }
         if self.tokens_per_unit == 0 || self.unit_secs == 0 {
             return Err(Rejection::Never(NeverReason::ZeroRate));
         }
@@ -474,6 +478,22 @@ mod tests {
             (10.0, 10),
             "a missing bucket is already full"
         );
+    }
+
+    /// A refund is answered OK on a `requests_per_unit: 0` rule too (it
+    /// was OVER_LIMIT): nothing refills there, so nothing changes.
+    #[test]
+    fn a_refund_on_a_rule_of_rate_0_is_answered_ok() {
+        let zero = BucketParams {
+            capacity: 0,
+            tokens_per_unit: 0,
+            unit_secs: 1,
+        };
+        let (_, o) = one(zero, None, SEC, Cost::Refund(3));
+        assert!(o.admitted);
+        assert_eq!((o.never, o.retry_after_secs), (None, None));
+        let (_, o) = one(zero, None, SEC, Cost::Spend(1));
+        assert_eq!(o.never, Some(NeverReason::ZeroRate));
     }
 
     #[test]

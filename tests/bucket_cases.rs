@@ -134,6 +134,19 @@ fn cases() -> Vec<Case> {
             cost: Cost::Refund(2),
         },
         Case {
+            name: "refund on a rule of rate 0 is admitted and stores nothing",
+            buckets: vec![(p(0, 0, 1), None)],
+            cost: Cost::Refund(2),
+        },
+        Case {
+            name: "refund to a bucket of rate 0 and another",
+            buckets: vec![
+                (p(10, 0, 1), Some((3.0, 0))),
+                (p(10, 6, 60), Some((2.0, 0))),
+            ],
+            cost: Cost::Refund(2),
+        },
+        Case {
             name: "lease from a full bucket takes up to its size",
             buckets: vec![(p(100, 60, 60), None)],
             cost: Cost::Lease {
@@ -345,6 +358,15 @@ async fn lua_and_rust_give_the_same_answers() {
             let key = redis_key(tag_hash(&descriptor.tag), &b.key);
             let stored = stored_bucket(&client, &key).await.map(|(t, _)| t);
             match (stored, admitted_and_spent, before) {
+                // rate 0: only a refund is admitted, and it writes nothing
+                (stored, true, before) if b.params.rate_per_sec() == 0.0 => {
+                    assert_eq!(
+                        stored,
+                        before.map(|s| s.tokens),
+                        "case '{}': a bucket of rate 0 is not written",
+                        case.name
+                    );
+                }
                 (Some(t), true, _) => {
                     let kind: String = client.r#type(key.clone()).await.expect("TYPE");
                     assert_eq!(kind, "string", "case '{}': written packed", case.name);

@@ -261,6 +261,11 @@ impl<C: Clock> MemoryStore<C> {
         let mut evicted = Vec::new();
         if writes {
             for ((b, state), p) in descriptor.buckets.iter().zip(new_states).zip(&params) {
+                if p.rate_per_sec() <= 0.0 {
+                    // rate 0 (only a refund gets here): never refills,
+                    // nothing of it is worth keeping
+                    continue;
+                }
                 let full_at = FullAt::of(p.full_at_micros(&state));
                 match shard.get_mut(b.key.as_slice()) {
                     Some(e) => {
@@ -524,10 +529,16 @@ mod tests {
         let mut put = |name: &str, e: Entry| shard.insert(name.as_bytes().into(), e);
         put("full", entry(10, 10.0, None, a)); // full already: dropped, not counted
         for i in 0..8 {
-            put(&format!("near{i}"), entry(100, 99.0 - f64::from(i), None, a)); // misses 1 + i
+            put(
+                &format!("near{i}"),
+                entry(100, 99.0 - f64::from(i), None, a),
+            ); // misses 1 + i
             put(&format!("drained{i}"), entry(100, 0.0, None, b)); // misses 100
-            // misses only 1, but rejected (a throttled client's cost-5 requests) 3 s ago
-            put(&format!("rejecting{i}"), entry(100, 99.0, Some(now - 3_000_000), b));
+                                                                   // misses only 1, but rejected (a throttled client's cost-5 requests) 3 s ago
+            put(
+                &format!("rejecting{i}"),
+                entry(100, 99.0, Some(now - 3_000_000), b),
+            );
         }
         let mut evicted = Vec::new();
         // cap 24: one pass frees an eighth, down to 21
@@ -602,7 +613,10 @@ mod tests {
             store.decide_now(&login(&format!("user{i}")), Cost::Spend(1));
             clock.advance_secs_f64(0.0005);
         }
-        assert!(counted.lock().values().sum::<u64>() > 1_000, "the flood evicted");
+        assert!(
+            counted.lock().values().sum::<u64>() > 1_000,
+            "the flood evicted"
+        );
         spend(&mut answers);
         assert_eq!(answers, "AAAAArrrrrrrrrrr");
     }
@@ -651,6 +665,15 @@ mod tests {
         // burst 10, then one per second from 0.3 s to 12 s: exactly 10 + 11
         // (an eviction would have brought it back full)
         assert_eq!(admitted, 10 + 11);
+    }
+
+    #[test]
+    fn a_refund_on_a_rule_of_rate_0_is_admitted_and_stores_nothing() {
+        let store = MemoryStore::new(ManualClock::new(1_000_000));
+        let zero = descriptor("blocked", 0, 0);
+        assert!(store.decide_now(&zero, Cost::Refund(2))[0].admitted);
+        assert!(!store.decide_now(&zero, Cost::Spend(1))[0].admitted);
+        assert_eq!(store.len(), 0);
     }
 
     #[test]

@@ -99,7 +99,9 @@ for i = 1, n do
   B[k + TOKENS], B[k + STAMP] = t, u
 
   local retry, never = -1, 0
-  if rate == 0 or unit == 0 then
+  if deducted < 0 then
+    -- a refund is answered OK whatever the rule, rate 0 too
+  elseif rate == 0 or unit == 0 then
     never = 1
   elseif needed > cap then
     never = 2
@@ -143,7 +145,11 @@ if all_admit and deducted ~= 0 then
     local k = S * (i - 1)
     local t = min(B[k + CAP], max(0, B[k + TOKENS] - deducted))
     B[k + TOKENS] = t
-    store(i, k, t, B[k + STAMP], ttl_ms(k, t))
+    -- a bucket of rate 0 (only a refund gets here) never refills: nothing
+    -- of it is worth a key that would never expire
+    if B[k + PER_SEC] > 0 then
+      store(i, k, t, B[k + STAMP], ttl_ms(k, t))
+    end
   end
 else
   for i = 1, n do
