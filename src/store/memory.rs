@@ -601,7 +601,7 @@ mod tests {
         };
         let alice = login("alice");
         let mut answers = String::new();
-        let mut spend = |answers: &mut String| {
+        let spend = |answers: &mut String| {
             for _ in 0..8 {
                 let ok = store.decide_now(&alice, Cost::Spend(1))[0].admitted;
                 answers.push(if ok { 'A' } else { 'r' });
