@@ -136,6 +136,26 @@ pub(super) struct KeyBranch {
     pub(super) default: Option<Node>,
 }
 
+impl KeyBranch {
+    /// The node `value` reaches, as [`Level::lookup`] chooses it: its exact
+    /// value, else the first wildcard it matches, else the key's default.
+    fn node_for(&self, value: &str) -> Option<&Node> {
+        self.exact
+            .get(value)
+            .or_else(|| {
+                self.wildcards
+                    .iter()
+                    .find(|w| w.pattern.matches(value))
+                    .map(|w| &w.node)
+            })
+            .or(self.default.as_ref())
+    }
+}
+
+/// Steps an RLQS bucket id's search for its order may take at most
+/// ([`Level::order_entries`]).
+pub const MAX_ORDER_STEPS: usize = 4096;
+
 #[derive(Debug)]
 pub(super) struct WildcardNode {
     pub(super) pattern: Wildcard,
@@ -210,13 +230,61 @@ impl Level {
         Some(Match { rule, values })
     }
 
-    /// Orders an unordered set of entries (an RLQS `bucket_id`) as a
-    /// descriptor path down this tree: at each level, the entry whose key
-    /// the level has (by key, alphabetically, when several do), then on
-    /// under the node its value reaches. Entries the walk cannot place are
-    /// appended in key order, so the path then reaches no rule, as a
-    /// descriptor with entries the tree does not have.
+    /// Orders an unordered set of entries (an RLQS `bucket_id`) as the
+    /// descriptor path down this tree that reaches a rule, as
+    /// `ShouldRateLimit` would with that path: the first such order found
+    /// trying, at each level, the entries whose key the level has in sorted
+    /// order (so the answer is the same whatever order the id came in), and
+    /// backtracking where a choice leads to no rule. When no order reaches
+    /// one, the greedy walk's order (which reaches none). The search stops
+    /// after [`MAX_ORDER_STEPS`] steps (an id is at most 32 entries; a tree
+    /// that branches on several of them at every level is the worst case).
     pub fn order_entries<'a>(&self, entries: &[(&'a str, &'a str)]) -> Vec<(&'a str, &'a str)> {
+        let mut left: Vec<(&'a str, &'a str)> = entries.to_vec();
+        left.sort_unstable();
+        let mut path = Vec::with_capacity(left.len());
+        let mut steps = MAX_ORDER_STEPS;
+        if self.search(self, &mut left, &mut path, &mut steps) {
+            return path;
+        }
+        self.greedy_order(entries)
+    }
+
+    /// Depth-first search for [`Level::order_entries`]: extends `path` with
+    /// the entries `left`, walking from `self` (a level under `root`).
+    fn search<'a>(
+        &self,
+        root: &Level,
+        left: &mut Vec<(&'a str, &'a str)>,
+        path: &mut Vec<(&'a str, &'a str)>,
+        steps: &mut usize,
+    ) -> bool {
+        if left.is_empty() {
+            return root.lookup(path.as_slice()).is_some();
+        }
+        for i in 0..left.len() {
+            if *steps == 0 {
+                return false;
+            }
+            *steps -= 1;
+            let (key, value) = left[i];
+            let Some(node) = self.keys.get(key).and_then(|b| b.node_for(value)) else {
+                continue;
+            };
+            left.remove(i);
+            path.push((key, value));
+            if node.children.search(root, left, path, steps) {
+                return true;
+            }
+            path.pop();
+            left.insert(i, (key, value));
+        }
+        false
+    }
+
+    /// The walk that takes, at each level, the first entry (by key) the
+    /// level has: what `order_entries` answers when no order reaches a rule.
+    fn greedy_order<'a>(&self, entries: &[(&'a str, &'a str)]) -> Vec<(&'a str, &'a str)> {
         let mut left: Vec<(&'a str, &'a str)> = entries.to_vec();
         left.sort_unstable();
         let mut path = Vec::with_capacity(left.len());
@@ -224,21 +292,7 @@ impl Level {
         while let Some(i) = left.iter().position(|(k, _)| level.keys.contains_key(*k)) {
             let (key, value) = left.remove(i);
             path.push((key, value));
-            let Some(branch) = level.keys.get(key) else {
-                break;
-            };
-            let node = branch
-                .exact
-                .get(value)
-                .or_else(|| {
-                    branch
-                        .wildcards
-                        .iter()
-                        .find(|w| w.pattern.matches(value))
-                        .map(|w| &w.node)
-                })
-                .or(branch.default.as_ref());
-            match node {
+            match level.keys.get(key).and_then(|b| b.node_for(value)) {
                 Some(node) => level = &node.children,
                 None => break,
             }
@@ -266,6 +320,46 @@ impl Level {
                     out.push(rule);
                 }
                 node.children.collect(out);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+impl Level {
+    /// For every node with a rule, a descriptor path reaching it in the
+    /// tree (exact values as they are, a wildcard's `*` as `x`, a key's
+    /// default as `any`), for tests that walk every rule.
+    pub(crate) fn example_paths(&self) -> Vec<Vec<(String, String)>> {
+        let mut out = Vec::new();
+        self.collect_paths(&mut Vec::new(), &mut out);
+        out
+    }
+
+    fn collect_paths(
+        &self,
+        prefix: &mut Vec<(String, String)>,
+        out: &mut Vec<Vec<(String, String)>>,
+    ) {
+        for (key, branch) in &self.keys {
+            let mut nodes: Vec<(String, &Node)> =
+                branch.exact.iter().map(|(v, n)| (v.clone(), n)).collect();
+            for w in &branch.wildcards {
+                let value = w.pattern.pattern().replace('*', "x");
+                if w.pattern.matches(&value) {
+                    nodes.push((value, &w.node));
+                }
+            }
+            if let Some(n) = &branch.default {
+                nodes.push(("any".to_string(), n));
+            }
+            for (value, node) in nodes {
+                prefix.push((key.clone(), value));
+                if node.rule.is_some() {
+                    out.push(prefix.clone());
+                }
+                node.children.collect_paths(prefix, out);
+                prefix.pop();
             }
         }
     }
