@@ -194,11 +194,13 @@ impl<E: Clone + Eq> Allocation<E> {
     }
 
     /// Where each reporting Envoy's share should be, ignoring what is live.
-    fn targets(&self) -> Vec<(E, Budget)> {
-        let active: Vec<(&E, f64)> = self
+    /// (index in `members`, target) for every member with a demand.
+    fn targets(&self) -> Vec<(usize, Budget)> {
+        let active: Vec<(usize, f64)> = self
             .members
             .iter()
-            .filter_map(|(e, m)| m.demand.map(|d| (e, d)))
+            .enumerate()
+            .filter_map(|(i, (_, m))| m.demand.map(|d| (i, d)))
             .collect();
         let n = active.len() as f64;
         if active.is_empty() {
@@ -209,7 +211,7 @@ impl<E: Clone + Eq> Allocation<E> {
         let total_demand: f64 = active.iter().map(|(_, d)| d).sum();
         active
             .into_iter()
-            .map(|(e, d)| {
+            .map(|(i, d)| {
                 let weight = if total_demand > 0.0 {
                     d / total_demand
                 } else {
@@ -217,7 +219,7 @@ impl<E: Clone + Eq> Allocation<E> {
                 };
                 // floor for everyone, the rest by demand: Σ weights = 1
                 let part = floor + (1.0 - FLOOR_FRACTION) * weight;
-                (e.clone(), assignable.scaled(part))
+                (i, assignable.scaled(part))
             })
             .collect()
     }
@@ -240,8 +242,8 @@ impl<E: Clone + Eq> Allocation<E> {
         // growth wanted beyond what each Envoy already reserves
         let wants: Vec<Budget> = targets
             .iter()
-            .map(|(e, t)| {
-                let have = self.member(e).map_or(Budget::ZERO, Member::reserved);
+            .map(|(i, t)| {
+                let have = self.members[*i].1.reserved();
                 Budget {
                     burst: (t.burst - have.burst).max(0.0),
                     rate: (t.rate - have.rate).max(0.0),
@@ -265,8 +267,8 @@ impl<E: Clone + Eq> Allocation<E> {
             },
         };
         let mut out = Vec::with_capacity(targets.len());
-        for ((e, target), want) in targets.into_iter().zip(wants) {
-            let member = self.member_mut(&e);
+        for ((i, target), want) in targets.into_iter().zip(wants) {
+            let (e, member) = &mut self.members[i];
             let have = member.reserved();
             let share = Budget {
                 burst: target.burst.min(have.burst + want.burst * fill.burst),
@@ -282,7 +284,7 @@ impl<E: Clone + Eq> Allocation<E> {
                     expires_micros,
                 }),
             }
-            out.push((e, share));
+            out.push((e.clone(), share));
         }
         debug_assert!(headroom.burst > -1e-6 && headroom.rate > -1e-6);
         out

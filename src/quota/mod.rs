@@ -62,6 +62,11 @@ pub const RESEND_THRESHOLD: f64 = 0.05;
 pub const MAX_BUCKETS_PER_STREAM: usize = 20_000;
 /// (stream, bucket) pairs one instance holds at most, all streams together.
 pub const MAX_SUBSCRIPTIONS: usize = 1_000_000;
+/// A bucket planned this recently is not planned again for a report of an
+/// Envoy it has already answered: the plan waits until this long after the
+/// last one and serves every report in between (a bucket many Envoys
+/// report is planned at most once a second, not once per report).
+pub const COALESCE_MICROS: u64 = 1_000_000;
 /// Bytes of bucket ids (their keys and values, and the domain) one
 /// instance holds at most, all buckets together: with the bounds on one id
 /// below, state is bounded in bytes, not only in counts.
@@ -171,6 +176,9 @@ struct Bucket {
     queued_micros: u64,
     /// Its entry in [`Quotas::shares`] (the bits of a fraction).
     fraction: Option<u64>,
+    /// When it was last planned (reports within [`COALESCE_MICROS`] of
+    /// that wait for one plan together).
+    planned_micros: u64,
 }
 
 /// A bucket to look at once `at` has come. A min-heap by time; entries
@@ -427,6 +435,20 @@ impl Quotas {
         touched.dedup();
         let mut pending = Pending::new();
         for key in &touched {
+            let Some(bucket) = self.buckets.get_mut(key) else {
+                continue;
+            };
+            let answered = bucket
+                .subs
+                .iter()
+                .any(|s| s.stream == stream && s.sent.is_some());
+            let next = bucket.planned_micros.saturating_add(COALESCE_MICROS);
+            if answered && bucket.planned_micros > 0 && now_micros < next && !self.shared {
+                // planned a moment ago: once more when the moment is over
+                bucket.due_micros = bucket.due_micros.min(next);
+                queue(&mut self.due, key, bucket);
+                continue;
+            }
             self.plan(key, rules, now_micros, Some(stream), &mut pending);
         }
         Ok(outbox(pending))
@@ -647,11 +669,30 @@ impl Quotas {
                     .collect()
             }
         };
+        // the members' places, so that offering to each is not a search
+        let places: HashMap<StreamId, usize> = if planned.len() > 8 {
+            bucket
+                .subs
+                .iter()
+                .enumerate()
+                .map(|(i, sub)| (sub.stream, i))
+                .collect()
+        } else {
+            HashMap::new()
+        };
         for (stream, what) in planned {
-            if let Some(a) = offer(bucket, stream, key, what, ttl, now_micros) {
+            let place = places
+                .get(&stream)
+                .copied()
+                .or_else(|| bucket.subs.iter().position(|s| s.stream == stream));
+            let Some(sub) = place.and_then(|i| bucket.subs.get_mut(i)) else {
+                continue;
+            };
+            if let Some(a) = offer(sub, key, what, ttl, now_micros) {
                 pending.entry(stream).or_default().push(a);
             }
         }
+        bucket.planned_micros = now_micros;
         let forget = bucket.subs.is_empty()
             && (self.shared
                 || (bucket.allocation.members() == 0
@@ -696,7 +737,9 @@ impl Quotas {
                 continue;
             }
             let what = Sent::Share(shared.share);
-            if let Some(a) = offer(bucket, step.stream, &key, what, step.ttl_micros, now_micros) {
+            let sub = bucket.subs.iter_mut().find(|s| s.stream == step.stream);
+            if let Some(a) = sub.and_then(|sub| offer(sub, &key, what, step.ttl_micros, now_micros))
+            {
                 pending.entry(step.stream).or_default().push(a);
             }
             let due = next_due(bucket, true, step.ttl_micros, now_micros);
@@ -730,6 +773,7 @@ fn new_bucket(rules: &RuleSet, key: &BucketKey, labels: &mut HashSet<Arc<str>>) 
         due_micros: NEVER,
         queued_micros: NEVER,
         fraction: None,
+        planned_micros: 0,
     }
 }
 
@@ -847,14 +891,12 @@ fn unindex(
 /// was last sent, or a third of the sent one's time to live has passed
 /// (re-sending the same only extends it); records it as sent.
 fn offer(
-    bucket: &mut Bucket,
-    stream: StreamId,
+    sub: &mut Subscription,
     key: &BucketKey,
     what: Sent,
     ttl: u64,
     now_micros: u64,
 ) -> Option<BucketAction> {
-    let sub = bucket.subs.iter_mut().find(|s| s.stream == stream)?;
     // the refresh is due by the life of what Envoy holds: when the
     // cadence was just learnt, the new time to live is longer
     let due = match sub.sent {

@@ -607,6 +607,13 @@ fn a_report_costs_its_buckets_and_a_tick_the_due_ones() {
     q.report(7, "edge", &[usage(&shared, 5, 5)], &r, 2 * SEC)
         .expect("report");
     assert!(q.take_visited() <= 1 + 2 * streams);
+    // every stream reports that bucket within the next second: one plan
+    // serves them all (each report planning it was streams² visits)
+    for s in 1..=streams {
+        q.report(s, "edge", &[usage(&shared, 5, 5)], &r, 3 * SEC + s)
+            .expect("report");
+    }
+    assert!(q.take_visited() <= 3 * streams);
     // a second of ticks while every stream reports every 5 s: the refreshes
     // come due a few times per time to live, not every bucket every tick
     for t in 2..=30 {
