@@ -107,6 +107,11 @@ struct Args {
     /// them: for the service's memory per (Envoy, bucket) at a real pace.
     #[arg(long, value_parser = humantime::parse_duration)]
     report_every: Option<Duration>,
+    /// RLQS throughput: each stream reports buckets of its own
+    /// (`{<key>: s<n>-k<i>}`) instead of the same ones as every other
+    /// stream: streams x buckets distinct buckets, one Envoy each.
+    #[arg(long)]
+    distinct_buckets: bool,
 }
 
 /// SplitMix64: fast, small, good enough to pick keys.
@@ -414,6 +419,7 @@ async fn run(args: Args) -> Result<()> {
                 streams: args.streams,
                 buckets: args.buckets,
                 report_every: args.report_every,
+                distinct: args.distinct_buckets,
                 duration: args.duration,
                 json: args.json,
             },

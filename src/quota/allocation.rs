@@ -118,7 +118,7 @@ impl<E: Clone + Eq> Allocation<E> {
         let at = match self.members.iter().position(|(e, _)| e == envoy) {
             Some(at) => at,
             None => {
-                self.members.push((envoy.clone(), Member::default()));
+                push_compact(&mut self.members, (envoy.clone(), Member::default()));
                 self.members.len() - 1
             }
         };
@@ -279,10 +279,13 @@ impl<E: Clone + Eq> Allocation<E> {
             match member.live.last_mut() {
                 // the same again: Envoy only extends its life
                 Some(last) if last.share == share => last.expires_micros = expires_micros,
-                _ => member.live.push(Grant {
-                    share,
-                    expires_micros,
-                }),
+                _ => push_compact(
+                    &mut member.live,
+                    Grant {
+                        share,
+                        expires_micros,
+                    },
+                ),
             }
             out.push((e.clone(), share));
         }
@@ -294,6 +297,16 @@ impl<E: Clone + Eq> Allocation<E> {
     pub fn current(&self, envoy: &E) -> Option<Budget> {
         self.member(envoy).and_then(Member::current)
     }
+}
+
+/// Pushes onto a vector that grows by half of its length (one at first)
+/// instead of doubling from four: most buckets have one member holding one
+/// assignment, and a million of them are the state's memory.
+pub(crate) fn push_compact<T>(v: &mut Vec<T>, item: T) {
+    if v.len() == v.capacity() {
+        v.reserve_exact((v.len() / 2).max(1));
+    }
+    v.push(item);
 }
 
 #[cfg(test)]

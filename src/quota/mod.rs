@@ -225,7 +225,9 @@ pub type Pending = HashMap<StreamId, Vec<BucketAction>>;
 #[derive(Debug, Default)]
 pub struct Quotas {
     streams: HashMap<StreamId, Stream>,
-    buckets: HashMap<Arc<BucketKey>, Bucket>,
+    /// Boxed: the map's slots stay small (it is at half its capacity right
+    /// after growing), each bucket allocated at its own size.
+    buckets: HashMap<Arc<BucketKey>, Box<Bucket>>,
     /// (stream, bucket) pairs held, all streams together.
     pairs: usize,
     /// Bytes of the bucket ids held (see [`MAX_KEY_BYTES`]).
@@ -383,10 +385,10 @@ impl Quotas {
             let bucket = self
                 .buckets
                 .entry(key.clone())
-                .or_insert_with(|| new_bucket(rules, &key, &mut self.labels));
+                .or_insert_with(|| Box::new(new_bucket(rules, &key, &mut self.labels)));
             if !held {
                 entry.buckets.insert(key.clone());
-                bucket.subs.push(Subscription::new(stream));
+                allocation::push_compact(&mut bucket.subs, Subscription::new(stream));
                 self.pairs += 1;
             }
             self.visited += 1;

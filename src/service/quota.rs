@@ -118,11 +118,16 @@ impl QuotaHub {
                 // the due buckets, a chunk at a time: reports waiting for
                 // the lock get in between chunks
                 let mut pending = Pending::new();
-                while hub
-                    .quotas
-                    .lock()
-                    .tick_some(&rules, now, TICK_CHUNK, &mut pending)
-                {
+                loop {
+                    let started = std::time::Instant::now();
+                    let more = hub
+                        .quotas
+                        .lock()
+                        .tick_some(&rules, now, TICK_CHUNK, &mut pending);
+                    hub.metrics.quota_busy("tick", started.elapsed());
+                    if !more {
+                        break;
+                    }
                     tokio::task::yield_now().await;
                 }
                 hub.send(outbox(pending));
@@ -213,6 +218,7 @@ impl QuotaHub {
         .entered();
         let rules = self.rules.load();
         let (out, (invalid, over_limit)) = {
+            let started = std::time::Instant::now();
             let mut quotas = self.quotas.lock();
             let out = quotas.report(
                 id,
@@ -221,7 +227,10 @@ impl QuotaHub {
                 &rules,
                 self.clock.now_micros(),
             );
-            (out, quotas.take_dropped())
+            let dropped = quotas.take_dropped();
+            drop(quotas);
+            self.metrics.quota_busy("report", started.elapsed());
+            (out, dropped)
         };
         self.metrics.quota_dropped("invalid", invalid);
         self.metrics.quota_dropped("bucket_limit", over_limit);

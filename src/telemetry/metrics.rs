@@ -71,6 +71,7 @@ struct QuotaMetrics {
     reports: IntCounterVec,
     assignments: IntCounterVec,
     dropped: IntCounterVec,
+    busy: prometheus::CounterVec,
 }
 
 impl QuotaMetrics {
@@ -113,11 +114,26 @@ impl QuotaMetrics {
                 "RLQS bucket assignments sent (new shares, refreshes, blanket rules)",
             ),
             dropped,
+            busy: {
+                let busy = prometheus::CounterVec::new(
+                    Opts::new(
+                        "rls_quota_busy_seconds_total",
+                        "RLQS: seconds the rls-quota thread spent on the state (work: report, tick), not counting the sending of messages",
+                    ),
+                    &["work"],
+                )
+                .expect("valid metric");
+                for work in ["report", "tick"] {
+                    busy.with_label_values(&[work]);
+                }
+                busy
+            },
         }
     }
 
     fn collectors(&self) -> Vec<Box<dyn prometheus::core::Collector>> {
         vec![
+            Box::new(self.busy.clone()),
             Box::new(self.streams.clone()),
             Box::new(self.share.clone()),
             Box::new(self.reports.clone()),
@@ -621,6 +637,14 @@ impl Metrics {
     }
 
     /// `reason`: `invalid`, `bucket_limit` or `outbox_full`.
+    /// Time the RLQS thread spent on `work` (report or tick).
+    pub fn quota_busy(&self, work: &str, spent: std::time::Duration) {
+        self.quota
+            .busy
+            .with_label_values(&[work])
+            .inc_by(spent.as_secs_f64());
+    }
+
     pub fn quota_dropped(&self, reason: &str, n: u64) {
         if n > 0 {
             self.quota.dropped.with_label_values(&[reason]).inc_by(n);

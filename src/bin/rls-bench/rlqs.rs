@@ -80,6 +80,8 @@ pub struct Settings<'a> {
     pub buckets: usize,
     /// `None`: as fast as the service takes reports.
     pub report_every: Option<Duration>,
+    /// Each stream its own buckets, else the same for all.
+    pub distinct: bool,
     pub duration: Duration,
     pub json: bool,
 }
@@ -103,7 +105,14 @@ async fn throughput(s: Settings<'_>) -> Result<()> {
     let mut tasks = Vec::new();
     for (n, envoy) in envoys.into_iter().enumerate() {
         let usages: Vec<BucketQuotaUsage> = (0..s.buckets.max(1))
-            .map(|i| usage(s.key, &format!("k{i}"), 10 + (n as u64 % 7)))
+            .map(|i| {
+                let value = if s.distinct {
+                    format!("s{n}-k{i}")
+                } else {
+                    format!("k{i}")
+                };
+                usage(s.key, &value, 10 + (n as u64 % 7))
+            })
             .collect();
         let domain = s.domain.to_string();
         let (reports, assignments) = (reports.clone(), assignments.clone());
