@@ -22,7 +22,9 @@ pub enum KeyOrigin {
 
 const VERSION: u8 = 1;
 
-fn put(out: &mut Vec<u8>, bytes: &[u8]) {
+/// Writes `bytes` with its length in front (LEB128), so that no two lists
+/// of strings encode alike.
+pub fn put(out: &mut Vec<u8>, bytes: &[u8]) {
     let mut n = bytes.len() as u64;
     loop {
         let low = (n & 0x7f) as u8;

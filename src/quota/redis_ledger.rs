@@ -11,6 +11,7 @@ use fred::prelude::Value;
 use super::allocation::Budget;
 use super::ledger::{shared_from_reply, Member, QuotaLedger, Shared, StepArgs};
 use super::BucketKey;
+use crate::limiter::key::put;
 use crate::store::redis::{redis_key, tag_hash, LuaScript, RedisStore};
 use crate::store::StoreError;
 
@@ -31,17 +32,17 @@ impl RedisLedger {
     }
 }
 
-/// `rls:{<hash>}:quota\0<domain>\0<key>\0<value>…`: the bucket's hash, in
-/// the slot of its own name.
+/// `rls:{<hash>}:quota\x01<domain><key><value>…`, each string with its
+/// length in front: the bucket's hash, in the slot of its own name. (The
+/// strings were joined with NUL, so `{a: "b\0c\0d"}` and `{a: b, c: d}`
+/// shared a ledger; the `\x01` marks the new layout.)
 pub fn ledger_key(key: &BucketKey) -> Bytes {
     let mut name = Vec::with_capacity(64);
-    name.extend_from_slice(b"quota\0");
-    name.extend_from_slice(key.domain.as_bytes());
+    name.extend_from_slice(b"quota\x01");
+    put(&mut name, key.domain.as_bytes());
     for (k, v) in &key.pairs {
-        name.push(0);
-        name.extend_from_slice(k.as_bytes());
-        name.push(0);
-        name.extend_from_slice(v.as_bytes());
+        put(&mut name, k.as_bytes());
+        put(&mut name, v.as_bytes());
     }
     redis_key(tag_hash(&name), &name)
 }
@@ -70,5 +71,38 @@ impl QuotaLedger for RedisLedger {
             .run_script(&self.script, ledger_key(key), &args)
             .await?;
         shared_from_reply(&reply)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(pairs: &[(&str, &str)]) -> BucketKey {
+        BucketKey {
+            domain: "edge".into(),
+            pairs: pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        }
+    }
+
+    /// Two different bucket ids never share a ledger, whatever bytes their
+    /// values hold (NUL-joined, these two did).
+    #[test]
+    fn ids_whose_strings_join_alike_have_their_own_ledgers() {
+        assert_ne!(
+            ledger_key(&key(&[("a", "b\0c\0d")])),
+            ledger_key(&key(&[("a", "b"), ("c", "d")]))
+        );
+        assert_ne!(
+            ledger_key(&key(&[("ab", "c")])),
+            ledger_key(&key(&[("a", "bc")]))
+        );
+        assert_eq!(
+            ledger_key(&key(&[("a", "b")])),
+            ledger_key(&key(&[("a", "b")]))
+        );
     }
 }
