@@ -161,6 +161,7 @@ pub async fn start(args: &ServeArgs) -> Result<RunningServer> {
         move || rules.load().generation()
     };
     limiter.leases().spawn_sweeper(LEASE_SWEEP, generation);
+    limiter.spawn_local_sweeper(Duration::from_secs(1));
     let service = RateLimitGrpc::new(
         rules.clone(),
         limiter.clone(),

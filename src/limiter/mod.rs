@@ -192,8 +192,9 @@ impl Limiter {
         metrics: Arc<Metrics>,
         max_in_flight: usize,
     ) -> Self {
-        // Bounded too: a flood of new values while the store fails would
-        // otherwise grow it without end (it is never swept).
+        // Bounded too, in buckets and bytes: a flood of new values while
+        // the store fails would otherwise grow it faster than the sweeper
+        // (`spawn_local_sweeper`) drops the full ones.
         let local = MemoryStore::with_cap(
             MonotonicClock::new(),
             crate::store::memory::DEFAULT_MAX_BUCKETS,
@@ -230,6 +231,20 @@ impl Limiter {
 
     pub fn leases(&self) -> &Arc<Leases<MonotonicClock>> {
         &self.leases
+    }
+
+    /// Drops the `local` failure mode's buckets that are full again, every
+    /// `every`, as the memory store's sweeper does for its own: what a
+    /// store outage left there does not wait for eviction to go.
+    pub fn spawn_local_sweeper(self: &Arc<Self>, every: std::time::Duration) {
+        crate::periodic::spawn_every(self, every, |limiter| {
+            limiter.local.evict_full();
+        });
+    }
+
+    /// Buckets the `local` failure mode holds now.
+    pub fn local_buckets(&self) -> usize {
+        self.local.len()
     }
 
     /// Decides every descriptor of one request. Each descriptor is decided on

@@ -382,3 +382,28 @@ async fn replaces_works_with_unlimited_rules_both_ways() {
         [Verdict::NoRule, Verdict::Unlimited]
     );
 }
+
+/// The `local` failure mode's buckets are swept once full again, as the
+/// memory store's are (they stayed until evicted).
+#[tokio::test]
+async fn the_local_failure_modes_buckets_are_swept_once_full() {
+    let r = rules();
+    let limiter = Arc::new(Limiter::new(
+        Arc::new(DeadStore),
+        FailureMode::Open,
+        1,
+        Arc::default(),
+    ));
+    assert_eq!(
+        verdicts(&limiter, &r, &[vec![("tiny_local", "x")]]).await,
+        [Verdict::Ok]
+    );
+    assert_eq!(limiter.local_buckets(), 1);
+    limiter.spawn_local_sweeper(std::time::Duration::from_millis(50));
+    // 60 a minute, burst 1: full again after a second
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while limiter.local_buckets() > 0 {
+        assert!(std::time::Instant::now() < deadline, "never swept");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}

@@ -9,7 +9,9 @@
 //!
 //! Request values choose buckets, so a client sending random values could
 //! still create them faster than they refill: the store holds at most
-//! `max_buckets` (each shard its share). A shard at its share makes room
+//! `max_buckets`, and at most [`BYTES_PER_BUCKET`] bytes for each of them
+//! (a bucket counts [`BUCKET_FIXED_BYTES`] plus its key: long values make
+//! it count for more), each shard its share. A shard at its share makes room
 //! before an insert by dropping, in one pass, the eighth of its buckets
 //! whose loss costs least. A dropped bucket comes back full, so dropping
 //! one that holds `t` of its `B` tokens hands its client `B − t` tokens
@@ -176,7 +178,51 @@ fn secs(micros: u64) -> u8 {
 }
 
 type Buckets = HashMap<Box<[u8]>, Entry>;
-type Shard = Mutex<Buckets>;
+
+/// What a bucket is counted for against the store's memory: its entry, its
+/// map slot and allocation, and its key.
+pub const BUCKET_FIXED_BYTES: usize = 136;
+/// The memory one bucket of `--max-buckets` stands for: what a bucket with a
+/// short key costs (168 bytes measured, keys of about 32 bytes). A store of
+/// N buckets holds at most N × this many bytes of buckets, so buckets with
+/// long values count for more than one.
+pub const BYTES_PER_BUCKET: usize = 168;
+
+fn bucket_bytes(key: &[u8]) -> usize {
+    BUCKET_FIXED_BYTES + key.len()
+}
+
+/// One shard's buckets and the bytes they are counted for.
+#[derive(Debug, Default)]
+struct ShardState {
+    buckets: Buckets,
+    bytes: usize,
+}
+
+impl ShardState {
+    /// Keeps the buckets `keep` says to keep, counting what goes.
+    fn retain(&mut self, mut keep: impl FnMut(&Entry) -> bool) {
+        let mut freed = 0;
+        self.buckets.retain(|k, e| {
+            let kept = keep(e);
+            if !kept {
+                freed += bucket_bytes(k);
+            }
+            kept
+        });
+        self.bytes -= freed;
+    }
+}
+
+#[cfg(test)]
+impl From<Buckets> for ShardState {
+    fn from(buckets: Buckets) -> Self {
+        let bytes = buckets.keys().map(|k| bucket_bytes(k)).sum();
+        Self { buckets, bytes }
+    }
+}
+
+type Shard = Mutex<ShardState>;
 
 /// Told how many buckets of a rule were evicted to make room.
 pub type EvictionSink = Arc<dyn Fn(RuleId, u64) + Send + Sync>;
@@ -208,7 +254,7 @@ impl<C: Clock> MemoryStore<C> {
             .next_power_of_two()
             .min(1 << max_buckets.ilog2());
         Self {
-            shards: (0..count).map(|_| Mutex::new(HashMap::new())).collect(),
+            shards: (0..count).map(|_| Mutex::default()).collect(),
             shard_cap: max_buckets / count,
             hasher: RandomState::new(),
             clock,
@@ -219,6 +265,16 @@ impl<C: Clock> MemoryStore<C> {
     /// The most buckets the store holds.
     pub fn max_buckets(&self) -> usize {
         self.shard_cap * self.shards.len()
+    }
+
+    /// The most bytes of buckets the store holds (see [`BYTES_PER_BUCKET`]).
+    pub fn max_bytes(&self) -> usize {
+        self.shard_cap * BYTES_PER_BUCKET * self.shards.len()
+    }
+
+    /// The bytes the buckets held now are counted for.
+    pub fn bytes(&self) -> usize {
+        self.shards.iter().map(|s| s.lock().bytes).sum()
     }
 
     fn shard(&self, tag: &[u8]) -> &Shard {
@@ -234,7 +290,7 @@ impl<C: Clock> MemoryStore<C> {
         let states: Vec<Option<BucketState>> = descriptor
             .buckets
             .iter()
-            .map(|b| shard.get(b.key.as_slice()).map(|e| e.state))
+            .map(|b| shard.buckets.get(b.key.as_slice()).map(|e| e.state))
             .collect();
         let (new_states, outcomes) = bucket::decide(&params, &states, now, cost);
         // Only an admitted request that spends (or refunds) changes anything: a
@@ -247,7 +303,7 @@ impl<C: Clock> MemoryStore<C> {
             // the bucket was written: it is full later now, not at the time
             // its old numbers gave (the Lua script lengthens the TTL alike).
             for ((b, p), o) in descriptor.buckets.iter().zip(&params).zip(&outcomes) {
-                if let Some(e) = shard.get_mut(b.key.as_slice()) {
+                if let Some(e) = shard.buckets.get_mut(b.key.as_slice()) {
                     e.full_at = e.full_at.max(FullAt::of(p.full_at_micros(&e.state)));
                     e.capacity = p.capacity as f32;
                     e.rate = p.rate_per_sec() as f32;
@@ -267,7 +323,7 @@ impl<C: Clock> MemoryStore<C> {
                     continue;
                 }
                 let full_at = FullAt::of(p.full_at_micros(&state));
-                match shard.get_mut(b.key.as_slice()) {
+                match shard.buckets.get_mut(b.key.as_slice()) {
                     Some(e) => {
                         e.state = state;
                         e.full_at = full_at;
@@ -278,10 +334,18 @@ impl<C: Clock> MemoryStore<C> {
                     }
                     None => {
                         let entry = Entry::new(state, p, b.rule, now);
-                        if shard.len() >= self.shard_cap {
-                            make_room(&mut shard, self.shard_cap, now, &mut evicted);
+                        let incoming = bucket_bytes(&b.key);
+                        let byte_cap = self.shard_cap * BYTES_PER_BUCKET;
+                        if shard.buckets.len() >= self.shard_cap
+                            || shard.bytes + incoming > byte_cap
+                        {
+                            let caps = (self.shard_cap, byte_cap);
+                            make_room(&mut shard, caps, incoming, now, &mut evicted);
                         }
-                        shard.insert(b.key.clone().into_boxed_slice(), entry);
+                        shard.bytes += incoming;
+                        shard
+                            .buckets
+                            .insert(b.key.clone().into_boxed_slice(), entry);
                     }
                 }
             }
@@ -310,11 +374,12 @@ impl<C: Clock> MemoryStore<C> {
         let mut dropped = 0;
         for shard in self.shards.iter() {
             let mut shard = shard.lock();
-            let before = shard.len();
-            shard.retain(|_, e| !e.full_at.passed(now));
-            dropped += before - shard.len();
-            if shard.capacity() > 64 && shard.capacity() > shard.len() * 4 {
-                shard.shrink_to_fit();
+            let before = shard.buckets.len();
+            shard.retain(|e| !e.full_at.passed(now));
+            dropped += before - shard.buckets.len();
+            let buckets = &mut shard.buckets;
+            if buckets.capacity() > 64 && buckets.capacity() > buckets.len() * 4 {
+                buckets.shrink_to_fit();
             }
         }
         dropped
@@ -322,7 +387,7 @@ impl<C: Clock> MemoryStore<C> {
 
     /// Buckets currently held (not full).
     pub fn len(&self) -> usize {
-        self.shards.iter().map(|s| s.lock().len()).sum()
+        self.shards.iter().map(|s| s.lock().buckets.len()).sum()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -330,29 +395,52 @@ impl<C: Clock> MemoryStore<C> {
     }
 }
 
-/// Makes room in a shard holding `cap` buckets or more: drops those full
-/// already, and if that is not an eighth of `cap`, the cheapest others (see
-/// the module's doc) until an eighth is free. Evicted buckets' rules go to
-/// `evicted`.
-fn make_room(shard: &mut Buckets, cap: usize, now: u64, evicted: &mut Vec<RuleId>) {
+/// Makes room in a shard at one of its caps (buckets, bytes) for a bucket
+/// of `incoming` bytes: drops those full already, and if that does not
+/// leave an eighth of both caps free, the cheapest others (see the
+/// module's doc) until it does. Evicted buckets' rules go to `evicted`.
+fn make_room(
+    shard: &mut ShardState,
+    (cap, byte_cap): (usize, usize),
+    incoming: usize,
+    now: u64,
+    evicted: &mut Vec<RuleId>,
+) {
     let target = cap - (cap / 8).max(1);
-    shard.retain(|_, e| !e.full_at.passed(now));
-    if shard.len() <= target {
+    let byte_target = byte_cap - byte_cap / 8;
+    shard.retain(|e| !e.full_at.passed(now));
+    let need_count = shard.buckets.len().saturating_sub(target);
+    let need_bytes = (shard.bytes + incoming).saturating_sub(byte_target);
+    if need_count == 0 && need_bytes == 0 {
         return;
     }
-    // Order of eviction: see the module's doc. Find the k-th cheapest,
-    // then drop everything cheaper and as many of its equals as make up k.
+    // Order of eviction: see the module's doc. Take the cheapest until both
+    // are freed, then drop everything cheaper than the last one taken and as
+    // many of its equals as were taken.
     let rank = |e: &Entry| e.eviction_rank(now);
-    let k = shard.len() - target;
-    let mut ranks: Vec<(bool, bool, u32)> = shard.values().map(rank).collect();
-    let (cheaper, kth, _) = ranks.select_nth_unstable(k - 1);
-    let kth = *kth;
-    let mut equal_quota = k - cheaper.iter().filter(|r| **r < kth).count();
-    shard.retain(|_, e| {
+    let mut ranks: Vec<((bool, bool, u32), usize)> = shard
+        .buckets
+        .iter()
+        .map(|(k, e)| (rank(e), bucket_bytes(k)))
+        .collect();
+    ranks.sort_unstable_by_key(|r| r.0);
+    let (mut taken, mut freed) = (0, 0);
+    for (_, bytes) in &ranks {
+        if taken >= need_count && freed >= need_bytes {
+            break;
+        }
+        taken += 1;
+        freed += bytes;
+    }
+    let Some(&(last, _)) = taken.checked_sub(1).and_then(|i| ranks.get(i)) else {
+        return;
+    };
+    let mut equal_quota = ranks[..taken].iter().filter(|r| r.0 == last).count();
+    shard.retain(|e| {
         let r = rank(e);
-        let drop = r < kth || (r == kth && equal_quota > 0);
+        let drop = r < last || (r == last && equal_quota > 0);
         if drop {
-            if r == kth {
+            if r == last {
                 equal_quota -= 1;
             }
             evicted.push(e.rule);
@@ -542,7 +630,9 @@ mod tests {
         }
         let mut evicted = Vec::new();
         // cap 24: one pass frees an eighth, down to 21
-        make_room(&mut shard, 24, now, &mut evicted);
+        let mut state = ShardState::from(shard);
+        make_room(&mut state, (24, usize::MAX), 0, now, &mut evicted);
+        let shard = state.buckets;
         assert_eq!(shard.len(), 21);
         assert_eq!(evicted, vec![a, a, a], "the three missing fewest tokens");
         for i in 0..3 {
@@ -551,7 +641,7 @@ mod tests {
         assert!(shard.contains_key(b"near3".as_slice()));
         // only drained and rejecting ones left: the drained go first, the
         // rejecting after every other
-        let mut shard: Buckets = (0..4)
+        let shard: Buckets = (0..4)
             .flat_map(|i| {
                 [
                     (format!("drained{i}"), entry(100, 0.0, None, a)),
@@ -561,11 +651,12 @@ mod tests {
             .map(|(k, e)| (k.into_bytes().into(), e))
             .collect();
         evicted.clear();
-        make_room(&mut shard, 8, now, &mut evicted);
+        let mut state = ShardState::from(shard);
+        make_room(&mut state, (8, usize::MAX), 0, now, &mut evicted);
         assert_eq!(evicted, vec![a]);
         // a rejection long ago no longer protects
         let old = now - (u64::from(REJECTED_RECENTLY_SECS) + 5) * 1_000_000;
-        let mut shard: Buckets = [
+        let shard: Buckets = [
             ("old", entry(100, 90.0, Some(old), a)),
             ("recent", entry(100, 99.0, Some(now), b)),
         ]
@@ -573,7 +664,8 @@ mod tests {
         .map(|(k, e)| (k.as_bytes().into(), e))
         .collect();
         evicted.clear();
-        make_room(&mut shard, 2, now, &mut evicted);
+        let mut state = ShardState::from(shard);
+        make_room(&mut state, (2, usize::MAX), 0, now, &mut evicted);
         assert_eq!(evicted, vec![a]);
     }
 
@@ -665,6 +757,40 @@ mod tests {
         // burst 10, then one per second from 0.3 s to 12 s: exactly 10 + 11
         // (an eviction would have brought it back full)
         assert_eq!(admitted, 10 + 11);
+    }
+
+    /// The store is bounded in bytes, not only in buckets: with values of
+    /// 1,000 bytes a bucket counts for about seven short ones (a bucket of
+    /// 1,000-byte values cost 1,223 bytes against the 168 the cap assumed).
+    #[test]
+    fn long_keys_count_for_more_and_the_bytes_stay_under_the_cap() {
+        let clock = ManualClock::new(1_000_000);
+        let (counted, sink) = counting();
+        let store = MemoryStore::with_cap(clock.clone(), 4096, Some(sink));
+        let long = "v".repeat(1_000);
+        for i in 0..20_000 {
+            let d = of_rule(&format!("{long}{i}"), RuleId::default());
+            assert!(store.decide_now(&d, Cost::Spend(5))[0].admitted);
+            assert!(
+                store.bytes() <= store.max_bytes(),
+                "{} bytes",
+                store.bytes()
+            );
+        }
+        let held = store.len();
+        assert!(held < store.max_buckets() / 6, "{held} long buckets held");
+        let evicted = counted.lock().values().sum::<u64>() as usize;
+        assert_eq!(evicted + held, 20_000, "held or counted");
+        // keys of 1,001 to 1,005 bytes
+        let per = store.bytes() as f64 / held as f64;
+        assert!(
+            (1_001.0..=1_005.0).contains(&(per - BUCKET_FIXED_BYTES as f64)),
+            "{per}"
+        );
+        // counted alike on the way in and out
+        clock.advance_secs_f64(100.0);
+        store.evict_full();
+        assert_eq!((store.len(), store.bytes()), (0, 0));
     }
 
     #[test]
