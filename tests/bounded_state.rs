@@ -4,38 +4,20 @@
 //! steadily on its own key meanwhile keeps its exact budget. Its own test
 //! binary, so that the resident-set reading sees only this test.
 
+mod common;
+
 use std::sync::Arc;
 
+use common::footprint::{api_key, rss};
+use common::sample;
 use tokenbucket_rls::bucket::{BucketParams, Cost};
 use tokenbucket_rls::clock::ManualClock;
 use tokenbucket_rls::labels::RuleId;
-use tokenbucket_rls::limiter::key::{bucket_key, descriptor_tag, KeyOrigin};
-use tokenbucket_rls::rules::BucketValue;
 use tokenbucket_rls::store::memory::MemoryStore;
-use tokenbucket_rls::store::{BucketRef, DescriptorBuckets};
 use tokenbucket_rls::telemetry::Metrics;
 
 const CAP: usize = 100_000;
 const FLOOD: usize = 2_000_000;
-
-/// Resident set size of this process in bytes, from /proc.
-fn rss() -> u64 {
-    let statm = std::fs::read_to_string("/proc/self/statm").expect("/proc/self/statm");
-    let pages: u64 = statm
-        .split_whitespace()
-        .nth(1)
-        .expect("rss field")
-        .parse()
-        .expect("number");
-    pages * 4096
-}
-
-fn sample(text: &str, name_and_labels: &str) -> Option<f64> {
-    text.lines()
-        .find(|l| l.starts_with(name_and_labels) && l[name_and_labels.len()..].starts_with(' '))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-}
 
 #[test]
 fn a_flood_of_new_values_stays_within_the_cap_and_a_steady_client_keeps_its_budget() {
@@ -54,21 +36,7 @@ fn a_flood_of_new_values_stays_within_the_cap_and_a_steady_client_keeps_its_budg
         tokens_per_unit: 10,
         unit_secs: 86_400,
     };
-    let descriptor = |value: &str| {
-        let tag = descriptor_tag(
-            KeyOrigin::Rule,
-            "edge",
-            [("api_key", BucketValue::Value(value))].into_iter(),
-        );
-        DescriptorBuckets {
-            buckets: vec![BucketRef {
-                key: bucket_key(&tag, "0"),
-                params,
-                rule,
-            }],
-            tag,
-        }
-    };
+    let descriptor = |value: &str| api_key(value, params, rule);
     let steady = descriptor("the-steady-client");
     // Fill to the cap first (the allocator and the shards' tables grown),
     // then measure the flood beyond it.

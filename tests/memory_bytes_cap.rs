@@ -4,24 +4,12 @@
 //! many such buckets arrive. Its own test binary, so that the resident-set
 //! reading sees only this test's allocations.
 
+mod common;
+
+use common::footprint::{api_key, rss};
 use tokenbucket_rls::bucket::{BucketParams, Cost};
 use tokenbucket_rls::clock::ManualClock;
-use tokenbucket_rls::limiter::key::{bucket_key, descriptor_tag, KeyOrigin};
-use tokenbucket_rls::rules::BucketValue;
 use tokenbucket_rls::store::memory::MemoryStore;
-use tokenbucket_rls::store::{BucketRef, DescriptorBuckets};
-
-/// Resident set size of this process in bytes, from /proc.
-fn rss() -> u64 {
-    let statm = std::fs::read_to_string("/proc/self/statm").expect("/proc/self/statm");
-    let pages: u64 = statm
-        .split_whitespace()
-        .nth(1)
-        .expect("rss field")
-        .parse()
-        .expect("number");
-    pages * 4096
-}
 
 #[test]
 fn buckets_of_long_values_stay_within_the_caps_bytes() {
@@ -33,22 +21,7 @@ fn buckets_of_long_values_stay_within_the_caps_bytes() {
         unit_secs: 60,
     };
     let pad = "v".repeat(1_000 - 9);
-    let descriptor = |i: usize| {
-        let value = format!("{pad}{i:09}");
-        let tag = descriptor_tag(
-            KeyOrigin::Rule,
-            "edge",
-            [("api_key", BucketValue::Value(value.as_str()))].into_iter(),
-        );
-        DescriptorBuckets {
-            buckets: vec![BucketRef {
-                key: bucket_key(&tag, "0"),
-                params,
-                rule: Default::default(),
-            }],
-            tag,
-        }
-    };
+    let descriptor = |i: usize| api_key(&format!("{pad}{i:09}"), params, Default::default());
     let before = rss();
     for i in 0..400_000 {
         assert!(store.decide_now(&descriptor(i), Cost::Spend(1))[0].admitted);

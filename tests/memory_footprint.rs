@@ -3,26 +3,14 @@
 //! one of them is dropped once it has refilled. Its own test binary, so that
 //! the resident-set reading sees only this test's allocations.
 
+mod common;
+
+use common::footprint::{api_key, rss};
 use tokenbucket_rls::bucket::{BucketParams, Cost};
 use tokenbucket_rls::clock::ManualClock;
-use tokenbucket_rls::limiter::key::{bucket_key, descriptor_tag, KeyOrigin};
-use tokenbucket_rls::rules::BucketValue;
 use tokenbucket_rls::store::memory::MemoryStore;
-use tokenbucket_rls::store::{BucketRef, DescriptorBuckets};
 
 const BUCKETS: usize = 1_000_000;
-
-/// Resident set size of this process in bytes, from /proc.
-fn rss() -> u64 {
-    let statm = std::fs::read_to_string("/proc/self/statm").expect("/proc/self/statm");
-    let pages: u64 = statm
-        .split_whitespace()
-        .nth(1)
-        .expect("rss field")
-        .parse()
-        .expect("number");
-    pages * 4096
-}
 
 #[test]
 fn a_million_idle_buckets_fit_in_200_bytes_each_and_are_evicted() {
@@ -34,22 +22,7 @@ fn a_million_idle_buckets_fit_in_200_bytes_each_and_are_evicted() {
         tokens_per_unit: 60,
         unit_secs: 60,
     };
-    let descriptor = |i: usize| {
-        let value = format!("key-{i:08}");
-        let tag = descriptor_tag(
-            KeyOrigin::Rule,
-            "edge",
-            [("api_key", BucketValue::Value(value.as_str()))].into_iter(),
-        );
-        DescriptorBuckets {
-            buckets: vec![BucketRef {
-                key: bucket_key(&tag, "0"),
-                params,
-                rule: Default::default(),
-            }],
-            tag,
-        }
-    };
+    let descriptor = |i: usize| api_key(&format!("key-{i:08}"), params, Default::default());
     // Warm the allocator and the shards' first growth before measuring.
     for i in 0..1_000 {
         store.decide_now(&descriptor(BUCKETS + i), Cost::Spend(1));
