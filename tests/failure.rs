@@ -376,3 +376,62 @@ async fn a_full_redis_warns_first_then_its_oom_errors_answer_by_the_failure_mode
         "a full Redis is not this instance's problem"
     );
 }
+
+/// A busy node is waited for while its breaker trusts it: with Redis busy
+/// for 300 ms at a time (`DEBUG SLEEP`: it answers, late) beside four
+/// busy loops, calls whose deadline is 1 s are all decided by Redis,
+/// exactly, not by the failure mode after the 50 ms `--redis-timeout` (as
+/// they were: the audit saw answers by the failure mode from nodes that
+/// were busy, not hung). A call without a deadline keeps the short timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_node_is_waited_for_within_the_callers_deadline() {
+    let redis = RedisServer::standalone();
+    let dir = rules_dir(RULES);
+    let (s, mut c) = start(&redis.url(), &dir, 50).await;
+    let first = call(&mut c, "busy").await;
+    assert!(from_store(&first));
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let neighbours: Vec<_> = (0..4)
+        .map(|_| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut x = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+                }
+                x
+            })
+        })
+        .collect();
+    let port = redis.port;
+    let busy = move || {
+        std::thread::spawn(move || common::redis::redis_cli(port, &["DEBUG", "SLEEP", "0.3"]))
+    };
+    let mut remaining = first.statuses[0].limit_remaining;
+    for _ in 0..5 {
+        let sleeping = busy();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let mut req = tonic::Request::new(request("d", vec![descriptor(&[("k", "busy")])]));
+        req.set_timeout(Duration::from_secs(1));
+        let r = c
+            .should_rate_limit(req)
+            .await
+            .expect("answered")
+            .into_inner();
+        assert_eq!(sleeping.join().expect("DEBUG SLEEP"), "OK\n");
+        assert!(from_store(&r), "decided by Redis, not the failure mode");
+        remaining -= 1;
+        assert_eq!(r.statuses[0].limit_remaining, remaining, "exact");
+    }
+    assert_eq!(metric(&s, "rls_failure_policy_total{mode=\"open\"}"), 0.0);
+    // no deadline: the short timeout, and the open failure mode answers
+    let sleeping = busy();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let r = call(&mut c, "busy").await;
+    sleeping.join().expect("DEBUG SLEEP");
+    assert!(!from_store(&r));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for n in neighbours {
+        let _ = n.join();
+    }
+}

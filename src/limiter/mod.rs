@@ -375,7 +375,7 @@ impl Limiter {
                 };
                 let call = self
                     .store
-                    .decide(buckets, *cost)
+                    .decide_patiently(buckets, *cost, budget)
                     .instrument(tracing::info_span!(target: SPAN_TARGET, "store.decide", store = self.store.name()));
                 let result = match budget {
                     Some(budget) => tokio::time::timeout(budget, call)

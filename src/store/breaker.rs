@@ -95,6 +95,13 @@ impl NodeBreaker {
         self.open || (self.probing && self.timeouts >= OPEN_AFTER)
     }
 
+    /// Whether the node is known to be alive: closed, its last call
+    /// answered, no probe out. Then a call may wait for it as long as the
+    /// caller can; while it is suspect, only the store's short timeout.
+    pub fn trusted(&self) -> bool {
+        !self.open && !self.probing && self.timeouts == 0 && self.connection_errors == 0
+    }
+
     /// Records a call's outcome. Returns (what changed, whether the caller
     /// must start the probe task).
     pub fn record(&mut self, outcome: CallOutcome) -> (Change, bool) {
@@ -329,11 +336,25 @@ impl<S: Store + Nodes> Store for Breakers<S> {
         descriptor: &DescriptorBuckets,
         cost: Cost,
     ) -> Result<Vec<BucketOutcome>, StoreError> {
+        self.decide_patiently(descriptor, cost, None).await
+    }
+
+    /// Waits up to `patience` for a node its breaker trusts (a busy node
+    /// still answers: a 50 ms timeout would hand its callers to the failure
+    /// mode while their deadline had room), and only the store's short
+    /// timeout for a suspect one.
+    async fn decide_patiently(
+        &self,
+        descriptor: &DescriptorBuckets,
+        cost: Cost,
+        patience: Option<std::time::Duration>,
+    ) -> Result<Vec<BucketOutcome>, StoreError> {
         let node = self.inner.node_of(descriptor);
         let cell = self.cell(&node);
         if cell.blocked.load(Ordering::Acquire) {
             return Err(StoreError::BreakerOpen);
         }
+        let patience = patience.filter(|_| cell.state.lock().trusted());
         // A call cut short by the caller's deadline (this future dropped)
         // counts as a timeout of the node.
         let mut pending = Pending {
@@ -342,7 +363,10 @@ impl<S: Store + Nodes> Store for Breakers<S> {
             cell,
             done: false,
         };
-        let result = self.inner.decide(descriptor, cost).await;
+        let result = self
+            .inner
+            .decide_patiently(descriptor, cost, patience)
+            .await;
         pending.done = true;
         if let Some(outcome) = CallOutcome::of(&result) {
             pending.record(outcome);

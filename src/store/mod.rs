@@ -83,6 +83,20 @@ pub trait Store: Send + Sync + 'static {
         cost: Cost,
     ) -> Result<Vec<BucketOutcome>, StoreError>;
 
+    /// [`Store::decide`] for a caller that can wait up to `patience` (its
+    /// share of the caller's deadline): a store whose node is known to be
+    /// alive may wait that long for a busy node instead of its own short
+    /// timeout. By default the same as `decide`.
+    async fn decide_patiently(
+        &self,
+        descriptor: &DescriptorBuckets,
+        cost: Cost,
+        patience: Option<std::time::Duration>,
+    ) -> Result<Vec<BucketOutcome>, StoreError> {
+        let _ = patience;
+        self.decide(descriptor, cost).await
+    }
+
     /// A short name for logs (`memory`, `redis`).
     fn name(&self) -> &'static str;
 

@@ -305,16 +305,27 @@ impl RedisStore {
         pool: &Pool,
         keys: &[Key],
         args: &[Value],
+        options: &Options,
     ) -> Result<Vec<i64>, RedisError> {
-        let client = pool.next().with_options(&self.options);
-        match client
-            .evalsha(&script.sha, keys.to_vec(), args.to_vec())
-            .await
-        {
-            Err(e) if e.details().starts_with("NOSCRIPT") => {
-                client.eval(script.body, keys.to_vec(), args.to_vec()).await
+        let client = pool.next().with_options(options);
+        let call = async {
+            match client
+                .evalsha(&script.sha, keys.to_vec(), args.to_vec())
+                .await
+            {
+                Err(e) if e.details().starts_with("NOSCRIPT") => {
+                    client.eval(script.body, keys.to_vec(), args.to_vec()).await
+                }
+                other => other,
             }
-            other => other,
+        };
+        // the call's own timeout, here: fred 10 cuts a command at the
+        // client's default timeout whatever the call's options say
+        match options.timeout {
+            Some(limit) => tokio::time::timeout(limit, call)
+                .await
+                .unwrap_or_else(|_| Err(RedisError::new(ErrorKind::Timeout, "Request timed out."))),
+            None => call.await,
         }
     }
 
@@ -328,6 +339,7 @@ impl RedisStore {
         slot: u16,
         keys: &[Key],
         args: &[Value],
+        options: &Options,
     ) -> Result<Vec<i64>, RedisError> {
         let pool = self
             .routing
@@ -337,14 +349,16 @@ impl RedisStore {
         let Some(cluster) = &self.cluster else {
             let pool =
                 pool.ok_or_else(|| RedisError::new(ErrorKind::Routing, "no Redis server"))?;
-            return self.run_on(script, &pool, keys, args).await;
+            return self.run_on(script, &pool, keys, args, options).await;
         };
         match pool {
-            Some(pool) => match self.run_on(script, &pool, keys, args).await {
-                Err(e) if is_redirection(&e) => self.run_on(script, cluster, keys, args).await,
+            Some(pool) => match self.run_on(script, &pool, keys, args, options).await {
+                Err(e) if is_redirection(&e) => {
+                    self.run_on(script, cluster, keys, args, options).await
+                }
                 other => other,
             },
-            None => self.run_on(script, cluster, keys, args).await,
+            None => self.run_on(script, cluster, keys, args, options).await,
         }
     }
 
@@ -357,7 +371,7 @@ impl RedisStore {
         args: &[Value],
     ) -> Result<Vec<i64>, StoreError> {
         let slot = fred::util::redis_keyslot(&key);
-        self.run(script, slot, &[Key::from(key)], args)
+        self.run(script, slot, &[Key::from(key)], args, &self.options)
             .await
             .map_err(store_error)
     }
@@ -513,6 +527,17 @@ impl Store for RedisStore {
         descriptor: &DescriptorBuckets,
         cost: Cost,
     ) -> Result<Vec<BucketOutcome>, StoreError> {
+        self.decide_patiently(descriptor, cost, None).await
+    }
+
+    /// Waits up to `patience` when it is longer than `--redis-timeout` (the
+    /// breaker passes it only for a node it trusts).
+    async fn decide_patiently(
+        &self,
+        descriptor: &DescriptorBuckets,
+        cost: Cost,
+        patience: Option<Duration>,
+    ) -> Result<Vec<BucketOutcome>, StoreError> {
         let hash = tag_hash(&descriptor.tag);
         let keys: Vec<Key> = descriptor
             .buckets
@@ -534,8 +559,20 @@ impl Store for RedisStore {
                 Value::Integer(b.params.unit_secs as i64),
             ]);
         }
+        let longer = patience.filter(|p| Some(*p) > self.options.timeout);
+        let patient;
+        let options = match longer {
+            Some(p) => {
+                patient = Options {
+                    timeout: Some(p),
+                    ..self.options.clone()
+                };
+                &patient
+            }
+            None => &self.options,
+        };
         let reply = self
-            .run(&self.script, slot_of(hash), &keys, &args)
+            .run(&self.script, slot_of(hash), &keys, &args, options)
             .await
             .map_err(store_error)?;
         outcomes(&reply, descriptor.buckets.len())

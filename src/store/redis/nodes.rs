@@ -24,6 +24,10 @@ use parking_lot::RwLock;
 /// Bound on the Redis clients' own connects and internal commands.
 pub const CLIENT_STALL_BOUND: Duration = Duration::from_millis(250);
 
+/// The longest a decision waits for a node its breaker trusts, whatever
+/// the caller's deadline.
+pub const MAX_PATIENCE: Duration = Duration::from_secs(5);
+
 /// How often the routing is read again from the cluster client's cache.
 pub const ROUTING_REFRESH: Duration = Duration::from_millis(250);
 
@@ -63,7 +67,11 @@ impl ClientRecipe {
                 c.max_command_buffer_len = 10_000;
             })
             .with_performance_config(|p| {
-                p.default_command_timeout = self.command_timeout;
+                // the longest a decision may wait: each is cut at its own
+                // timeout (`--redis-timeout`, or the caller's deadline for a
+                // node its breaker trusts) by the store, as fred 10 cuts a
+                // command at this default whatever the call's options say
+                p.default_command_timeout = self.command_timeout.max(MAX_PATIENCE);
             })
             .set_policy(reconnect_policy())
             .build_pool(self.pool_size.max(1))
