@@ -64,8 +64,10 @@ pub struct ServeArgs {
     /// redis://, rediss://, redis-cluster://h1:p1,h2:p2 or rediss-cluster://; user:password@ allowed.
     #[arg(long, env = "RLS_REDIS_URL")]
     pub redis_url: Option<String>,
-    /// Time allowed for one decision in Redis. A caller that sends a deadline
-    /// (Envoy sends its filter timeout as grpc-timeout) caps it at 90 % of that.
+    /// Time allowed for one decision in Redis while its node is suspect or
+    /// the caller sends no deadline. A caller's deadline (Envoy sends its
+    /// filter timeout as grpc-timeout) caps it at 90 % of that; a node its
+    /// breaker trusts is waited for up to that 90 % (at most 5 s).
     #[arg(long, env = "RLS_REDIS_TIMEOUT", default_value = "50ms", value_parser = humantime::parse_duration)]
     pub redis_timeout: Duration,
     /// For rediss://: PEM CA that signed the Redis servers' certificates (default: system roots).
