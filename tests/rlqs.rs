@@ -568,19 +568,9 @@ async fn config_shows_what_each_rule_gives_rlqs_buckets() {
 /// outbox overflows for streams that read.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn should_rate_limit_is_answered_beside_a_fleet_of_rlqs_streams() {
-    let rules = rules_dir(
-        r#"
-domain: edge
-descriptors:
-  - key: tenant
-    value: acme
-    descriptors:
-      - key: api_key
-        rate_limit: {unit: second, requests_per_unit: 100, burst: 200}
-  - key: user
-    rate_limit: {unit: hour, requests_per_unit: 200}
-"#,
-    );
+    let rules = rules_dir(&format!(
+        "{RULES}  - key: user\n    rate_limit: {{unit: hour, requests_per_unit: 200}}\n"
+    ));
     let mut args = serve_args(rules.path().to_path_buf());
     args.serving_threads = Some(1);
     let server = tokenbucket_rls::server::start(&args)

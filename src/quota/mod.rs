@@ -309,10 +309,6 @@ impl Quotas {
         self.steps.drain().map(|(_, step)| step).collect()
     }
 
-    pub fn open(&mut self, stream: StreamId) {
-        self.streams.entry(stream).or_default();
-    }
-
     /// Streams open now.
     pub fn streams(&self) -> usize {
         self.streams.len()
@@ -504,13 +500,7 @@ impl Quotas {
             }
         }
         let mut done = 0;
-        while done < max_buckets {
-            let Some(top) = self.due.peek() else {
-                break;
-            };
-            if top.at > now_micros {
-                break;
-            }
+        while done < max_buckets && self.due.peek().is_some_and(|d| d.at <= now_micros) {
             let Some(Due { at, key }) = self.due.pop() else {
                 break;
             };
@@ -534,7 +524,7 @@ impl Quotas {
     /// For each (domain, rule) with a split bucket: the largest fraction of
     /// one of its buckets' budget that live assignments may enforce (as of
     /// each bucket's last plan; never above 1: the allocation's bound).
-    pub fn assigned_fractions(&self, _now_micros: u64) -> Vec<(String, String, f64)> {
+    pub fn assigned_fractions(&self) -> Vec<(String, String, f64)> {
         let mut out: Vec<(String, String, f64)> = self
             .shares
             .iter()

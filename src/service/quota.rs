@@ -132,7 +132,7 @@ impl QuotaHub {
                 }
                 hub.send(outbox(pending));
                 hub.take_steps().await;
-                let fractions = hub.quotas.lock().assigned_fractions(hub.clock.now_micros());
+                let fractions = hub.quotas.lock().assigned_fractions();
                 hub.metrics.quota_shares(&fractions);
             }
         });

@@ -23,8 +23,8 @@
 //! client) only after every other. So a flood of new values, each missing a
 //! few tokens, never resets a throttled or drained client while a cheaper
 //! bucket exists.
-//! One pass per eighth of a shard: amortised O(1) per insert, under the
-//! shard's own lock only.
+//! One pass (a sort of the shard by that rank) per eighth of a shard:
+//! amortised O(log n) per insert, under the shard's own lock only.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
