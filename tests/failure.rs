@@ -378,7 +378,8 @@ async fn a_full_redis_warns_first_then_its_oom_errors_answer_by_the_failure_mode
 }
 
 /// A busy node is waited for while its breaker trusts it: with Redis busy
-/// for 300 ms at a time (`DEBUG SLEEP`: it answers, late) beside four
+/// for 300 ms at a time (`CLIENT PAUSE 300 ALL`: it answers, late; in
+/// effect once the command has answered, so no race with the call) beside four
 /// busy loops, calls whose deadline is 1 s are all decided by Redis,
 /// exactly, not by the failure mode after the 50 ms `--redis-timeout` (as
 /// they were: the audit saw answers by the failure mode from nodes that
@@ -403,14 +404,10 @@ async fn a_busy_node_is_waited_for_within_the_callers_deadline() {
             })
         })
         .collect();
-    let port = redis.port;
-    let busy = move || {
-        std::thread::spawn(move || common::redis::redis_cli(port, &["DEBUG", "SLEEP", "0.3"]))
-    };
+    let busy = || redis.cli(&["CLIENT", "PAUSE", "300", "ALL"]);
     let mut remaining = first.statuses[0].limit_remaining;
     for _ in 0..5 {
-        let sleeping = busy();
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        let paused = busy();
         let mut req = tonic::Request::new(request("d", vec![descriptor(&[("k", "busy")])]));
         req.set_timeout(Duration::from_secs(1));
         let r = c
@@ -418,17 +415,15 @@ async fn a_busy_node_is_waited_for_within_the_callers_deadline() {
             .await
             .expect("answered")
             .into_inner();
-        assert_eq!(sleeping.join().expect("DEBUG SLEEP"), "OK\n");
+        assert_eq!(paused, "OK\n");
         assert!(from_store(&r), "decided by Redis, not the failure mode");
         remaining -= 1;
         assert_eq!(r.statuses[0].limit_remaining, remaining, "exact");
     }
     assert_eq!(metric(&s, "rls_failure_policy_total{mode=\"open\"}"), 0.0);
     // no deadline: the short timeout, and the open failure mode answers
-    let sleeping = busy();
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(busy(), "OK\n");
     let r = call(&mut c, "busy").await;
-    sleeping.join().expect("DEBUG SLEEP");
     assert!(!from_store(&r));
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     for n in neighbours {

@@ -85,8 +85,6 @@ impl RedisServer {
             .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
             .args(["--maxmemory-policy", "noeviction"])
-            // DEBUG SLEEP from loopback: a node that is busy, not hung
-            .args(["--enable-debug-command", "local"])
             .arg("--dir")
             .arg(&self.dir)
             .args(&self.extra)
