@@ -161,6 +161,10 @@ descriptors:
     rate_limit: {unit: second, requests_per_unit: 0}
   - key: internal
     rate_limit: {unlimited: true}
+  - key: path
+    value: "/api/*"
+    share_threshold: true
+    rate_limit: {unit: second, requests_per_unit: 10, burst: 10}
 "#,
     )
     .expect("write");
@@ -173,6 +177,9 @@ descriptors:
         [
             "rlqs: domain edge, bucket_id keys {internal} -> internal: ALLOW_ALL",
             "rlqs:   expired_assignment_behavior: as the server's --failure-mode (open: ALLOW_ALL, closed: DENY_ALL)",
+            "rlqs: domain edge, bucket_id keys {path} -> path_/api/*: split between Envoys: burst 10, 10/s",
+            "rlqs:   expired_assignment_behavior: as the server's --failure-mode (open: ALLOW_ALL, closed: DENY_ALL)",
+            "rlqs:   note: share_threshold: every bucket id whose 'path' matches '/api/*' spends one budget, split between the (Envoy, bucket id) pairs reporting them (at most 4096)",
             "rlqs: domain edge, bucket_id keys {tenant, api_key} -> tenant_acme.api_key: split between Envoys: burst 3600, 1/s",
             "rlqs:   expired_assignment_behavior: fallback_rate_limit: {token_bucket: ...} of 1/N of burst 3600 and of 1/s (N: the Envoys)",
             "rlqs:   note: 2 limits: RLQS splits the one with the lowest rate only",

@@ -240,6 +240,39 @@ async fn two_envoys_split_a_rule_and_converge_on_equal_shares() {
     drop(b);
 }
 
+/// The audit's case over gRPC (#25 item 3): a `share_threshold` rule of
+/// 10/s; one report of four paths its pattern matches was assigned 9/s
+/// each. Now each path is answered under its own bucket id and together
+/// they hold at most the rule's budget.
+#[tokio::test]
+async fn paths_of_a_shared_pattern_split_one_budget() {
+    let rules = rules_dir(
+        r#"
+domain: edge
+descriptors:
+  - key: path
+    value: "/api/*"
+    share_threshold: true
+    rate_limit: {unit: second, requests_per_unit: 10, burst: 10}
+"#,
+    );
+    let server = serve(&rules).await;
+    let mut a = Envoy::connect(server.grpc_addr).await;
+    let paths = ["/api/a", "/api/b", "/api/c", "/api/d"];
+    a.send(
+        "edge",
+        paths.iter().map(|p| usage(&[("path", p)], 5, 1)).collect(),
+    );
+    let mut total = (0, 0.0);
+    for p in paths {
+        let (burst, rate) = bucket(&a.next(p, None).await);
+        assert!(burst >= 1 && rate > 0.0, "{p}: {burst} {rate}");
+        total = (total.0 + burst, total.1 + rate);
+    }
+    assert!(total.0 <= 10 && total.1 <= 10.0 + 1e-6, "{total:?}");
+    server.shutdown().await.expect("stop");
+}
+
 #[tokio::test]
 async fn a_stream_whose_first_report_has_no_domain_is_refused() {
     let rules = rules_dir(RULES);
@@ -305,11 +338,13 @@ async fn the_ledger_script_and_its_rust_copy_agree() {
     let key = ledger_key(&BucketKey {
         domain: "edge".into(),
         pairs: vec![("api_key".into(), "k1".into())],
+        shared: 0,
     });
     let members: Vec<Member> = (1..=4)
         .map(|i| Member {
             replica: i % 2,
             stream: u64::from(i),
+            tag: 0,
         })
         .collect();
     let mut seed: u64 = 0x2545_f491_4f6c_dd1d;

@@ -62,17 +62,23 @@ pub trait QuotaLedger: Send + Sync + 'static {
     ) -> Result<Shared, StoreError>;
 }
 
-/// A member: a replica (random at start) and one of its streams.
+/// A member: a replica (random at start), one of its streams, and in a
+/// `share_threshold` bucket which of the stream's bucket ids (its
+/// [`super::Pair`] tag; 0 in a bucket id's own bucket).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Member {
     pub replica: u32,
     pub stream: u64,
+    pub tag: u64,
 }
 
 impl Member {
-    /// Its field in the record.
+    /// Its field in the record: `replica:stream`, and `:tag` when it has one.
     pub fn field(&self) -> String {
-        format!("{}:{}", self.replica, self.stream)
+        match self.tag {
+            0 => format!("{}:{}", self.replica, self.stream),
+            tag => format!("{}:{}:{tag}", self.replica, self.stream),
+        }
     }
 }
 

@@ -14,7 +14,12 @@
 //! `shadow_mode` rule → ALLOW_ALL; `requests_per_unit: 0` → DENY_ALL; else a
 //! token bucket, this Envoy's share of the rule's bucket (of the limit with
 //! the lowest rate, when it has several). Each bucket id is one global bucket,
-//! split between the Envoys reporting it.
+//! split between the Envoys reporting it, except where its rule's path has a
+//! `share_threshold` pattern: as `ShouldRateLimit` spends one bucket for
+//! every value the pattern matches, every bucket id reaching that rule with
+//! such a value spends one budget, split between the (Envoy, bucket id)
+//! pairs reporting them (a shared bucket, keyed by the pattern: see
+//! [`BucketKey::shared`]).
 
 pub mod allocation;
 pub mod assignment;
@@ -35,8 +40,8 @@ use self::allocation::{smoothed, Allocation, Budget};
 use self::assignment::{action, moved, Sent};
 pub use self::assignment::{outbox, token_bucket};
 use self::ledger::Shared;
-use self::policy::rule_label;
 pub use self::policy::{describe_domain, expired_behavior, rule_notes, Policy};
+use self::policy::{rule_label, shared_key};
 use crate::rules::RuleSet;
 
 /// One Envoy's stream.
@@ -62,6 +67,10 @@ pub const RESEND_THRESHOLD: f64 = 0.05;
 pub const MAX_BUCKETS_PER_STREAM: usize = 20_000;
 /// (stream, bucket) pairs one instance holds at most, all streams together.
 pub const MAX_SUBSCRIPTIONS: usize = 1_000_000;
+/// (stream, bucket id) pairs one `share_threshold` bucket is split between
+/// at most; reports of more are not taken (each pair is one member of its
+/// split, looked up in a vector: this bounds what one report costs).
+pub const MAX_PAIRS_PER_SHARED_BUCKET: usize = 4096;
 /// A bucket planned this recently is not planned again for a report of an
 /// Envoy it has already answered: the plan waits until this long after the
 /// last one and serves every report in between (a bucket many Envoys
@@ -87,6 +96,10 @@ pub const SHARED_REFRESH_MICROS: u64 = 900_000;
 pub struct BucketKey {
     pub domain: String,
     pub pairs: Vec<(String, String)>,
+    /// 0 for a bucket id as Envoy sent it. For a `share_threshold` bucket,
+    /// bit `i` says that `pairs[i]`'s value is the pattern every value it
+    /// matches shares (so no id Envoy sends is taken for it).
+    pub shared: u64,
 }
 
 impl BucketKey {
@@ -100,6 +113,7 @@ impl BucketKey {
         Self {
             domain: domain.to_owned(),
             pairs,
+            shared: 0,
         }
     }
 
@@ -120,10 +134,20 @@ impl BucketKey {
     }
 }
 
+/// A member of a bucket's split: a stream, and which of its bucket ids
+/// (0 for a bucket id's own bucket: one per stream; else a number the
+/// stream gave the id in a shared bucket).
+pub type Pair = (StreamId, u64);
+
 /// A bucket as one stream reports it.
 #[derive(Debug, Clone)]
 struct Subscription {
     stream: StreamId,
+    /// See [`Pair`].
+    tag: u64,
+    /// In a shared bucket: the bucket id Envoy reports (what its actions
+    /// name). `None` in a bucket id's own bucket.
+    id: Option<Arc<BucketKey>>,
     last_report_micros: u64,
     /// Smoothed time between reports.
     interval_micros: u64,
@@ -139,9 +163,11 @@ struct Subscription {
 }
 
 impl Subscription {
-    fn new(stream: StreamId) -> Self {
+    fn new(stream: StreamId, tag: u64, id: Option<Arc<BucketKey>>) -> Self {
         Self {
             stream,
+            tag,
+            id,
             last_report_micros: 0,
             interval_micros: 0,
             sent: None,
@@ -149,6 +175,20 @@ impl Subscription {
             demand: None,
             stepped_micros: 0,
         }
+    }
+
+    fn pair(&self) -> Pair {
+        (self.stream, self.tag)
+    }
+
+    /// Whether it is `stream`'s subscription to bucket id `id`.
+    fn is(&self, stream: StreamId, id: &Arc<BucketKey>) -> bool {
+        self.stream == stream && self.id.as_ref().is_none_or(|own| Arc::ptr_eq(own, id))
+    }
+
+    /// The bucket id Envoy knows, in the bucket `key`.
+    fn id<'a>(&'a self, key: &'a BucketKey) -> &'a BucketKey {
+        self.id.as_deref().unwrap_or(key)
     }
 }
 
@@ -162,7 +202,7 @@ struct Bucket {
     /// rule, shared by its buckets.
     rule: Option<Arc<str>>,
     generation: u64,
-    allocation: Allocation<StreamId>,
+    allocation: Allocation<Pair>,
     /// With a shared ledger: Σ reserved by all replicas' Envoys, as the
     /// last step saw it.
     shared_reserved: Budget,
@@ -211,7 +251,11 @@ impl Ord for Due {
 #[derive(Debug, Default)]
 struct Stream {
     domain: Option<String>,
-    buckets: HashSet<Arc<BucketKey>>,
+    /// The bucket ids it reports, each with the shared bucket it spends
+    /// (`None`: its own).
+    buckets: HashMap<Arc<BucketKey>, Option<Arc<BucketKey>>>,
+    /// The last [`Pair`] tag given to one of its ids in a shared bucket.
+    last_tag: u64,
 }
 
 /// Actions per stream not yet made into messages.
@@ -251,9 +295,9 @@ pub struct Quotas {
     /// Shared buckets are not planned here but queued as [`Step`]s, and
     /// [`Quotas::granted`] takes the ledger's answers.
     shared: bool,
-    /// Queued ledger steps, one per (stream, bucket): a newer one replaces
+    /// Queued ledger steps, one per (pair, bucket): a newer one replaces
     /// an older one not taken yet, so the queue never outgrows the pairs.
-    steps: HashMap<(StreamId, BucketKey), Step>,
+    steps: HashMap<(Pair, BucketKey), Step>,
     /// Bucket reports not taken since the last [`Quotas::take_dropped`]:
     /// (invalid, over a limit).
     dropped: (u64, u64),
@@ -266,6 +310,8 @@ pub struct Quotas {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Step {
     pub stream: StreamId,
+    /// The [`Pair`] tag of the stream's bucket id (0 in its own bucket).
+    pub tag: u64,
     pub key: BucketKey,
     pub demand: Option<f64>,
     pub budget: Budget,
@@ -350,7 +396,8 @@ impl Quotas {
                 domain.to_owned()
             }
         };
-        let mut touched: Vec<Arc<BucketKey>> = Vec::with_capacity(usages.len());
+        // the buckets reported, each with whether one of its pairs is new
+        let mut touched: Vec<(Arc<BucketKey>, bool)> = Vec::with_capacity(usages.len());
         for usage in usages {
             // a report Envoy should not send is passed over, not the stream
             // ended: its other buckets stay served
@@ -358,39 +405,52 @@ impl Quotas {
                 self.dropped.0 += 1;
                 continue;
             };
-            let key = BucketKey::new(&domain, id);
-            let held = entry.buckets.contains(&key);
-            if !held
-                && (entry.buckets.len() >= MAX_BUCKETS_PER_STREAM
-                    || self.pairs >= MAX_SUBSCRIPTIONS)
-            {
-                self.dropped.1 += 1;
-                continue;
-            }
-            let key = match self.buckets.get_key_value(&key) {
-                Some((k, _)) => k.clone(),
-                None if self.key_bytes + key.bytes() > MAX_KEY_BYTES => {
+            let id = BucketKey::new(&domain, id);
+            let entry = self.streams.entry(stream).or_default();
+            let (id, key) = match entry.buckets.get_key_value(&id) {
+                Some((id, shared)) => (id.clone(), shared.clone().unwrap_or_else(|| id.clone())),
+                None if entry.buckets.len() >= MAX_BUCKETS_PER_STREAM
+                    || self.pairs >= MAX_SUBSCRIPTIONS =>
+                {
                     self.dropped.1 += 1;
                     continue;
                 }
                 None => {
-                    self.key_bytes += key.bytes();
-                    Arc::new(key)
+                    let Some((id, key)) = self.admit(rules, id) else {
+                        self.dropped.1 += 1;
+                        continue;
+                    };
+                    let bucket = self.buckets.entry(key.clone()).or_insert_with(|| {
+                        Box::new(new_bucket(
+                            rules,
+                            id.as_deref().unwrap_or(&key),
+                            &mut self.labels,
+                        ))
+                    });
+                    let entry = self.streams.entry(stream).or_default();
+                    let tag = if id.is_some() {
+                        entry.last_tag += 1;
+                        entry.last_tag
+                    } else {
+                        0
+                    };
+                    let sub = Subscription::new(stream, tag, id.clone());
+                    allocation::push_compact(&mut bucket.subs, sub);
+                    self.pairs += 1;
+                    let id = id.unwrap_or_else(|| key.clone());
+                    let shared = (!Arc::ptr_eq(&id, &key)).then(|| key.clone());
+                    entry.buckets.insert(id.clone(), shared);
+                    (id, key)
                 }
             };
-            let bucket = self
-                .buckets
-                .entry(key.clone())
-                .or_insert_with(|| Box::new(new_bucket(rules, &key, &mut self.labels)));
-            if !held {
-                entry.buckets.insert(key.clone());
-                allocation::push_compact(&mut bucket.subs, Subscription::new(stream));
-                self.pairs += 1;
-            }
-            self.visited += 1;
-            let Some(sub) = bucket.subs.iter_mut().find(|s| s.stream == stream) else {
+            let Some(bucket) = self.buckets.get_mut(&key) else {
                 continue;
             };
+            self.visited += 1;
+            let Some(sub) = bucket.subs.iter_mut().find(|s| s.is(stream, &id)) else {
+                continue;
+            };
+            let fresh = sub.sent.is_none();
             // a report without elapsed time counts over the usual interval
             let given = usage
                 .time_elapsed
@@ -425,23 +485,21 @@ impl Quotas {
             if self.shared {
                 sub.demand = Some(smoothed(sub.demand, requests, elapsed_secs));
             } else {
-                bucket.allocation.report(&stream, requests, elapsed_secs);
+                let pair = sub.pair();
+                bucket.allocation.report(&pair, requests, elapsed_secs);
             }
-            touched.push(key);
+            touched.push((key, fresh));
         }
-        touched.sort_unstable();
-        touched.dedup();
+        // each bucket once, new if one of its pairs is
+        touched.sort_unstable_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
+        touched.dedup_by(|a, b| a.0 == b.0);
         let mut pending = Pending::new();
-        for key in &touched {
+        for (key, fresh) in &touched {
             let Some(bucket) = self.buckets.get_mut(key) else {
                 continue;
             };
-            let answered = bucket
-                .subs
-                .iter()
-                .any(|s| s.stream == stream && s.sent.is_some());
             let next = bucket.planned_micros.saturating_add(COALESCE_MICROS);
-            if answered && bucket.planned_micros > 0 && now_micros < next && !self.shared {
+            if !fresh && bucket.planned_micros > 0 && now_micros < next && !self.shared {
                 // planned a moment ago: once more when the moment is over
                 bucket.due_micros = bucket.due_micros.min(next);
                 queue(&mut self.due, key, bucket);
@@ -452,21 +510,89 @@ impl Quotas {
         Ok(outbox(pending))
     }
 
+    /// A bucket id a stream reports for the first time: the bucket it
+    /// spends (its own, or the shared one of its rule's `share_threshold`
+    /// pattern) and, for a shared one, the id to keep with the stream's
+    /// subscription; their bytes counted. `None` when that would go over
+    /// [`MAX_KEY_BYTES`] or [`MAX_PAIRS_PER_SHARED_BUCKET`].
+    fn admit(
+        &mut self,
+        rules: &RuleSet,
+        id: BucketKey,
+    ) -> Option<(Option<Arc<BucketKey>>, Arc<BucketKey>)> {
+        let Some(shared) = shared_key(rules, &id) else {
+            let key = match self.buckets.get_key_value(&id) {
+                Some((key, _)) => key.clone(),
+                None if self.key_bytes + id.bytes() > MAX_KEY_BYTES => return None,
+                None => {
+                    self.key_bytes += id.bytes();
+                    Arc::new(id)
+                }
+            };
+            return Some((None, key));
+        };
+        let (key, key_bytes) = match self.buckets.get_key_value(&shared) {
+            Some((_, b)) if b.subs.len() >= MAX_PAIRS_PER_SHARED_BUCKET => return None,
+            Some((key, _)) => (key.clone(), 0),
+            None => {
+                let bytes = shared.bytes();
+                (Arc::new(shared), bytes)
+            }
+        };
+        let bytes = key_bytes + id.bytes();
+        if self.key_bytes + bytes > MAX_KEY_BYTES {
+            return None;
+        }
+        self.key_bytes += bytes;
+        Some((Some(Arc::new(id)), key))
+    }
+
+    /// Takes `stream`'s subscription to bucket id `id` out of `bucket`
+    /// (keyed `key`), with its bytes; the split forgets it.
+    fn unsubscribe(
+        &mut self,
+        key: &Arc<BucketKey>,
+        stream: StreamId,
+        id: &Arc<BucketKey>,
+        now_micros: u64,
+    ) {
+        let Some(bucket) = self.buckets.get_mut(key) else {
+            return;
+        };
+        let Some(at) = bucket.subs.iter().position(|s| s.is(stream, id)) else {
+            return;
+        };
+        let sub = bucket.subs.swap_remove(at);
+        self.pairs -= 1;
+        if let Some(own) = &sub.id {
+            self.key_bytes -= own.bytes();
+        }
+        leave(
+            bucket,
+            &mut self.steps,
+            self.shared,
+            sub.pair(),
+            key,
+            now_micros,
+        );
+    }
+
     /// A stream closed: its buckets are re-split between the others.
     pub fn close(&mut self, stream: StreamId, rules: &RuleSet, now_micros: u64) -> Outbox {
         let Some(s) = self.streams.remove(&stream) else {
             return Vec::new();
         };
+        let mut keys = Vec::with_capacity(s.buckets.len());
+        for (id, shared) in s.buckets {
+            let key = shared.unwrap_or_else(|| id.clone());
+            self.visited += 1;
+            self.unsubscribe(&key, stream, &id, now_micros);
+            keys.push(key);
+        }
+        keys.sort_unstable();
+        keys.dedup();
         let mut pending = Pending::new();
-        for key in &s.buckets {
-            if let Some(b) = self.buckets.get_mut(key) {
-                self.visited += 1;
-                if let Some(at) = b.subs.iter().position(|sub| sub.stream == stream) {
-                    b.subs.swap_remove(at);
-                    self.pairs -= 1;
-                }
-                leave(b, &mut self.steps, self.shared, stream, key, now_micros);
-            }
+        for key in &keys {
             self.plan(key, rules, now_micros, None, &mut pending);
         }
         outbox(pending)
@@ -537,6 +663,46 @@ impl Quotas {
         out
     }
 
+    /// The rules were reloaded since `key` was last planned: its policy and
+    /// rule again, and members whose bucket id now spends another bucket
+    /// (a `share_threshold` added or taken away) leave it: their next
+    /// report joins that one, and what they were sent stays reserved here
+    /// until it expires.
+    fn reload(&mut self, key: &Arc<BucketKey>, rules: &RuleSet, now_micros: u64) {
+        let Some(bucket) = self.buckets.get(key) else {
+            return;
+        };
+        let own_moved = key.shared == 0 && shared_key(rules, key).is_some();
+        let moved: Vec<(StreamId, Arc<BucketKey>)> = bucket
+            .subs
+            .iter()
+            .filter(|sub| match &sub.id {
+                Some(id) => shared_key(rules, id).as_ref() != Some(&**key),
+                None => own_moved,
+            })
+            .map(|sub| (sub.stream, sub.id.clone().unwrap_or_else(|| key.clone())))
+            .collect();
+        for (stream, id) in moved {
+            self.unsubscribe(key, stream, &id, now_micros);
+            if let Some(s) = self.streams.get_mut(&stream) {
+                s.buckets.remove(&id);
+            }
+        }
+        let Some(bucket) = self.buckets.get_mut(key) else {
+            return;
+        };
+        unindex(&mut self.shares, key, bucket);
+        let probe = bucket
+            .subs
+            .first()
+            .and_then(|sub| sub.id.clone())
+            .unwrap_or_else(|| key.clone());
+        bucket.policy = Policy::of(rules, &probe.domain, &probe.pairs);
+        bucket.rule =
+            rule_label(rules, &probe.domain, &probe.pairs).map(|l| intern(&mut self.labels, l));
+        bucket.generation = rules.generation();
+    }
+
     /// Looks at one bucket: quiet members leave it, idle ones are told to
     /// abandon it, it is planned, and what each member must be sent is
     /// added to `pending`: a changed share at once, an unchanged one when a
@@ -556,17 +722,17 @@ impl Quotas {
         reporter: Option<StreamId>,
         pending: &mut Pending,
     ) {
+        if self
+            .buckets
+            .get(key)
+            .is_some_and(|b| b.generation != rules.generation())
+        {
+            self.reload(key, rules, now_micros);
+        }
         let Some(bucket) = self.buckets.get_mut(key) else {
             return;
         };
         self.visited += bucket.subs.len() as u64;
-        if bucket.generation != rules.generation() {
-            unindex(&mut self.shares, key, bucket);
-            bucket.policy = Policy::of(rules, &key.domain, &key.pairs);
-            bucket.rule =
-                rule_label(rules, &key.domain, &key.pairs).map(|l| intern(&mut self.labels, l));
-            bucket.generation = rules.generation();
-        }
         // members quiet for too long leave; idle ones are told to abandon it
         let mut i = 0;
         while i < bucket.subs.len() {
@@ -582,23 +748,25 @@ impl Quotas {
                 i += 1;
                 continue;
             }
-            let stream = sub.stream;
-            bucket.subs.swap_remove(i);
+            let sub = bucket.subs.swap_remove(i);
             self.pairs -= 1;
-            if let Some(s) = self.streams.get_mut(&stream) {
-                s.buckets.remove(key);
+            if let Some(s) = self.streams.get_mut(&sub.stream) {
+                s.buckets.remove(sub.id(key));
+            }
+            if let Some(own) = &sub.id {
+                self.key_bytes -= own.bytes();
             }
             leave(
                 bucket,
                 &mut self.steps,
                 self.shared,
-                stream,
+                sub.pair(),
                 key,
                 now_micros,
             );
             if idle {
-                pending.entry(stream).or_default().push(BucketAction {
-                    bucket_id: Some(key.id()),
+                pending.entry(sub.stream).or_default().push(BucketAction {
+                    bucket_id: Some(sub.id(key).id()),
                     bucket_action: Some(bucket_action::BucketAction::AbandonAction(
                         bucket_action::AbandonAction {},
                     )),
@@ -613,7 +781,7 @@ impl Quotas {
             .max()
             .unwrap_or(0);
         let ttl = ttl_micros(interval);
-        let planned: Vec<(StreamId, Sent)> = match bucket.policy {
+        let planned: Vec<(Pair, Sent)> = match bucket.policy {
             Policy::Shared(budget) if self.shared => {
                 for sub in &mut bucket.subs {
                     let due = Some(sub.stream) == reporter
@@ -623,9 +791,10 @@ impl Quotas {
                     }
                     sub.stepped_micros = now_micros;
                     self.steps.insert(
-                        (sub.stream, BucketKey::clone(key)),
+                        (sub.pair(), BucketKey::clone(key)),
                         Step {
                             stream: sub.stream,
+                            tag: sub.tag,
                             key: BucketKey::clone(key),
                             demand: Some(sub.demand.unwrap_or(0.0)),
                             budget,
@@ -657,31 +826,31 @@ impl Quotas {
                 bucket
                     .subs
                     .iter()
-                    .map(|sub| (sub.stream, Sent::Blanket(rule)))
+                    .map(|sub| (sub.pair(), Sent::Blanket(rule)))
                     .collect()
             }
         };
         // the members' places, so that offering to each is not a search
-        let places: HashMap<StreamId, usize> = if planned.len() > 8 {
+        let places: HashMap<Pair, usize> = if planned.len() > 8 {
             bucket
                 .subs
                 .iter()
                 .enumerate()
-                .map(|(i, sub)| (sub.stream, i))
+                .map(|(i, sub)| (sub.pair(), i))
                 .collect()
         } else {
             HashMap::new()
         };
-        for (stream, what) in planned {
+        for (pair, what) in planned {
             let place = places
-                .get(&stream)
+                .get(&pair)
                 .copied()
-                .or_else(|| bucket.subs.iter().position(|s| s.stream == stream));
+                .or_else(|| bucket.subs.iter().position(|s| s.pair() == pair));
             let Some(sub) = place.and_then(|i| bucket.subs.get_mut(i)) else {
                 continue;
             };
             if let Some(a) = offer(sub, key, what, ttl, now_micros) {
-                pending.entry(stream).or_default().push(a);
+                pending.entry(pair.0).or_default().push(a);
             }
         }
         bucket.planned_micros = now_micros;
@@ -729,7 +898,10 @@ impl Quotas {
                 continue;
             }
             let what = Sent::Share(shared.share);
-            let sub = bucket.subs.iter_mut().find(|s| s.stream == step.stream);
+            let sub = bucket
+                .subs
+                .iter_mut()
+                .find(|s| s.pair() == (step.stream, step.tag));
             if let Some(a) = sub.and_then(|sub| offer(sub, &key, what, step.ttl_micros, now_micros))
             {
                 pending.entry(step.stream).or_default().push(a);
@@ -753,11 +925,12 @@ fn valid_id(id: &BucketId) -> bool {
         })
 }
 
-/// A bucket seen for the first time.
-fn new_bucket(rules: &RuleSet, key: &BucketKey, labels: &mut HashSet<Arc<str>>) -> Bucket {
+/// A bucket seen for the first time, for bucket id `id` (its own, or the
+/// first of a shared one's).
+fn new_bucket(rules: &RuleSet, id: &BucketKey, labels: &mut HashSet<Arc<str>>) -> Bucket {
     Bucket {
-        policy: Policy::of(rules, &key.domain, &key.pairs),
-        rule: rule_label(rules, &key.domain, &key.pairs).map(|l| intern(labels, l)),
+        policy: Policy::of(rules, &id.domain, &id.pairs),
+        rule: rule_label(rules, &id.domain, &id.pairs).map(|l| intern(labels, l)),
         generation: rules.generation(),
         allocation: Allocation::new(Budget::ZERO),
         shared_reserved: Budget::ZERO,
@@ -900,7 +1073,7 @@ fn offer(
     };
     due.then(|| {
         sub.sent = Some((what, now_micros, ttl));
-        action(key, what, ttl)
+        action(sub.id(key), what, ttl)
     })
 }
 
@@ -908,18 +1081,19 @@ fn offer(
 /// leaving step (its assignments stay reserved until they expire).
 fn leave(
     bucket: &mut Bucket,
-    steps: &mut HashMap<(StreamId, BucketKey), Step>,
+    steps: &mut HashMap<(Pair, BucketKey), Step>,
     shared: bool,
-    stream: StreamId,
+    pair: Pair,
     key: &BucketKey,
     now_micros: u64,
 ) {
     match bucket.policy {
         Policy::Shared(budget) if shared => {
             steps.insert(
-                (stream, key.clone()),
+                (pair, key.clone()),
                 Step {
-                    stream,
+                    stream: pair.0,
+                    tag: pair.1,
                     key: key.clone(),
                     demand: None,
                     budget,
@@ -927,7 +1101,7 @@ fn leave(
                 },
             );
         }
-        _ => bucket.allocation.leave(&stream, now_micros),
+        _ => bucket.allocation.leave(&pair, now_micros),
     }
 }
 

@@ -3,8 +3,8 @@
 //! mapping that `/config` and `check-config --rlqs` show.
 
 use super::allocation::Budget;
-use super::MAX_BUCKETS_PER_STREAM;
-use crate::rules::matcher::{Rule, RuleAction};
+use super::{BucketKey, MAX_BUCKETS_PER_STREAM, MAX_PAIRS_PER_SHARED_BUCKET};
+use crate::rules::matcher::{BucketValue, Rule, RuleAction};
 use crate::rules::unit::FailureMode;
 use crate::rules::RuleSet;
 
@@ -53,6 +53,47 @@ impl Policy {
             }),
         }
     }
+}
+
+/// The shared bucket bucket id `id` spends: `None` when the rule it
+/// reaches names its bucket by its own values only; else, where that rule's
+/// path has a `share_threshold` pattern, the id with each such value
+/// replaced by the pattern (and marked so in [`BucketKey::shared`]), as
+/// `ShouldRateLimit` spends one bucket for every value the pattern matches.
+pub fn shared_key(rules: &RuleSet, id: &BucketKey) -> Option<BucketKey> {
+    let entries: Vec<(&str, &str)> = id
+        .pairs
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    let path = rules.quota_path(&id.domain, &entries)?;
+    let found = rules.lookup(&id.domain, &path)?;
+    if !found
+        .values
+        .iter()
+        .any(|v| matches!(v, BucketValue::Shared(_)))
+    {
+        return None;
+    }
+    let mut pairs: Vec<(String, String, bool)> = path
+        .iter()
+        .zip(&found.values)
+        .map(|((k, v), value)| match value {
+            BucketValue::Shared(pattern) => (k.to_string(), pattern.to_string(), true),
+            BucketValue::Value(_) => (k.to_string(), v.to_string(), false),
+        })
+        .collect();
+    pairs.sort_unstable();
+    let shared = pairs
+        .iter()
+        .enumerate()
+        .filter(|(_, (_, _, shared))| *shared)
+        .fold(0u64, |bits, (i, _)| bits | 1 << i);
+    Some(BucketKey {
+        domain: id.domain.clone(),
+        pairs: pairs.into_iter().map(|(k, v, _)| (k, v)).collect(),
+        shared,
+    })
 }
 
 /// For `/config`: what RLQS gives the buckets of each rule of `domain`,
@@ -122,6 +163,11 @@ pub fn rule_notes(rule: &Rule) -> Vec<String> {
                 limits.len()
             ));
         }
+    }
+    for (key, pattern) in &rule.shared_values {
+        notes.push(format!(
+            "share_threshold: every bucket id whose '{key}' matches '{pattern}' spends one budget, split between the (Envoy, bucket id) pairs reporting them (at most {MAX_PAIRS_PER_SHARED_BUCKET})"
+        ));
     }
     if rule.lease.is_some() {
         notes.push(

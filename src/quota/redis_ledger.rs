@@ -35,10 +35,17 @@ impl RedisLedger {
 /// `rls:{<hash>}:quota\x01<domain><key><value>…`, each string with its
 /// length in front: the bucket's hash, in the slot of its own name. (The
 /// strings were joined with NUL, so `{a: "b\0c\0d"}` and `{a: b, c: d}`
-/// shared a ledger; the `\x01` marks the new layout.)
+/// shared a ledger; the `\x01` marks the new layout.) A `share_threshold`
+/// bucket is `quota\x02<mask>…` (its [`BucketKey::shared`] bits, then the
+/// same), so a pattern never shares a ledger with an id sending it as a value.
 pub fn ledger_key(key: &BucketKey) -> Bytes {
     let mut name = Vec::with_capacity(64);
-    name.extend_from_slice(b"quota\x01");
+    if key.shared == 0 {
+        name.extend_from_slice(b"quota\x01");
+    } else {
+        name.extend_from_slice(b"quota\x02");
+        put(&mut name, &key.shared.to_le_bytes());
+    }
     put(&mut name, key.domain.as_bytes());
     for (k, v) in &key.pairs {
         put(&mut name, k.as_bytes());
@@ -85,6 +92,7 @@ mod tests {
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
+            shared: 0,
         }
     }
 
@@ -104,5 +112,10 @@ mod tests {
             ledger_key(&key(&[("a", "b")])),
             ledger_key(&key(&[("a", "b")]))
         );
+        let pattern = BucketKey {
+            shared: 1,
+            ..key(&[("a", "b*")])
+        };
+        assert_ne!(ledger_key(&pattern), ledger_key(&key(&[("a", "b*")])));
     }
 }

@@ -377,6 +377,7 @@ fn answer_steps(
             let field = ledger::Member {
                 replica: 7,
                 stream: step.stream,
+                tag: step.tag,
             }
             .field();
             let reply = ledgers.entry(step.key.clone()).or_default().step(
@@ -687,3 +688,5 @@ fn bucket_ids_are_bounded_and_responses_split_below_the_message_limit() {
     }
     assert_eq!(strategies(&out, 2).len(), 10_000);
 }
+
+mod share_threshold;

@@ -25,6 +25,8 @@ struct Scope<'a> {
     path: String,
     /// The descriptor keys down to here (an RLQS bucket id's keys).
     keys: Vec<String>,
+    /// The `share_threshold` patterns down to here, as (key, pattern).
+    shared_values: Vec<(String, String)>,
     failure_mode: Option<FailureMode>,
     detailed_metric: bool,
 }
@@ -53,6 +55,7 @@ pub(super) fn compile_top_level(
         place: format!("domain '{domain}'"),
         path: String::new(),
         keys: Vec::new(),
+        shared_values: Vec::new(),
         failure_mode: None,
         detailed_metric: false,
     };
@@ -100,6 +103,15 @@ fn compile_level(
                 .cloned()
                 .chain([key.to_string()])
                 .collect(),
+            shared_values: match value {
+                Some(v) if doc.share_threshold && Wildcard::parse(v).is_some() => scope
+                    .shared_values
+                    .iter()
+                    .cloned()
+                    .chain([(key.to_string(), v.to_string())])
+                    .collect(),
+                _ => scope.shared_values.clone(),
+            },
             ..scope.clone()
         };
         let here = match doc
@@ -210,6 +222,7 @@ fn compile_rule(scope: &Scope<'_>, doc: &DescriptorDoc, errors: &mut ConfigError
         domain: scope.domain.clone(),
         path: scope.path.clone(),
         keys: scope.keys.clone(),
+        shared_values: scope.shared_values.clone(),
         source: scope.file.to_path_buf(),
         action: action?,
         shadow_mode: doc.shadow_mode,

@@ -25,6 +25,10 @@ pub struct Rule {
     pub path: String,
     /// The descriptor keys of its path, in order.
     pub keys: Vec<String>,
+    /// The keys of its path whose value is a `share_threshold` pattern, with
+    /// the pattern: every value it matches spends the same bucket.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub shared_values: Vec<(String, String)>,
     pub source: PathBuf,
     pub action: RuleAction,
     pub shadow_mode: bool,

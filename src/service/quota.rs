@@ -154,6 +154,7 @@ impl QuotaHub {
             let member = Member {
                 replica: self.replica,
                 stream: step.stream,
+                tag: step.tag,
             };
             // reserved in the ledger a little beyond what Envoy is told
             let live_micros = step.ttl_micros.saturating_add(LIVE_MARGIN_MICROS);
