@@ -141,7 +141,8 @@ pub async fn start(args: &ServeArgs) -> Result<RunningServer> {
             };
             let redis = RedisStore::connect(&settings)
                 .await
-                .map_err(anyhow::Error::msg)?;
+                .map_err(anyhow::Error::msg)?
+                .with_metrics(metrics.clone());
             let redis = Arc::new(redis);
             redis.spawn_memory_watch(metrics.clone());
             // RLQS budgets are split across replicas in the same Redis

@@ -214,6 +214,15 @@ async fn script_cache_flush_is_recovered() {
 /// Moves `slot` from its owner to another primary with the commands
 /// `redis-cli --cluster reshard` uses, keys included.
 async fn migrate_slot(cluster: &RedisCluster, slot: u16, raw: &Client) -> (usize, usize) {
+    let (src, dst) = begin_migration(cluster, slot);
+    move_keys(cluster, raw, (src, dst), slot, 100).await;
+    finish_migration(cluster, slot, dst);
+    (src, dst)
+}
+
+/// Marks `slot` MIGRATING on its owner and IMPORTING on another primary:
+/// (owner, other).
+fn begin_migration(cluster: &RedisCluster, slot: u16) -> (usize, usize) {
     let src = cluster.owner_of_slot(slot);
     let dst = cluster.other_primary(src);
     let (src_id, dst_id) = (cluster.node_id(src), cluster.node_id(dst));
@@ -224,6 +233,17 @@ async fn migrate_slot(cluster: &RedisCluster, slot: u16, raw: &Client) -> (usize
     assert!(cluster.nodes[src]
         .cli(&["CLUSTER", "SETSLOT", &slot_s, "MIGRATING", &dst_id])
         .contains("OK"));
+    (src, dst)
+}
+
+/// MIGRATEs up to `max` of `slot`'s keys from `src` to `dst`.
+async fn move_keys(
+    cluster: &RedisCluster,
+    raw: &Client,
+    (src, dst): (usize, usize),
+    slot: u16,
+    max: usize,
+) {
     let on_src = Options {
         cluster_node: Some(fred::types::config::Server::new(
             "127.0.0.1",
@@ -235,7 +255,11 @@ async fn migrate_slot(cluster: &RedisCluster, slot: u16, raw: &Client) -> (usize
         .with_options(&on_src)
         .custom(
             fred::cmd!("CLUSTER"),
-            vec!["GETKEYSINSLOT".to_string(), slot.to_string(), "100".into()],
+            vec![
+                "GETKEYSINSLOT".to_string(),
+                slot.to_string(),
+                max.to_string(),
+            ],
         )
         .await
         .expect("GETKEYSINSLOT");
@@ -255,16 +279,20 @@ async fn migrate_slot(cluster: &RedisCluster, slot: u16, raw: &Client) -> (usize
             .await
             .expect("MIGRATE");
     }
-    // The source first, as a hand-made reshard may do: for a moment the
-    // source sends clients to a target that does not own the slot yet.
+}
+
+/// Gives `slot` to `dst` on every primary. The source first, as a
+/// hand-made reshard may do: for a moment the source sends clients to a
+/// target that does not own the slot yet.
+fn finish_migration(cluster: &RedisCluster, slot: u16, dst: usize) {
+    let (src, dst_id) = (cluster.owner_of_slot(slot), cluster.node_id(dst));
     let mut order = cluster.primaries();
     order.sort_by_key(|&p| p != src);
     for p in order {
         assert!(cluster.nodes[p]
-            .cli(&["CLUSTER", "SETSLOT", &slot_s, "NODE", &dst_id])
+            .cli(&["CLUSTER", "SETSLOT", &slot.to_string(), "NODE", &dst_id])
             .contains("OK"));
     }
-    (src, dst)
 }
 
 /// How many of `n` calls on `entries` were admitted.
@@ -372,6 +400,88 @@ async fn a_slot_moved_while_serving_keeps_its_budget() {
         "the budget moved with the slot: nothing lost, nothing doubled"
     );
     assert_eq!(cluster.owner_of_slot(slot), dst);
+    s.shutdown().await.expect("stop");
+}
+
+/// A descriptor whose two buckets a migration has split between two
+/// nodes gets `TRYAGAIN` (its script did not run). It used to be answered
+/// by the failure mode (UNAVAILABLE for this `closed` rule); now it is sent
+/// again within the call's budget and decided once the migration moves on
+/// (#25 item 7). One still split when the budget is spent is answered by
+/// the failure mode, and was never run: the next decision sees exactly the
+/// tokens the earlier ones took.
+#[tokio::test]
+async fn keys_split_by_a_migration_are_tried_again_within_the_budget() {
+    let cluster = RedisCluster::start();
+    let rules = rules_dir(RULES);
+    let s = common::start_on_redis(&cluster.url(), &rules, Duration::from_secs(3)).await;
+    let raw = raw_client(&cluster.url()).await;
+    let retries = |s: &RunningServer| {
+        common::sample(
+            &s.metrics.render(),
+            "rls_store_retries_total{reason=\"tryagain\"}",
+        )
+        .expect("the counter")
+    };
+    let remaining = |r: &RateLimitResponse| -> Vec<u32> {
+        r.statuses.iter().map(|st| st.limit_remaining).collect()
+    };
+    let mut c = client(&s).await;
+
+    // split while a call waits: decided once the rest of the keys move
+    let split = [("login", "split")];
+    let slot = fred::util::redis_keyslot(&key_of(&split, "short"));
+    let r = call(&mut c, &split).await.expect("decided");
+    assert_eq!(r.overall_code, Code::Ok as i32);
+    let before = remaining(&r);
+    let (src, dst) = begin_migration(&cluster, slot);
+    move_keys(&cluster, &raw, (src, dst), slot, 1).await;
+    let mut waiting = c.clone();
+    let pending = tokio::spawn(async move { call(&mut waiting, &split).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    move_keys(&cluster, &raw, (src, dst), slot, 100).await;
+    let r = pending
+        .await
+        .expect("task")
+        .expect("decided, not answered by the failure mode");
+    assert_eq!(r.overall_code, Code::Ok as i32);
+    assert_eq!(
+        remaining(&r),
+        before.iter().map(|n| n - 1).collect::<Vec<_>>(),
+        "one more token from each bucket, where they now are"
+    );
+    // every key moved, the slot not yet given: the source answers ASK, and
+    // the call is asked of the target on its own connections
+    let r = call(&mut c, &split).await.expect("decided after ASK");
+    assert_eq!(
+        remaining(&r),
+        before.iter().map(|n| n - 2).collect::<Vec<_>>()
+    );
+    finish_migration(&cluster, slot, dst);
+    let tried = retries(&s);
+    assert!(tried >= 1.0, "{tried}");
+
+    // still split when the budget is spent: the failure mode, nothing run
+    let stuck = [("login", "stuck")];
+    let slot = fred::util::redis_keyslot(&key_of(&stuck, "short"));
+    let r = call(&mut c, &stuck).await.expect("decided");
+    let before = remaining(&r);
+    let (src, dst) = begin_migration(&cluster, slot);
+    move_keys(&cluster, &raw, (src, dst), slot, 1).await;
+    let err = call(&mut c, &stuck).await.expect_err("undecided");
+    assert_eq!(err.code(), tonic::Code::Unavailable, "closed rule: {err:?}");
+    assert!(
+        retries(&s) > tried + 1.0,
+        "sent again until the budget was spent"
+    );
+    move_keys(&cluster, &raw, (src, dst), slot, 100).await;
+    finish_migration(&cluster, slot, dst);
+    let r = call(&mut c, &stuck).await.expect("decided");
+    assert_eq!(
+        remaining(&r),
+        before.iter().map(|n| n - 1).collect::<Vec<_>>(),
+        "the undecided call took nothing"
+    );
     s.shutdown().await.expect("stop");
 }
 

@@ -49,6 +49,7 @@ pub struct Metrics {
     /// The series of the first store observed (a server has one store).
     store_call_series: OnceLock<(String, IntCounter, Histogram)>,
     store_errors: IntCounterVec,
+    store_retries: IntCounterVec,
     node_errors: IntCounterVec,
     breaker_open: IntGaugeVec,
     failure_policy: IntCounterVec,
@@ -246,6 +247,14 @@ impl Metrics {
             &["kind"],
         )
         .expect("valid metric");
+        let store_retries = IntCounterVec::new(
+            Opts::new(
+                "rls_store_retries_total",
+                "Store calls sent again because they did not run (tryagain: keys split by a slot migration)",
+            ),
+            &["reason"],
+        )
+        .expect("valid metric");
         let node_errors = IntCounterVec::new(
             Opts::new(
                 "rls_store_node_errors_total",
@@ -318,6 +327,7 @@ impl Metrics {
             Box::new(store_calls.clone()),
             Box::new(store_duration.clone()),
             Box::new(store_errors.clone()),
+            Box::new(store_retries.clone()),
             Box::new(node_errors.clone()),
             Box::new(breaker_open.clone()),
             Box::new(failure_policy.clone()),
@@ -344,6 +354,7 @@ impl Metrics {
         for kind in StoreError::KINDS {
             store_errors.with_label_values(&[kind]);
         }
+        store_retries.with_label_values(&["tryagain"]);
         Self {
             registry,
             decisions,
@@ -353,6 +364,7 @@ impl Metrics {
             store_calls,
             store_duration,
             store_errors,
+            store_retries,
             node_errors,
             breaker_open,
             failure_policy,
@@ -460,6 +472,11 @@ impl Metrics {
 
     pub fn store_error(&self, kind: &str) {
         self.store_errors.with_label_values(&[kind]).inc();
+    }
+
+    /// A store call that did not run was sent again, for `reason`.
+    pub fn store_retry(&self, reason: &str) {
+        self.store_retries.with_label_values(&[reason]).inc();
     }
 
     /// A call to `node` timed out or lost its connection.

@@ -8,7 +8,10 @@
 //! `limiter::key`. A script missing from the server's cache (`NOSCRIPT`,
 //! after `SCRIPT FLUSH` or a failover) is sent once with `EVAL`. A call that
 //! timed out or lost its connection is never re-sent, since it may have
-//! deducted: the caller's failure policy answers instead.
+//! deducted: the caller's failure policy answers instead. A call answered
+//! `TRYAGAIN` (its keys are split between two nodes by a slot migration
+//! under way: the script did not run) is sent again after a short wait,
+//! within the call's time budget ([`TRYAGAIN_FIRST_WAIT`]).
 
 pub mod memory;
 pub mod nodes;
@@ -38,6 +41,13 @@ pub const SCRIPT: &str = include_str!("bucket.lua");
 /// Added to a bucket's refill time for its expiry, so a key never expires
 /// before its bucket would be full.
 const EXPIRY_MARGIN_MS: i64 = 1_000;
+/// The first wait before a call answered `TRYAGAIN` is sent again; each
+/// further wait doubles, up to [`TRYAGAIN_MAX_WAIT`], while the call's time
+/// budget lasts (a migration moves a slot's keys within milliseconds).
+pub const TRYAGAIN_FIRST_WAIT: Duration = Duration::from_millis(2);
+pub const TRYAGAIN_MAX_WAIT: Duration = Duration::from_millis(50);
+/// Sends of one call at most, whatever its budget.
+const TRYAGAIN_MAX_SENDS: u32 = 64;
 
 /// How a bucket is written. Both are read: the script converts as it writes.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -131,12 +141,16 @@ pub struct RedisStore {
     /// the topology and follows the redirections a primary answers while
     /// slots move (see [`nodes`]).
     cluster: Option<Pool>,
+    /// For a cluster: how to connect to a primary a redirection names.
+    recipe: Option<ClientRecipe>,
     /// Each primary's own connections, by the slots it owns.
     routing: Arc<RwLock<Arc<Routing>>>,
     script: LuaScript,
     layout: BucketLayout,
     options: Options,
     status: Arc<RwLock<RedisStatus>>,
+    /// Where calls sent again after `TRYAGAIN` are counted.
+    metrics: Option<Arc<Metrics>>,
 }
 
 impl RedisStore {
@@ -191,9 +205,10 @@ impl RedisStore {
         };
         let routing = Arc::new(RwLock::new(Arc::new(routing)));
         if let Some(cluster) = &cluster {
-            nodes::spawn_refresh(cluster.clone(), recipe, Arc::downgrade(&routing));
+            nodes::spawn_refresh(cluster.clone(), recipe.clone(), Arc::downgrade(&routing));
         }
         let store = Self {
+            recipe: cluster.is_some().then(|| recipe.clone()),
             cluster,
             routing,
             script: LuaScript::new(SCRIPT),
@@ -215,6 +230,7 @@ impl RedisStore {
                 ..Options::default()
             },
             status: Arc::default(),
+            metrics: None,
         };
         store.check_eviction_policy().await;
         Ok(store)
@@ -329,10 +345,16 @@ impl RedisStore {
         }
     }
 
-    /// Runs `script` on the connections of the primary owning `slot`;
-    /// where that primary answers with a redirection (the slot is moving or
-    /// has moved: the script did not run) or no primary is known for the
-    /// slot, through the cluster client, which follows redirections.
+    /// Counts in `metrics` the calls it sends again (`rls_store_retries_total`).
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
+    }
+
+    /// Runs `script` as [`RedisStore::run_once`] does; a `TRYAGAIN` answer
+    /// (a migration has some of the keys on each side: nothing ran) is
+    /// sent again after a wait that doubles, while the call's time budget
+    /// (`options.timeout`) has room for the wait and one more try.
     async fn run(
         &self,
         script: &LuaScript,
@@ -341,25 +363,181 @@ impl RedisStore {
         args: &[Value],
         options: &Options,
     ) -> Result<Vec<i64>, RedisError> {
-        let pool = self
-            .routing
-            .read()
-            .node_of_slot(slot)
-            .map(|n| n.clients.pool.clone());
-        let Some(cluster) = &self.cluster else {
-            let pool =
-                pool.ok_or_else(|| RedisError::new(ErrorKind::Routing, "no Redis server"))?;
-            return self.run_on(script, &pool, keys, args, options).await;
-        };
-        match pool {
-            Some(pool) => match self.run_on(script, &pool, keys, args, options).await {
-                Err(e) if is_redirection(&e) => {
-                    self.run_on(script, cluster, keys, args, options).await
+        let started = tokio::time::Instant::now();
+        let mut wait = TRYAGAIN_FIRST_WAIT;
+        let mut sends = 1;
+        let mut left = options.timeout;
+        loop {
+            let attempt = Options {
+                timeout: left,
+                ..options.clone()
+            };
+            match self.run_once(script, slot, keys, args, &attempt).await {
+                Err(e) if e.details().starts_with("TRYAGAIN") => {
+                    left = options.timeout.map(|t| t.saturating_sub(started.elapsed()));
+                    // a wait, and at least as long again for the call
+                    let room = left.is_none_or(|l| l > wait * 2);
+                    if !room || sends >= TRYAGAIN_MAX_SENDS {
+                        return Err(e);
+                    }
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(TRYAGAIN_MAX_WAIT);
+                    sends += 1;
+                    left = options.timeout.map(|t| t.saturating_sub(started.elapsed()));
+                    if let Some(m) = &self.metrics {
+                        m.store_retry("tryagain");
+                    }
                 }
-                other => other,
-            },
-            None => self.run_on(script, cluster, keys, args, options).await,
+                other => return other,
+            }
         }
+    }
+
+    /// Runs `script` on the connections of the primary owning `slot`,
+    /// following the redirections a primary answers while slots move or
+    /// after a failover (`MOVED`: to the new owner; `ASK`: to the importing
+    /// node, after `ASKING`), on each primary's own connections: never
+    /// through fred's cluster client, whose topology sync sends again the
+    /// commands in flight on a connection it drops (a decision that may have
+    /// run would be spent twice). All within `options.timeout`.
+    async fn run_once(
+        &self,
+        script: &LuaScript,
+        slot: u16,
+        keys: &[Key],
+        args: &[Value],
+        options: &Options,
+    ) -> Result<Vec<i64>, RedisError> {
+        let follow = async {
+            let pool = self
+                .routing
+                .read()
+                .node_of_slot(slot)
+                .map(|n| n.clients.pool.clone());
+            let mut pool = pool.ok_or_else(|| {
+                RedisError::new(
+                    ErrorKind::Routing,
+                    format!("no known Redis primary owns slot {slot}"),
+                )
+            })?;
+            let mut asking = false;
+            for _ in 0..=MAX_REDIRECTIONS {
+                let result = if asking {
+                    self.run_asking(script, &pool, keys, args, options).await
+                } else {
+                    self.run_on(script, &pool, keys, args, options).await
+                };
+                let redirect = match &result {
+                    Err(e) => redirect_of(e),
+                    Ok(_) => None,
+                };
+                match redirect {
+                    None => return result,
+                    Some(Redirect::Moved(addr)) => {
+                        pool = self.node_pool(&addr).await?;
+                        asking = false;
+                    }
+                    Some(Redirect::Ask(addr)) => {
+                        pool = self.node_pool(&addr).await?;
+                        asking = true;
+                    }
+                }
+            }
+            Err(RedisError::new(
+                ErrorKind::Cluster,
+                format!("more than {MAX_REDIRECTIONS} redirections for slot {slot}"),
+            ))
+        };
+        match options.timeout {
+            Some(limit) => tokio::time::timeout(limit, follow)
+                .await
+                .unwrap_or_else(|_| Err(RedisError::new(ErrorKind::Timeout, "Request timed out."))),
+            None => follow.await,
+        }
+    }
+
+    /// Runs `script` after `ASKING` on one connection of `pool` (the node
+    /// importing the slot serves that one command for it).
+    async fn run_asking(
+        &self,
+        script: &LuaScript,
+        pool: &Pool,
+        keys: &[Key],
+        args: &[Value],
+        options: &Options,
+    ) -> Result<Vec<i64>, RedisError> {
+        let client = pool.next();
+        let send = |full: bool| async move {
+            let pipeline = client.pipeline();
+            let _: () = pipeline
+                .custom(fred::cmd!("ASKING"), Vec::<Value>::new())
+                .await?;
+            // EVALSHA|EVAL <sha|body> <numkeys> <keys…> <args…>
+            let mut call: Vec<Value> = Vec::with_capacity(2 + keys.len() + args.len());
+            call.push(Value::from(if full {
+                script.body
+            } else {
+                script.sha.as_str()
+            }));
+            call.push(Value::Integer(keys.len() as i64));
+            call.extend(
+                keys.iter()
+                    .map(|k| Value::Bytes(k.as_bytes().to_vec().into())),
+            );
+            call.extend(args.iter().cloned());
+            let command = if full {
+                fred::cmd!("EVAL")
+            } else {
+                fred::cmd!("EVALSHA")
+            };
+            let _: () = pipeline.custom(command, call).await?;
+            let mut replies = pipeline.try_all::<Value>().await;
+            replies
+                .pop()
+                .unwrap_or_else(|| Err(RedisError::new(ErrorKind::Protocol, "no reply")))?
+                .convert::<Vec<i64>>()
+        };
+        let call = async {
+            match send(false).await {
+                Err(e) if e.details().starts_with("NOSCRIPT") => send(true).await,
+                other => other,
+            }
+        };
+        match options.timeout {
+            Some(limit) => tokio::time::timeout(limit, call)
+                .await
+                .unwrap_or_else(|_| Err(RedisError::new(ErrorKind::Timeout, "Request timed out."))),
+            None => call.await,
+        }
+    }
+
+    /// The decision connections of the primary at `addr` (`host:port`, as
+    /// a redirection names it). One the routing does not know yet (a
+    /// replica just promoted, a node just added) is connected to now and
+    /// joins the routing, whose next reading of the topology keeps or
+    /// closes it.
+    async fn node_pool(&self, addr: &str) -> Result<Pool, RedisError> {
+        if let Some(node) = self.routing.read().node(addr) {
+            return Ok(node.clients.pool.clone());
+        }
+        let no_route = || RedisError::new(ErrorKind::Routing, format!("no Redis node {addr}"));
+        let recipe = self.recipe.as_ref().ok_or_else(no_route)?;
+        let server = nodes::server_named(self.cluster.as_ref().map(|c| c.next()), addr)
+            .ok_or_else(no_route)?;
+        let clients = {
+            let mut routing = self.routing.write();
+            match routing.node(addr) {
+                Some(node) => node.clients.clone(),
+                None => {
+                    let clients = NodeClients::connect(recipe, recipe.for_server(&server))
+                        .map_err(|e| RedisError::new(ErrorKind::Config, e))?;
+                    *routing = Arc::new(routing.with_node(Arc::from(addr), clients.clone()));
+                    clients
+                }
+            }
+        };
+        clients.wait(nodes::CLIENT_STALL_BOUND).await;
+        Ok(clients.pool)
     }
 
     /// Runs another of the service's scripts (the RLQS ledger's) on the
@@ -393,10 +571,31 @@ impl LuaScript {
     }
 }
 
-/// `MOVED` or `ASK` from a primary: the command did not run there.
-fn is_redirection(e: &RedisError) -> bool {
-    *e.kind() == ErrorKind::Cluster
-        && (e.details().starts_with("MOVED") || e.details().starts_with("ASK"))
+/// Redirections one call follows at most (a slot moving under load can
+/// send a call on more than once: ASK, then MOVED, then a stale owner).
+const MAX_REDIRECTIONS: usize = 5;
+
+/// Where a primary sends a call for a slot it does not serve; the call did
+/// not run there.
+#[derive(Debug, PartialEq)]
+enum Redirect {
+    /// `MOVED <slot> <addr>`: the slot lives there now.
+    Moved(String),
+    /// `ASK <slot> <addr>`: the slot is moving there; ask it this once.
+    Ask(String),
+}
+
+fn redirect_of(e: &RedisError) -> Option<Redirect> {
+    if *e.kind() != ErrorKind::Cluster {
+        return None;
+    }
+    let mut parts = e.details().split_whitespace();
+    let (kind, _slot, addr) = (parts.next()?, parts.next()?, parts.next()?);
+    match kind {
+        "MOVED" => Some(Redirect::Moved(addr.to_string())),
+        "ASK" => Some(Redirect::Ask(addr.to_string())),
+        _ => None,
+    }
 }
 
 fn log_connect<E: std::fmt::Display>(
@@ -618,6 +817,21 @@ mod tests {
     fn tag_hash_is_fixed() {
         assert_eq!(tag_hash(b""), 0xcbf2_9ce4_8422_2325);
         assert_eq!(tag_hash(b"a"), 0xaf63_dc4c_8601_ec8c);
+    }
+
+    #[test]
+    fn redirections_name_where_to_go() {
+        let moved = RedisError::new(ErrorKind::Cluster, "MOVED 3999 127.0.0.1:6381");
+        let ask = RedisError::new(ErrorKind::Cluster, "ASK 3999 [::1]:7000");
+        assert_eq!(
+            redirect_of(&moved),
+            Some(Redirect::Moved("127.0.0.1:6381".into()))
+        );
+        assert_eq!(redirect_of(&ask), Some(Redirect::Ask("[::1]:7000".into())));
+        let down = RedisError::new(ErrorKind::Cluster, "CLUSTERDOWN The cluster is down");
+        assert_eq!(redirect_of(&down), None);
+        let tryagain = RedisError::new(ErrorKind::Unknown, "TRYAGAIN Multiple keys request");
+        assert_eq!(redirect_of(&tryagain), None);
     }
 
     #[test]

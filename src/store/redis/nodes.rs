@@ -9,9 +9,12 @@
 //! plain, non-cluster pool to that one server, and a client for the
 //! breaker's probes): a dead or hung node breaks only its own connections.
 //! The cluster client stays, off the hot path, to learn the topology (its
-//! cached slot table, read every [`ROUTING_REFRESH`]) and to follow the
-//! redirections (`MOVED`, `ASK`) that a primary answers while slots move or
-//! after a failover.
+//! cached slot table, read every [`ROUTING_REFRESH`]). It carries no
+//! decisions: the redirections (`MOVED`, `ASK`) a primary answers while
+//! slots move or after a failover are followed on the primaries' own
+//! connections (see `RedisStore::run_once`), because its topology sync
+//! sends again whatever was in flight on a connection it drops, and a
+//! decision that may have run must never be sent twice.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
@@ -91,7 +94,7 @@ impl ClientRecipe {
     }
 
     /// The configuration for one server of a cluster.
-    fn for_server(&self, server: &Server) -> Config {
+    pub fn for_server(&self, server: &Server) -> Config {
         let mut config = self.config.clone();
         config.server = ServerConfig::Centralized {
             server: server.clone(),
@@ -141,6 +144,7 @@ impl NodeClients {
 }
 
 /// One primary: its name (`host:port`), address and connections.
+#[derive(Clone)]
 pub struct Node {
     pub name: Arc<str>,
     pub clients: NodeClients,
@@ -184,6 +188,18 @@ impl Routing {
         self.nodes.iter().find(|n| &*n.name == name)
     }
 
+    /// This routing and one more node that owns no slot yet (one a
+    /// redirection named): the next reading of the topology keeps its
+    /// connections if it owns slots then, and closes them if not.
+    pub fn with_node(&self, name: Arc<str>, clients: NodeClients) -> Self {
+        let mut nodes = self.nodes.clone();
+        nodes.push(Node { name, clients });
+        Self {
+            ranges: self.ranges.clone(),
+            nodes,
+        }
+    }
+
     /// The slots `name` owns, as `a-b,c` ranges (for logs).
     pub fn slots_of(&self, name: &str) -> String {
         let Some(i) = self.nodes.iter().position(|n| &*n.name == name) else {
@@ -218,6 +234,19 @@ impl Routing {
                     a == *sa && b == *sb && *self.nodes[n].name == **name
                 })
     }
+}
+
+/// The server at `addr` (`host:port`): as the cluster client knows it
+/// (with its TLS name) where it does, else from the address.
+pub fn server_named(cluster: Option<&Client>, addr: &str) -> Option<Server> {
+    if let Some((_, servers)) = cluster.and_then(slot_table) {
+        if let Some(server) = servers.get(addr) {
+            return Some(server.clone());
+        }
+    }
+    let (host, port) = addr.rsplit_once(':')?;
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    Some(Server::new(host, port.parse::<u16>().ok()?))
 }
 
 /// (first slot, last slot, primary's name), sorted.
