@@ -12,6 +12,9 @@
 #     its resident set per pair (messages in flight included), outbox drops,
 #     and the same ShouldRateLimit probe's latency beside the load.
 #   integration/bench-rlqs-fleet.sh [PAIRS...]   (default 10000 100000 1000000)
+# GENERATOR_NICE=19 runs the simulated Envoys at that niceness: on a box
+# with few cores they then take only the CPU the service leaves, as if they
+# ran elsewhere (the probe keeps the normal priority).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 pairs_list=("${@:-10000 100000 1000000}")
@@ -52,7 +55,7 @@ for pairs in "${pairs_list[@]}"; do
   buckets=$((pairs / 100))
   serve
   before=$(rss_kb "$pid")
-  target/release/rls-bench --target http://127.0.0.1:18791 --domain bench --key key \
+  nice -n "${GENERATOR_NICE:-0}" target/release/rls-bench --target http://127.0.0.1:18791 --domain bench --key key \
     --rlqs throughput --streams 100 --buckets "$buckets" --distinct-buckets \
     --report-every 5s --duration 120s --threads 1 >/dev/null 2>&1 &
   load=$!

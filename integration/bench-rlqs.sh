@@ -2,8 +2,9 @@
 # The RLQS server's cost, in one run (release build, loopback, bounded):
 #   - bucket reports processed per second and CPU per bucket report (the
 #     service's utime+stime from /proc over its own rls_quota_reports_total),
-#     `rls-bench --rlqs throughput` with 10 simulated Envoys x 10 buckets
-#     reporting as fast as the service takes them, with the memory store
+#     `rls-bench --rlqs throughput --admin` with 10 simulated Envoys x 10
+#     buckets reporting as fast as flow control lets them (counted: what the
+#     service processed, until its count stops moving), with the memory store
 #     (each instance splits its Envoys) and with the Redis store (the shared
 #     ledger on one local redis-server: one script call per bucket report,
 #     plus one per (stream, bucket) a second; redis-server CPU beside);
@@ -57,14 +58,15 @@ echo "RLQS throughput, 10 streams x 10 buckets, ${secs}s each:"
 for store in memory redis; do
   serve "$store"
   b=$(ticks "$pid"); r0=$(ticks "$rpid"); n0=$(reports)
-  start=$(date +%s%N)
-  bench --rlqs throughput --streams 10 --buckets 10 --duration "${secs}s" >/dev/null
-  end=$(date +%s%N)
+  # --admin: rls-bench counts what the service processed and returns once
+  # that count has stopped moving; t is until its last move
+  t=$(bench --rlqs throughput --streams 10 --buckets 10 --duration "${secs}s" --admin 127.0.0.1:18782 --json |
+    python3 -c 'import json,sys; print(json.load(sys.stdin)["seconds"])')
   a=$(ticks "$pid"); r1=$(ticks "$rpid"); n1=$(reports)
-  python3 - "$store" "$b" "$a" "$r0" "$r1" "$n0" "$n1" "$start" "$end" <<'PY'
+  python3 - "$store" "$b" "$a" "$r0" "$r1" "$n0" "$n1" "$t" <<'PY'
 import os, sys
-store, b, a, r0, r1, n0, n1, start, end = sys.argv[1:10]
-hz = os.sysconf("SC_CLK_TCK"); n = float(n1) - float(n0); t = (int(end) - int(start)) / 1e9
+store, b, a, r0, r1, n0, n1, t = sys.argv[1:9]
+hz = os.sysconf("SC_CLK_TCK"); n = float(n1) - float(n0); t = float(t)
 svc = (int(a) - int(b)) / hz * 1e6 / n
 red = (int(r1) - int(r0)) / hz * 1e6 / n
 extra = f", redis-server {red:.1f} us" if store == "redis" else ""

@@ -16,6 +16,7 @@ cargo fmt --check
 cargo clippy --all-targets --locked -- -D warnings
 # The fuzz targets are their own workspace (cargo-fuzz); check that they
 # still compile against the library (running them is integration/fuzz.sh).
+echo "checking that the fuzz targets compile (fuzz/, a few minutes on a first run)..."
 RUSTC_BOOTSTRAP=1 cargo check --manifest-path fuzz/Cargo.toml --bins --locked --quiet
 # --no-fail-fast: one failing test binary must not hide the results of the others.
 cargo test --all-targets --locked --no-fail-fast

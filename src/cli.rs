@@ -1,4 +1,4 @@
-//! The command line (DESIGN.md §2): every flag has an environment twin.
+//! The command line (docs/architecture.md §2): every flag has an environment twin.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

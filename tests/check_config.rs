@@ -193,3 +193,19 @@ descriptors:
     let out = check_config(&[dir.path().to_str().expect("utf-8")]);
     assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 1);
 }
+
+/// The rules the project ships are valid: `config/` (what the first
+/// command serves) and `examples/bench/` (what the benchmarks and
+/// `rls-bench --domain bench` need).
+#[test]
+fn the_shipped_rules_are_valid() {
+    for dir in ["config", "examples/bench"] {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(dir);
+        let out = check_config(&[path.to_str().expect("utf-8")]);
+        assert!(
+            out.status.success(),
+            "{dir}: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
+}

@@ -273,6 +273,80 @@ descriptors:
     server.shutdown().await.expect("stop");
 }
 
+/// A client that floods reports and goes away (#30): its stream ends
+/// with its connection, and what the service processes after that is
+/// bounded by what HTTP/2 flow control let in, not the backlog the client
+/// meant to send (the service once went on for a minute with the stream
+/// still counted open).
+#[tokio::test]
+async fn a_stream_ends_with_its_connection_and_its_backlog_is_bounded() {
+    let rules = rules_dir(RULES);
+    let server = serve(&rules).await;
+    // the client on a runtime of its own, so that ending it closes the
+    // TCP connection (as a process that exits does)
+    let addr = server.grpc_addr;
+    let (go, gone) = std::sync::mpsc::channel::<()>();
+    let client = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        runtime.block_on(async {
+            let envoy = Envoy::connect(addr).await;
+            let usages: Vec<BucketQuotaUsage> = (0..2000)
+                .map(|i| usage(&[("tenant", "acme"), ("api_key", &format!("k{i}"))], 1, 1))
+                .collect();
+            // far more than flow control lets in at once (about 100 KB each)
+            for _ in 0..200 {
+                envoy.send("edge", usages.clone());
+            }
+            // keep sending until told to go
+            while gone.try_recv().is_err() {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        });
+        runtime.shutdown_background();
+    });
+    let reports = || {
+        sample(
+            &server.metrics.render(),
+            "rls_quota_reports_total{domain=\"edge\"}",
+        )
+        .unwrap_or(0.0)
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while reports() < 2000.0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let _ = go.send(());
+    client.join().expect("client thread");
+    let at_drop = reports();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while sample(&server.metrics.render(), "rls_quota_streams") != Some(0.0)
+        && tokio::time::Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        sample(&server.metrics.render(), "rls_quota_streams"),
+        Some(0.0),
+        "the stream ended with its connection"
+    );
+    let after = reports() - at_drop;
+    eprintln!("after the client went: {after} bucket reports processed (at drop {at_drop})");
+    // HTTP/2 windows of about 1 MB: some tens of messages at most
+    assert!(
+        after <= 40.0 * 2000.0,
+        "{after} bucket reports processed after the client went (of {} sent)",
+        200 * 2000
+    );
+    assert!(
+        reports() < 200.0 * 2000.0,
+        "the client's backlog was not worked through"
+    );
+    server.shutdown().await.expect("stop");
+}
+
 #[tokio::test]
 async fn a_stream_whose_first_report_has_no_domain_is_refused() {
     let rules = rules_dir(RULES);

@@ -112,6 +112,11 @@ struct Args {
     /// stream: streams x buckets distinct buckets, one Envoy each.
     #[arg(long)]
     distinct_buckets: bool,
+    /// RLQS throughput: the service's admin address (`127.0.0.1:8080`), to
+    /// count the bucket reports it processed (`rls_quota_reports_total`)
+    /// rather than those sent; the run waits until that count stops moving.
+    #[arg(long)]
+    admin: Option<String>,
 }
 
 /// SplitMix64: fast, small, good enough to pick keys.
@@ -420,6 +425,7 @@ async fn run(args: Args) -> Result<()> {
                 buckets: args.buckets,
                 report_every: args.report_every,
                 distinct: args.distinct_buckets,
+                admin: args.admin.as_deref(),
                 duration: args.duration,
                 json: args.json,
             },

@@ -77,7 +77,12 @@ pub fn load_sources(
                 &path,
                 "the file holds no rules (it is empty, or only comments); give it a `domain:` and `descriptors:`, or remove it",
             )),
-            Err(e) => errors.push(ConfigError::new(&path, format!("invalid rules file: {e}"))),
+            // serde stops at the first error: say that the rest of the
+            // file was not looked at (the other files still are)
+            Err(e) => errors.push(ConfigError::new(
+                &path,
+                format!("invalid rules file: {e} (the first error only: the rest of this file is checked once it parses)"),
+            )),
         }
     }
 

@@ -1,6 +1,6 @@
 //! The YAML rule format as written by operators, before validation.
 //!
-//! A superset of envoyproxy/ratelimit's schema (see DESIGN.md §3). Every struct
+//! A superset of envoyproxy/ratelimit's schema (see docs/architecture.md §3). Every struct
 //! denies unknown fields, so `ratelimit:` for `rate_limit:` is an error with
 //! a line number instead of a rule that silently does nothing. Keys and values
 //! accept any YAML scalar (`value: 500` means the string "500"), as Go's YAML

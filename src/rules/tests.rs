@@ -203,6 +203,11 @@ fn validation_errors_name_file_place_and_problem() {
 fn yaml_errors_carry_the_line() {
     let msg = errors("domain: d\ndescriptors:\n  - key: k\n    ratelimit: {unit: second}\n");
     assert!(msg.contains("line 4"), "{msg}");
+    // and say that it is the first: the rest of the file waits for it
+    assert!(
+        msg.contains("the first error only: the rest of this file is checked once it parses"),
+        "{msg}"
+    );
 }
 
 #[test]

@@ -73,7 +73,7 @@ impl Unit {
     }
 }
 
-/// What a rule does when its store cannot decide (DESIGN.md §6).
+/// What a rule does when its store cannot decide (docs/architecture.md §6).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum FailureMode {

@@ -1,4 +1,4 @@
-//! Building the `RateLimitResponse` from the limiter's decisions (DESIGN.md §4).
+//! Building the `RateLimitResponse` from the limiter's decisions (docs/architecture.md §4).
 
 use envoy_types::pb::envoy::config::core::v3::HeaderValue;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{

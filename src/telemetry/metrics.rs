@@ -1,4 +1,4 @@
-//! Prometheus metrics, with the names and labels of DESIGN.md §7.
+//! Prometheus metrics, with the names and labels of docs/architecture.md §7.
 //!
 //! Label values come from the rules (domain names, rule names or descriptor
 //! paths), never from raw request values unless a rule asks for

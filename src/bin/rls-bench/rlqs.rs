@@ -1,11 +1,14 @@
 //! `rls-bench --rlqs`: simulated Envoys on RLQS streams.
 //!
 //! - `throughput`: `--streams` Envoys, each with `--buckets` buckets
-//!   (`{<key>: k<i>}`), sending usage reports as fast as the server takes
-//!   them for `--duration` (or once per `--report-every`, as Envoy does):
-//!   report messages and bucket reports per second, and assignments
-//!   received. Measure the server's CPU and resident set around it
-//!   (`integration/bench-rlqs.sh`).
+//!   (`{<key>: k<i>}`), sending usage reports as fast as HTTP/2 flow control
+//!   lets them for `--duration` (or once per `--report-every`, as Envoy
+//!   does). What counts is what the service processed: with `--admin`, its
+//!   `rls_quota_reports_total` before and after (waiting at the end until it
+//!   stops moving); without, what was sent, said so. Also assignments
+//!   received, with a warning when none was a token bucket (no rule for
+//!   `--domain`/`--key`). Measure the server's CPU and resident set around
+//!   it (`integration/bench-rlqs.sh`).
 //! - `converge`: two Envoys on one bucket reporting every second, demand
 //!   900:100 requests/s, then swapped: the seconds from the swap until the
 //!   shares follow (the formerly quiet Envoy's rate above the other's).
@@ -23,6 +26,7 @@ use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
     BucketId, RateLimitQuotaResponse, RateLimitQuotaUsageReports,
 };
 use envoy_types::pb::google::protobuf::Duration as PbDuration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
 use tonic::Streaming;
 
@@ -82,6 +86,8 @@ pub struct Settings<'a> {
     pub report_every: Option<Duration>,
     /// Each stream its own buckets, else the same for all.
     pub distinct: bool,
+    /// The service's admin address, to count what it processed.
+    pub admin: Option<&'a str>,
     pub duration: Duration,
     pub json: bool,
 }
@@ -93,13 +99,53 @@ pub async fn run(mode: Mode, s: Settings<'_>) -> Result<()> {
     }
 }
 
+/// Σ of `rls_quota_reports_total` (bucket reports processed, all domains)
+/// on the admin address `admin`.
+async fn processed(admin: &str) -> Result<f64> {
+    let mut conn = tokio::net::TcpStream::connect(admin)
+        .await
+        .with_context(|| format!("cannot reach the admin address {admin}"))?;
+    conn.write_all(b"GET /metrics HTTP/1.0\r\nHost: rls\r\n\r\n")
+        .await?;
+    let mut text = String::new();
+    conn.read_to_string(&mut text).await?;
+    Ok(text
+        .lines()
+        .filter(|l| l.starts_with("rls_quota_reports_total"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum())
+}
+
+/// Waits until the service's count of processed bucket reports stops
+/// moving (unchanged for 2 s, at most 5 minutes): the count then, and when
+/// it last moved.
+async fn settled(admin: &str) -> Result<(f64, Instant)> {
+    let mut last = processed(admin).await?;
+    let mut moved = Instant::now();
+    let give_up = Instant::now() + Duration::from_secs(300);
+    while moved.elapsed() < Duration::from_secs(2) && Instant::now() < give_up {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let now = processed(admin).await?;
+        if now != last {
+            last = now;
+            moved = Instant::now();
+        }
+    }
+    Ok((last, moved))
+}
+
 async fn throughput(s: Settings<'_>) -> Result<()> {
     let mut envoys = Vec::with_capacity(s.streams);
     for _ in 0..s.streams.max(1) {
         envoys.push(Envoy::open(s.target).await?);
     }
+    let before = match s.admin {
+        Some(admin) => Some(processed(admin).await?),
+        None => None,
+    };
     let reports = Arc::new(AtomicU64::new(0));
     let assignments = Arc::new(AtomicU64::new(0));
+    let limited = Arc::new(AtomicU64::new(0));
     let deadline = Instant::now() + s.duration;
     let started = Instant::now();
     let mut tasks = Vec::new();
@@ -115,7 +161,8 @@ async fn throughput(s: Settings<'_>) -> Result<()> {
             })
             .collect();
         let domain = s.domain.to_string();
-        let (reports, assignments) = (reports.clone(), assignments.clone());
+        let (reports, assignments, limited) =
+            (reports.clone(), assignments.clone(), limited.clone());
         let report_every = s.report_every;
         let Envoy {
             reports: tx,
@@ -142,16 +189,37 @@ async fn throughput(s: Settings<'_>) -> Result<()> {
             let until = tokio::time::Instant::from_std(deadline);
             while let Ok(Ok(Some(m))) = tokio::time::timeout_at(until, rx.message()).await {
                 assignments.fetch_add(m.bucket_action.len() as u64, Ordering::Relaxed);
+                if rate_of(&m).is_some() {
+                    limited.fetch_add(1, Ordering::Relaxed);
+                }
             }
         }));
     }
     for t in tasks {
         t.await.context("a simulated Envoy panicked")?;
     }
-    let secs = started.elapsed().as_secs_f64();
+    let sent_secs = started.elapsed().as_secs_f64();
     let reports = reports.load(Ordering::Relaxed);
-    let bucket_reports = reports * s.buckets.max(1) as u64;
+    let sent = reports * s.buckets.max(1) as u64;
     let assignments = assignments.load(Ordering::Relaxed);
+    // what the service processed: from its own count, once it settles
+    // (the streams closed with the tasks above)
+    let (bucket_reports, secs, counted) = match (s.admin, before) {
+        (Some(admin), Some(before)) => {
+            let (after, last) = settled(admin).await?;
+            let secs = last.saturating_duration_since(started).as_secs_f64();
+            (
+                (after - before).max(0.0) as u64,
+                secs.max(sent_secs),
+                "processed",
+            )
+        }
+        _ => (
+            sent,
+            sent_secs,
+            "sent (pass --admin to count what the service processed)",
+        ),
+    };
     if s.json {
         println!(
             "{}",
@@ -160,20 +228,26 @@ async fn throughput(s: Settings<'_>) -> Result<()> {
                 "streams": s.streams,
                 "buckets_per_stream": s.buckets,
                 "seconds": secs,
-                "reports": reports,
+                "counted": if s.admin.is_some() { "processed" } else { "sent" },
+                "report_messages_sent": reports,
+                "bucket_reports_sent": sent,
                 "bucket_reports": bucket_reports,
                 "assignments": assignments,
-                "reports_per_sec": reports as f64 / secs,
                 "bucket_reports_per_sec": bucket_reports as f64 / secs,
             })
         );
     } else {
         println!(
-            "RLQS: {} streams x {} buckets, {secs:.1} s: {reports} reports ({:.0}/s), {bucket_reports} bucket reports ({:.0}/s), {assignments} assignments received",
+            "RLQS: {} streams x {} buckets, {secs:.1} s: {bucket_reports} bucket reports {counted} ({:.0}/s; {sent} sent in {sent_secs:.1} s), {assignments} assignments received",
             s.streams,
             s.buckets,
-            reports as f64 / secs,
-            bucket_reports as f64 / secs
+            bucket_reports as f64 / secs,
+        );
+    }
+    if limited.load(Ordering::Relaxed) == 0 {
+        eprintln!(
+            "warning: no assignment was a token bucket: domain {:?} has no limited rule for key {:?}, so this measured buckets without a limit (serve examples/bench/ for domain `bench`)",
+            s.domain, s.key
         );
     }
     Ok(())
@@ -222,6 +296,12 @@ async fn converge(s: Settings<'_>) -> Result<()> {
         tokio::time::sleep(Duration::from_secs(1)).await;
         drain(&mut a, &mut rate_a).await;
         drain(&mut b, &mut rate_b).await;
+    }
+    if rate_a == 0.0 && rate_b == 0.0 {
+        eprintln!(
+            "warning: no assignment was a token bucket: domain {:?} has no limited rule for key {:?} (serve examples/bench/ for domain `bench`)",
+            s.domain, s.key
+        );
     }
     if rate_a <= rate_b {
         bail!("shares did not follow the first demand: a {rate_a}/s, b {rate_b}/s (is there a limited rule for {}={} in domain {}?)", s.key, "converge", s.domain);
