@@ -6,7 +6,10 @@
 //! when `tokens >= c` and then deducts `c`; otherwise it is rejected and told to
 //! retry after `ceil((c - tokens) / r)` seconds. `r = 0` rejects everything and
 //! `c > B` can never be admitted: both with no retry time. A refund adds
-//! tokens back, never beyond B.
+//! tokens back, never beyond B. A charge (usage accounting, a rule's
+//! `overdraft`) is never refused: it deducts `c` even from a bucket that
+//! does not hold it, down to `-B` at most (a debt the refill repays), and is
+//! answered as a spend would be, with the wait counted from after it.
 //!
 //! This file is the one Rust copy of the arithmetic; `store/redis/bucket.lua`
 //! is the other, and the shared case table in `tests/bucket_cases.rs` checks
@@ -46,6 +49,10 @@ pub enum Cost {
     /// Give tokens back (Envoy's `is_negative_hits`: an operation turned out
     /// cheaper than charged); always answered OK, never above B.
     Refund(u64),
+    /// Charge usage on an `overdraft` rule: always deducted, down to `-B`
+    /// at most; answered OK when the buckets held it, else OVER_LIMIT with
+    /// the time until they hold it again (after this charge).
+    Charge(u64),
     /// Take a lease: admitted when `needed` tokens are there, and then takes
     /// as many whole tokens as every bucket holds, up to `up_to` (at least
     /// `needed`). [`BucketOutcome::taken`] says how many.
@@ -63,7 +70,7 @@ impl Cost {
     /// Tokens that must be present for the request to be admitted.
     pub fn needed(self) -> u64 {
         match self {
-            Cost::Spend(n) => n,
+            Cost::Spend(n) | Cost::Charge(n) => n,
             Cost::Check => 1,
             Cost::Refund(_) => 0,
             Cost::Lease { needed, .. } => needed,
@@ -78,7 +85,7 @@ impl Cost {
         // MAX_COST fits an i64 with room to spare.
         let signed = |n: u64| n.min(MAX_COST) as i64;
         match self {
-            Cost::Spend(n) => signed(n),
+            Cost::Spend(n) | Cost::Charge(n) => signed(n),
             Cost::Check => 0,
             Cost::Refund(n) => -signed(n),
             Cost::Lease { needed, up_to } => signed(up_to.max(needed)),
@@ -99,7 +106,8 @@ pub struct BucketOutcome {
     /// Why a rejection can never be cured by waiting, if that is the case.
     pub never: Option<NeverReason>,
     /// Tokens this decision took from the bucket (0 when rejected, for a
-    /// check and for a refund); for a lease, the tokens granted.
+    /// check and for a refund); for a lease, the tokens granted; for a
+    /// charge, what it deducted (also when answered OVER_LIMIT).
     pub taken: u64,
 }
 
@@ -236,6 +244,14 @@ pub fn decide(
         .map(|(p, s)| p.verdict(s.tokens, cost))
         .collect();
     let admitted = verdicts.iter().all(Result::is_ok);
+    // a charge is deducted whatever the verdict, except where nothing can
+    // ever refill (rate 0: no debt could be repaid)
+    let charge = matches!(cost, Cost::Charge(_));
+    let applies = admitted
+        || (charge
+            && !verdicts
+                .iter()
+                .any(|v| matches!(v, Err(Rejection::Never(NeverReason::ZeroRate)))));
     let deducted = match cost {
         Cost::Lease { needed, up_to } => {
             let available = refilled
@@ -247,22 +263,33 @@ pub fn decide(
         }
         other => other.deducted() as f64,
     };
-    if admitted {
+    if applies {
         for (state, p) in refilled.iter_mut().zip(params) {
-            state.tokens = (state.tokens - deducted).clamp(0.0, p.capacity as f64);
+            let capacity = p.capacity as f64;
+            // a charge may go into debt; nothing else goes below where the
+            // bucket is (a refund into a debt repays part of it)
+            let floor = if charge {
+                -capacity
+            } else {
+                state.tokens.min(0.0)
+            };
+            state.tokens = (state.tokens - deducted).clamp(floor, capacity);
         }
     }
-    let taken = if admitted {
-        deducted.max(0.0) as u64
-    } else {
-        0
-    };
+    let taken = if applies { deducted.max(0.0) as u64 } else { 0 };
     let outcomes = params
         .iter()
         .zip(&refilled)
         .zip(verdicts)
         .map(|((p, s), verdict)| {
             let (retry_after_secs, never) = match verdict {
+                // a charge answered OVER_LIMIT was deducted: its wait is
+                // until the bucket holds it again from where it is now
+                _ if charge && applies && !admitted => match p.verdict(s.tokens, cost) {
+                    Err(Rejection::Wait(secs)) => (Some(secs), None),
+                    Err(Rejection::Never(reason)) => (None, Some(reason)),
+                    Ok(()) => (None, None),
+                },
                 Ok(()) => (None, None),
                 Err(Rejection::Wait(secs)) => (Some(secs), None),
                 Err(Rejection::Never(reason)) => (None, Some(reason)),
@@ -306,6 +333,48 @@ mod tests {
     ) -> (BucketState, BucketOutcome) {
         let (states, outcomes) = decide(&[p], &[s], now, cost);
         (states[0], outcomes[0])
+    }
+
+    /// The audit's LLM case (#26): 1,000 tokens, 1,000 a minute; a check at
+    /// request time, the usage charged when the response is done.
+    #[test]
+    fn a_charge_goes_into_debt_and_the_check_waits_until_it_is_repaid() {
+        let p = BucketParams {
+            capacity: 1000,
+            tokens_per_unit: 1000,
+            unit_secs: 60,
+        };
+        let (s, o) = one(p, None, SEC, Cost::Check);
+        assert!(o.admitted);
+        let (s, o) = one(p, Some(s), SEC, Cost::Charge(600));
+        assert!(o.admitted);
+        assert_eq!((o.remaining, o.taken, s.tokens), (400, 600, 400.0));
+        let (s, o) = one(p, Some(s), SEC, Cost::Check);
+        assert!(o.admitted, "400 left: the next chat may start");
+        // it used 600 of the 400 left: charged all the same
+        let (s, o) = one(p, Some(s), SEC, Cost::Charge(600));
+        assert!(!o.admitted);
+        assert_eq!((o.remaining, o.taken, s.tokens), (0, 600, -200.0));
+        assert_eq!(o.retry_after_secs, Some(48), "800 to go at 1000/min");
+        // the next chat waits until the debt is repaid and a token is back
+        let (s, o) = one(p, Some(s), SEC, Cost::Check);
+        assert!(!o.admitted);
+        assert_eq!(o.retry_after_secs, Some(13), "201 tokens at 16.7/s");
+        assert_eq!(o.full_in_secs, 72, "1200 to go");
+        let (_, o) = one(p, Some(s), 14 * SEC, Cost::Check);
+        assert!(o.admitted, "repaid 13 s later");
+        // the debt stops at minus the burst
+        let (s, o) = one(p, Some(s), SEC, Cost::Charge(5000));
+        assert_eq!((s.tokens, o.taken), (-1000.0, 5000));
+        assert_eq!(o.never, Some(NeverReason::CostAboveCapacity));
+        // a plain spend never goes into debt
+        let (s2, o) = one(p, Some(s), SEC, Cost::Spend(1));
+        assert!(!o.admitted);
+        assert_eq!((s2.tokens, o.taken), (-1000.0, 0));
+        // a refund repays part of a debt, and no more
+        let (s3, o) = one(p, Some(s), SEC, Cost::Refund(150));
+        assert!(o.admitted);
+        assert_eq!(s3.tokens, -850.0);
     }
 
     #[test]

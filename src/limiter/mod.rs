@@ -553,11 +553,16 @@ fn plan<'a, E: DescriptorEntry>(
                     rule: m.rule.id,
                 })
                 .collect();
+            // on a usage-accounting rule a spend is a charge, never refused
+            let cost = match d.cost {
+                Cost::Spend(n) if m.rule.overdraft => Cost::Charge(n),
+                other => other,
+            };
             Plan::Buckets {
                 rule: Some(m.rule),
                 limits: limits.into_iter().map(LimitRef::Rule).collect(),
                 buckets: DescriptorBuckets { tag, buckets },
-                cost: d.cost,
+                cost,
             }
         })
         .collect()

@@ -169,6 +169,12 @@ pub fn rule_notes(rule: &Rule) -> Vec<String> {
             "share_threshold: every bucket id whose '{key}' matches '{pattern}' spends one budget, split between the (Envoy, bucket id) pairs reporting them (at most {MAX_PAIRS_PER_SHARED_BUCKET})"
         ));
     }
+    if rule.overdraft {
+        notes.push(
+            "overdraft: applies to ShouldRateLimit only (Envoy's own token buckets hold no debt)"
+                .to_string(),
+        );
+    }
     if rule.lease.is_some() {
         notes.push(
             "lease: applies to ShouldRateLimit only (RLQS splits the budget between Envoys itself)"

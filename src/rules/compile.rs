@@ -218,6 +218,7 @@ fn compile_rule(scope: &Scope<'_>, doc: &DescriptorDoc, errors: &mut ConfigError
             Some(n)
         }
     };
+    let overdraft = doc.overdraft && compile_overdraft(scope, doc, &action, &lease, errors);
     let mut rule = Rule {
         domain: scope.domain.clone(),
         path: scope.path.clone(),
@@ -231,11 +232,51 @@ fn compile_rule(scope: &Scope<'_>, doc: &DescriptorDoc, errors: &mut ConfigError
         value_to_metric: doc.value_to_metric,
         failure_mode: scope.failure_mode,
         lease,
+        overdraft,
         max_values,
         id: Default::default(),
     };
     rule.id = crate::labels::RuleId::of(&rule.domain, rule.label());
     Some(rule)
+}
+
+/// Whether `overdraft: true` can apply to this descriptor: it needs limits
+/// that refill (a debt on a rate of 0 would never be repaid) and no lease
+/// (a lease takes whole tokens that are there; a debt has none). Every
+/// problem is reported.
+fn compile_overdraft(
+    scope: &Scope<'_>,
+    doc: &DescriptorDoc,
+    action: &Option<RuleAction>,
+    lease: &Option<LeaseConfig>,
+    errors: &mut ConfigErrors,
+) -> bool {
+    let Some(limits) = limits_for(
+        scope,
+        doc,
+        action,
+        "`overdraft`",
+        "no bucket to charge",
+        errors,
+    ) else {
+        return false;
+    };
+    let mut ok = true;
+    if limits.iter().any(|l| l.requests_per_unit == 0) {
+        scope.error(
+            errors,
+            "`overdraft` with `requests_per_unit: 0`: a debt that never refills would never be repaid",
+        );
+        ok = false;
+    }
+    if lease.is_some() || doc.lease.is_some() {
+        scope.error(
+            errors,
+            "`overdraft` and `lease` together: a lease takes tokens that are in the bucket, a debt has none; use one or the other",
+        );
+        ok = false;
+    }
+    ok
 }
 
 /// The limits of the descriptor carrying `option` (which needs buckets);

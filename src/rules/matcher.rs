@@ -39,6 +39,10 @@ pub struct Rule {
     pub failure_mode: Option<FailureMode>,
     /// Spend through local leases of the shared bucket (`lease:`).
     pub lease: Option<LeaseConfig>,
+    /// `overdraft:` a spend is a charge, never refused: its buckets may go
+    /// into debt, down to minus their burst, which the refill repays.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub overdraft: bool,
     /// `max_values:` at most this many distinct descriptors get buckets of
     /// their own; the others share the rule's overflow bucket.
     #[serde(skip_serializing_if = "Option::is_none")]

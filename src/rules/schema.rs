@@ -59,6 +59,10 @@ pub struct DescriptorDoc {
     /// envoyproxy/ratelimit).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lease: Option<LeaseDoc>,
+    /// Usage accounting: a spend is never refused, the bucket may go into
+    /// debt down to minus its burst (ours, not in envoyproxy/ratelimit).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub overdraft: bool,
     /// At most this many distinct descriptors of the rule get buckets of
     /// their own; the rest share one (ours, not in envoyproxy/ratelimit).
     #[serde(default, skip_serializing_if = "Option::is_none")]

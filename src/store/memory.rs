@@ -78,7 +78,8 @@ impl Entry {
     fn missing(&self, now_micros: u64) -> f32 {
         let elapsed = now_micros.saturating_sub(self.state.updated_micros) as f32 / 1e6;
         let tokens = self.state.tokens as f32 + self.rate * elapsed;
-        (self.capacity - tokens).clamp(0.0, self.capacity.max(0.0))
+        // a bucket in debt (`overdraft`) gives back more than its burst
+        (self.capacity - tokens).clamp(0.0, 2.0 * self.capacity.max(0.0))
     }
 
     /// Its rank for eviction: lowest first (see the module's doc).
@@ -293,11 +294,13 @@ impl<C: Clock> MemoryStore<C> {
             .map(|b| shard.buckets.get(b.key.as_slice()).map(|e| e.state))
             .collect();
         let (new_states, outcomes) = bucket::decide(&params, &states, now, cost);
-        // Only an admitted request that spends (or refunds) changes anything: a
-        // rejection or a check leaves the state as it was (refill is a pure
-        // function of it).
+        // Only an admitted request that spends (or refunds), or a charge,
+        // changes anything: a rejection or a check leaves the state as it
+        // was (refill is a pure function of it).
         let admitted = outcomes.first().is_some_and(|o| o.admitted);
-        let writes = admitted && cost.deducted() != 0;
+        let charged =
+            matches!(cost, Cost::Charge(_)) && outcomes.first().is_some_and(|o| o.taken > 0);
+        let writes = (admitted && cost.deducted() != 0) || charged;
         if !writes {
             // Nothing to store, but a reload may have lowered the rate since
             // the bucket was written: it is full later now, not at the time

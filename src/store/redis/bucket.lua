@@ -12,8 +12,11 @@
 --          refund); more than ARGV[1] for a lease: take as many whole tokens as
 --          every bucket holds, up to ARGV[2], and at least ARGV[1]
 -- ARGV[3]  expiry margin in ms, added to the time a bucket needs to refill
--- ARGV[4]  layout to write: 0 packed, 1 the hash of earlier versions (for
---          a rolling upgrade: instances of both versions read it)
+-- ARGV[4]  flags: + 1 to write the hash layout of earlier versions (for a
+--          rolling upgrade: instances of both versions read it), else the
+--          packed one; + 2 for a charge (a rule's `overdraft`): deducted
+--          whatever the verdict (not on a rate of 0), down to -capacity at
+--          most, its wait counted from after it
 -- ARGV[5 + 3(i-1) ..]  per bucket: capacity, tokens_per_unit, unit_secs
 --
 -- Returns {admitted, then per bucket: remaining, retry_after (-1: none),
@@ -41,7 +44,9 @@ local now_ms = floor(now / 1000)
 local needed = tonumber(ARGV[1])
 local deducted = tonumber(ARGV[2])
 local margin_ms = tonumber(ARGV[3])
-local write_hash = ARGV[4] == '1'
+local flags = tonumber(ARGV[4])
+local write_hash = flags % 2 == 1
+local charge = floor(flags / 2) % 2 == 1
 
 -- Per bucket i, at B[S * (i - 1) + field]:
 local S = 12
@@ -115,6 +120,15 @@ for i = 1, n do
   end
 end
 
+-- a charge applies whatever the verdict, unless a bucket never refills
+local applies = all_admit
+if charge then
+  applies = true
+  for i = 1, n do
+    if B[S * (i - 1) + NEVER] == 1 then applies = false end
+  end
+end
+
 if deducted > needed then
   local available = math.huge
   for i = 1, n do
@@ -140,11 +154,23 @@ local function store(i, k, t, u, ms)
   end
 end
 
-if all_admit and deducted ~= 0 then
+if applies and deducted ~= 0 then
   for i = 1, n do
     local k = S * (i - 1)
-    local t = min(B[k + CAP], max(0, B[k + TOKENS] - deducted))
+    -- a charge may go into debt; nothing else goes below where the bucket
+    -- is (a refund into a debt repays part of it)
+    local lowest = min(0, B[k + TOKENS])
+    if charge then lowest = -B[k + CAP] end
+    local t = min(B[k + CAP], max(lowest, B[k + TOKENS] - deducted))
     B[k + TOKENS] = t
+    -- a charge answered OVER_LIMIT waits from where it left the bucket
+    if charge and not all_admit and B[k + NEVER] == 0 then
+      if t + EPSILON < needed then
+        B[k + RETRY] = max(1, ceil((needed - t) / B[k + PER_SEC] - EPSILON))
+      else
+        B[k + RETRY] = -1
+      end
+    end
     -- a bucket of rate 0 (only a refund gets here) never refills: nothing
     -- of it is worth a key that would never expire
     if B[k + PER_SEC] > 0 then
@@ -199,7 +225,7 @@ for i = 1, n do
   out[o + 1], out[o + 2], out[o + 3], out[o + 4] = remaining, r, full_in, B[k + NEVER]
   o = o + 4
 end
-if all_admit and deducted > 0 then
+if applies and deducted > 0 then
   out[o + 1] = deducted
 else
   out[o + 1] = 0

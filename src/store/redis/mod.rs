@@ -749,7 +749,11 @@ impl Store for RedisStore {
             Value::Integer(cost.needed() as i64),
             Value::Integer(cost.deducted()),
             Value::Integer(EXPIRY_MARGIN_MS),
-            Value::Integer(i64::from(self.layout == BucketLayout::Hash)),
+            // flags: 1 the hash layout, 2 a charge (see bucket.lua)
+            Value::Integer(
+                i64::from(self.layout == BucketLayout::Hash)
+                    + 2 * i64::from(matches!(cost, Cost::Charge(_))),
+            ),
         ]);
         for b in &descriptor.buckets {
             args.extend([
