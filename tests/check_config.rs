@@ -195,11 +195,12 @@ descriptors:
 }
 
 /// The rules the project ships are valid: `config/` (what the first
-/// command serves) and `examples/bench/` (what the benchmarks and
-/// `rls-bench --domain bench` need).
+/// command serves), `examples/bench/` (what the benchmarks and
+/// `rls-bench --domain bench` need) and `examples/llm/` (the usage-based
+/// walkthrough).
 #[test]
 fn the_shipped_rules_are_valid() {
-    for dir in ["config", "examples/bench"] {
+    for dir in ["config", "examples/bench", "examples/llm"] {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(dir);
         let out = check_config(&[path.to_str().expect("utf-8")]);
         assert!(

@@ -1255,3 +1255,97 @@ async fn rlqs_shares_follow_demand_and_the_quiet_envoy_keeps_its_floor() {
     );
     assert!(quiet_over > 0, "the quiet one was limited too");
 }
+
+/// Usage-based limits through a real Envoy 1.40 (`examples/envoy/llm.yaml`,
+/// #26): each /chat is checked when it arrives and charged, once its
+/// response is done, the tokens its (stand-in) LLM reported. Budget 1,000
+/// tokens a day with `overdraft`: alice's second chat finds 400 left and
+/// uses 600, so her third is refused until the debt of 200 is repaid;
+/// another user is untouched; ten chats of one user at once are charged
+/// exactly their sum.
+#[tokio::test]
+async fn llm_tokens_are_checked_when_asked_and_charged_when_done() {
+    let rules = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        rules.path().join("llm.yaml"),
+        r#"
+domain: llm
+descriptors:
+  - key: user
+    overdraft: true
+    rate_limit: {unit: day, requests_per_unit: 1000, burst: 1000, name: llm-tokens}
+"#,
+    )
+    .expect("rules");
+    let edge = Edge::start_full(rules.path(), "llm.yaml", &[vec![]]).await;
+    // Envoy charges after it has answered: wait for the service to have
+    // made `n` decisions (a check per request, a charge per admitted one)
+    let settled = |n: f64| {
+        let edge = &edge;
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                let mut made = 0.0;
+                for result in ["ok", "over_limit"] {
+                    let name = format!(
+                        "rls_decisions_total{{domain=\"llm\",result=\"{result}\",rule=\"llm-tokens\"}}"
+                    );
+                    made += rls_metric(edge, 0, &name).await.unwrap_or(0.0);
+                }
+                if made >= n || Instant::now() > deadline {
+                    assert_eq!(made, n, "decisions made");
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    let chat = |user: &'static str, tokens: &'static str| {
+        let edge = &edge;
+        async move {
+            edge.get("/chat", &[("x-user", user), ("x-tokens-used", tokens)])
+                .await
+        }
+    };
+    assert_eq!(chat("alice", "600").await.status, 200);
+    settled(2.0).await;
+    assert_eq!(
+        chat("alice", "600").await.status,
+        200,
+        "400 left: it may start"
+    );
+    settled(4.0).await;
+    let refused = chat("alice", "600").await;
+    assert_eq!(refused.status, 429, "in debt");
+    // 201 tokens at 1,000 a day: 17,366.4 s
+    let wait: u64 = refused
+        .retry_after
+        .as_deref()
+        .expect("retry-after")
+        .parse()
+        .expect("seconds");
+    assert!((17_366..=17_367).contains(&wait), "{wait}");
+    let (_, remaining, _) = refused.x_ratelimit.expect("x-ratelimit headers");
+    assert_eq!(remaining, "0");
+    settled(5.0).await;
+    assert_eq!(chat("bob", "5").await.status, 200, "another user");
+    settled(7.0).await;
+
+    let chats: Vec<_> = (0..10)
+        .map(|_| {
+            let edge = &edge;
+            async move {
+                edge.get("/chat", &[("x-user", "carol"), ("x-tokens-used", "37")])
+                    .await
+                    .status
+            }
+        })
+        .collect();
+    assert_eq!(futures::future::join_all(chats).await, [200; 10]);
+    settled(27.0).await;
+    // a chat that used nothing is only checked: what is left shows
+    let check = chat("carol", "0").await;
+    assert_eq!(check.status, 200);
+    let (_, remaining, _) = check.x_ratelimit.expect("x-ratelimit headers");
+    assert_eq!(remaining, "630", "1,000 less 10 × 37, exactly");
+}
