@@ -39,6 +39,16 @@ pub enum Command {
     },
 }
 
+/// The shape of `--response-headers`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
+pub enum HeaderFormat {
+    /// `RateLimit-Policy: "name";q=B;w=S` and `RateLimit: "name";r=N;t=S`.
+    #[default]
+    Draft,
+    /// `RateLimit-Limit`, `RateLimit-Remaining`, `RateLimit-Reset`.
+    Legacy,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum StoreKind {
     /// Buckets in this process's memory.
@@ -113,9 +123,20 @@ pub struct ServeArgs {
     /// RLQS splits 1/N of each budget among this instance's Envoys.
     #[arg(long, env = "RLS_INSTANCES", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     pub instances: u32,
-    /// Add RateLimit-Limit / RateLimit-Remaining / RateLimit-Reset to every answer.
+    /// Add the IETF draft's RateLimit-Policy and RateLimit fields to every
+    /// answer (see --response-headers-format).
     #[arg(long, env = "RLS_RESPONSE_HEADERS")]
     pub response_headers: bool,
+    /// Which shape --response-headers has: `draft` (RateLimit-Policy and
+    /// RateLimit, the current IETF draft's structured fields) or `legacy`
+    /// (RateLimit-Limit, -Remaining and -Reset, as before).
+    #[arg(
+        long,
+        env = "RLS_RESPONSE_HEADERS_FORMAT",
+        value_enum,
+        default_value = "draft"
+    )]
+    pub response_headers_format: HeaderFormat,
     /// One domain may span several files.
     #[arg(long, env = "RLS_MERGE_DOMAINS")]
     pub merge_domains: bool,

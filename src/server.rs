@@ -168,7 +168,9 @@ pub async fn start(args: &ServeArgs) -> Result<RunningServer> {
         limiter.clone(),
         metrics.clone(),
         ResponseOptions {
-            rate_limit_headers: args.response_headers,
+            rate_limit_headers: args
+                .response_headers
+                .then_some(args.response_headers_format),
         },
     );
 

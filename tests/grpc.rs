@@ -9,6 +9,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::UInt64Value;
+use tokenbucket_rls::cli::HeaderFormat;
 use tokenbucket_rls::server::{self, RunningServer};
 use tonic::transport::Channel;
 
@@ -47,10 +48,11 @@ struct Harness {
 }
 
 impl Harness {
-    async fn start_with(response_headers: bool) -> Self {
+    async fn start_with(response_headers: Option<HeaderFormat>) -> Self {
         let rules = rules_dir(RULES);
         let mut args = serve_args(rules.path().to_path_buf());
-        args.response_headers = response_headers;
+        args.response_headers = response_headers.is_some();
+        args.response_headers_format = response_headers.unwrap_or_default();
         let server = server::start(&args).await.expect("server starts");
         let client = RateLimitServiceClient::connect(format!("http://{}", server.grpc_addr))
             .await
@@ -63,7 +65,7 @@ impl Harness {
     }
 
     async fn start() -> Self {
-        Self::start_with(false).await
+        Self::start_with(None).await
     }
 
     async fn call(&mut self, req: RateLimitRequest) -> Result<RateLimitResponse, tonic::Status> {
@@ -384,25 +386,60 @@ async fn request_limit_override() {
     assert_eq!(header(&r, "retry-after"), Some("30"));
 }
 
+/// `--response-headers`: the current IETF draft's structured fields for
+/// the descriptor closest to its limit (its policy: the burst, refilled in
+/// full over `w` seconds; its state: tokens left and seconds until full, or
+/// until a retry can pass), or with `--response-headers-format legacy` the
+/// older `RateLimit-Limit/Remaining/Reset`.
 #[tokio::test]
 async fn rate_limit_headers_when_asked() {
-    let mut h = Harness::start_with(true).await;
-    let r = h
-        .ok(request(
+    let both = || {
+        request(
             "api",
             vec![
                 descriptor(&[("api_key", "h")]),
                 descriptor(&[("weighted", "h")]),
             ],
-        ))
-        .await;
+        )
+    };
+    let mut h = Harness::start_with(Some(HeaderFormat::Draft)).await;
+    let r = h.ok(both()).await;
+    // keys: burst 5 at 6 a minute (50 s to refill), 4 left, full in 10 s
     assert_eq!(
-        header(&r, "ratelimit-limit"),
-        Some("6"),
+        header(&r, "ratelimit-policy"),
+        Some("\"keys\";q=5;w=50"),
         "the key bucket has fewer left"
     );
+    assert_eq!(header(&r, "ratelimit"), Some("\"keys\";r=4;t=10"));
+    assert_eq!(header(&r, "ratelimit-limit"), None);
+    for _ in 0..4 {
+        h.ok(request("api", vec![descriptor(&[("api_key", "h")])]))
+            .await;
+    }
+    let r = h
+        .ok(request("api", vec![descriptor(&[("api_key", "h")])]))
+        .await;
+    assert_eq!(r.overall_code, Code::OverLimit as i32);
+    assert_eq!(
+        header(&r, "ratelimit"),
+        Some("\"keys\";r=0;t=10"),
+        "a retry in 10 s"
+    );
+    // an unnamed limit is named by its rule's path
+    let r = h
+        .ok(request("api", vec![descriptor(&[("weighted", "w")])]))
+        .await;
+    assert_eq!(
+        header(&r, "ratelimit-policy"),
+        Some("\"weighted\";q=10;w=100")
+    );
+
+    let mut h = Harness::start_with(Some(HeaderFormat::Legacy)).await;
+    let r = h.ok(both()).await;
+    assert_eq!(header(&r, "ratelimit-limit"), Some("6"));
     assert_eq!(header(&r, "ratelimit-remaining"), Some("4"));
     assert_eq!(header(&r, "ratelimit-reset"), Some("10"));
+    assert_eq!(header(&r, "ratelimit-policy"), None);
 }
 
 #[tokio::test]

@@ -81,6 +81,8 @@ pub struct ShownLimit {
     pub name: String,
     pub requests_per_unit: u32,
     pub unit: Unit,
+    /// B: the most tokens its bucket holds.
+    pub burst: u64,
 }
 
 /// The answer for one descriptor.
@@ -138,11 +140,13 @@ impl LimitRef<'_> {
                 name: l.name.clone().unwrap_or_default(),
                 requests_per_unit: l.requests_per_unit,
                 unit: l.unit,
+                burst: l.params.capacity,
             },
             LimitRef::Override(rpu, unit) => ShownLimit {
                 name: String::new(),
                 requests_per_unit: *rpu,
                 unit: *unit,
+                burst: u64::from(*rpu),
             },
         }
     }

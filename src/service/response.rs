@@ -7,13 +7,16 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use envoy_types::pb::google::protobuf::{value::Kind, Duration, ListValue, Struct, Value};
 
-use crate::limiter::{Decision, Verdict};
+use crate::limiter::{Decision, ShownLimit, Verdict};
+
+use crate::cli::HeaderFormat;
 
 /// What to add beyond the statuses.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ResponseOptions {
-    /// Add `RateLimit-Limit/Remaining/Reset` for the descriptor closest to its limit.
-    pub rate_limit_headers: bool,
+    /// Rate-limit fields for the descriptor closest to its limit, in this
+    /// shape; `None`: none.
+    pub rate_limit_headers: Option<HeaderFormat>,
 }
 
 pub fn build(decisions: &[Decision], opts: ResponseOptions) -> RateLimitResponse {
@@ -33,22 +36,14 @@ pub fn build(decisions: &[Decision], opts: ResponseOptions) -> RateLimitResponse
             headers.push(header("retry-after", secs.to_string()));
         }
     }
-    if opts.rate_limit_headers {
+    if let Some(format) = opts.rate_limit_headers {
         if let Some(closest) = decisions
             .iter()
             .filter(|d| d.limit.is_some())
             .min_by_key(|d| (!d.verdict.is_over_limit(), d.remaining))
         {
             if let Some(limit) = &closest.limit {
-                headers.push(header(
-                    "ratelimit-limit",
-                    limit.requests_per_unit.to_string(),
-                ));
-                headers.push(header("ratelimit-remaining", closest.remaining.to_string()));
-                headers.push(header(
-                    "ratelimit-reset",
-                    closest.reset_secs.unwrap_or(0).to_string(),
-                ));
+                headers.extend(rate_limit_fields(closest, limit, format));
             }
         }
     }
@@ -59,6 +54,64 @@ pub fn build(decisions: &[Decision], opts: ResponseOptions) -> RateLimitResponse
         dynamic_metadata: quota_metadata(decisions),
         ..Default::default()
     }
+}
+
+/// The rate-limit fields for `d`, decided by `limit`.
+///
+/// `Draft` (draft-ietf-httpapi-ratelimit-headers, structured fields): the
+/// policy `"name";q=B;w=S` (its quota is the burst, refilled in full over
+/// `S` seconds: a token bucket's window) and the state `"name";r=N;t=S`
+/// (whole tokens left; seconds until a retry can pass, or until full).
+/// `Legacy`: `RateLimit-Limit` (requests per unit), `-Remaining`, `-Reset`.
+fn rate_limit_fields(d: &Decision, limit: &ShownLimit, format: HeaderFormat) -> Vec<HeaderValue> {
+    let reset = d.reset_secs;
+    match format {
+        HeaderFormat::Legacy => vec![
+            header("ratelimit-limit", limit.requests_per_unit.to_string()),
+            header("ratelimit-remaining", d.remaining.to_string()),
+            header("ratelimit-reset", reset.unwrap_or(0).to_string()),
+        ],
+        HeaderFormat::Draft => {
+            let name = sf_string(match (&limit.name, &d.rule) {
+                (n, _) if !n.is_empty() => n,
+                (_, Some(rule)) => rule.label(),
+                _ => "limit",
+            });
+            let mut policy = format!("{name};q={}", limit.burst);
+            let per_sec = f64::from(limit.requests_per_unit) / limit.unit.seconds() as f64;
+            if per_sec > 0.0 {
+                let window = (limit.burst as f64 / per_sec).ceil().max(1.0) as u64;
+                policy.push_str(&format!(";w={window}"));
+            }
+            let mut state = format!("{name};r={}", d.remaining);
+            if let Some(t) = reset {
+                state.push_str(&format!(";t={t}"));
+            }
+            vec![
+                header("ratelimit-policy", policy),
+                header("ratelimit", state),
+            ]
+        }
+    }
+}
+
+/// `name` as a structured-field string (RFC 8941): quoted, `\` and `"`
+/// escaped, anything outside printable ASCII replaced by `_`.
+fn sf_string(name: &str) -> String {
+    let mut out = String::with_capacity(name.len() + 2);
+    out.push('"');
+    for c in name.chars() {
+        match c {
+            '"' | '\\' => {
+                out.push('\\');
+                out.push(c);
+            }
+            ' '..='~' => out.push(c),
+            _ => out.push('_'),
+        }
+    }
+    out.push('"');
+    out
 }
 
 fn status(d: &Decision) -> DescriptorStatus {
@@ -130,6 +183,13 @@ fn quota_metadata(decisions: &[Decision]) -> Option<Struct> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn names_become_structured_field_strings() {
+        assert_eq!(sf_string("keys"), "\"keys\"");
+        assert_eq!(sf_string("a\"b\\c"), "\"a\\\"b\\\\c\"");
+        assert_eq!(sf_string("café\tx"), "\"caf__x\"");
+    }
 
     fn over(reset_secs: Option<u64>) -> Decision {
         Decision {

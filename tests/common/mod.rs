@@ -49,6 +49,7 @@ pub fn serve_args(config: PathBuf) -> ServeArgs {
         failure_mode: FailureMode::Open,
         instances: 1,
         response_headers: false,
+        response_headers_format: Default::default(),
         merge_domains: false,
         otlp_endpoint: None,
         tls_cert: None,
