@@ -1265,6 +1265,22 @@ async fn rlqs_shares_follow_demand_and_the_quiet_envoy_keeps_its_floor() {
 /// exactly their sum.
 #[tokio::test]
 async fn llm_tokens_are_checked_when_asked_and_charged_when_done() {
+    llm_tokens_hold(vec![]).await;
+}
+
+/// The same through a real Envoy with the Redis store (a Redis Cluster).
+#[tokio::test]
+async fn llm_tokens_are_charged_exactly_on_a_redis_cluster() {
+    let cluster = common::redis::RedisCluster::start();
+    llm_tokens_hold(vec![
+        ("RLS_STORE", "redis".to_string()),
+        ("RLS_REDIS_URL", cluster.url()),
+        ("RLS_REDIS_TIMEOUT", "200ms".to_string()),
+    ])
+    .await;
+}
+
+async fn llm_tokens_hold(env: Vec<(&str, String)>) {
     let rules = tempfile::tempdir().expect("tempdir");
     std::fs::write(
         rules.path().join("llm.yaml"),
@@ -1277,7 +1293,7 @@ descriptors:
 "#,
     )
     .expect("rules");
-    let edge = Edge::start_full(rules.path(), "llm.yaml", &[vec![]]).await;
+    let edge = Edge::start_full(rules.path(), "llm.yaml", &[env]).await;
     // Envoy charges after it has answered: wait for the service to have
     // made `n` decisions (a check per request, a charge per admitted one)
     let settled = |n: f64| {
