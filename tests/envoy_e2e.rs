@@ -128,6 +128,8 @@ struct Answer {
     ratelimited: bool,
     /// Envoy's draft `x-ratelimit-limit` / `-remaining` / `-reset` headers.
     x_ratelimit: Option<(String, String, String)>,
+    /// `examples/envoy/llm.yaml`'s report of quota_mode violations.
+    quota_violations: Option<String>,
 }
 
 impl Edge {
@@ -251,6 +253,11 @@ impl Edge {
                 .and_then(|v| v.to_str().ok())
                 .map(str::to_string),
             ratelimited: resp.headers().contains_key("x-envoy-ratelimited"),
+            quota_violations: resp
+                .headers()
+                .get("x-quota-violations")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string),
             x_ratelimit: {
                 let h = |k: &str| {
                     resp.headers()
@@ -1290,6 +1297,9 @@ descriptors:
   - key: user
     overdraft: true
     rate_limit: {unit: day, requests_per_unit: 1000, burst: 1000, name: llm-tokens}
+  - key: team
+    quota_mode: true
+    rate_limit: {unit: day, requests_per_unit: 2, name: team-requests}
 "#,
     )
     .expect("rules");
@@ -1364,4 +1374,25 @@ descriptors:
     assert_eq!(check.status, 200);
     let (_, remaining, _) = check.x_ratelimit.expect("x-ratelimit headers");
     assert_eq!(remaining, "630", "1,000 less 10 × 37, exactly");
+
+    // a team's soft budget (quota_mode): over it, still 200, and Envoy has
+    // the violation (descriptor 1 of the request) in its dynamic metadata
+    let team = |user: &'static str| {
+        let edge = &edge;
+        async move {
+            edge.get(
+                "/chat",
+                &[("x-user", user), ("x-team", "t1"), ("x-tokens-used", "1")],
+            )
+            .await
+        }
+    };
+    for user in ["dan", "erin"] {
+        let within = team(user).await;
+        assert_eq!(within.status, 200);
+        assert_eq!(within.quota_violations.as_deref(), Some("[]"));
+    }
+    let over = team("frank").await;
+    assert_eq!(over.status, 200, "quota_mode reports, never refuses");
+    assert_eq!(over.quota_violations.as_deref(), Some("[1]"));
 }
