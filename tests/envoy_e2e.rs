@@ -1395,4 +1395,62 @@ descriptors:
     let over = team("frank").await;
     assert_eq!(over.status, 200, "quota_mode reports, never refuses");
     assert_eq!(over.quota_violations.as_deref(), Some("[1]"));
+    settled(35.0).await;
+
+    // a client that gives up before the (slow) answer: checked, and not
+    // charged, since no usage was reported (Envoy skips the charge)
+    let aborted = edge
+        .client
+        .get(format!("{}/chat", edge.base))
+        .header("x-user", "hal")
+        .header("x-tokens-used", "300")
+        .header("x-envoy-fault-delay-request", "3000")
+        .timeout(Duration::from_millis(300))
+        .send()
+        .await;
+    assert!(aborted.is_err(), "the client gave up");
+    tokio::time::sleep(Duration::from_millis(3500)).await;
+    settled(36.0).await;
+    let check = chat("hal", "0").await;
+    let (_, remaining, _) = check.x_ratelimit.expect("x-ratelimit headers");
+    assert_eq!(remaining, "1000", "nothing charged");
+    settled(38.0).await;
+
+    // twenty chats of one user at once, 100 tokens each, on a budget of
+    // 1,000: checks race the charges of the others, so more than ten may
+    // start; every one that started is charged, exactly, and the debt
+    // says how long the next one waits
+    let chats: Vec<_> = (0..20)
+        .map(|_| {
+            let edge = &edge;
+            async move {
+                edge.get("/chat", &[("x-user", "ivy"), ("x-tokens-used", "100")])
+                    .await
+                    .status
+            }
+        })
+        .collect();
+    let statuses = futures::future::join_all(chats).await;
+    let started = statuses.iter().filter(|s| **s == 200).count() as u64;
+    assert_eq!(
+        statuses.len() as u64 - started,
+        statuses.iter().filter(|s| **s == 429).count() as u64
+    );
+    assert!(started >= 10, "{statuses:?}");
+    settled(38.0 + 20.0 + started as f64).await;
+    let next = chat("ivy", "0").await;
+    let debt = started * 100 - 1000;
+    assert_eq!(next.status, 429, "{debt} in debt (or nothing left)");
+    let wait: u64 = next
+        .retry_after
+        .as_deref()
+        .expect("retry-after")
+        .parse()
+        .expect("seconds");
+    let owed = debt.min(1000) as f64 + 1.0;
+    let exact = (owed * 86.4).ceil() as u64;
+    assert!(
+        (exact - 1..=exact).contains(&wait),
+        "{started} started: {debt} owed, a wait of {wait} s ({exact} s)"
+    );
 }
