@@ -124,3 +124,43 @@ async fn redis_store_charges_into_debt_and_checks_wait_for_it() {
     scenario(&server).await;
     server.shutdown().await.expect("stop");
 }
+
+/// A reload that takes `overdraft` away keeps the debt (the bucket is the
+/// same): checks still wait for it, and a spend is refused and charges
+/// nothing; one that gives it back charges again.
+#[tokio::test]
+async fn a_reload_keeps_the_debt_and_decides_by_the_new_rule() {
+    let rules = rules_dir(RULES);
+    let server = tokenbucket_rls::server::start(&serve_args(rules.path().to_path_buf()))
+        .await
+        .expect("server starts");
+    let mut c = client(&server).await;
+    let over = Code::OverLimit as i32;
+    call(&mut c, "team", "t9", 1200).await;
+    let reload = |text: String, generation: u64| {
+        let path = rules.path().join("rules.yaml");
+        let server = &server;
+        async move {
+            std::fs::write(&path, text).expect("write rules");
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+            while server.rules.load().generation() < generation {
+                assert!(tokio::time::Instant::now() < deadline, "reloaded");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    reload(RULES.replace("    overdraft: true\n", ""), 2).await;
+    let r = call(&mut c, "team", "t9", 0).await;
+    assert_eq!((r.overall_code, r.statuses[0].limit_remaining), (over, 0));
+    let r = call(&mut c, "team", "t9", 1).await;
+    assert_eq!(r.overall_code, over, "a spend, no longer a charge: refused");
+    // still 200 in debt: one token back in 201 × 86.4 s
+    let wait: u64 = retry_after(&r).expect("retry-after").parse().expect("secs");
+    assert!((17_366..=17_367).contains(&wait), "{wait}");
+    reload(RULES.to_string(), 3).await;
+    call(&mut c, "team", "t9", 100).await;
+    let r = call(&mut c, "team", "t9", 0).await;
+    let wait: u64 = retry_after(&r).expect("retry-after").parse().expect("secs");
+    assert!((26_006..=26_007).contains(&wait), "301 owed: {wait}");
+    server.shutdown().await.expect("stop");
+}
