@@ -26,6 +26,8 @@ pub fn router(state: AdminState) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
+        // envoyproxy/ratelimit's probe path (Envoy Gateway and Istio probe it)
+        .route("/healthcheck", get(readyz))
         .route("/metrics", get(metrics))
         .route("/config", get(config))
         .with_state(state)

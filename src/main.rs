@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use tokenbucket_rls::cli::{Cli, Command};
+use tokenbucket_rls::cli::{ratelimit_env, Cli, Command};
 use tokenbucket_rls::quota::{expired_behavior, rule_notes, Policy};
 use tokenbucket_rls::rules::{self, LoadOptions};
 use tokenbucket_rls::telemetry::tracing;
@@ -14,6 +14,21 @@ use tokenbucket_rls::telemetry::tracing;
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
+    // envoyproxy/ratelimit's environment, as RLS_* where not set (flags
+    // still win): before any thread exists, so setting variables is safe
+    let env: std::collections::BTreeMap<String, String> = std::env::vars().collect();
+    let from_ratelimit = match ratelimit_env::translate(&env) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    for (name, value) in &from_ratelimit.settings {
+        if std::env::var_os(name).is_none() {
+            std::env::set_var(name, value);
+        }
+    }
     let cli = Cli::parse();
     match cli.command {
         Some(Command::CheckConfig {
@@ -32,6 +47,12 @@ fn main() -> ExitCode {
             let result = runtime.block_on(async {
                 let _tracing =
                     tracing::init(cli.serve.log_format, cli.serve.otlp_endpoint.as_deref())?;
+                if !from_ratelimit.unused.is_empty() {
+                    ::tracing::info!(
+                        settings = %from_ratelimit.unused.join("; "),
+                        "envoyproxy/ratelimit settings that change nothing here"
+                    );
+                }
                 tokenbucket_rls::server::run(cli.serve).await
             });
             match result {

@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
+pub mod ratelimit_env;
+
 use crate::rules::FailureMode;
 use crate::telemetry::tracing::LogFormat;
 

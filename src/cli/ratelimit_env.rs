@@ -1,0 +1,429 @@
+//! envoyproxy/ratelimit's environment, as our settings: the one place where
+//! its variables (`src/settings/settings.go` there) become ours, so that an
+//! image swap in Istio's sample (or any Deployment written for it) starts
+//! this service with the same meaning and no flags.
+//!
+//! [`translate`] is pure: from the environment it gives the `RLS_*`
+//! variables to set (the binary sets each only where the user has not set
+//! it, so flags win over `RLS_*`, which win over these), the variables that
+//! mean nothing here (named once in the start-up log), or an error naming
+//! the variable and value for one whose meaning this service does not have
+//! yet: refused rather than silently ignored.
+
+use std::collections::BTreeMap;
+
+/// What envoyproxy/ratelimit's environment asks of this service.
+#[derive(Debug, Default, PartialEq)]
+pub struct Translated {
+    /// `RLS_*` (or `RUST_LOG`) variables and their values.
+    pub settings: Vec<(&'static str, String)>,
+    /// envoyproxy/ratelimit variables set that change nothing here, each
+    /// with why.
+    pub unused: Vec<String>,
+}
+
+/// Variables that only tune what this service does its own way, or belong
+/// to a part it does not have (memcache, statsd while off, xDS while rules
+/// come from files): accepted, and named once.
+const NO_MEANING_HERE: &[(&str, &str)] = &[
+    (
+        "DEBUG_HOST",
+        "no debug port: /metrics, /config and probes are on HOST:PORT",
+    ),
+    (
+        "DEBUG_PORT",
+        "no debug port: /metrics, /config and probes are on HOST:PORT",
+    ),
+    ("GRPC_MAX_CONNECTION_AGE", "connections are not aged out"),
+    (
+        "GRPC_MAX_CONNECTION_AGE_GRACE",
+        "connections are not aged out",
+    ),
+    (
+        "RUNTIME_WATCH_ROOT",
+        "the rules directory is watched, ConfigMap swaps (..data) included",
+    ),
+    ("RUNTIME_IGNOREDOTFILES", "dot files are always skipped"),
+    (
+        "EXPIRATION_JITTER_MAX_SECONDS",
+        "a bucket's key expires once it would be full",
+    ),
+    ("LOCAL_CACHE_SIZE_IN_BYTES", "no local over-limit cache"),
+    ("NEAR_LIMIT_RATIO", "no near-limit statistics"),
+    (
+        "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT",
+        "a rejected request never spends",
+    ),
+    (
+        "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED",
+        "ready once the rules are loaded",
+    ),
+    (
+        "REDIS_PIPELINE_WINDOW",
+        "the Redis client pipelines on its own",
+    ),
+    (
+        "REDIS_PIPELINE_LIMIT",
+        "the Redis client pipelines on its own",
+    ),
+    (
+        "REDIS_CLUSTER_PIPELINE_PARALLELISM",
+        "the Redis client pipelines on its own",
+    ),
+    (
+        "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION",
+        "each Redis node has its own breaker and probes",
+    ),
+    (
+        "REDIS_POOL_ON_EMPTY_BEHAVIOR",
+        "calls share pipelined connections",
+    ),
+    (
+        "REDIS_STARTUP_INITIAL_INTERVAL",
+        "starts without Redis and reconnects on its own",
+    ),
+    (
+        "REDIS_STARTUP_MAX_INTERVAL",
+        "starts without Redis and reconnects on its own",
+    ),
+    (
+        "REDIS_STARTUP_MAX_ELAPSED_TIME",
+        "starts without Redis and reconnects on its own",
+    ),
+    ("STATSD_HOST", "statsd is off"),
+    ("STATSD_PORT", "statsd is off"),
+    ("EXTRA_TAGS", "statsd is off"),
+    ("STATS_FLUSH_INTERVAL", "statsd is off"),
+    ("USE_DOG_STATSD_MOGRIFIERS", "statsd is off"),
+    ("PROMETHEUS_ADDR", "USE_PROMETHEUS is off"),
+    ("PROMETHEUS_PATH", "USE_PROMETHEUS is off"),
+    ("PROMETHEUS_MAPPER_YAML", "USE_PROMETHEUS is off"),
+    (
+        "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS",
+        "USE_PROMETHEUS is off",
+    ),
+    ("TRACING_SERVICE_NAME", "tracing is off"),
+    ("TRACING_SERVICE_NAMESPACE", "tracing is off"),
+    ("TRACING_SERVICE_INSTANCE_ID", "tracing is off"),
+    ("TRACING_SAMPLING_RATE", "tracing is off"),
+    ("TRACING_EXPORTER_PROTOCOL", "tracing is off"),
+    (
+        "FORCE_START_WITHOUT_INITIAL_CONFIG",
+        "rules come from files (CONFIG_TYPE=FILE)",
+    ),
+];
+
+/// Prefixes of variable families with no meaning here.
+const NO_MEANING_PREFIXES: &[(&str, &str)] = &[
+    ("MEMCACHE_", "no memcache backend"),
+    (
+        "CONFIG_GRPC_XDS_",
+        "rules come from files (CONFIG_TYPE=FILE)",
+    ),
+    ("XDS_CLIENT_", "rules come from files (CONFIG_TYPE=FILE)"),
+    ("REDIS_PERSECOND_", "REDIS_PERSECOND is off"),
+];
+
+fn is_true(v: &str) -> bool {
+    matches!(
+        v.trim().to_ascii_lowercase().as_str(),
+        "true" | "1" | "t" | "yes"
+    )
+}
+
+fn refused(name: &str, value: &str, why: &str) -> String {
+    format!(
+        "{name}={value}: {why} (unset it, or see the README's \"Replacing envoyproxy/ratelimit\")"
+    )
+}
+
+/// Percent-encodes what may not stand in a URL's user information.
+fn userinfo(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                out.push(b as char)
+            }
+            _ => out.push_str(&format!("%{b:02X}")),
+        }
+    }
+    out
+}
+
+/// envoyproxy/ratelimit's variables in `env` as ours; see the module doc.
+pub fn translate(env: &BTreeMap<String, String>) -> Result<Translated, String> {
+    let get = |name: &str| env.get(name).map(String::as_str).filter(|v| !v.is_empty());
+    let on = |name: &str| get(name).is_some_and(is_true);
+    let mut out = Translated::default();
+    let mut set = |name: &'static str, value: String| out.settings.push((name, value));
+
+    // what this service does not do yet: refused, never ignored
+    if let Some(v) = get("CONFIG_TYPE").filter(|v| !v.eq_ignore_ascii_case("FILE")) {
+        return Err(refused(
+            "CONFIG_TYPE",
+            v,
+            "rules over xDS are not served yet; rules come from files",
+        ));
+    }
+    if let Some(v) = get("GRPC_UDS") {
+        return Err(refused(
+            "GRPC_UDS",
+            v,
+            "gRPC is served on TCP only (GRPC_HOST, GRPC_PORT)",
+        ));
+    }
+    if let Some(v) = get("BACKEND_TYPE").filter(|v| !v.eq_ignore_ascii_case("redis")) {
+        return Err(refused(
+            "BACKEND_TYPE",
+            v,
+            "the stores are Redis and this process's memory",
+        ));
+    }
+    for (name, why) in [
+        (
+            "REDIS_PERSECOND",
+            "one Redis (or Redis Cluster) holds every bucket",
+        ),
+        (
+            "USE_STATSD",
+            "metrics are Prometheus text on HOST:PORT /metrics",
+        ),
+        (
+            "USE_DOG_STATSD",
+            "metrics are Prometheus text on HOST:PORT /metrics",
+        ),
+        (
+            "USE_PROMETHEUS",
+            "metrics are on HOST:PORT /metrics, named rls_*, not on PROMETHEUS_ADDR",
+        ),
+        (
+            "SHADOW_MODE",
+            "shadow mode is set per rule (`shadow_mode: true`)",
+        ),
+        (
+            "QUOTA_MODE",
+            "quota mode is set per rule (`quota_mode: true`)",
+        ),
+        (
+            "RESPONSE_DYNAMIC_METADATA",
+            "only quota_mode violations go into dynamic metadata",
+        ),
+        (
+            "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
+            "a Redis server's certificate is always checked",
+        ),
+    ] {
+        if on(name) {
+            return Err(refused(name, get(name).unwrap_or_default(), why));
+        }
+    }
+    for name in ["CACHE_KEY_PREFIX", "GRPC_CLIENT_TLS_SAN"] {
+        if let Some(v) = get(name) {
+            let why = if name == "CACHE_KEY_PREFIX" {
+                "bucket keys have a fixed prefix (rls:)"
+            } else {
+                "client certificates are checked against GRPC_CLIENT_TLS_CACERT only"
+            };
+            return Err(refused(name, v, why));
+        }
+    }
+    for (name, default) in [
+        ("LIMIT_LIMIT_HEADER", "RateLimit-Limit"),
+        ("LIMIT_REMAINING_HEADER", "RateLimit-Remaining"),
+        ("LIMIT_RESET_HEADER", "RateLimit-Reset"),
+    ] {
+        if let Some(v) = get(name).filter(|v| !v.eq_ignore_ascii_case(default)) {
+            return Err(refused(name, v, "the header names are fixed"));
+        }
+    }
+
+    // addresses
+    if get("HOST").is_some() || get("PORT").is_some() {
+        let host = get("HOST").unwrap_or("0.0.0.0");
+        set(
+            "RLS_ADMIN_ADDR",
+            format!("{host}:{}", get("PORT").unwrap_or("8080")),
+        );
+    }
+    if get("GRPC_HOST").is_some() || get("GRPC_PORT").is_some() {
+        let host = get("GRPC_HOST").unwrap_or("0.0.0.0");
+        set(
+            "RLS_GRPC_ADDR",
+            format!("{host}:{}", get("GRPC_PORT").unwrap_or("8081")),
+        );
+    }
+
+    // logs
+    if let Some(level) = get("LOG_LEVEL") {
+        let level = level.to_ascii_lowercase();
+        let level = match level.as_str() {
+            "trace" | "debug" | "info" | "warn" | "error" => level,
+            "warning" => "warn".into(),
+            "fatal" | "panic" => "error".into(),
+            other => {
+                return Err(refused(
+                    "LOG_LEVEL",
+                    other,
+                    "not one of trace, debug, info, warn, error",
+                ))
+            }
+        };
+        set("RUST_LOG", format!("{level},fred=error"));
+    }
+    if let Some(format) = get("LOG_FORMAT") {
+        match format.to_ascii_lowercase().as_str() {
+            "json" => set("RLS_LOG_FORMAT", "json".into()),
+            "text" => set("RLS_LOG_FORMAT", "text".into()),
+            other => return Err(refused("LOG_FORMAT", other, "not text or json")),
+        }
+    }
+
+    // rules: RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY
+    if get("RUNTIME_ROOT").is_some() || get("RUNTIME_SUBDIRECTORY").is_some() {
+        let mut path =
+            std::path::PathBuf::from(get("RUNTIME_ROOT").unwrap_or("/srv/runtime_data/current"));
+        if let Some(sub) = get("RUNTIME_SUBDIRECTORY") {
+            path.push(sub);
+        }
+        path.push(get("RUNTIME_APPDIRECTORY").unwrap_or("config"));
+        set("RLS_CONFIG", path.display().to_string());
+    }
+    if on("MERGE_DOMAIN_CONFIG") {
+        set("RLS_MERGE_DOMAINS", "true".into());
+    }
+
+    // Redis
+    if let Some(url) = get("REDIS_URL") {
+        if get("REDIS_SOCKET_TYPE").is_some_and(|t| !t.eq_ignore_ascii_case("tcp")) {
+            return Err(refused(
+                "REDIS_SOCKET_TYPE",
+                get("REDIS_SOCKET_TYPE").unwrap_or_default(),
+                "Redis is reached over TCP only (REDIS_SOCKET_TYPE=tcp)",
+            ));
+        }
+        let kind = get("REDIS_TYPE").unwrap_or("single").to_ascii_lowercase();
+        let cluster = match kind.as_str() {
+            "single" => false,
+            "cluster" => true,
+            other => {
+                return Err(refused(
+                    "REDIS_TYPE",
+                    other,
+                    "Redis is single or cluster (no sentinel)",
+                ))
+            }
+        };
+        let tls = on("REDIS_TLS");
+        let url = if url.contains("://") {
+            url.to_string()
+        } else {
+            let scheme = match (cluster, tls) {
+                (false, false) => "redis",
+                (false, true) => "rediss",
+                (true, false) => "redis-cluster",
+                (true, true) => "rediss-cluster",
+            };
+            let auth = match get("REDIS_AUTH") {
+                None => String::new(),
+                Some(a) => match a.split_once(':') {
+                    Some((user, password)) => format!("{}:{}@", userinfo(user), userinfo(password)),
+                    None => format!(":{}@", userinfo(a)),
+                },
+            };
+            format!("{scheme}://{auth}{url}")
+        };
+        set("RLS_STORE", "redis".into());
+        set("RLS_REDIS_URL", url);
+        if let Some(size) = get("REDIS_POOL_SIZE") {
+            set("RLS_REDIS_POOL_SIZE", size.to_string());
+        }
+        if let Some(t) = get("REDIS_TIMEOUT") {
+            set("RLS_REDIS_TIMEOUT", t.to_string());
+        }
+        for (theirs, ours) in [
+            ("REDIS_TLS_CACERT", "RLS_REDIS_CA_FILE"),
+            ("REDIS_TLS_CLIENT_CERT", "RLS_REDIS_CLIENT_CERT"),
+            ("REDIS_TLS_CLIENT_KEY", "RLS_REDIS_CLIENT_KEY"),
+        ] {
+            if let Some(v) = get(theirs) {
+                set(ours, v.to_string());
+            }
+        }
+    }
+
+    // TLS on the gRPC port, and client certificates
+    if on("GRPC_SERVER_USE_TLS") {
+        let (Some(cert), Some(key)) = (get("GRPC_SERVER_TLS_CERT"), get("GRPC_SERVER_TLS_KEY"))
+        else {
+            return Err(refused(
+                "GRPC_SERVER_USE_TLS",
+                "true",
+                "needs GRPC_SERVER_TLS_CERT and GRPC_SERVER_TLS_KEY",
+            ));
+        };
+        set("RLS_TLS_CERT", cert.to_string());
+        set("RLS_TLS_KEY", key.to_string());
+        // Envoy Gateway names the client CA GRPC_SERVER_TLS_CA_CERT
+        if let Some(ca) = get("GRPC_CLIENT_TLS_CACERT").or(get("GRPC_SERVER_TLS_CA_CERT")) {
+            set("RLS_TLS_CLIENT_CA", ca.to_string());
+        }
+    }
+
+    // response headers
+    if on("LIMIT_RESPONSE_HEADERS_ENABLED") {
+        set("RLS_RESPONSE_HEADERS", "true".into());
+        set("RLS_RESPONSE_HEADERS_FORMAT", "legacy".into());
+    }
+
+    // traces
+    if on("TRACING_ENABLED") {
+        if let Some(p) =
+            get("TRACING_EXPORTER_PROTOCOL").filter(|p| !p.eq_ignore_ascii_case("grpc"))
+        {
+            return Err(refused(
+                "TRACING_EXPORTER_PROTOCOL",
+                p,
+                "traces are exported over OTLP/gRPC only",
+            ));
+        }
+        let Some(endpoint) =
+            get("OTEL_EXPORTER_OTLP_ENDPOINT").or(get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
+        else {
+            return Err(refused(
+                "TRACING_ENABLED",
+                "true",
+                "needs OTEL_EXPORTER_OTLP_ENDPOINT",
+            ));
+        };
+        set("RLS_OTLP_ENDPOINT", endpoint.to_string());
+    }
+
+    // the rest: accepted, and named
+    for (name, value) in env {
+        if value.is_empty() {
+            continue;
+        }
+        let why = NO_MEANING_HERE
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, why)| *why)
+            .or_else(|| {
+                NO_MEANING_PREFIXES
+                    .iter()
+                    .find(|(p, _)| name.starts_with(p))
+                    .map(|(_, why)| *why)
+            });
+        // with tracing on, its settings are read above or take defaults
+        if name.starts_with("TRACING_") && on("TRACING_ENABLED") {
+            continue;
+        }
+        if let Some(why) = why {
+            out.unused.push(format!("{name}: {why}"));
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests;

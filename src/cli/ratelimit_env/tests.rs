@@ -1,0 +1,190 @@
+use super::*;
+
+fn env(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+fn setting(t: &Translated, name: &str) -> Option<String> {
+    t.settings
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, v)| v.clone())
+}
+
+/// Istio's ratelimit sample (samples/ratelimit/rate-limit-service.yaml):
+/// rules from a ConfigMap under /data/ratelimit/config, Redis over TCP.
+#[test]
+fn istios_sample_environment() {
+    let t = translate(&env(&[
+        ("LOG_LEVEL", "debug"),
+        ("REDIS_SOCKET_TYPE", "tcp"),
+        ("REDIS_URL", "redis:6379"),
+        ("USE_STATSD", "false"),
+        ("RUNTIME_ROOT", "/data"),
+        ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+        ("RUNTIME_WATCH_ROOT", "false"),
+        ("RUNTIME_IGNOREDOTFILES", "true"),
+    ]))
+    .expect("translated");
+    assert_eq!(
+        setting(&t, "RLS_CONFIG").as_deref(),
+        Some("/data/ratelimit/config")
+    );
+    assert_eq!(setting(&t, "RLS_STORE").as_deref(), Some("redis"));
+    assert_eq!(
+        setting(&t, "RLS_REDIS_URL").as_deref(),
+        Some("redis://redis:6379")
+    );
+    assert_eq!(setting(&t, "RUST_LOG").as_deref(), Some("debug,fred=error"));
+    assert_eq!(
+        t.unused,
+        [
+            "RUNTIME_IGNOREDOTFILES: dot files are always skipped",
+            "RUNTIME_WATCH_ROOT: the rules directory is watched, ConfigMap swaps (..data) included",
+        ]
+    );
+}
+
+#[test]
+fn addresses_ports_and_tls() {
+    let t = translate(&env(&[
+        ("PORT", "18080"),
+        ("GRPC_PORT", "18081"),
+        ("GRPC_HOST", "127.0.0.1"),
+        ("GRPC_SERVER_USE_TLS", "true"),
+        ("GRPC_SERVER_TLS_CERT", "/certs/tls.crt"),
+        ("GRPC_SERVER_TLS_KEY", "/certs/tls.key"),
+        ("GRPC_SERVER_TLS_CA_CERT", "/certs/ca.crt"),
+    ]))
+    .expect("translated");
+    assert_eq!(
+        setting(&t, "RLS_ADMIN_ADDR").as_deref(),
+        Some("0.0.0.0:18080")
+    );
+    assert_eq!(
+        setting(&t, "RLS_GRPC_ADDR").as_deref(),
+        Some("127.0.0.1:18081")
+    );
+    assert_eq!(
+        setting(&t, "RLS_TLS_CERT").as_deref(),
+        Some("/certs/tls.crt")
+    );
+    assert_eq!(
+        setting(&t, "RLS_TLS_CLIENT_CA").as_deref(),
+        Some("/certs/ca.crt")
+    );
+    let err = translate(&env(&[("GRPC_SERVER_USE_TLS", "true")])).expect_err("no cert");
+    assert!(err.contains("GRPC_SERVER_TLS_CERT"), "{err}");
+}
+
+#[test]
+fn redis_forms() {
+    let url = |pairs: &[(&str, &str)]| {
+        setting(
+            &translate(&env(pairs)).expect("translated"),
+            "RLS_REDIS_URL",
+        )
+        .expect("url")
+    };
+    assert_eq!(
+        url(&[("REDIS_TYPE", "cluster"), ("REDIS_URL", "a:7000,b:7001")]),
+        "redis-cluster://a:7000,b:7001"
+    );
+    assert_eq!(
+        url(&[
+            ("REDIS_URL", "r:6380"),
+            ("REDIS_TLS", "true"),
+            ("REDIS_AUTH", "s3cr@t")
+        ]),
+        "rediss://:s3cr%40t@r:6380"
+    );
+    assert_eq!(
+        url(&[("REDIS_URL", "r:6379"), ("REDIS_AUTH", "rls:pw")]),
+        "redis://rls:pw@r:6379"
+    );
+    assert_eq!(url(&[("REDIS_URL", "redis://x:1")]), "redis://x:1");
+    let t = translate(&env(&[
+        ("REDIS_URL", "r:6379"),
+        ("REDIS_POOL_SIZE", "10"),
+        ("REDIS_TIMEOUT", "10s"),
+        ("REDIS_TLS_CACERT", "/ca.pem"),
+    ]))
+    .expect("translated");
+    assert_eq!(setting(&t, "RLS_REDIS_POOL_SIZE").as_deref(), Some("10"));
+    assert_eq!(setting(&t, "RLS_REDIS_TIMEOUT").as_deref(), Some("10s"));
+    assert_eq!(setting(&t, "RLS_REDIS_CA_FILE").as_deref(), Some("/ca.pem"));
+}
+
+/// What this service cannot do yet is refused, naming the variable and
+/// value; never ignored.
+#[test]
+fn what_has_a_meaning_we_lack_is_refused() {
+    for (pairs, named) in [
+        (
+            vec![("CONFIG_TYPE", "GRPC_XDS_SOTW")],
+            "CONFIG_TYPE=GRPC_XDS_SOTW",
+        ),
+        (
+            vec![
+                ("REDIS_URL", "/var/run/r.sock"),
+                ("REDIS_SOCKET_TYPE", "unix"),
+            ],
+            "REDIS_SOCKET_TYPE=unix",
+        ),
+        (
+            vec![("REDIS_URL", "r:1"), ("REDIS_TYPE", "SENTINEL")],
+            "REDIS_TYPE=sentinel",
+        ),
+        (vec![("REDIS_PERSECOND", "true")], "REDIS_PERSECOND=true"),
+        (vec![("USE_STATSD", "true")], "USE_STATSD=true"),
+        (vec![("USE_PROMETHEUS", "true")], "USE_PROMETHEUS=true"),
+        (vec![("SHADOW_MODE", "true")], "SHADOW_MODE=true"),
+        (vec![("BACKEND_TYPE", "memcache")], "BACKEND_TYPE=memcache"),
+        (vec![("CACHE_KEY_PREFIX", "x_")], "CACHE_KEY_PREFIX=x_"),
+        (
+            vec![("LIMIT_LIMIT_HEADER", "X-Limit")],
+            "LIMIT_LIMIT_HEADER=X-Limit",
+        ),
+        (vec![("LOG_LEVEL", "loud")], "LOG_LEVEL=loud"),
+        (vec![("GRPC_UDS", "/tmp/s")], "GRPC_UDS=/tmp/s"),
+    ] {
+        let err = translate(&env(&pairs)).expect_err(named);
+        assert!(err.starts_with(named), "{err}");
+    }
+}
+
+#[test]
+fn statsd_off_and_others_are_named_not_refused() {
+    let t = translate(&env(&[
+        ("USE_STATSD", "false"),
+        ("STATSD_HOST", "statsd"),
+        ("MEMCACHE_HOST_PORT", "m:11211"),
+        ("LIMIT_RESPONSE_HEADERS_ENABLED", "true"),
+        ("MERGE_DOMAIN_CONFIG", "true"),
+        ("SOMETHING_ELSE", "x"),
+    ]))
+    .expect("translated");
+    assert_eq!(
+        t.unused,
+        [
+            "MEMCACHE_HOST_PORT: no memcache backend",
+            "STATSD_HOST: statsd is off"
+        ]
+    );
+    assert_eq!(
+        setting(&t, "RLS_RESPONSE_HEADERS_FORMAT").as_deref(),
+        Some("legacy")
+    );
+    assert_eq!(setting(&t, "RLS_MERGE_DOMAINS").as_deref(), Some("true"));
+}
+
+#[test]
+fn an_empty_environment_changes_nothing() {
+    assert_eq!(
+        translate(&BTreeMap::new()).expect("translated"),
+        Translated::default()
+    );
+}

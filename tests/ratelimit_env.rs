@@ -1,0 +1,184 @@
+//! The binary started as envoyproxy/ratelimit is deployed today (#27):
+//! Istio's sample environment (rules from a ConfigMap under
+//! RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/config, Redis over TCP, statsd off),
+//! ports moved, no flags. What it cannot honour yet stops the start with
+//! the variable named.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::redis::RedisServer;
+use common::{descriptor, free_port, request, ChildGuard};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+
+/// A Kubernetes ConfigMap volume: `file` links to `..data/file`, and
+/// `..data` to a timestamped directory that a swap replaces at once.
+fn configmap(dir: &Path, version: &str, text: &str) {
+    let data = dir.join(format!("..{version}"));
+    std::fs::create_dir_all(&data).expect("mkdir");
+    std::fs::write(data.join("config.yaml"), text).expect("write");
+    let tmp = dir.join("..data_tmp");
+    let _ = std::fs::remove_file(&tmp);
+    std::os::unix::fs::symlink(format!("..{version}"), &tmp).expect("symlink");
+    std::fs::rename(&tmp, dir.join("..data")).expect("swap ..data");
+    let link = dir.join("config.yaml");
+    if std::fs::symlink_metadata(&link).is_err() {
+        std::os::unix::fs::symlink("..data/config.yaml", &link).expect("symlink");
+    }
+}
+
+const ISTIO_SAMPLE_RULES: &str = r#"
+domain: ratelimit
+descriptors:
+  - key: PATH
+    value: "/productpage"
+    rate_limit:
+      unit: minute
+      requests_per_unit: 1
+  - key: PATH
+    rate_limit:
+      unit: minute
+      requests_per_unit: 100
+"#;
+
+#[tokio::test]
+async fn started_with_istios_sample_environment() {
+    let redis = RedisServer::standalone();
+    let root = tempfile::tempdir().expect("tempdir");
+    let config = root.path().join("ratelimit").join("config");
+    std::fs::create_dir_all(&config).expect("mkdir");
+    configmap(&config, "2026_12_04_a", ISTIO_SAMPLE_RULES);
+    let (grpc, admin) = (free_port(), free_port());
+    let mut command = Command::new(env!("CARGO_BIN_EXE_tokenbucket-rls"));
+    for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("RLS_")) {
+        command.env_remove(k);
+    }
+    let child = command
+        .env_remove("RUST_LOG")
+        // the sample's environment, as it is
+        .env("LOG_LEVEL", "debug")
+        .env("REDIS_SOCKET_TYPE", "tcp")
+        .env("REDIS_URL", format!("127.0.0.1:{}", redis.port))
+        .env("USE_STATSD", "false")
+        .env("RUNTIME_ROOT", root.path())
+        .env("RUNTIME_SUBDIRECTORY", "ratelimit")
+        .env("RUNTIME_WATCH_ROOT", "false")
+        .env("RUNTIME_IGNOREDOTFILES", "true")
+        // ports moved off 8080/8081
+        .env("HOST", "127.0.0.1")
+        .env("PORT", admin.to_string())
+        .env("GRPC_HOST", "127.0.0.1")
+        .env("GRPC_PORT", grpc.to_string())
+        // ours wins over theirs
+        .env("LOG_FORMAT", "text")
+        .env("RLS_LOG_FORMAT", "json")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start");
+    let mut child = ChildGuard(child);
+
+    // envoyproxy/ratelimit's probe path answers once the rules are loaded
+    let http = reqwest::Client::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let probe = http
+            .get(format!("http://127.0.0.1:{admin}/healthcheck"))
+            .send()
+            .await;
+        if probe.is_ok_and(|r| r.status().is_success()) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never healthy");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    let c = RateLimitServiceClient::connect(format!("http://127.0.0.1:{grpc}"))
+        .await
+        .expect("connect");
+    let call = |path: &'static str| {
+        let mut c = c.clone();
+        async move {
+            c.should_rate_limit(request("ratelimit", vec![descriptor(&[("PATH", path)])]))
+                .await
+                .expect("decided")
+                .into_inner()
+        }
+    };
+    assert_eq!(call("/productpage").await.overall_code, Code::Ok as i32);
+    assert_eq!(
+        call("/productpage").await.overall_code,
+        Code::OverLimit as i32
+    );
+    // in Redis, not in memory
+    let keys: u64 = redis.cli(&["DBSIZE"]).trim().parse().expect("DBSIZE");
+    assert!(keys >= 1, "{keys} keys");
+
+    // the ConfigMap changes: ..data swapped, the new rules apply
+    configmap(
+        &config,
+        "2026_12_04_b",
+        &ISTIO_SAMPLE_RULES.replace("requests_per_unit: 100", "requests_per_unit: 7"),
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let r = call("/reviews").await;
+        let limit = r.statuses[0]
+            .current_limit
+            .as_ref()
+            .map(|l| l.requests_per_unit);
+        if limit == Some(7) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the swap was not applied: {limit:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.0.id().to_string()])
+        .status();
+    let out = std::mem::replace(&mut child.0, Command::new("true").spawn().expect("true"))
+        .wait_with_output()
+        .expect("output");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let first = stderr.lines().next().unwrap_or_default();
+    assert!(first.starts_with('{'), "RLS_LOG_FORMAT=json won: {first}");
+    assert!(
+        stderr.contains("RUNTIME_WATCH_ROOT: the rules directory is watched"),
+        "the settings that change nothing are named: {stderr}"
+    );
+    assert!(
+        stderr.contains("\"level\":\"DEBUG\""),
+        "LOG_LEVEL=debug: {stderr}"
+    );
+}
+
+/// A setting whose meaning this service lacks stops the start, named.
+#[test]
+fn a_setting_it_cannot_honour_stops_the_start() {
+    for (name, value) in [
+        ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+        ("REDIS_TYPE", "sentinel"),
+        ("USE_PROMETHEUS", "true"),
+    ] {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_tokenbucket-rls"));
+        if name == "REDIS_TYPE" {
+            command.env("REDIS_URL", "127.0.0.1:1");
+        }
+        let out = command
+            .env(name, value)
+            .env("RLS_CONFIG", concat!(env!("CARGO_MANIFEST_DIR"), "/config"))
+            .output()
+            .expect("run");
+        assert!(!out.status.success(), "{name}={value} started");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(&format!("{name}={value}")), "{stderr}");
+    }
+}
