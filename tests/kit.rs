@@ -65,7 +65,7 @@ fn compose_has_the_whole_topology() {
         assert_eq!(s["environment"]["RLS_INSTANCES"].as_str(), Some("2"));
         let volumes = format!("{:?}", s["volumes"]);
         assert!(
-            volumes.contains("./config:/etc/tokenbucket-rls"),
+            volumes.contains("./config:/srv/tokenbucket-rls/config"),
             "{rls} mounts the rules: {volumes}"
         );
         assert!(format!("{:?}", s["depends_on"]).contains("service_completed_successfully"));
@@ -92,7 +92,19 @@ fn compose_has_the_whole_topology() {
 fn the_dockerfile_builds_both_binaries_and_runs_as_non_root() {
     let text = std::fs::read_to_string(Path::new(ROOT).join("Dockerfile")).expect("Dockerfile");
     assert!(text.contains("cargo build --release --locked --bins"));
-    assert!(text.contains("/etc/tokenbucket-rls"));
+    // rules where the default `config` resolves, and no RLS_* variable set
+    // by the image: envoyproxy/ratelimit's environment must not be shadowed
+    assert!(text.contains("WORKDIR /srv/tokenbucket-rls"));
+    assert!(text.contains("COPY config/ /srv/tokenbucket-rls/config/"));
+    assert!(
+        !text
+            .lines()
+            .any(|l| l.trim_start().starts_with("ENV") || l.contains("RLS_CONFIG=")),
+        "no ENV in the image"
+    );
+    // the command Deployments written for envoyproxy/ratelimit run, as nobody
+    assert!(text.contains("ln -s /usr/local/bin/tokenbucket-rls /bin/ratelimit"));
+    assert!(text.contains("USER 65534:65534"));
     assert!(text.contains("EXPOSE 8081 8080"));
     let user = text
         .lines()

@@ -9,6 +9,7 @@ use arc_swap::ArcSwap;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use libfuzzer_sys::fuzz_target;
 use prost::Message;
+use tokenbucket_rls::cli::HeaderFormat;
 use tokenbucket_rls::clock::MonotonicClock;
 use tokenbucket_rls::limiter::Limiter;
 use tokenbucket_rls::rules::{load_path, FailureMode, LoadOptions};
@@ -29,7 +30,9 @@ fn service() -> &'static (RateLimitGrpc, Arc<MemoryStore<MonotonicClock>>) {
             Arc::new(ArcSwap::from_pointee(rules.with_generation(1))),
             limiter,
             Arc::default(),
-            ResponseOptions { rate_limit_headers: true },
+            ResponseOptions {
+                rate_limit_headers: Some(HeaderFormat::Draft),
+            },
         );
         (service, store)
     })
