@@ -547,8 +547,8 @@ impl Quotas {
         Some((Some(Arc::new(id)), key))
     }
 
-    /// Takes `stream`'s subscription to bucket id `id` out of `bucket`
-    /// (keyed `key`), with its bytes; the split forgets it.
+    /// Takes `stream`'s subscription to bucket id `id` out of the bucket
+    /// `key` (see [`Quotas::unsubscribe_at`]).
     fn unsubscribe(
         &mut self,
         key: &Arc<BucketKey>,
@@ -556,16 +556,35 @@ impl Quotas {
         id: &Arc<BucketKey>,
         now_micros: u64,
     ) {
-        let Some(bucket) = self.buckets.get_mut(key) else {
-            return;
-        };
-        let Some(at) = bucket.subs.iter().position(|s| s.is(stream, id)) else {
-            return;
-        };
+        let at = self
+            .buckets
+            .get(key)
+            .and_then(|b| b.subs.iter().position(|s| s.is(stream, id)));
+        if let Some(at) = at {
+            self.unsubscribe_at(key, at, now_micros);
+        }
+    }
+
+    /// Takes the subscription at `at` out of the bucket `key`: its pair,
+    /// its bytes and its stream's entry are uncounted, and the split
+    /// forgets it (what it was sent stays reserved until it expires).
+    fn unsubscribe_at(
+        &mut self,
+        key: &Arc<BucketKey>,
+        at: usize,
+        now_micros: u64,
+    ) -> Option<Subscription> {
+        let bucket = self.buckets.get_mut(key)?;
+        if at >= bucket.subs.len() {
+            return None;
+        }
         let sub = bucket.subs.swap_remove(at);
         self.pairs -= 1;
         if let Some(own) = &sub.id {
             self.key_bytes -= own.bytes();
+        }
+        if let Some(s) = self.streams.get_mut(&sub.stream) {
+            s.buckets.remove(sub.id(key));
         }
         leave(
             bucket,
@@ -575,6 +594,7 @@ impl Quotas {
             key,
             now_micros,
         );
+        Some(sub)
     }
 
     /// A stream closed: its buckets are re-split between the others.
@@ -684,9 +704,6 @@ impl Quotas {
             .collect();
         for (stream, id) in moved {
             self.unsubscribe(key, stream, &id, now_micros);
-            if let Some(s) = self.streams.get_mut(&stream) {
-                s.buckets.remove(&id);
-            }
         }
         let Some(bucket) = self.buckets.get_mut(key) else {
             return;
@@ -729,41 +746,31 @@ impl Quotas {
         {
             self.reload(key, rules, now_micros);
         }
-        let Some(bucket) = self.buckets.get_mut(key) else {
+        let Some(bucket) = self.buckets.get(key) else {
             return;
         };
         self.visited += bucket.subs.len() as u64;
         // members quiet for too long leave; idle ones are told to abandon it
-        let mut i = 0;
-        while i < bucket.subs.len() {
-            let sub = &bucket.subs[i];
-            let quiet = now_micros.saturating_sub(sub.last_report_micros)
-                > quiet_limit_micros(sub.interval_micros);
-            // (abandoned by a tick, not by the report that found it idle)
-            let idle = reporter.is_none()
-                && sub
-                    .idle_since_micros
-                    .is_some_and(|t| now_micros.saturating_sub(t) >= ABANDON_AFTER_MICROS);
-            if !quiet && !idle {
-                i += 1;
+        let leaving: Vec<(usize, bool)> = bucket
+            .subs
+            .iter()
+            .enumerate()
+            .filter_map(|(at, sub)| {
+                let quiet = now_micros.saturating_sub(sub.last_report_micros)
+                    > quiet_limit_micros(sub.interval_micros);
+                // (abandoned by a tick, not by the report that found it idle)
+                let idle = reporter.is_none()
+                    && sub
+                        .idle_since_micros
+                        .is_some_and(|t| now_micros.saturating_sub(t) >= ABANDON_AFTER_MICROS);
+                (quiet || idle).then_some((at, idle))
+            })
+            .collect();
+        // from the last: a removal moves the last member into its place
+        for (at, idle) in leaving.into_iter().rev() {
+            let Some(sub) = self.unsubscribe_at(key, at, now_micros) else {
                 continue;
-            }
-            let sub = bucket.subs.swap_remove(i);
-            self.pairs -= 1;
-            if let Some(s) = self.streams.get_mut(&sub.stream) {
-                s.buckets.remove(sub.id(key));
-            }
-            if let Some(own) = &sub.id {
-                self.key_bytes -= own.bytes();
-            }
-            leave(
-                bucket,
-                &mut self.steps,
-                self.shared,
-                sub.pair(),
-                key,
-                now_micros,
-            );
+            };
             if idle {
                 pending.entry(sub.stream).or_default().push(BucketAction {
                     bucket_id: Some(sub.id(key).id()),
@@ -773,6 +780,9 @@ impl Quotas {
                 });
             }
         }
+        let Some(bucket) = self.buckets.get_mut(key) else {
+            return;
+        };
         // the bucket's time to live: the slowest reporter's
         let interval = bucket
             .subs

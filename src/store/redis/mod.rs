@@ -337,12 +337,7 @@ impl RedisStore {
         };
         // the call's own timeout, here: fred 10 cuts a command at the
         // client's default timeout whatever the call's options say
-        match options.timeout {
-            Some(limit) => tokio::time::timeout(limit, call)
-                .await
-                .unwrap_or_else(|_| Err(RedisError::new(ErrorKind::Timeout, "Request timed out."))),
-            None => call.await,
-        }
+        within(options.timeout, call).await
     }
 
     /// Counts in `metrics` the calls it sends again (`rls_store_retries_total`).
@@ -448,12 +443,7 @@ impl RedisStore {
                 format!("more than {MAX_REDIRECTIONS} redirections for slot {slot}"),
             ))
         };
-        match options.timeout {
-            Some(limit) => tokio::time::timeout(limit, follow)
-                .await
-                .unwrap_or_else(|_| Err(RedisError::new(ErrorKind::Timeout, "Request timed out."))),
-            None => follow.await,
-        }
+        within(options.timeout, follow).await
     }
 
     /// Runs `script` after `ASKING` on one connection of `pool` (the node
@@ -503,12 +493,7 @@ impl RedisStore {
                 other => other,
             }
         };
-        match options.timeout {
-            Some(limit) => tokio::time::timeout(limit, call)
-                .await
-                .unwrap_or_else(|_| Err(RedisError::new(ErrorKind::Timeout, "Request timed out."))),
-            None => call.await,
-        }
+        within(options.timeout, call).await
     }
 
     /// The decision connections of the primary at `addr` (`host:port`, as
@@ -568,6 +553,20 @@ impl LuaScript {
             body,
             sha: sha1_smol::Sha1::from(body).digest().to_string(),
         }
+    }
+}
+
+/// `call`, cut at `limit` (a timeout error then): fred 10 cuts a command
+/// at the client's default timeout whatever the call's options say.
+async fn within<T>(
+    limit: Option<Duration>,
+    call: impl std::future::Future<Output = Result<T, RedisError>>,
+) -> Result<T, RedisError> {
+    match limit {
+        Some(limit) => tokio::time::timeout(limit, call)
+            .await
+            .unwrap_or_else(|_| Err(RedisError::new(ErrorKind::Timeout, "Request timed out."))),
+        None => call.await,
     }
 }
 
