@@ -269,7 +269,12 @@ pub fn translate(env: &BTreeMap<String, String>) -> Result<Translated, String> {
                 ))
             }
         };
-        set("RUST_LOG", format!("{level},fred=error"));
+        // their LOG_LEVEL is the service's own; libraries stay at info
+        let filter = match level.as_str() {
+            "trace" | "debug" => format!("info,tokenbucket_rls={level},fred=error"),
+            _ => format!("{level},fred=error"),
+        };
+        set("RUST_LOG", filter);
     }
     if let Some(format) = get("LOG_FORMAT") {
         match format.to_ascii_lowercase().as_str() {

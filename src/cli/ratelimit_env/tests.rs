@@ -38,7 +38,10 @@ fn istios_sample_environment() {
         setting(&t, "RLS_REDIS_URL").as_deref(),
         Some("redis://redis:6379")
     );
-    assert_eq!(setting(&t, "RUST_LOG").as_deref(), Some("debug,fred=error"));
+    assert_eq!(
+        setting(&t, "RUST_LOG").as_deref(),
+        Some("info,tokenbucket_rls=debug,fred=error")
+    );
     assert_eq!(
         t.unused,
         [
