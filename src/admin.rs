@@ -33,6 +33,22 @@ pub fn router(state: AdminState) -> Router {
         .with_state(state)
 }
 
+/// `/metrics` alone at `path` (`--prometheus-addr`).
+pub fn metrics_router(path: &str, metrics: Arc<Metrics>) -> Router {
+    Router::new().route(
+        path,
+        get(move || {
+            let metrics = metrics.clone();
+            async move {
+                (
+                    [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+                    metrics.render(),
+                )
+            }
+        }),
+    )
+}
+
 async fn readyz(State(state): State<AdminState>) -> impl IntoResponse {
     match state.health.readiness() {
         Ok(detail) => (StatusCode::OK, format!("ready: {detail}\n")),

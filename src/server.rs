@@ -102,6 +102,9 @@ pub async fn start(args: &ServeArgs) -> Result<RunningServer> {
     }
     let rules: SharedRules = Arc::new(ArcSwap::from_pointee(loaded.with_generation(1)));
     let metrics = Arc::new(Metrics::new());
+    if args.ratelimit_metrics {
+        metrics.enable_ratelimit_stats(args.near_limit_ratio);
+    }
     let reloader = Reloader::new(
         args.config.clone(),
         args.merge_domains,
@@ -248,12 +251,26 @@ pub async fn start(args: &ServeArgs) -> Result<RunningServer> {
             metrics: metrics.clone(),
         }),
     )
-    .with_graceful_shutdown(until_stopped(stopped));
+    .with_graceful_shutdown(until_stopped(stopped.clone()));
 
-    let tasks = vec![
+    let mut tasks = vec![
         tokio::spawn(grpc),
         tokio::spawn(async move { admin.await.context("admin server failed") }),
     ];
+    if let Some(addr) = args.prometheus_addr {
+        // the metrics alone, where envoyproxy/ratelimit serves them
+        let listener = TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("cannot listen on --prometheus-addr {addr}"))?;
+        let scrape = axum::serve(
+            listener,
+            admin::metrics_router(&args.prometheus_path, metrics.clone()),
+        )
+        .with_graceful_shutdown(until_stopped(stopped));
+        tasks.push(tokio::spawn(async move {
+            scrape.await.context("metrics server failed")
+        }));
+    }
     tracing::info!(
         version = env!("CARGO_PKG_VERSION"),
         %grpc_addr,

@@ -166,7 +166,7 @@ fn a_setting_it_cannot_honour_stops_the_start() {
     for (name, value) in [
         ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
         ("REDIS_TYPE", "sentinel"),
-        ("USE_PROMETHEUS", "true"),
+        ("USE_STATSD", "true"),
     ] {
         let mut command = Command::new(env!("CARGO_BIN_EXE_tokenbucket-rls"));
         if name == "REDIS_TYPE" {

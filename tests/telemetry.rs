@@ -598,3 +598,84 @@ async fn the_grafana_dashboard_queries_only_exported_metrics() {
     }
     assert!(checked >= 8);
 }
+
+/// `--ratelimit-metrics` with `--prometheus-addr` (envoyproxy/ratelimit's
+/// USE_PROMETHEUS): its statistics under its names, by the first two
+/// elements of the rule's path, counting hits, on its own address too.
+#[tokio::test]
+async fn envoyproxy_ratelimit_statistics_under_its_names() {
+    let rules = rules_dir(
+        r#"
+domain: eg
+descriptors:
+  - key: PATH
+    value: "/productpage"
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: tenant
+    value: acme
+    descriptors:
+      - key: user
+        rate_limit: {unit: hour, requests_per_unit: 10}
+  - key: shadow
+    shadow_mode: true
+    rate_limit: {unit: hour, requests_per_unit: 1}
+"#,
+    );
+    let scrape_port = free_port();
+    let mut args = serve_args(rules.path().to_path_buf());
+    args.ratelimit_metrics = true;
+    args.prometheus_addr = Some(SocketAddr::from(([127, 0, 0, 1], scrape_port)));
+    args.prometheus_path = "/stats".into();
+    let s = server::start(&args).await.expect("server starts");
+    let c = RateLimitServiceClient::connect(format!("http://{}", s.grpc_addr))
+        .await
+        .expect("connect");
+    let call = |entries: &'static [(&'static str, &'static str)], hits: u32| {
+        let mut c = c.clone();
+        async move {
+            let mut r = request("eg", vec![descriptor(entries)]);
+            r.hits_addend = hits;
+            c.should_rate_limit(r).await.expect("decided").into_inner()
+        }
+    };
+    call(&[("PATH", "/productpage")], 1).await;
+    call(&[("PATH", "/productpage")], 1).await;
+    call(&[("tenant", "acme"), ("user", "u1")], 3).await;
+    call(&[("tenant", "acme"), ("user", "u1")], 6).await;
+    call(&[("shadow", "x")], 1).await;
+    call(&[("shadow", "x")], 1).await;
+    let text = reqwest::get(format!("http://127.0.0.1:{scrape_port}/stats"))
+        .await
+        .expect("scrape")
+        .text()
+        .await
+        .expect("text");
+    let n = |name: &str, key1: &str, key2: &str| {
+        sample(
+            &text,
+            &format!("ratelimit_service_rate_limit_{name}{{domain=\"eg\",key1=\"{key1}\",key2=\"{key2}\"}}"),
+        )
+        .unwrap_or(0.0)
+    };
+    assert_eq!(n("total_hits", "PATH_/productpage", ""), 2.0, "{text}");
+    assert_eq!(n("within_limit", "PATH_/productpage", ""), 1.0);
+    assert_eq!(
+        n("near_limit", "PATH_/productpage", ""),
+        1.0,
+        "the whole burst spent"
+    );
+    assert_eq!(n("over_limit", "PATH_/productpage", ""), 1.0);
+    // hits, not calls: 3 then 6 of a burst of 10 (9 spent: past 80 %)
+    assert_eq!(n("total_hits", "tenant_acme", "user"), 9.0);
+    assert_eq!(n("within_limit", "tenant_acme", "user"), 9.0);
+    assert_eq!(n("near_limit", "tenant_acme", "user"), 6.0);
+    assert_eq!(n("over_limit", "shadow", ""), 1.0);
+    assert_eq!(n("shadow_mode", "shadow", ""), 1.0);
+    // ours are there too, on both addresses
+    assert!(text.contains("rls_decisions_total"));
+    assert!(s
+        .metrics
+        .render()
+        .contains("ratelimit_service_rate_limit_total_hits"));
+    s.shutdown().await.expect("stop");
+}

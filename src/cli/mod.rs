@@ -154,6 +154,20 @@ pub struct ServeArgs {
     /// OTLP/gRPC collector for traces, e.g. http://127.0.0.1:4317 (none: tracing off).
     #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
     pub otlp_endpoint: Option<String>,
+    /// Also count envoyproxy/ratelimit's statistics under its Prometheus
+    /// names (ratelimit_service_rate_limit_*{domain, key1, key2}).
+    #[arg(long, env = "RLS_RATELIMIT_METRICS")]
+    pub ratelimit_metrics: bool,
+    /// A decision within the limit counts as near it past this fraction of
+    /// the burst spent (for --ratelimit-metrics).
+    #[arg(long, env = "RLS_NEAR_LIMIT_RATIO", default_value_t = 0.8)]
+    pub near_limit_ratio: f64,
+    /// Also serve the metrics on this address (at --prometheus-path), as
+    /// envoyproxy/ratelimit does on PROMETHEUS_ADDR.
+    #[arg(long, env = "RLS_PROMETHEUS_ADDR")]
+    pub prometheus_addr: Option<SocketAddr>,
+    #[arg(long, env = "RLS_PROMETHEUS_PATH", default_value = "/metrics")]
+    pub prometheus_path: String,
     /// Log lines as text or JSON (level from RUST_LOG, default info).
     #[arg(long, env = "RLS_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,

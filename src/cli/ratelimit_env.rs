@@ -49,7 +49,6 @@ const NO_MEANING_HERE: &[(&str, &str)] = &[
         "a bucket's key expires once it would be full",
     ),
     ("LOCAL_CACHE_SIZE_IN_BYTES", "no local over-limit cache"),
-    ("NEAR_LIMIT_RATIO", "no near-limit statistics"),
     (
         "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT",
         "a rejected request never spends",
@@ -192,10 +191,6 @@ pub fn translate(env: &BTreeMap<String, String>) -> Result<Translated, String> {
         (
             "USE_DOG_STATSD",
             "metrics are Prometheus text on HOST:PORT /metrics",
-        ),
-        (
-            "USE_PROMETHEUS",
-            "metrics are on HOST:PORT /metrics, named rls_*, not on PROMETHEUS_ADDR",
         ),
         (
             "SHADOW_MODE",
@@ -375,6 +370,23 @@ pub fn translate(env: &BTreeMap<String, String>) -> Result<Translated, String> {
         }
     }
 
+    // metrics under its names, where it serves them
+    if on("USE_PROMETHEUS") {
+        set("RLS_RATELIMIT_METRICS", "true".into());
+        let addr = get("PROMETHEUS_ADDR").unwrap_or(":9090");
+        let addr = match addr.strip_prefix(':') {
+            Some(port) => format!("0.0.0.0:{port}"),
+            None => addr.to_string(),
+        };
+        set("RLS_PROMETHEUS_ADDR", addr);
+        if let Some(path) = get("PROMETHEUS_PATH") {
+            set("RLS_PROMETHEUS_PATH", path.to_string());
+        }
+    }
+    if let Some(ratio) = get("NEAR_LIMIT_RATIO") {
+        set("RLS_NEAR_LIMIT_RATIO", ratio.to_string());
+    }
+
     // response headers
     if on("LIMIT_RESPONSE_HEADERS_ENABLED") {
         set("RLS_RESPONSE_HEADERS", "true".into());
@@ -423,6 +435,16 @@ pub fn translate(env: &BTreeMap<String, String>) -> Result<Translated, String> {
         if name.starts_with("TRACING_") && on("TRACING_ENABLED") {
             continue;
         }
+        let why = match name.as_str() {
+            "PROMETHEUS_MAPPER_YAML" if on("USE_PROMETHEUS") => {
+                Some("the default mapping's names are used (ratelimit_service_rate_limit_*)")
+            }
+            "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS" if on("USE_PROMETHEUS") => {
+                Some("response times are rls_decision_duration_seconds")
+            }
+            "PROMETHEUS_ADDR" | "PROMETHEUS_PATH" if on("USE_PROMETHEUS") => None,
+            _ => why,
+        };
         if let Some(why) = why {
             out.unused.push(format!("{name}: {why}"));
         }

@@ -65,6 +65,10 @@ impl RateLimitGrpc {
         let entries: Vec<_> = inputs.iter().map(|i| i.entries).collect();
         self.metrics
             .record_decisions(&rules, &request.domain, &entries, &decisions);
+        if let Some(stats) = self.metrics.ratelimit_stats() {
+            let costs: Vec<_> = inputs.iter().map(|i| i.cost).collect();
+            stats.record(&request.domain, &decisions, &costs);
+        }
         Ok(response::build(&decisions, self.options))
     }
 }

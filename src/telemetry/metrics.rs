@@ -61,6 +61,8 @@ pub struct Metrics {
     values_overflowed: IntCounterVec,
     lease: LeaseMetrics,
     quota: QuotaMetrics,
+    /// envoyproxy/ratelimit's statistics, once turned on.
+    ratelimit: OnceLock<super::ratelimit_stats::RatelimitStats>,
 }
 
 /// RLQS: streams, reports and assignments.
@@ -376,7 +378,27 @@ impl Metrics {
             values_overflowed,
             lease,
             quota,
+            ratelimit: OnceLock::new(),
         }
+    }
+
+    /// Also counts envoyproxy/ratelimit's statistics under its names
+    /// (`--ratelimit-metrics`); a decision within the limit is near it past
+    /// `near_ratio` of the burst.
+    pub fn enable_ratelimit_stats(&self, near_ratio: f64) {
+        if self.ratelimit.get().is_some() {
+            return;
+        }
+        if let Ok(stats) =
+            super::ratelimit_stats::RatelimitStats::register(&self.registry, near_ratio)
+        {
+            let _ = self.ratelimit.set(stats);
+        }
+    }
+
+    /// envoyproxy/ratelimit's statistics, when turned on.
+    pub fn ratelimit_stats(&self) -> Option<&super::ratelimit_stats::RatelimitStats> {
+        self.ratelimit.get()
     }
 
     /// Counts one request's decisions.

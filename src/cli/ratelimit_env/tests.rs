@@ -143,7 +143,6 @@ fn what_has_a_meaning_we_lack_is_refused() {
         ),
         (vec![("REDIS_PERSECOND", "true")], "REDIS_PERSECOND=true"),
         (vec![("USE_STATSD", "true")], "USE_STATSD=true"),
-        (vec![("USE_PROMETHEUS", "true")], "USE_PROMETHEUS=true"),
         (vec![("SHADOW_MODE", "true")], "SHADOW_MODE=true"),
         (vec![("BACKEND_TYPE", "memcache")], "BACKEND_TYPE=memcache"),
         (vec![("CACHE_KEY_PREFIX", "x_")], "CACHE_KEY_PREFIX=x_"),
@@ -189,5 +188,30 @@ fn an_empty_environment_changes_nothing() {
     assert_eq!(
         translate(&BTreeMap::new()).expect("translated"),
         Translated::default()
+    );
+}
+
+/// Envoy Gateway's metrics settings: its names, on its address.
+#[test]
+fn prometheus_where_envoy_gateway_scrapes_it() {
+    let t = translate(&env(&[
+        ("USE_PROMETHEUS", "true"),
+        ("PROMETHEUS_ADDR", ":19001"),
+        ("PROMETHEUS_MAPPER_YAML", "mappings: []"),
+        ("NEAR_LIMIT_RATIO", "0.9"),
+    ]))
+    .expect("translated");
+    assert_eq!(
+        setting(&t, "RLS_RATELIMIT_METRICS").as_deref(),
+        Some("true")
+    );
+    assert_eq!(
+        setting(&t, "RLS_PROMETHEUS_ADDR").as_deref(),
+        Some("0.0.0.0:19001")
+    );
+    assert_eq!(setting(&t, "RLS_NEAR_LIMIT_RATIO").as_deref(), Some("0.9"));
+    assert_eq!(
+        t.unused,
+        ["PROMETHEUS_MAPPER_YAML: the default mapping's names are used (ratelimit_service_rate_limit_*)"]
     );
 }
