@@ -1,7 +1,7 @@
 //! The binary started as envoyproxy/ratelimit is deployed today (#27):
-//! Istio's sample environment (rules from a ConfigMap under
-//! RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/config, Redis over TCP, statsd off),
-//! ports moved, no flags. What it cannot honour yet stops the start with
+//! Istio's sample environment, read from `examples/istio/ratelimit-sample.yaml`
+//! (rules from a ConfigMap under RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/config,
+//! Redis over TCP, statsd off), ports and paths moved, no flags. What it cannot honour yet stops the start with
 //! the variable named.
 
 mod common;
@@ -31,19 +31,47 @@ fn configmap(dir: &Path, version: &str, text: &str) {
     }
 }
 
-const ISTIO_SAMPLE_RULES: &str = r#"
-domain: ratelimit
-descriptors:
-  - key: PATH
-    value: "/productpage"
-    rate_limit:
-      unit: minute
-      requests_per_unit: 1
-  - key: PATH
-    rate_limit:
-      unit: minute
-      requests_per_unit: 100
-"#;
+/// `examples/istio/ratelimit-sample.yaml`: Istio's sample with our image.
+/// Its rules (the ConfigMap) and the ratelimit container's environment.
+fn istio_sample() -> (String, Vec<(String, String)>) {
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/examples/istio/ratelimit-sample.yaml"
+    ))
+    .expect("sample");
+    let docs: Vec<serde_yaml::Value> = serde_yaml::Deserializer::from_str(&text)
+        .map(|d| serde::Deserialize::deserialize(d).expect("a YAML document"))
+        .collect();
+    let rules = docs
+        .iter()
+        .find(|d| d["kind"].as_str() == Some("ConfigMap"))
+        .and_then(|d| d["data"]["config.yaml"].as_str())
+        .expect("the rules")
+        .to_string();
+    let deployment = docs
+        .iter()
+        .find(|d| {
+            d["kind"].as_str() == Some("Deployment")
+                && d["metadata"]["name"].as_str() == Some("ratelimit")
+        })
+        .expect("the ratelimit Deployment");
+    let container = &deployment["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(container["command"][0].as_str(), Some("/bin/ratelimit"));
+    assert!(container["image"]
+        .as_str()
+        .is_some_and(|i| i.starts_with("tokenbucket-rls")));
+    let env = container["env"]
+        .as_sequence()
+        .expect("env")
+        .iter()
+        .map(|e| {
+            let name = e["name"].as_str().expect("name").to_string();
+            let value = e["value"].as_str().expect("value").to_string();
+            (name, value)
+        })
+        .collect();
+    (rules, env)
+}
 
 #[tokio::test]
 async fn started_with_istios_sample_environment() {
@@ -51,24 +79,20 @@ async fn started_with_istios_sample_environment() {
     let root = tempfile::tempdir().expect("tempdir");
     let config = root.path().join("ratelimit").join("config");
     std::fs::create_dir_all(&config).expect("mkdir");
-    configmap(&config, "2026_12_04_a", ISTIO_SAMPLE_RULES);
+    let (rules, sample_env) = istio_sample();
+    configmap(&config, "2026_12_04_a", &rules);
     let (grpc, admin) = (free_port(), free_port());
     let mut command = Command::new(env!("CARGO_BIN_EXE_tokenbucket-rls"));
     for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("RLS_")) {
         command.env_remove(k);
     }
+    // the sample's environment, as it is, then where this machine differs:
+    // the root of the ConfigMap, Redis's address, ports off 8080/8081 on
+    // loopback
+    command.env_remove("RUST_LOG").envs(sample_env);
     let child = command
-        .env_remove("RUST_LOG")
-        // the sample's environment, as it is
-        .env("LOG_LEVEL", "debug")
-        .env("REDIS_SOCKET_TYPE", "tcp")
         .env("REDIS_URL", format!("127.0.0.1:{}", redis.port))
-        .env("USE_STATSD", "false")
         .env("RUNTIME_ROOT", root.path())
-        .env("RUNTIME_SUBDIRECTORY", "ratelimit")
-        .env("RUNTIME_WATCH_ROOT", "false")
-        .env("RUNTIME_IGNOREDOTFILES", "true")
-        // ports moved off 8080/8081
         .env("HOST", "127.0.0.1")
         .env("PORT", admin.to_string())
         .env("GRPC_HOST", "127.0.0.1")
@@ -122,7 +146,7 @@ async fn started_with_istios_sample_environment() {
     configmap(
         &config,
         "2026_12_04_b",
-        &ISTIO_SAMPLE_RULES.replace("requests_per_unit: 100", "requests_per_unit: 7"),
+        &rules.replace("requests_per_unit: 100", "requests_per_unit: 7"),
     );
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {

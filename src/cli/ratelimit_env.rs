@@ -233,19 +233,23 @@ pub fn translate(env: &BTreeMap<String, String>) -> Result<Translated, String> {
         }
     }
 
-    // addresses
+    // addresses (Istio's sample listens on "::")
+    let addr = |host: &str, port: &str| {
+        if host.contains(':') && !host.starts_with('[') {
+            format!("[{host}]:{port}")
+        } else {
+            format!("{host}:{port}")
+        }
+    };
     if get("HOST").is_some() || get("PORT").is_some() {
         let host = get("HOST").unwrap_or("0.0.0.0");
-        set(
-            "RLS_ADMIN_ADDR",
-            format!("{host}:{}", get("PORT").unwrap_or("8080")),
-        );
+        set("RLS_ADMIN_ADDR", addr(host, get("PORT").unwrap_or("8080")));
     }
     if get("GRPC_HOST").is_some() || get("GRPC_PORT").is_some() {
         let host = get("GRPC_HOST").unwrap_or("0.0.0.0");
         set(
             "RLS_GRPC_ADDR",
-            format!("{host}:{}", get("GRPC_PORT").unwrap_or("8081")),
+            addr(host, get("GRPC_PORT").unwrap_or("8081")),
         );
     }
 

@@ -79,6 +79,10 @@ fn addresses_ports_and_tls() {
         setting(&t, "RLS_TLS_CLIENT_CA").as_deref(),
         Some("/certs/ca.crt")
     );
+    // Istio's sample listens on every IPv6 (and IPv4) address
+    let t = translate(&env(&[("HOST", "::"), ("GRPC_HOST", "::")])).expect("translated");
+    assert_eq!(setting(&t, "RLS_ADMIN_ADDR").as_deref(), Some("[::]:8080"));
+    assert_eq!(setting(&t, "RLS_GRPC_ADDR").as_deref(), Some("[::]:8081"));
     let err = translate(&env(&[("GRPC_SERVER_USE_TLS", "true")])).expect_err("no cert");
     assert!(err.contains("GRPC_SERVER_TLS_CERT"), "{err}");
 }
