@@ -1454,3 +1454,67 @@ descriptors:
         "{started} started: {debt} owed, a wait of {wait} s ({exact} s)"
     );
 }
+
+/// Envoy in front talking mTLS to the service, the service configured by
+/// envoyproxy/ratelimit's variables as Envoy Gateway sets them
+/// (GRPC_SERVER_USE_TLS, GRPC_SERVER_TLS_CERT/KEY, GRPC_SERVER_TLS_CA_CERT
+/// for the client CA): the example rules hold over it (#27).
+#[tokio::test]
+async fn envoy_talks_mtls_to_a_service_configured_as_envoy_gateway_does() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca = common::tls::Ca::new(dir.path(), "rls");
+    let (server_pem, server_key) = ca.issue("server", true);
+    let (client_pem, client_key) = ca.issue("client", false);
+    let tls = format!(
+        r#"    connect_timeout: 1s
+    transport_socket:
+      name: envoy.transport_sockets.tls
+      typed_config:
+        "@type": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext
+        sni: localhost
+        common_tls_context:
+          alpn_protocols: ["h2"]
+          tls_certificates:
+          - certificate_chain: {{filename: {}}}
+            private_key: {{filename: {}}}
+          validation_context:
+            trusted_ca: {{filename: {}}}
+            match_typed_subject_alt_names:
+            - san_type: DNS
+              matcher: {{exact: localhost}}"#,
+        client_pem.display(),
+        client_key.display(),
+        ca.pem().display()
+    );
+    // the rate-limit cluster (the first) over mTLS
+    let bootstrap = std::fs::read_to_string(Path::new(ROOT).join("examples/envoy/envoy.yaml"))
+        .expect("bootstrap")
+        .replacen("    connect_timeout: 1s", &tls, 1);
+    let bootstrap_path = dir.path().join("envoy-mtls.yaml");
+    std::fs::write(&bootstrap_path, bootstrap).expect("write bootstrap");
+    let env = vec![
+        ("GRPC_SERVER_USE_TLS", "true".to_string()),
+        ("GRPC_SERVER_TLS_CERT", server_pem.display().to_string()),
+        ("GRPC_SERVER_TLS_KEY", server_key.display().to_string()),
+        ("GRPC_SERVER_TLS_CA_CERT", ca.pem().display().to_string()),
+    ];
+    let edge = Edge::start_full(
+        &Path::new(ROOT).join("config"),
+        bootstrap_path.to_str().expect("utf-8"),
+        &[env],
+    )
+    .await;
+    assert_eq!(
+        edge.codes(6, "/login", &[]).await,
+        [200, 200, 200, 200, 200, 429],
+        "login: burst 5, decided over mTLS"
+    );
+    let refused = edge.get("/login", &[]).await;
+    let wait: u64 = refused
+        .retry_after
+        .as_deref()
+        .expect("retry-after")
+        .parse()
+        .expect("seconds");
+    assert!((5..=6).contains(&wait), "a token every 6 s: {wait}");
+}
