@@ -1303,7 +1303,25 @@ descriptors:
 "#,
     )
     .expect("rules");
-    let edge = Edge::start_full(rules.path(), "llm.yaml", &[env]).await;
+    // the stand-in LLM's answer made long enough (4,000 bytes) to stream
+    // for seconds when asked to (x-envoy-fault-throughput-response)
+    let long_answer = "token ".repeat(666);
+    let bootstrap = std::fs::read_to_string(Path::new(ROOT).join("examples/envoy/llm.yaml"))
+        .expect("bootstrap")
+        .replace(
+            r#"inline_string: "a stand-in LLM answer\n""#,
+            &format!(r#"inline_string: "{long_answer}""#),
+        );
+    assert!(bootstrap.contains(&long_answer), "the answer was replaced");
+    let envoy_dir = tempfile::tempdir().expect("tempdir");
+    let bootstrap_path = envoy_dir.path().join("llm-envoy.yaml");
+    std::fs::write(&bootstrap_path, bootstrap).expect("bootstrap");
+    let edge = Edge::start_full(
+        rules.path(),
+        bootstrap_path.to_str().expect("utf-8"),
+        &[env],
+    )
+    .await;
     // Envoy charges after it has answered: wait for the service to have
     // made `n` decisions (a check per request, a charge per admitted one)
     let settled = |n: f64| {
@@ -1453,6 +1471,27 @@ descriptors:
         (exact - 1..=exact).contains(&wait),
         "{started} started: {debt} owed, a wait of {wait} s ({exact} s)"
     );
+    // (the refused check made no stream-done call)
+    let made = 38.0 + 20.0 + started as f64 + 1.0;
+    settled(made).await;
+
+    // a client that gives up while the answer streams (its headers, with
+    // the usage, already passed): charged what they reported
+    let streaming = edge
+        .client
+        .get(format!("{}/chat", edge.base))
+        .header("x-user", "jo")
+        .header("x-tokens-used", "250")
+        .header("x-envoy-fault-throughput-response", "1")
+        .send()
+        .await
+        .expect("the answer's headers");
+    assert_eq!(streaming.status(), 200);
+    drop(streaming);
+    settled(made + 2.0).await;
+    let check = chat("jo", "0").await;
+    let (_, remaining, _) = check.x_ratelimit.expect("x-ratelimit headers");
+    assert_eq!(remaining, "750", "charged the 250 its headers reported");
 }
 
 /// Envoy in front talking mTLS to the service, the service configured by
