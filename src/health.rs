@@ -26,6 +26,10 @@ pub struct Health {
     pub limiter: Arc<Limiter>,
     /// Set when shutdown begins.
     pub draining: Arc<AtomicBool>,
+    /// Ready before any rules are loaded (rules over xDS, with
+    /// `--xds-ready-without-rules`: envoyproxy/ratelimit's
+    /// FORCE_START_WITHOUT_INITIAL_CONFIG).
+    pub ready_without_rules: bool,
 }
 
 impl Health {
@@ -35,7 +39,7 @@ impl Health {
             return Err("draining: shutting down".into());
         }
         let rules = self.rules.load();
-        if rules.files().is_empty() {
+        if rules.files().is_empty() && !self.ready_without_rules {
             return Err("no rules loaded".into());
         }
         let store = self.limiter.store();

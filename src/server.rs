@@ -95,9 +95,16 @@ pub async fn start(args: &ServeArgs) -> Result<RunningServer> {
     let opts = LoadOptions {
         merge_domains: args.merge_domains,
     };
-    let loaded = rules::load_path(&args.config, opts)
-        .map_err(|e| anyhow::anyhow!("cannot load rules from {}:\n{e}", args.config.display()))?;
-    if loaded.domains().count() == 0 {
+    let xds = args.xds_settings();
+    let loaded = match &xds {
+        // rules come with the first snapshot
+        Some(_) => rules::load_sources(Vec::new(), opts)
+            .map_err(|e| anyhow::anyhow!("cannot start without rules: {e}"))?,
+        None => rules::load_path(&args.config, opts).map_err(|e| {
+            anyhow::anyhow!("cannot load rules from {}:\n{e}", args.config.display())
+        })?,
+    };
+    if loaded.domains().count() == 0 && xds.is_none() {
         tracing::warn!(config = %args.config.display(), "no rules loaded: every request will be answered OK");
     }
     let rules: SharedRules = Arc::new(ArcSwap::from_pointee(loaded.with_generation(1)));
@@ -111,9 +118,20 @@ pub async fn start(args: &ServeArgs) -> Result<RunningServer> {
         rules.clone(),
         metrics.clone(),
     );
-    reloader
-        .spawn()
-        .with_context(|| format!("cannot watch {} for changes", args.config.display()))?;
+    match xds {
+        Some(settings) => {
+            tracing::info!(server = %settings.server, node = %settings.node_id, "rules from xDS");
+            tokio::spawn(rules::xds::run(
+                settings,
+                opts,
+                rules.clone(),
+                metrics.clone(),
+            ));
+        }
+        None => reloader
+            .spawn()
+            .with_context(|| format!("cannot watch {} for changes", args.config.display()))?,
+    }
 
     let mut quota_ledger: Option<Arc<dyn QuotaLedger>> = None;
     let store: Arc<dyn Store> = match args.store {
@@ -196,6 +214,7 @@ pub async fn start(args: &ServeArgs) -> Result<RunningServer> {
         rules: rules.clone(),
         limiter: limiter.clone(),
         draining: draining.clone(),
+        ready_without_rules: args.xds_ready_without_rules,
     };
     let (reporter, health_service) = tonic_health::server::health_reporter();
     health.clone().start_grpc_sync(reporter).await;

@@ -188,7 +188,7 @@ async fn started_with_istios_sample_environment() {
 #[test]
 fn a_setting_it_cannot_honour_stops_the_start() {
     for (name, value) in [
-        ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+        ("CONFIG_TYPE", "REST"),
         ("REDIS_TYPE", "sentinel"),
         ("USE_STATSD", "true"),
     ] {

@@ -168,12 +168,52 @@ pub struct ServeArgs {
     pub prometheus_addr: Option<SocketAddr>,
     #[arg(long, env = "RLS_PROMETHEUS_PATH", default_value = "/metrics")]
     pub prometheus_path: String,
+    /// Take the rules from this xDS server (ADS, state of the world;
+    /// `http://host:port`, or `https://` for TLS) instead of --config.
+    #[arg(long, env = "RLS_XDS_SERVER")]
+    pub xds_server: Option<String>,
+    /// The node id sent to the xDS server.
+    #[arg(long, env = "RLS_XDS_NODE_ID", default_value = "default")]
+    pub xds_node_id: String,
+    /// PEM CA of the xDS server's certificate (https://).
+    #[arg(long, env = "RLS_XDS_CA_FILE")]
+    pub xds_ca_file: Option<PathBuf>,
+    /// PEM client certificate for the xDS server (mTLS), with --xds-client-key.
+    #[arg(long, env = "RLS_XDS_CLIENT_CERT", requires = "xds_client_key")]
+    pub xds_client_cert: Option<PathBuf>,
+    #[arg(long, env = "RLS_XDS_CLIENT_KEY", requires = "xds_client_cert")]
+    pub xds_client_key: Option<PathBuf>,
+    /// Ready before the first xDS snapshot (answering OK to everything
+    /// until it comes).
+    #[arg(long, env = "RLS_XDS_READY_WITHOUT_RULES")]
+    pub xds_ready_without_rules: bool,
+    /// First wait before opening a failed xDS stream again; doubles up to
+    /// --xds-max-backoff.
+    #[arg(long, env = "RLS_XDS_BACKOFF", value_parser = humantime::parse_duration, default_value = "1s")]
+    pub xds_backoff: Duration,
+    #[arg(long, env = "RLS_XDS_MAX_BACKOFF", value_parser = humantime::parse_duration, default_value = "30s")]
+    pub xds_max_backoff: Duration,
     /// Log lines as text or JSON (level from RUST_LOG, default info).
     #[arg(long, env = "RLS_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,
 }
 
 impl ServeArgs {
+    /// Where rules come from when not from --config.
+    pub fn xds_settings(&self) -> Option<crate::rules::xds::XdsSettings> {
+        Some(crate::rules::xds::XdsSettings {
+            server: self.xds_server.clone()?,
+            node_id: self.xds_node_id.clone(),
+            ca_file: self.xds_ca_file.clone(),
+            client_cert: self
+                .xds_client_cert
+                .clone()
+                .zip(self.xds_client_key.clone()),
+            backoff: self.xds_backoff,
+            max_backoff: self.xds_max_backoff.max(self.xds_backoff),
+        })
+    }
+
     /// `--serving-threads`, or its default for the store.
     pub fn serving_threads(&self) -> usize {
         self.serving_threads.unwrap_or_else(|| match self.store {

@@ -106,10 +106,6 @@ const NO_MEANING_HERE: &[(&str, &str)] = &[
     ("TRACING_SERVICE_INSTANCE_ID", "tracing is off"),
     ("TRACING_SAMPLING_RATE", "tracing is off"),
     ("TRACING_EXPORTER_PROTOCOL", "tracing is off"),
-    (
-        "FORCE_START_WITHOUT_INITIAL_CONFIG",
-        "rules come from files (CONFIG_TYPE=FILE)",
-    ),
 ];
 
 /// Prefixes of variable families with no meaning here.
@@ -157,13 +153,63 @@ pub fn translate(env: &BTreeMap<String, String>) -> Result<Translated, String> {
     let mut out = Translated::default();
     let mut set = |name: &'static str, value: String| out.settings.push((name, value));
 
-    // what this service does not do yet: refused, never ignored
-    if let Some(v) = get("CONFIG_TYPE").filter(|v| !v.eq_ignore_ascii_case("FILE")) {
-        return Err(refused(
-            "CONFIG_TYPE",
-            v,
-            "rules over xDS are not served yet; rules come from files",
-        ));
+    // rules over xDS (state of the world), as Envoy Gateway deploys it
+    let xds = match get("CONFIG_TYPE") {
+        None => false,
+        Some(v) if v.eq_ignore_ascii_case("FILE") => false,
+        Some(v) if v.eq_ignore_ascii_case("GRPC_XDS_SOTW") => true,
+        Some(v) => {
+            return Err(refused(
+                "CONFIG_TYPE",
+                v,
+                "rules come from files (FILE) or over xDS (GRPC_XDS_SOTW)",
+            ))
+        }
+    };
+    if xds {
+        for name in [
+            "CONFIG_GRPC_XDS_NODE_METADATA",
+            "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS",
+            "CONFIG_GRPC_XDS_SERVER_TLS_SAN",
+        ] {
+            if let Some(v) = get(name) {
+                return Err(refused(
+                    name,
+                    v,
+                    "not sent or checked by the xDS client yet",
+                ));
+            }
+        }
+        let tls = on("CONFIG_GRPC_XDS_SERVER_USE_TLS");
+        let server = get("CONFIG_GRPC_XDS_SERVER_URL").unwrap_or("localhost:18000");
+        let url = if server.contains("://") {
+            server.to_string()
+        } else if tls {
+            format!("https://{server}")
+        } else {
+            format!("http://{server}")
+        };
+        set("RLS_XDS_SERVER", url);
+        set(
+            "RLS_XDS_NODE_ID",
+            get("CONFIG_GRPC_XDS_NODE_ID")
+                .unwrap_or("default")
+                .to_string(),
+        );
+        for (theirs, ours) in [
+            ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "RLS_XDS_CA_FILE"),
+            ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", "RLS_XDS_CLIENT_CERT"),
+            ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", "RLS_XDS_CLIENT_KEY"),
+            ("XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", "RLS_XDS_BACKOFF"),
+            ("XDS_CLIENT_BACKOFF_MAX_INTERVAL", "RLS_XDS_MAX_BACKOFF"),
+        ] {
+            if let Some(v) = get(theirs) {
+                set(ours, v.to_string());
+            }
+        }
+        if on("FORCE_START_WITHOUT_INITIAL_CONFIG") {
+            set("RLS_XDS_READY_WITHOUT_RULES", "true".into());
+        }
     }
     if let Some(v) = get("GRPC_UDS") {
         return Err(refused(
@@ -437,6 +483,23 @@ pub fn translate(env: &BTreeMap<String, String>) -> Result<Translated, String> {
             });
         // with tracing on, its settings are read above or take defaults
         if name.starts_with("TRACING_") && on("TRACING_ENABLED") {
+            continue;
+        }
+        // with xDS on, its settings are read above
+        if xds && (name.starts_with("CONFIG_GRPC_XDS_") || name.starts_with("XDS_CLIENT_")) {
+            let why = match name.as_str() {
+                "XDS_CLIENT_BACKOFF_RANDOM_FACTOR" | "XDS_CLIENT_BACKOFF_JITTER" => {
+                    "the wait doubles without jitter"
+                }
+                "XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES" => "the client takes gRPC's default size",
+                _ => continue,
+            };
+            out.unused.push(format!("{name}: {why}"));
+            continue;
+        }
+        if name == "FORCE_START_WITHOUT_INITIAL_CONFIG" && !xds {
+            out.unused
+                .push(format!("{name}: rules come from files (CONFIG_TYPE=FILE)"));
             continue;
         }
         let why = match name.as_str() {

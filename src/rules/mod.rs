@@ -13,6 +13,7 @@ pub mod schema;
 pub mod unit;
 pub mod watch;
 pub mod wildcard;
+pub mod xds;
 
 use std::collections::HashMap;
 use std::path::PathBuf;

@@ -24,7 +24,7 @@ pub struct RulesFile {
 }
 
 /// One node of the descriptor tree.
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct DescriptorDoc {
     #[serde(default, deserialize_with = "opt_scalar_string")]

@@ -130,9 +130,13 @@ fn redis_forms() {
 #[test]
 fn what_has_a_meaning_we_lack_is_refused() {
     for (pairs, named) in [
+        (vec![("CONFIG_TYPE", "REST")], "CONFIG_TYPE=REST"),
         (
-            vec![("CONFIG_TYPE", "GRPC_XDS_SOTW")],
-            "CONFIG_TYPE=GRPC_XDS_SOTW",
+            vec![
+                ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+                ("CONFIG_GRPC_XDS_SERVER_TLS_SAN", "eg"),
+            ],
+            "CONFIG_GRPC_XDS_SERVER_TLS_SAN=eg",
         ),
         (
             vec![
@@ -217,5 +221,69 @@ fn prometheus_where_envoy_gateway_scrapes_it() {
     assert_eq!(
         t.unused,
         ["PROMETHEUS_MAPPER_YAML: the default mapping's names are used (ratelimit_service_rate_limit_*)"]
+    );
+}
+
+/// Envoy Gateway's ratelimit Deployment (internal/infrastructure/kubernetes/
+/// ratelimit/resource.go there): rules over xDS with mTLS, forced start.
+#[test]
+fn envoy_gateways_environment() {
+    let t = translate(&env(&[
+        ("RUNTIME_ROOT", "/data"),
+        ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+        ("RUNTIME_IGNOREDOTFILES", "true"),
+        ("RUNTIME_WATCH_ROOT", "false"),
+        ("LOG_LEVEL", "info"),
+        ("USE_STATSD", "false"),
+        ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+        ("CONFIG_GRPC_XDS_SERVER_URL", "envoy-gateway:18001"),
+        ("CONFIG_GRPC_XDS_NODE_ID", "envoy-ratelimit"),
+        ("GRPC_SERVER_USE_TLS", "true"),
+        ("GRPC_SERVER_TLS_CERT", "/certs/tls.crt"),
+        ("GRPC_SERVER_TLS_KEY", "/certs/tls.key"),
+        ("GRPC_SERVER_TLS_CA_CERT", "/certs/ca.crt"),
+        ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true"),
+        ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", "/certs/tls.crt"),
+        ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", "/certs/tls.key"),
+        ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "/certs/ca.crt"),
+        ("FORCE_START_WITHOUT_INITIAL_CONFIG", "true"),
+        ("REDIS_SOCKET_TYPE", "tcp"),
+        ("REDIS_URL", "redis.redis-system.svc.cluster.local:6379"),
+        ("USE_PROMETHEUS", "true"),
+        ("PROMETHEUS_ADDR", ":19001"),
+    ]))
+    .expect("translated");
+    assert_eq!(
+        setting(&t, "RLS_XDS_SERVER").as_deref(),
+        Some("https://envoy-gateway:18001")
+    );
+    assert_eq!(
+        setting(&t, "RLS_XDS_NODE_ID").as_deref(),
+        Some("envoy-ratelimit")
+    );
+    assert_eq!(
+        setting(&t, "RLS_XDS_CA_FILE").as_deref(),
+        Some("/certs/ca.crt")
+    );
+    assert_eq!(
+        setting(&t, "RLS_XDS_CLIENT_CERT").as_deref(),
+        Some("/certs/tls.crt")
+    );
+    assert_eq!(
+        setting(&t, "RLS_XDS_READY_WITHOUT_RULES").as_deref(),
+        Some("true")
+    );
+    assert_eq!(
+        setting(&t, "RLS_TLS_CLIENT_CA").as_deref(),
+        Some("/certs/ca.crt")
+    );
+    assert_eq!(
+        setting(&t, "RLS_PROMETHEUS_ADDR").as_deref(),
+        Some("0.0.0.0:19001")
+    );
+    assert!(
+        t.unused.iter().all(|u| !u.starts_with("CONFIG_GRPC_XDS_")),
+        "{:?}",
+        t.unused
     );
 }

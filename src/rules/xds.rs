@@ -1,0 +1,320 @@
+//! Rules over xDS: envoyproxy/ratelimit's `CONFIG_TYPE=GRPC_XDS_SOTW`, as
+//! Envoy Gateway deploys it. An ADS state-of-the-world client
+//! (`StreamAggregatedResources`, wildcard, type [`TYPE_URL`]) whose every
+//! snapshot is validated exactly like rules files (it becomes one file per
+//! `RateLimitConfig`, named `xds:<name>`) and swapped in like a reload; an
+//! invalid one is NACKed with the errors and the rules in force keep
+//! serving. The stream is opened again after a failure, with a backoff.
+//!
+//! [`rule_set`] is pure (the conversion and validation); [`run`] is the
+//! client.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use envoy_types::pb::envoy::config::core::v3::Node;
+use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
+use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
+use envoy_types::pb::google::rpc::Status as RpcStatus;
+use envoy_types::pb::ratelimit::config::ratelimit::v3::{
+    RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitUnit,
+};
+use futures::StreamExt;
+use prost::Message;
+use tokio::sync::mpsc;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+
+use super::schema::{DescriptorDoc, RateLimitDoc, ReplacesDoc, RulesFile};
+use super::{load_sources, ConfigError, ConfigErrors, LoadOptions, RuleSet};
+use crate::service::SharedRules;
+use crate::telemetry::Metrics;
+
+/// The resource type envoyproxy/ratelimit subscribes to.
+pub const TYPE_URL: &str = "type.googleapis.com/ratelimit.config.ratelimit.v3.RateLimitConfig";
+
+/// Where the rules come from, and how to reach it.
+#[derive(Debug, Clone)]
+pub struct XdsSettings {
+    /// `http://host:port`, or `https://` for TLS.
+    pub server: String,
+    pub node_id: String,
+    pub ca_file: Option<PathBuf>,
+    pub client_cert: Option<(PathBuf, PathBuf)>,
+    /// The first wait after a failed stream; doubles up to `max_backoff`.
+    pub backoff: Duration,
+    pub max_backoff: Duration,
+}
+
+fn unit_name(unit: i32) -> Option<&'static str> {
+    Some(match RateLimitUnit::try_from(unit).ok()? {
+        RateLimitUnit::Second => "second",
+        RateLimitUnit::Minute => "minute",
+        RateLimitUnit::Hour => "hour",
+        RateLimitUnit::Day => "day",
+        RateLimitUnit::Week => "week",
+        RateLimitUnit::Month => "month",
+        RateLimitUnit::Year => "year",
+        RateLimitUnit::Unknown => return None,
+    })
+}
+
+fn policy_doc(p: &RateLimitPolicy) -> RateLimitDoc {
+    RateLimitDoc {
+        name: Some(p.name.clone()).filter(|n| !n.is_empty()),
+        // an unknown unit stays unset: validation names it
+        unit: if p.unlimited {
+            None
+        } else {
+            Some(unit_name(p.unit).unwrap_or("unknown").to_string())
+        },
+        requests_per_unit: (!p.unlimited).then_some(p.requests_per_unit),
+        burst: None,
+        unlimited: p.unlimited,
+        replaces: (!p.replaces.is_empty()).then(|| {
+            p.replaces
+                .iter()
+                .map(|r| ReplacesDoc {
+                    name: Some(r.name.clone()),
+                })
+                .collect()
+        }),
+    }
+}
+
+fn descriptor_doc(d: &RateLimitDescriptor) -> DescriptorDoc {
+    DescriptorDoc {
+        key: Some(d.key.clone()),
+        value: Some(d.value.clone()).filter(|v| !v.is_empty()),
+        rate_limit: d.rate_limit.as_ref().map(policy_doc),
+        descriptors: (!d.descriptors.is_empty())
+            .then(|| d.descriptors.iter().map(descriptor_doc).collect()),
+        shadow_mode: d.shadow_mode,
+        quota_mode: d.quota_mode,
+        detailed_metric: d.detailed_metric,
+        ..Default::default()
+    }
+}
+
+/// The rules of one snapshot: each config as a rules file `xds:<name>`,
+/// validated as files are (every error, with its place).
+pub fn rule_set(configs: &[RateLimitConfig], opts: LoadOptions) -> Result<RuleSet, ConfigErrors> {
+    let mut sources = Vec::with_capacity(configs.len());
+    for (i, c) in configs.iter().enumerate() {
+        let name = if c.name.is_empty() {
+            format!("xds:#{i}")
+        } else {
+            format!("xds:{}", c.name)
+        };
+        let file = RulesFile {
+            domain: Some(c.domain.clone()),
+            descriptors: Some(Some(c.descriptors.iter().map(descriptor_doc).collect())),
+        };
+        let text = serde_yaml::to_string(&file).map_err(|e| {
+            ConfigErrors(vec![ConfigError::new(
+                std::path::Path::new(&name),
+                format!("cannot read the snapshot: {e}"),
+            )])
+        })?;
+        sources.push((PathBuf::from(name), text));
+    }
+    load_sources(sources, opts)
+}
+
+/// One request of the stream: the version in force, the nonce answered,
+/// and the errors of a rejected snapshot (a NACK).
+fn request(node: &Node, version: &str, nonce: &str, error: Option<String>) -> DiscoveryRequest {
+    DiscoveryRequest {
+        version_info: version.to_string(),
+        node: Some(node.clone()),
+        type_url: TYPE_URL.to_string(),
+        response_nonce: nonce.to_string(),
+        error_detail: error.map(|message| RpcStatus {
+            // INVALID_ARGUMENT
+            code: 3,
+            message,
+            details: Vec::new(),
+        }),
+        ..Default::default()
+    }
+}
+
+async fn channel(s: &XdsSettings) -> anyhow::Result<Channel> {
+    let mut endpoint =
+        Endpoint::from_shared(s.server.clone())?.connect_timeout(Duration::from_secs(5));
+    if s.server.starts_with("https://") {
+        let mut tls = ClientTlsConfig::new();
+        if let Some(ca) = &s.ca_file {
+            tls = tls.ca_certificate(Certificate::from_pem(std::fs::read(ca)?));
+        }
+        if let Some((cert, key)) = &s.client_cert {
+            tls = tls.identity(Identity::from_pem(
+                std::fs::read(cert)?,
+                std::fs::read(key)?,
+            ));
+        }
+        endpoint = endpoint.tls_config(tls)?;
+    }
+    Ok(endpoint.connect().await?)
+}
+
+/// Keeps the rules in step with the xDS server until the process ends:
+/// a stream that fails or ends is opened again after a wait that doubles
+/// from `settings.backoff` up to `settings.max_backoff` (back to the first
+/// after a stream that delivered a snapshot).
+pub async fn run(
+    settings: XdsSettings,
+    opts: LoadOptions,
+    rules: SharedRules,
+    metrics: Arc<Metrics>,
+) {
+    let node = Node {
+        id: settings.node_id.clone(),
+        ..Default::default()
+    };
+    // the version in force, sent with every request
+    let mut version = String::new();
+    let mut backoff = settings.backoff;
+    loop {
+        let before = version.clone();
+        match stream_once(&settings, &node, opts, &rules, &metrics, &mut version).await {
+            Ok(()) => {
+                tracing::info!(server = %settings.server, "xDS stream ended; opening it again")
+            }
+            Err(e) => {
+                tracing::warn!(server = %settings.server, error = %e, "xDS stream failed; the rules in force keep serving")
+            }
+        }
+        if version != before {
+            backoff = settings.backoff;
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(settings.max_backoff);
+    }
+}
+
+async fn stream_once(
+    settings: &XdsSettings,
+    node: &Node,
+    opts: LoadOptions,
+    rules: &SharedRules,
+    metrics: &Metrics,
+    version: &mut String,
+) -> anyhow::Result<()> {
+    let mut client = AggregatedDiscoveryServiceClient::new(channel(settings).await?);
+    let (tx, rx) = mpsc::channel::<DiscoveryRequest>(4);
+    tx.send(request(node, version, "", None)).await?;
+    let outbound =
+        futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|m| (m, rx)) });
+    let mut responses = client
+        .stream_aggregated_resources(outbound)
+        .await?
+        .into_inner();
+    while let Some(response) = responses.next().await {
+        let response: DiscoveryResponse = response?;
+        let answer = match apply(&response, opts, rules, metrics) {
+            Ok(()) => {
+                *version = response.version_info.clone();
+                None
+            }
+            Err(errors) => Some(errors),
+        };
+        tx.send(request(node, version, &response.nonce, answer))
+            .await?;
+    }
+    Ok(())
+}
+
+/// Validates a snapshot and swaps it in, as a reload; the errors otherwise.
+fn apply(
+    response: &DiscoveryResponse,
+    opts: LoadOptions,
+    rules: &SharedRules,
+    metrics: &Metrics,
+) -> Result<(), String> {
+    let current = rules.load().generation();
+    let configs: Result<Vec<RateLimitConfig>, String> = response
+        .resources
+        .iter()
+        .filter(|r| r.type_url == TYPE_URL)
+        .map(|r| {
+            RateLimitConfig::decode(r.value.as_slice())
+                .map_err(|e| format!("a resource that is not a RateLimitConfig: {e}"))
+        })
+        .collect();
+    match configs.and_then(|c| rule_set(&c, opts).map_err(|e| e.to_string())) {
+        Ok(set) => {
+            let generation = current + 1;
+            let domains = set.domains().count();
+            rules.store(Arc::new(set.with_generation(generation)));
+            metrics.config_reload(true, generation);
+            tracing::info!(generation, domains, version = %response.version_info, "rules from xDS applied");
+            Ok(())
+        }
+        Err(errors) => {
+            metrics.config_reload(false, current);
+            tracing::error!(version = %response.version_info, "rules from xDS rejected, previous rules keep serving: {errors}");
+            Err(errors)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use envoy_types::pb::ratelimit::config::ratelimit::v3::RateLimitReplace;
+
+    fn config(name: &str, unit: RateLimitUnit) -> RateLimitConfig {
+        RateLimitConfig {
+            name: name.into(),
+            domain: "default/eg/http".into(),
+            descriptors: vec![RateLimitDescriptor {
+                key: "first-route".into(),
+                value: "first-route".into(),
+                descriptors: vec![RateLimitDescriptor {
+                    key: "rule-0-match-0".into(),
+                    value: "rule-0-match-0".into(),
+                    rate_limit: Some(RateLimitPolicy {
+                        unit: unit as i32,
+                        requests_per_unit: 3,
+                        name: "per-route".into(),
+                        replaces: vec![RateLimitReplace { name: "old".into() }],
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }],
+        }
+    }
+
+    /// Envoy Gateway's translator output becomes the rules a file with the
+    /// same tree would give.
+    #[test]
+    fn a_snapshot_is_rules_as_a_file_would_give() {
+        let set = rule_set(
+            &[config("eg", RateLimitUnit::Minute)],
+            LoadOptions::default(),
+        )
+        .expect("valid");
+        let entries = [
+            ("first-route", "first-route"),
+            ("rule-0-match-0", "rule-0-match-0"),
+        ];
+        let found = set.lookup("default/eg/http", &entries).expect("a rule");
+        assert_eq!(found.rule.label(), "per-route");
+        assert_eq!(set.files()[0].path, PathBuf::from("xds:eg"));
+    }
+
+    #[test]
+    fn an_invalid_snapshot_names_the_config_and_the_place() {
+        let err = rule_set(
+            &[config("eg", RateLimitUnit::Unknown)],
+            LoadOptions::default(),
+        )
+        .expect_err("no unit");
+        let text = err.to_string();
+        assert!(text.contains("xds:eg"), "{text}");
+        assert!(text.contains("unit"), "{text}");
+    }
+}

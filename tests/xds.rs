@@ -1,0 +1,523 @@
+//! Rules over xDS (#27): a test ADS server with mTLS (tonic, certificates
+//! made by the test) serving `RateLimitConfig` snapshots shaped like Envoy
+//! Gateway's translator output. ACK with the version, a NACK with the
+//! errors while the last good rules keep serving, an update, and a
+//! reconnect after the xDS server restarts.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{descriptor, request, rules_dir, sample, serve_args};
+use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::{
+    AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
+};
+use envoy_types::pb::envoy::service::discovery::v3::{
+    DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::google::protobuf::Any;
+use envoy_types::pb::ratelimit::config::ratelimit::v3::{
+    RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitUnit,
+};
+use futures::Stream;
+use parking_lot::Mutex;
+use prost::Message;
+use tokenbucket_rls::rules::xds::TYPE_URL;
+use tokio::sync::{mpsc, oneshot};
+use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
+use tonic::{Request, Response, Status, Streaming};
+
+type Responses = mpsc::UnboundedReceiver<Result<DiscoveryResponse, Status>>;
+
+/// The test's ADS server: every request it gets goes to `requests`; each
+/// stream answers from the responses the test pushes.
+struct Ads {
+    requests: mpsc::UnboundedSender<DiscoveryRequest>,
+    responses: Arc<Mutex<Option<Responses>>>,
+}
+
+#[tonic::async_trait]
+impl AggregatedDiscoveryService for Ads {
+    type StreamAggregatedResourcesStream =
+        std::pin::Pin<Box<dyn Stream<Item = Result<DiscoveryResponse, Status>> + Send>>;
+    type DeltaAggregatedResourcesStream =
+        std::pin::Pin<Box<dyn Stream<Item = Result<DeltaDiscoveryResponse, Status>> + Send>>;
+
+    async fn stream_aggregated_resources(
+        &self,
+        request: Request<Streaming<DiscoveryRequest>>,
+    ) -> Result<Response<Self::StreamAggregatedResourcesStream>, Status> {
+        let mut inbound = request.into_inner();
+        let requests = self.requests.clone();
+        tokio::spawn(async move {
+            while let Ok(Some(r)) = inbound.message().await {
+                let _ = requests.send(r);
+            }
+        });
+        let rx = self
+            .responses
+            .lock()
+            .take()
+            .ok_or_else(|| Status::unavailable("one stream at a time"))?;
+        let out =
+            futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|m| (m, rx)) });
+        Ok(Response::new(Box::pin(out)))
+    }
+
+    async fn delta_aggregated_resources(
+        &self,
+        _request: Request<Streaming<DeltaDiscoveryRequest>>,
+    ) -> Result<Response<Self::DeltaAggregatedResourcesStream>, Status> {
+        Err(Status::unimplemented("state of the world only"))
+    }
+}
+
+/// A running ADS server: push responses, read requests, stop it.
+struct AdsServer {
+    push: mpsc::UnboundedSender<Result<DiscoveryResponse, Status>>,
+    requests: mpsc::UnboundedReceiver<DiscoveryRequest>,
+    stop: Option<oneshot::Sender<()>>,
+    done: tokio::task::JoinHandle<()>,
+}
+
+impl AdsServer {
+    async fn start(addr: SocketAddr, tls: ServerTlsConfig) -> Self {
+        let (push, responses) = mpsc::unbounded_channel();
+        let (requests_tx, requests) = mpsc::unbounded_channel();
+        let ads = Ads {
+            requests: requests_tx,
+            responses: Arc::new(Mutex::new(Some(responses))),
+        };
+        let listener = tokio::net::TcpListener::bind(addr).await.expect("bind");
+        let (stop, stopped) = oneshot::channel::<()>();
+        let server = Server::builder()
+            .tls_config(tls)
+            .expect("tls")
+            .add_service(AggregatedDiscoveryServiceServer::new(ads))
+            .serve_with_incoming_shutdown(
+                tonic::transport::server::TcpIncoming::from(listener),
+                async {
+                    let _ = stopped.await;
+                },
+            );
+        let done = tokio::spawn(async move {
+            let _ = server.await;
+        });
+        Self {
+            push,
+            requests,
+            stop: Some(stop),
+            done,
+        }
+    }
+
+    /// The next request the client sends (within 20 s).
+    async fn next_request(&mut self) -> DiscoveryRequest {
+        tokio::time::timeout(Duration::from_secs(20), self.requests.recv())
+            .await
+            .expect("a request within 20 s")
+            .expect("the server runs")
+    }
+
+    /// Pushes a snapshot and returns the client's answer to it.
+    async fn snapshot(
+        &mut self,
+        version: &str,
+        nonce: &str,
+        configs: &[RateLimitConfig],
+    ) -> DiscoveryRequest {
+        let resources = configs
+            .iter()
+            .map(|c| Any {
+                type_url: TYPE_URL.into(),
+                value: c.encode_to_vec(),
+            })
+            .collect();
+        self.push
+            .send(Ok(DiscoveryResponse {
+                version_info: version.into(),
+                resources,
+                type_url: TYPE_URL.into(),
+                nonce: nonce.into(),
+                ..Default::default()
+            }))
+            .expect("stream open");
+        loop {
+            let r = self.next_request().await;
+            if r.response_nonce == nonce {
+                return r;
+            }
+        }
+    }
+
+    async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        self.done.abort();
+        let _ = self.done.await;
+    }
+}
+
+/// A snapshot shaped like Envoy Gateway's translator output: per route, per
+/// rule, per match, `requests_per_unit` a minute.
+fn eg_config(rules: &[(&str, u32)], unit: RateLimitUnit) -> RateLimitConfig {
+    RateLimitConfig {
+        name: "default/eg/http".into(),
+        domain: "default/eg/http".into(),
+        descriptors: vec![RateLimitDescriptor {
+            key: "first-route".into(),
+            value: "first-route".into(),
+            descriptors: rules
+                .iter()
+                .map(|(m, rpu)| RateLimitDescriptor {
+                    key: m.to_string(),
+                    value: m.to_string(),
+                    rate_limit: Some(RateLimitPolicy {
+                        unit: unit as i32,
+                        requests_per_unit: *rpu,
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        }],
+    }
+}
+
+#[tokio::test]
+async fn rules_over_xds_with_mtls_ack_nack_update_and_reconnect() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca = common::tls::Ca::new(dir.path(), "xds");
+    let (server_pem, server_key) = ca.issue("xds-server", true);
+    let (client_pem, client_key) = ca.issue("rls-client", false);
+    let read = |p: &std::path::Path| std::fs::read(p).expect("read");
+    let tls = ServerTlsConfig::new()
+        .identity(Identity::from_pem(read(&server_pem), read(&server_key)))
+        .client_ca_root(Certificate::from_pem(read(&ca.pem())));
+    let port = common::free_port();
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let mut ads = AdsServer::start(addr, tls.clone()).await;
+
+    let unused = rules_dir("domain: unused\ndescriptors: []\n");
+    let mut args = serve_args(unused.path().to_path_buf());
+    args.xds_server = Some(format!("https://localhost:{port}"));
+    args.xds_node_id = "envoy-ratelimit".into();
+    args.xds_ca_file = Some(ca.pem());
+    args.xds_client_cert = Some(client_pem.clone());
+    args.xds_client_key = Some(client_key.clone());
+    let s = tokenbucket_rls::server::start(&args)
+        .await
+        .expect("server starts");
+
+    // the first request: no version yet, our node id
+    let first = ads.next_request().await;
+    assert_eq!(first.type_url, TYPE_URL);
+    assert_eq!(first.version_info, "");
+    assert_eq!(
+        first.node.as_ref().map(|n| n.id.as_str()),
+        Some("envoy-ratelimit")
+    );
+    let ready = |s: &tokenbucket_rls::server::RunningServer| {
+        let url = format!("http://{}/readyz", s.admin_addr);
+        async move { reqwest::get(url).await.expect("readyz").status().as_u16() }
+    };
+    assert_eq!(ready(&s).await, 503, "not ready before the first snapshot");
+
+    // v1: ACKed, and it limits
+    let ack = ads
+        .snapshot(
+            "v1",
+            "n1",
+            &[eg_config(&[("rule-0-match-0", 3)], RateLimitUnit::Minute)],
+        )
+        .await;
+    assert_eq!(
+        (ack.version_info.as_str(), ack.error_detail.is_none()),
+        ("v1", true)
+    );
+    assert_eq!(ready(&s).await, 200);
+    let c = RateLimitServiceClient::connect(format!("http://{}", s.grpc_addr))
+        .await
+        .expect("connect");
+    let call = |rule: &'static str| {
+        let mut c = c.clone();
+        async move {
+            c.should_rate_limit(request(
+                "default/eg/http",
+                vec![descriptor(&[("first-route", "first-route"), (rule, rule)])],
+            ))
+            .await
+            .expect("decided")
+            .into_inner()
+        }
+    };
+    let mut codes = Vec::new();
+    for _ in 0..4 {
+        codes.push(call("rule-0-match-0").await.overall_code);
+    }
+    let (ok, over) = (Code::Ok as i32, Code::OverLimit as i32);
+    assert_eq!(codes, [ok, ok, ok, over]);
+
+    // v2 invalid: NACKed with the errors, v1 keeps serving
+    let nack = ads
+        .snapshot(
+            "v2",
+            "n2",
+            &[eg_config(&[("rule-0-match-0", 3)], RateLimitUnit::Unknown)],
+        )
+        .await;
+    assert_eq!(nack.version_info, "v1", "the version in force");
+    let detail = nack.error_detail.expect("a NACK");
+    assert!(
+        detail.message.contains("xds:default/eg/http"),
+        "{}",
+        detail.message
+    );
+    assert_eq!(
+        call("rule-0-match-0").await.overall_code,
+        over,
+        "v1 still limits"
+    );
+
+    // v3: an update, applied
+    let ack = ads
+        .snapshot(
+            "v3",
+            "n3",
+            &[eg_config(
+                &[("rule-0-match-0", 3), ("rule-1-match-0", 100)],
+                RateLimitUnit::Minute,
+            )],
+        )
+        .await;
+    assert_eq!(
+        (ack.version_info.as_str(), ack.error_detail.is_none()),
+        ("v3", true)
+    );
+    let r = call("rule-1-match-0").await;
+    assert_eq!(
+        r.statuses[0]
+            .current_limit
+            .as_ref()
+            .map(|l| l.requests_per_unit),
+        Some(100)
+    );
+    let text = s.metrics.render();
+    assert_eq!(
+        sample(&text, "rls_config_reloads_total{result=\"ok\"}"),
+        Some(2.0)
+    );
+    assert_eq!(
+        sample(&text, "rls_config_reloads_total{result=\"error\"}"),
+        Some(1.0)
+    );
+
+    // the xDS server restarts: the client comes back with the version in
+    // force, and the rules keep serving meanwhile
+    ads.stop().await;
+    assert_eq!(call("rule-0-match-0").await.overall_code, over);
+    let mut ads = AdsServer::start(addr, tls).await;
+    let again = ads.next_request().await;
+    assert_eq!(
+        again.version_info, "v3",
+        "resumed with the version in force"
+    );
+    let ack = ads
+        .snapshot(
+            "v4",
+            "n4",
+            &[eg_config(
+                &[("rule-0-match-0", 3), ("rule-1-match-0", 100)],
+                RateLimitUnit::Minute,
+            )],
+        )
+        .await;
+    assert_eq!(ack.version_info, "v4");
+    ads.stop().await;
+    s.shutdown().await.expect("stop");
+}
+
+/// Without the client certificate the xDS server requires, no rules ever
+/// come: the service stays not ready and says why in its log.
+#[tokio::test]
+async fn an_xds_server_that_refuses_the_client_leaves_it_not_ready() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca = common::tls::Ca::new(dir.path(), "xds");
+    let (server_pem, server_key) = ca.issue("xds-server", true);
+    let read = |p: &std::path::Path| std::fs::read(p).expect("read");
+    let tls = ServerTlsConfig::new()
+        .identity(Identity::from_pem(read(&server_pem), read(&server_key)))
+        .client_ca_root(Certificate::from_pem(read(&ca.pem())));
+    let port = common::free_port();
+    let ads = AdsServer::start(SocketAddr::from(([127, 0, 0, 1], port)), tls).await;
+    let unused = rules_dir("domain: unused\ndescriptors: []\n");
+    let mut args = serve_args(unused.path().to_path_buf());
+    args.xds_server = Some(format!("https://localhost:{port}"));
+    args.xds_ca_file = Some(ca.pem());
+    let s = tokenbucket_rls::server::start(&args)
+        .await
+        .expect("server starts");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let status = reqwest::get(format!("http://{}/readyz", s.admin_addr))
+        .await
+        .expect("readyz")
+        .status()
+        .as_u16();
+    assert_eq!(status, 503);
+    ads.stop().await;
+    s.shutdown().await.expect("stop");
+}
+
+/// The binary started with Envoy Gateway's ratelimit environment exactly
+/// (`internal/infrastructure/kubernetes/ratelimit/resource.go` in
+/// envoyproxy/gateway), only the addresses and paths moved to the test's:
+/// ready before any rules (forced start), rules over xDS with mTLS, gRPC
+/// over mTLS, Redis, metrics under envoyproxy/ratelimit's names on
+/// PROMETHEUS_ADDR.
+#[tokio::test]
+async fn the_binary_with_envoy_gateways_environment() {
+    use tonic::transport::{ClientTlsConfig, Endpoint};
+    let redis = common::redis::RedisServer::standalone();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca = common::tls::Ca::new(dir.path(), "eg");
+    let (server_pem, server_key) = ca.issue("envoy-gateway", true);
+    let (rl_pem, rl_key) = ca.issue("ratelimit", true);
+    // (Envoy Gateway's one certificate serves both ends; the test CA issues
+    // one per use)
+    let (rl_client_pem, rl_client_key) = ca.issue("ratelimit-client", false);
+    let (envoy_pem, envoy_key) = ca.issue("envoy", false);
+    let read = |p: &std::path::Path| std::fs::read(p).expect("read");
+    let tls = ServerTlsConfig::new()
+        .identity(Identity::from_pem(read(&server_pem), read(&server_key)))
+        .client_ca_root(Certificate::from_pem(read(&ca.pem())));
+    let xds_port = common::free_port();
+    let mut ads = AdsServer::start(SocketAddr::from(([127, 0, 0, 1], xds_port)), tls).await;
+    let (http, grpc, prom) = (
+        common::free_port(),
+        common::free_port(),
+        common::free_port(),
+    );
+    let p = |path: &std::path::Path| path.display().to_string();
+    let env = [
+        ("RUNTIME_ROOT", "/data".to_string()),
+        ("RUNTIME_SUBDIRECTORY", "ratelimit".into()),
+        ("RUNTIME_IGNOREDOTFILES", "true".into()),
+        ("RUNTIME_WATCH_ROOT", "false".into()),
+        ("LOG_LEVEL", "info".into()),
+        ("USE_STATSD", "false".into()),
+        ("CONFIG_TYPE", "GRPC_XDS_SOTW".into()),
+        (
+            "CONFIG_GRPC_XDS_SERVER_URL",
+            format!("localhost:{xds_port}"),
+        ),
+        ("CONFIG_GRPC_XDS_NODE_ID", "envoy-ratelimit".into()),
+        ("GRPC_SERVER_USE_TLS", "true".into()),
+        ("GRPC_SERVER_TLS_CERT", p(&rl_pem)),
+        ("GRPC_SERVER_TLS_KEY", p(&rl_key)),
+        ("GRPC_SERVER_TLS_CA_CERT", p(&ca.pem())),
+        ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true".into()),
+        ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", p(&rl_client_pem)),
+        ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", p(&rl_client_key)),
+        ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", p(&ca.pem())),
+        ("FORCE_START_WITHOUT_INITIAL_CONFIG", "true".into()),
+        ("REDIS_SOCKET_TYPE", "tcp".into()),
+        ("REDIS_URL", format!("127.0.0.1:{}", redis.port)),
+        ("USE_PROMETHEUS", "true".into()),
+        ("PROMETHEUS_ADDR", format!("127.0.0.1:{prom}")),
+        // moved: Envoy Gateway's pod listens on 8080 and 8081
+        ("HOST", "127.0.0.1".into()),
+        ("PORT", http.to_string()),
+        ("GRPC_HOST", "127.0.0.1".into()),
+        ("GRPC_PORT", grpc.to_string()),
+    ];
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_tokenbucket-rls"));
+    for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("RLS_")) {
+        command.env_remove(k);
+    }
+    let child = command
+        .env_remove("RUST_LOG")
+        .envs(env)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start");
+    let _child = common::ChildGuard(child);
+
+    // ready before any rules (Envoy Gateway starts it before any policy)
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let probe = reqwest::get(format!("http://127.0.0.1:{http}/healthcheck")).await;
+        if probe.is_ok_and(|r| r.status().is_success()) {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "never healthy");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let first = ads.next_request().await;
+    assert_eq!(first.node.map(|n| n.id), Some("envoy-ratelimit".into()));
+    let ack = ads
+        .snapshot(
+            "1",
+            "a",
+            &[eg_config(&[("rule-0-match-0", 2)], RateLimitUnit::Minute)],
+        )
+        .await;
+    assert_eq!(
+        (ack.version_info.as_str(), ack.error_detail.is_none()),
+        ("1", true)
+    );
+
+    // Envoy's side: gRPC over mTLS
+    let channel = Endpoint::from_shared(format!("https://localhost:{grpc}"))
+        .expect("endpoint")
+        .tls_config(
+            ClientTlsConfig::new()
+                .ca_certificate(Certificate::from_pem(read(&ca.pem())))
+                .identity(Identity::from_pem(read(&envoy_pem), read(&envoy_key))),
+        )
+        .expect("tls")
+        .connect()
+        .await
+        .expect("connects over mTLS");
+    let mut c = RateLimitServiceClient::new(channel);
+    let mut codes = Vec::new();
+    for _ in 0..3 {
+        let r = c
+            .should_rate_limit(request(
+                "default/eg/http",
+                vec![descriptor(&[
+                    ("first-route", "first-route"),
+                    ("rule-0-match-0", "rule-0-match-0"),
+                ])],
+            ))
+            .await
+            .expect("decided")
+            .into_inner();
+        codes.push(r.overall_code);
+    }
+    let (ok, over) = (Code::Ok as i32, Code::OverLimit as i32);
+    assert_eq!(codes, [ok, ok, over]);
+    let keys: u64 = redis.cli(&["DBSIZE"]).trim().parse().expect("DBSIZE");
+    assert!(keys >= 1, "decided in Redis");
+    let text = reqwest::get(format!("http://127.0.0.1:{prom}/metrics"))
+        .await
+        .expect("scrape")
+        .text()
+        .await
+        .expect("text");
+    assert_eq!(
+        sample(
+            &text,
+            "ratelimit_service_rate_limit_over_limit{domain=\"default/eg/http\",key1=\"first-route_first-route\",key2=\"rule-0-match-0_rule-0-match-0\"}"
+        ),
+        Some(1.0),
+        "{text}"
+    );
+    ads.stop().await;
+}
