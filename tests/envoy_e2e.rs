@@ -1557,3 +1557,60 @@ async fn envoy_talks_mtls_to_a_service_configured_as_envoy_gateway_does() {
         .expect("seconds");
     assert!((5..=6).contains(&wait), "a token every 6 s: {wait}");
 }
+
+/// A real Envoy in front of a service whose rules come over xDS with mTLS
+/// (#27): the example bootstrap's `/login` descriptor, limited by what the
+/// ADS server sends (3 a minute), not by `config/` (5).
+#[tokio::test]
+async fn envoy_in_front_of_rules_over_xds() {
+    use envoy_types::pb::ratelimit::config::ratelimit::v3::{
+        RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitUnit,
+    };
+    use tonic::transport::{Certificate, Identity, ServerTlsConfig};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca = common::tls::Ca::new(dir.path(), "xds");
+    let (server_pem, server_key) = ca.issue("xds-server", true);
+    let (client_pem, client_key) = ca.issue("rls-client", false);
+    let read = |p: &Path| std::fs::read(p).expect("read");
+    let tls = ServerTlsConfig::new()
+        .identity(Identity::from_pem(read(&server_pem), read(&server_key)))
+        .client_ca_root(Certificate::from_pem(read(&ca.pem())));
+    let port = free_port();
+    let mut ads =
+        common::ads::AdsServer::start(std::net::SocketAddr::from(([127, 0, 0, 1], port)), tls)
+            .await;
+    let env = vec![
+        ("RLS_XDS_SERVER", format!("https://localhost:{port}")),
+        ("RLS_XDS_CA_FILE", ca.pem().display().to_string()),
+        ("RLS_XDS_CLIENT_CERT", client_pem.display().to_string()),
+        ("RLS_XDS_CLIENT_KEY", client_key.display().to_string()),
+    ];
+    let login = RateLimitConfig {
+        name: "edge".into(),
+        domain: "edge".into(),
+        descriptors: vec![RateLimitDescriptor {
+            key: "path".into(),
+            value: "/login".into(),
+            rate_limit: Some(RateLimitPolicy {
+                unit: RateLimitUnit::Minute as i32,
+                requests_per_unit: 3,
+                ..Default::default()
+            }),
+            ..Default::default()
+        }],
+    };
+    // the service is ready once the snapshot is in: push it while the
+    // edge starts
+    let (config, instances, snapshot) = (Path::new(ROOT).join("config"), [env], [login]);
+    let (edge, ack) = tokio::join!(
+        Edge::start_full(&config, "envoy.yaml", &instances),
+        ads.snapshot("1", "a", &snapshot),
+    );
+    assert!(ack.error_detail.is_none(), "{ack:?}");
+    assert_eq!(
+        edge.codes(4, "/login", &[]).await,
+        [200, 200, 200, 429],
+        "3 a minute, from xDS"
+    );
+    ads.stop().await;
+}

@@ -6,6 +6,7 @@ use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
 use std::process::Child;
 
+pub mod ads;
 pub mod footprint;
 pub mod redis;
 pub mod tls;
