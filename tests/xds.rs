@@ -33,8 +33,12 @@ async fn rules_over_xds_with_mtls_ack_nack_update_and_reconnect() {
 
     let unused = rules_dir("domain: unused\ndescriptors: []\n");
     let mut args = serve_args(unused.path().to_path_buf());
-    args.xds_server = Some(format!("https://localhost:{port}"));
+    // by address, the certificate checked for the name it carries
+    args.xds_server = Some(format!("https://127.0.0.1:{port}"));
+    args.xds_server_name = Some("localhost".into());
     args.xds_node_id = "envoy-ratelimit".into();
+    args.xds_node_metadata = tokenbucket_rls::cli::Pairs(vec![("cluster".into(), "eg".into())]);
+    args.xds_headers = tokenbucket_rls::cli::Pairs(vec![("x-tenant".into(), "eg".into())]);
     args.xds_ca_file = Some(ca.pem());
     args.xds_client_cert = Some(client_pem.clone());
     args.xds_client_key = Some(client_key.clone());
@@ -49,6 +53,22 @@ async fn rules_over_xds_with_mtls_ack_nack_update_and_reconnect() {
     assert_eq!(
         first.node.as_ref().map(|n| n.id.as_str()),
         Some("envoy-ratelimit")
+    );
+    let metadata = first
+        .node
+        .as_ref()
+        .and_then(|n| n.metadata.clone())
+        .expect("node metadata");
+    assert_eq!(
+        metadata.fields.get("cluster").and_then(|v| v.kind.clone()),
+        Some(envoy_types::pb::google::protobuf::value::Kind::StringValue(
+            "eg".into()
+        ))
+    );
+    let headers = ads.headers.lock().clone().expect("the stream's metadata");
+    assert_eq!(
+        headers.get("x-tenant").and_then(|v| v.to_str().ok()),
+        Some("eg")
     );
     let ready = |s: &tokenbucket_rls::server::RunningServer| {
         let url = format!("http://{}/readyz", s.admin_addr);

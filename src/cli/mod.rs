@@ -41,6 +41,26 @@ pub enum Command {
     },
 }
 
+/// `k1:v1,k2=v2` (envoyproxy/ratelimit's form for xDS node metadata and
+/// headers), as pairs.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Pairs(pub Vec<(String, String)>);
+
+fn parse_pairs(text: &str) -> Result<Pairs, String> {
+    text.split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            let (k, v) = p
+                .split_once(':')
+                .or_else(|| p.split_once('='))
+                .ok_or_else(|| format!("`{p}` is not key:value or key=value"))?;
+            Ok((k.trim().to_string(), v.trim().to_string()))
+        })
+        .collect::<Result<_, _>>()
+        .map(Pairs)
+}
+
 /// The shape of `--response-headers`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
 pub enum HeaderFormat {
@@ -175,6 +195,15 @@ pub struct ServeArgs {
     /// The node id sent to the xDS server.
     #[arg(long, env = "RLS_XDS_NODE_ID", default_value = "default")]
     pub xds_node_id: String,
+    /// The node's metadata sent to the xDS server: `k1:v1,k2=v2`.
+    #[arg(long, env = "RLS_XDS_NODE_METADATA", value_parser = parse_pairs, default_value = "")]
+    pub xds_node_metadata: Pairs,
+    /// gRPC metadata sent on the xDS stream: `name:value,name2:value2`.
+    #[arg(long, env = "RLS_XDS_HEADERS", value_parser = parse_pairs, default_value = "")]
+    pub xds_headers: Pairs,
+    /// The name the xDS server's certificate must carry, when not the URL's host.
+    #[arg(long, env = "RLS_XDS_SERVER_NAME")]
+    pub xds_server_name: Option<String>,
     /// PEM CA of the xDS server's certificate (https://).
     #[arg(long, env = "RLS_XDS_CA_FILE")]
     pub xds_ca_file: Option<PathBuf>,
@@ -204,6 +233,9 @@ impl ServeArgs {
         Some(crate::rules::xds::XdsSettings {
             server: self.xds_server.clone()?,
             node_id: self.xds_node_id.clone(),
+            node_metadata: self.xds_node_metadata.0.clone(),
+            headers: self.xds_headers.0.clone(),
+            server_name: self.xds_server_name.clone(),
             ca_file: self.xds_ca_file.clone(),
             client_cert: self
                 .xds_client_cert

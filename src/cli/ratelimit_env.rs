@@ -167,19 +167,6 @@ pub fn translate(env: &BTreeMap<String, String>) -> Result<Translated, String> {
         }
     };
     if xds {
-        for name in [
-            "CONFIG_GRPC_XDS_NODE_METADATA",
-            "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS",
-            "CONFIG_GRPC_XDS_SERVER_TLS_SAN",
-        ] {
-            if let Some(v) = get(name) {
-                return Err(refused(
-                    name,
-                    v,
-                    "not sent or checked by the xDS client yet",
-                ));
-            }
-        }
         let tls = on("CONFIG_GRPC_XDS_SERVER_USE_TLS");
         let server = get("CONFIG_GRPC_XDS_SERVER_URL").unwrap_or("localhost:18000");
         let url = if server.contains("://") {
@@ -202,6 +189,12 @@ pub fn translate(env: &BTreeMap<String, String>) -> Result<Translated, String> {
             ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", "RLS_XDS_CLIENT_KEY"),
             ("XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", "RLS_XDS_BACKOFF"),
             ("XDS_CLIENT_BACKOFF_MAX_INTERVAL", "RLS_XDS_MAX_BACKOFF"),
+            ("CONFIG_GRPC_XDS_NODE_METADATA", "RLS_XDS_NODE_METADATA"),
+            (
+                "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS",
+                "RLS_XDS_HEADERS",
+            ),
+            ("CONFIG_GRPC_XDS_SERVER_TLS_SAN", "RLS_XDS_SERVER_NAME"),
         ] {
             if let Some(v) = get(theirs) {
                 set(ours, v.to_string());

@@ -16,6 +16,8 @@ use std::time::Duration;
 use envoy_types::pb::envoy::config::core::v3::Node;
 use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
 use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
+use envoy_types::pb::google::protobuf::value::Kind;
+use envoy_types::pb::google::protobuf::{Struct, Value};
 use envoy_types::pb::google::rpc::Status as RpcStatus;
 use envoy_types::pb::ratelimit::config::ratelimit::v3::{
     RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitUnit,
@@ -39,6 +41,12 @@ pub struct XdsSettings {
     /// `http://host:port`, or `https://` for TLS.
     pub server: String,
     pub node_id: String,
+    /// Sent as the node's metadata (string values).
+    pub node_metadata: Vec<(String, String)>,
+    /// Sent as gRPC metadata on the stream.
+    pub headers: Vec<(String, String)>,
+    /// The name the server's certificate must carry, when not the URL's host.
+    pub server_name: Option<String>,
     pub ca_file: Option<PathBuf>,
     pub client_cert: Option<(PathBuf, PathBuf)>,
     /// The first wait after a failed stream; doubles up to `max_backoff`.
@@ -153,6 +161,9 @@ async fn channel(s: &XdsSettings) -> anyhow::Result<Channel> {
                 std::fs::read(key)?,
             ));
         }
+        if let Some(name) = &s.server_name {
+            tls = tls.domain_name(name.clone());
+        }
         endpoint = endpoint.tls_config(tls)?;
     }
     Ok(endpoint.connect().await?)
@@ -170,6 +181,18 @@ pub async fn run(
 ) {
     let node = Node {
         id: settings.node_id.clone(),
+        metadata: (!settings.node_metadata.is_empty()).then(|| Struct {
+            fields: settings
+                .node_metadata
+                .iter()
+                .map(|(k, v)| {
+                    let value = Value {
+                        kind: Some(Kind::StringValue(v.clone())),
+                    };
+                    (k.clone(), value)
+                })
+                .collect(),
+        }),
         ..Default::default()
     };
     // the version in force, sent with every request
@@ -206,10 +229,12 @@ async fn stream_once(
     tx.send(request(node, version, "", None)).await?;
     let outbound =
         futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|m| (m, rx)) });
-    let mut responses = client
-        .stream_aggregated_resources(outbound)
-        .await?
-        .into_inner();
+    let mut call = tonic::Request::new(outbound);
+    for (name, value) in &settings.headers {
+        let key = tonic::metadata::MetadataKey::from_bytes(name.to_ascii_lowercase().as_bytes())?;
+        call.metadata_mut().insert(key, value.parse()?);
+    }
+    let mut responses = client.stream_aggregated_resources(call).await?.into_inner();
     while let Some(response) = responses.next().await {
         let response: DiscoveryResponse = response?;
         let answer = match apply(&response, opts, rules, metrics) {

@@ -30,6 +30,8 @@ type Responses = mpsc::UnboundedReceiver<Result<DiscoveryResponse, Status>>;
 pub struct Ads {
     requests: mpsc::UnboundedSender<DiscoveryRequest>,
     responses: Arc<Mutex<Option<Responses>>>,
+    /// The gRPC metadata of the last stream opened.
+    headers: Arc<Mutex<Option<tonic::metadata::MetadataMap>>>,
 }
 
 #[tonic::async_trait]
@@ -43,6 +45,7 @@ impl AggregatedDiscoveryService for Ads {
         &self,
         request: Request<Streaming<DiscoveryRequest>>,
     ) -> Result<Response<Self::StreamAggregatedResourcesStream>, Status> {
+        *self.headers.lock() = Some(request.metadata().clone());
         let mut inbound = request.into_inner();
         let requests = self.requests.clone();
         tokio::spawn(async move {
@@ -74,15 +77,19 @@ pub struct AdsServer {
     requests: mpsc::UnboundedReceiver<DiscoveryRequest>,
     stop: Option<oneshot::Sender<()>>,
     done: tokio::task::JoinHandle<()>,
+    /// The gRPC metadata of the last stream the client opened.
+    pub headers: Arc<Mutex<Option<tonic::metadata::MetadataMap>>>,
 }
 
 impl AdsServer {
     pub async fn start(addr: SocketAddr, tls: ServerTlsConfig) -> Self {
         let (push, responses) = mpsc::unbounded_channel();
         let (requests_tx, requests) = mpsc::unbounded_channel();
+        let headers = Arc::new(Mutex::new(None));
         let ads = Ads {
             requests: requests_tx,
             responses: Arc::new(Mutex::new(Some(responses))),
+            headers: headers.clone(),
         };
         let listener = tokio::net::TcpListener::bind(addr).await.expect("bind");
         let (stop, stopped) = oneshot::channel::<()>();
@@ -104,6 +111,7 @@ impl AdsServer {
             requests,
             stop: Some(stop),
             done,
+            headers,
         }
     }
 

@@ -133,13 +133,6 @@ fn what_has_a_meaning_we_lack_is_refused() {
         (vec![("CONFIG_TYPE", "REST")], "CONFIG_TYPE=REST"),
         (
             vec![
-                ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
-                ("CONFIG_GRPC_XDS_SERVER_TLS_SAN", "eg"),
-            ],
-            "CONFIG_GRPC_XDS_SERVER_TLS_SAN=eg",
-        ),
-        (
-            vec![
                 ("REDIS_URL", "/var/run/r.sock"),
                 ("REDIS_SOCKET_TYPE", "unix"),
             ],
@@ -247,6 +240,9 @@ fn envoy_gateways_environment() {
         ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", "/certs/tls.key"),
         ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "/certs/ca.crt"),
         ("FORCE_START_WITHOUT_INITIAL_CONFIG", "true"),
+        ("CONFIG_GRPC_XDS_NODE_METADATA", "cluster:eg,zone=a"),
+        ("CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", "x-tenant:eg"),
+        ("CONFIG_GRPC_XDS_SERVER_TLS_SAN", "envoy-gateway"),
         ("REDIS_SOCKET_TYPE", "tcp"),
         ("REDIS_URL", "redis.redis-system.svc.cluster.local:6379"),
         ("USE_PROMETHEUS", "true"),
@@ -272,6 +268,18 @@ fn envoy_gateways_environment() {
     assert_eq!(
         setting(&t, "RLS_XDS_READY_WITHOUT_RULES").as_deref(),
         Some("true")
+    );
+    assert_eq!(
+        setting(&t, "RLS_XDS_NODE_METADATA").as_deref(),
+        Some("cluster:eg,zone=a")
+    );
+    assert_eq!(
+        setting(&t, "RLS_XDS_HEADERS").as_deref(),
+        Some("x-tenant:eg")
+    );
+    assert_eq!(
+        setting(&t, "RLS_XDS_SERVER_NAME").as_deref(),
+        Some("envoy-gateway")
     );
     assert_eq!(
         setting(&t, "RLS_TLS_CLIENT_CA").as_deref(),
