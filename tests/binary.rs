@@ -25,7 +25,7 @@ fn start() -> (ChildGuard, u16) {
 /// it serves, stops it with SIGTERM, and returns what it wrote to stderr.
 fn stderr_of_a_run(args: &[&str]) -> String {
     let (grpc, admin) = (free_port(), free_port());
-    let mut child = ChildGuard(
+    let child = ChildGuard(
         Command::new(env!("CARGO_BIN_EXE_tokenbucket-rls"))
             .env("RLS_CONFIG", concat!(env!("CARGO_MANIFEST_DIR"), "/config"))
             .env_remove("RUST_LOG")
@@ -38,12 +38,7 @@ fn stderr_of_a_run(args: &[&str]) -> String {
             .expect("start"),
     );
     wait_ready(admin);
-    let _ = Command::new("kill")
-        .args(["-TERM", &child.0.id().to_string()])
-        .status();
-    let out = std::mem::replace(&mut child.0, Command::new("true").spawn().expect("true"))
-        .wait_with_output()
-        .expect("output");
+    let out = child.terminate();
     String::from_utf8_lossy(&out.stderr).to_string()
 }
 

@@ -1375,17 +1375,18 @@ descriptors:
     assert_eq!(chat("bob", "5").await.status, 200, "another user");
     settled(7.0).await;
 
-    let chats: Vec<_> = (0..10)
-        .map(|_| {
-            let edge = &edge;
-            async move {
-                edge.get("/chat", &[("x-user", "carol"), ("x-tokens-used", "37")])
-                    .await
-                    .status
-            }
-        })
-        .collect();
-    assert_eq!(futures::future::join_all(chats).await, [200; 10]);
+    // `n` chats of `user` at once, each using `tokens`: their statuses
+    let at_once = |n: usize, user: &'static str, tokens: &'static str| {
+        let chats = (0..n).map(move |_| chat(user, tokens));
+        async move {
+            futures::future::join_all(chats)
+                .await
+                .into_iter()
+                .map(|a| a.status)
+                .collect::<Vec<u16>>()
+        }
+    };
+    assert_eq!(at_once(10, "carol", "37").await, [200; 10]);
     settled(27.0).await;
     // a chat that used nothing is only checked: what is left shows
     let check = chat("carol", "0").await;
@@ -1438,17 +1439,7 @@ descriptors:
     // 1,000: checks race the charges of the others, so more than ten may
     // start; every one that started is charged, exactly, and the debt
     // says how long the next one waits
-    let chats: Vec<_> = (0..20)
-        .map(|_| {
-            let edge = &edge;
-            async move {
-                edge.get("/chat", &[("x-user", "ivy"), ("x-tokens-used", "100")])
-                    .await
-                    .status
-            }
-        })
-        .collect();
-    let statuses = futures::future::join_all(chats).await;
+    let statuses = at_once(20, "ivy", "100").await;
     let started = statuses.iter().filter(|s| **s == 200).count() as u64;
     assert_eq!(
         statuses.len() as u64 - started,

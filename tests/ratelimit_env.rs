@@ -104,7 +104,7 @@ async fn started_with_istios_sample_environment() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("start");
-    let mut child = ChildGuard(child);
+    let child = ChildGuard(child);
 
     // envoyproxy/ratelimit's probe path answers once the rules are loaded
     let http = reqwest::Client::new();
@@ -165,12 +165,7 @@ async fn started_with_istios_sample_environment() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 
-    let _ = Command::new("kill")
-        .args(["-TERM", &child.0.id().to_string()])
-        .status();
-    let out = std::mem::replace(&mut child.0, Command::new("true").spawn().expect("true"))
-        .wait_with_output()
-        .expect("output");
+    let out = child.terminate();
     let stderr = String::from_utf8_lossy(&out.stderr);
     let first = stderr.lines().next().unwrap_or_default();
     assert!(first.starts_with('{'), "RLS_LOG_FORMAT=json won: {first}");

@@ -66,8 +66,7 @@ impl RateLimitGrpc {
         self.metrics
             .record_decisions(&rules, &request.domain, &entries, &decisions);
         if let Some(stats) = self.metrics.ratelimit_stats() {
-            let costs: Vec<_> = inputs.iter().map(|i| i.cost).collect();
-            stats.record(&request.domain, &decisions, &costs);
+            stats.record(&request.domain, &decisions, inputs.iter().map(|i| i.cost));
         }
         Ok(response::build(&decisions, self.options))
     }

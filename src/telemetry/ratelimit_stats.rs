@@ -59,13 +59,13 @@ impl RatelimitStats {
     }
 
     /// Counts one request's decisions, each with what it cost.
-    pub fn record(&self, domain: &str, decisions: &[Decision], costs: &[Cost]) {
+    pub fn record(&self, domain: &str, decisions: &[Decision], costs: impl Iterator<Item = Cost>) {
         for (d, cost) in decisions.iter().zip(costs) {
             let (Some(rule), Some(limit)) = (&d.rule, &d.limit) else {
                 continue;
             };
             let hits = match cost {
-                Cost::Spend(n) | Cost::Charge(n) => *n,
+                Cost::Spend(n) | Cost::Charge(n) => n,
                 Cost::Check | Cost::Refund(_) | Cost::Lease { .. } => 0,
             };
             let mut path = rule.path.splitn(3, '.');

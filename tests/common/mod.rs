@@ -115,6 +115,20 @@ pub fn rules_dir(yaml: &str) -> tempfile::TempDir {
 /// A child process killed (and reaped) when dropped, also on panic.
 pub struct ChildGuard(pub Child);
 
+impl ChildGuard {
+    /// Stops it with SIGTERM, as an orchestrator does, and returns what it
+    /// wrote (to the pipes it was given).
+    pub fn terminate(mut self) -> std::process::Output {
+        let _ = std::process::Command::new("kill")
+            .args(["-TERM", &self.0.id().to_string()])
+            .status();
+        let placeholder = std::process::Command::new("true").spawn().expect("true");
+        std::mem::replace(&mut self.0, placeholder)
+            .wait_with_output()
+            .expect("output")
+    }
+}
+
 impl Drop for ChildGuard {
     fn drop(&mut self) {
         let _ = self.0.kill();

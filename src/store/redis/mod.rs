@@ -324,20 +324,15 @@ impl RedisStore {
         options: &Options,
     ) -> Result<Vec<i64>, RedisError> {
         let client = pool.next().with_options(options);
-        let call = async {
-            match client
-                .evalsha(&script.sha, keys.to_vec(), args.to_vec())
-                .await
-            {
-                Err(e) if e.details().starts_with("NOSCRIPT") => {
-                    client.eval(script.body, keys.to_vec(), args.to_vec()).await
-                }
-                other => other,
+        match client
+            .evalsha(&script.sha, keys.to_vec(), args.to_vec())
+            .await
+        {
+            Err(e) if e.details().starts_with("NOSCRIPT") => {
+                client.eval(script.body, keys.to_vec(), args.to_vec()).await
             }
-        };
-        // the call's own timeout, here: fred 10 cuts a command at the
-        // client's default timeout whatever the call's options say
-        within(options.timeout, call).await
+            other => other,
+        }
     }
 
     /// Counts in `metrics` the calls it sends again (`rls_store_retries_total`).
@@ -359,33 +354,33 @@ impl RedisStore {
         options: &Options,
     ) -> Result<Vec<i64>, RedisError> {
         let started = tokio::time::Instant::now();
-        let mut wait = TRYAGAIN_FIRST_WAIT;
-        let mut sends = 1;
-        let mut left = options.timeout;
-        loop {
-            let attempt = Options {
-                timeout: left,
-                ..options.clone()
-            };
-            match self.run_once(script, slot, keys, args, &attempt).await {
-                Err(e) if e.details().starts_with("TRYAGAIN") => {
-                    left = options.timeout.map(|t| t.saturating_sub(started.elapsed()));
-                    // a wait, and at least as long again for the call
-                    let room = left.is_none_or(|l| l > wait * 2);
-                    if !room || sends >= TRYAGAIN_MAX_SENDS {
-                        return Err(e);
+        let retrying = async {
+            let mut wait = TRYAGAIN_FIRST_WAIT;
+            let mut sends = 1;
+            loop {
+                match self.run_once(script, slot, keys, args, options).await {
+                    Err(e) if e.details().starts_with("TRYAGAIN") => {
+                        let left = options.timeout.map(|t| t.saturating_sub(started.elapsed()));
+                        // a wait, and at least as long again for the call
+                        let room = left.is_none_or(|l| l > wait * 2);
+                        if !room || sends >= TRYAGAIN_MAX_SENDS {
+                            return Err(e);
+                        }
+                        tokio::time::sleep(wait).await;
+                        wait = (wait * 2).min(TRYAGAIN_MAX_WAIT);
+                        sends += 1;
+                        if let Some(m) = &self.metrics {
+                            m.store_retry("tryagain");
+                        }
                     }
-                    tokio::time::sleep(wait).await;
-                    wait = (wait * 2).min(TRYAGAIN_MAX_WAIT);
-                    sends += 1;
-                    left = options.timeout.map(|t| t.saturating_sub(started.elapsed()));
-                    if let Some(m) = &self.metrics {
-                        m.store_retry("tryagain");
-                    }
+                    other => return other,
                 }
-                other => return other,
             }
-        }
+        };
+        // the whole call, sends and redirections included, within its
+        // budget: here, as fred 10 cuts a command at the client's default
+        // timeout whatever the call's options say
+        within(options.timeout, retrying).await
     }
 
     /// Runs `script` on the connections of the primary owning `slot`,
@@ -394,7 +389,7 @@ impl RedisStore {
     /// node, after `ASKING`), on each primary's own connections: never
     /// through fred's cluster client, whose topology sync sends again the
     /// commands in flight on a connection it drops (a decision that may have
-    /// run would be spent twice). All within `options.timeout`.
+    /// run would be spent twice). [`RedisStore::run`] bounds it in time.
     async fn run_once(
         &self,
         script: &LuaScript,
@@ -403,47 +398,44 @@ impl RedisStore {
         args: &[Value],
         options: &Options,
     ) -> Result<Vec<i64>, RedisError> {
-        let follow = async {
-            let pool = self
-                .routing
-                .read()
-                .node_of_slot(slot)
-                .map(|n| n.clients.pool.clone());
-            let mut pool = pool.ok_or_else(|| {
-                RedisError::new(
-                    ErrorKind::Routing,
-                    format!("no known Redis primary owns slot {slot}"),
-                )
-            })?;
-            let mut asking = false;
-            for _ in 0..=MAX_REDIRECTIONS {
-                let result = if asking {
-                    self.run_asking(script, &pool, keys, args, options).await
-                } else {
-                    self.run_on(script, &pool, keys, args, options).await
-                };
-                let redirect = match &result {
-                    Err(e) => redirect_of(e),
-                    Ok(_) => None,
-                };
-                match redirect {
-                    None => return result,
-                    Some(Redirect::Moved(addr)) => {
-                        pool = self.node_pool(&addr).await?;
-                        asking = false;
-                    }
-                    Some(Redirect::Ask(addr)) => {
-                        pool = self.node_pool(&addr).await?;
-                        asking = true;
-                    }
+        let pool = self
+            .routing
+            .read()
+            .node_of_slot(slot)
+            .map(|n| n.clients.pool.clone());
+        let mut pool = pool.ok_or_else(|| {
+            RedisError::new(
+                ErrorKind::Routing,
+                format!("no known Redis primary owns slot {slot}"),
+            )
+        })?;
+        let mut asking = false;
+        for _ in 0..=MAX_REDIRECTIONS {
+            let result = if asking {
+                self.run_asking(script, &pool, keys, args).await
+            } else {
+                self.run_on(script, &pool, keys, args, options).await
+            };
+            let redirect = match &result {
+                Err(e) => redirect_of(e),
+                Ok(_) => None,
+            };
+            match redirect {
+                None => return result,
+                Some(Redirect::Moved(addr)) => {
+                    pool = self.node_pool(&addr).await?;
+                    asking = false;
+                }
+                Some(Redirect::Ask(addr)) => {
+                    pool = self.node_pool(&addr).await?;
+                    asking = true;
                 }
             }
-            Err(RedisError::new(
-                ErrorKind::Cluster,
-                format!("more than {MAX_REDIRECTIONS} redirections for slot {slot}"),
-            ))
-        };
-        within(options.timeout, follow).await
+        }
+        Err(RedisError::new(
+            ErrorKind::Cluster,
+            format!("more than {MAX_REDIRECTIONS} redirections for slot {slot}"),
+        ))
     }
 
     /// Runs `script` after `ASKING` on one connection of `pool` (the node
@@ -454,7 +446,6 @@ impl RedisStore {
         pool: &Pool,
         keys: &[Key],
         args: &[Value],
-        options: &Options,
     ) -> Result<Vec<i64>, RedisError> {
         let client = pool.next();
         let send = |full: bool| async move {
@@ -487,13 +478,10 @@ impl RedisStore {
                 .unwrap_or_else(|| Err(RedisError::new(ErrorKind::Protocol, "no reply")))?
                 .convert::<Vec<i64>>()
         };
-        let call = async {
-            match send(false).await {
-                Err(e) if e.details().starts_with("NOSCRIPT") => send(true).await,
-                other => other,
-            }
-        };
-        within(options.timeout, call).await
+        match send(false).await {
+            Err(e) if e.details().starts_with("NOSCRIPT") => send(true).await,
+            other => other,
+        }
     }
 
     /// The decision connections of the primary at `addr` (`host:port`, as
