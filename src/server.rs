@@ -315,28 +315,34 @@ pub async fn start(args: &ServeArgs) -> Result<RunningServer> {
 
 /// Serves until SIGTERM or SIGINT, then shuts down gracefully.
 pub async fn run(args: ServeArgs) -> Result<()> {
+    // watched before the ports open: a SIGTERM that comes while starting
+    // (an orchestrator that gave up waiting) stops it cleanly, not by the
+    // signal's default action
+    let stopping = shutdown_signal()?;
     let mut server = start(&args).await?;
     tokio::select! {
         result = server.wait() => return result,
-        signal = shutdown_signal() => signal?,
+        signal = stopping => signal?,
     }
     tracing::info!("shutting down: draining in-flight calls");
     server.shutdown().await
 }
 
-async fn shutdown_signal() -> Result<()> {
+/// SIGTERM or SIGINT, watched from the call on.
+fn shutdown_signal() -> Result<impl std::future::Future<Output = Result<()>>> {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{signal, SignalKind};
         let mut term = signal(SignalKind::terminate()).context("cannot watch SIGTERM")?;
-        tokio::select! {
-            r = tokio::signal::ctrl_c() => r.context("cannot watch SIGINT")?,
-            _ = term.recv() => {}
-        }
+        let mut int = signal(SignalKind::interrupt()).context("cannot watch SIGINT")?;
+        Ok(async move {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+            Ok(())
+        })
     }
     #[cfg(not(unix))]
-    tokio::signal::ctrl_c()
-        .await
-        .context("cannot watch Ctrl-C")?;
-    Ok(())
+    Ok(async { tokio::signal::ctrl_c().await.context("cannot watch Ctrl-C") })
 }
