@@ -106,7 +106,10 @@ fn short(rate: f64) -> String {
 }
 
 fn check_config(path: &std::path::Path, merge_domains: bool, rlqs: bool) -> ExitCode {
-    let opts = LoadOptions { merge_domains };
+    let opts = LoadOptions {
+        merge_domains,
+        ..LoadOptions::default()
+    };
     match rules::load_path(path, opts) {
         Ok(set) => {
             let files = set.files().len();

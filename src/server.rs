@@ -21,7 +21,7 @@ use crate::limiter::Limiter;
 use crate::quota::ledger::QuotaLedger;
 use crate::quota::redis_ledger::RedisLedger;
 use crate::rules::reload::Reloader;
-use crate::rules::{self, LoadOptions};
+use crate::rules::{self, DomainPatterns, LoadOptions};
 use crate::service::quota::{QuotaHub, RateLimitQuotaGrpc};
 use crate::service::{RateLimitGrpc, ResponseOptions, SharedRules};
 use crate::serving;
@@ -29,6 +29,7 @@ use crate::store::breaker::Breakers;
 use crate::store::memory::MemoryStore;
 use crate::store::redis::{RedisSettings, RedisStore};
 use crate::store::Store;
+use crate::telemetry::statsd::{self, StatsdCounters};
 use crate::telemetry::Metrics;
 use crate::tls::{ReloadingTls, TlsFiles};
 
@@ -90,17 +91,27 @@ impl RunningServer {
     }
 }
 
+/// `--statsd-addr` (HOST:PORT, a name resolved once at start).
+async fn statsd_target(addr: &str) -> Result<std::net::SocketAddr> {
+    tokio::net::lookup_host(addr)
+        .await
+        .with_context(|| format!("--statsd-addr {addr}: cannot resolve it"))?
+        .next()
+        .with_context(|| format!("--statsd-addr {addr}: no address"))
+}
+
 /// Loads the rules and starts serving on the configured addresses (port 0 picks one).
 pub async fn start(args: &ServeArgs) -> Result<RunningServer> {
     let opts = LoadOptions {
         merge_domains: args.merge_domains,
+        usage_domains: DomainPatterns::new(&args.usage_domains),
     };
     let xds = args.xds_settings();
     let loaded = match &xds {
         // rules come with the first snapshot
-        Some(_) => rules::load_sources(Vec::new(), opts)
+        Some(_) => rules::load_sources(Vec::new(), opts.clone())
             .map_err(|e| anyhow::anyhow!("cannot start without rules: {e}"))?,
-        None => rules::load_path(&args.config, opts).map_err(|e| {
+        None => rules::load_path(&args.config, opts.clone()).map_err(|e| {
             anyhow::anyhow!("cannot load rules from {}:\n{e}", args.config.display())
         })?,
     };
@@ -109,12 +120,29 @@ pub async fn start(args: &ServeArgs) -> Result<RunningServer> {
     }
     let rules: SharedRules = Arc::new(ArcSwap::from_pointee(loaded.with_generation(1)));
     let metrics = Arc::new(Metrics::new());
-    if args.ratelimit_metrics {
-        metrics.enable_ratelimit_stats(args.near_limit_ratio);
+    let statsd = match &args.statsd_addr {
+        None => None,
+        Some(addr) => Some(statsd_target(addr).await?),
+    };
+    let statsd_counters = statsd.map(|_| Arc::new(StatsdCounters::default()));
+    metrics.enable_ratelimit_stats(
+        args.ratelimit_metrics,
+        statsd_counters.clone(),
+        args.near_limit_ratio,
+    );
+    if let (Some(target), Some(counters)) = (statsd, statsd_counters) {
+        tracing::info!(%target, every = ?args.statsd_flush_interval, "statsd on");
+        let errors = metrics.statsd_send_errors();
+        let every = args.statsd_flush_interval.max(Duration::from_millis(10));
+        tokio::spawn(async move {
+            if let Err(e) = statsd::flush_every(counters, target, every, errors).await {
+                tracing::error!(error = %e, "statsd stopped");
+            }
+        });
     }
     let reloader = Reloader::new(
         args.config.clone(),
-        args.merge_domains,
+        opts.clone(),
         rules.clone(),
         metrics.clone(),
     );
@@ -159,6 +187,7 @@ pub async fn start(args: &ServeArgs) -> Result<RunningServer> {
                     .clone()
                     .zip(args.redis_client_key.clone()),
                 layout: args.redis_bucket_layout,
+                key_prefix: args.redis_key_prefix.clone(),
             };
             let redis = RedisStore::connect(&settings)
                 .await

@@ -314,6 +314,7 @@ async fn store_and_client(redis: &RedisServer, layout: BucketLayout) -> (RedisSt
         ca_file: None,
         client_cert: None,
         layout,
+        key_prefix: String::new(),
     })
     .await
     .expect("connect");

@@ -1552,14 +1552,11 @@ async fn envoy_talks_mtls_to_a_service_configured_as_envoy_gateway_does() {
 /// A real Envoy in front of a service whose rules come over xDS with mTLS
 /// (#27): the example bootstrap's `/login` descriptor, limited by what the
 /// ADS server sends (3 a minute), not by `config/` (5).
-#[tokio::test]
-async fn envoy_in_front_of_rules_over_xds() {
-    use envoy_types::pb::ratelimit::config::ratelimit::v3::{
-        RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitUnit,
-    };
+/// A test ADS server with mTLS on a free port, and the service's
+/// environment that reaches it.
+async fn ads_with_mtls(dir: &Path) -> (common::ads::AdsServer, Vec<(&'static str, String)>) {
     use tonic::transport::{Certificate, Identity, ServerTlsConfig};
-    let dir = tempfile::tempdir().expect("tempdir");
-    let ca = common::tls::Ca::new(dir.path(), "xds");
+    let ca = common::tls::Ca::new(dir, "xds");
     let (server_pem, server_key) = ca.issue("xds-server", true);
     let (client_pem, client_key) = ca.issue("rls-client", false);
     let read = |p: &Path| std::fs::read(p).expect("read");
@@ -1567,7 +1564,7 @@ async fn envoy_in_front_of_rules_over_xds() {
         .identity(Identity::from_pem(read(&server_pem), read(&server_key)))
         .client_ca_root(Certificate::from_pem(read(&ca.pem())));
     let port = free_port();
-    let mut ads =
+    let ads =
         common::ads::AdsServer::start(std::net::SocketAddr::from(([127, 0, 0, 1], port)), tls)
             .await;
     let env = vec![
@@ -1576,6 +1573,16 @@ async fn envoy_in_front_of_rules_over_xds() {
         ("RLS_XDS_CLIENT_CERT", client_pem.display().to_string()),
         ("RLS_XDS_CLIENT_KEY", client_key.display().to_string()),
     ];
+    (ads, env)
+}
+
+#[tokio::test]
+async fn envoy_in_front_of_rules_over_xds() {
+    use envoy_types::pb::ratelimit::config::ratelimit::v3::{
+        RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitUnit,
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (mut ads, env) = ads_with_mtls(dir.path()).await;
     let login = RateLimitConfig {
         name: "edge".into(),
         domain: "edge".into(),
@@ -1603,5 +1610,83 @@ async fn envoy_in_front_of_rules_over_xds() {
         [200, 200, 200, 429],
         "3 a minute, from xDS"
     );
+    ads.stop().await;
+}
+
+/// Token budgets whose rules come over xDS (as Envoy Gateway sends them for
+/// a `cost.response`: no `overdraft` in the config) are charged into debt
+/// with `--usage-domains`: the issue's scenario through a real Envoy.
+#[tokio::test]
+async fn envoy_charges_llm_tokens_on_rules_over_xds_in_a_usage_domain() {
+    use envoy_types::pb::ratelimit::config::ratelimit::v3::{
+        RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitUnit,
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (mut ads, mut env) = ads_with_mtls(dir.path()).await;
+    env.push(("RLS_USAGE_DOMAINS", "llm".into()));
+    let tokens = RateLimitConfig {
+        name: "llm".into(),
+        domain: "llm".into(),
+        descriptors: vec![RateLimitDescriptor {
+            key: "user".into(),
+            rate_limit: Some(RateLimitPolicy {
+                unit: RateLimitUnit::Day as i32,
+                requests_per_unit: 1000,
+                ..Default::default()
+            }),
+            ..Default::default()
+        }],
+    };
+    let (config, instances, snapshot) = (Path::new(ROOT).join("config"), [env], [tokens]);
+    let (edge, ack) = tokio::join!(
+        Edge::start_full(&config, "llm.yaml", &instances),
+        ads.snapshot("1", "a", &snapshot),
+    );
+    assert!(ack.error_detail.is_none(), "{ack:?}");
+    // Envoy charges after it has answered: wait for `n` decisions
+    let settled = |n: f64| {
+        let edge = &edge;
+        async move {
+            let name = "rls_decisions_total{domain=\"llm\",result=\"ok\",rule=\"user\"}";
+            let over = "rls_decisions_total{domain=\"llm\",result=\"over_limit\",rule=\"user\"}";
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                let made = rls_metric(edge, 0, name).await.unwrap_or(0.0)
+                    + rls_metric(edge, 0, over).await.unwrap_or(0.0);
+                if made >= n || Instant::now() > deadline {
+                    assert_eq!(made, n, "decisions made");
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    let chat = |user: &'static str, tokens: &'static str| {
+        let edge = &edge;
+        async move {
+            edge.get("/chat", &[("x-user", user), ("x-tokens-used", tokens)])
+                .await
+        }
+    };
+    assert_eq!(chat("alice", "600").await.status, 200);
+    settled(2.0).await;
+    assert_eq!(
+        chat("alice", "600").await.status,
+        200,
+        "400 left: it may start"
+    );
+    settled(4.0).await;
+    let refused = chat("alice", "600").await;
+    assert_eq!(refused.status, 429, "the second chat's 600 went into debt");
+    let wait: u64 = refused
+        .retry_after
+        .as_deref()
+        .expect("retry-after")
+        .parse()
+        .expect("seconds");
+    // 201 tokens at 1,000 a day
+    assert!((17_366..=17_367).contains(&wait), "{wait}");
+    settled(5.0).await;
+    assert_eq!(chat("bob", "5").await.status, 200, "another user");
     ads.stop().await;
 }

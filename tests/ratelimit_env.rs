@@ -1,7 +1,8 @@
 //! The binary started as envoyproxy/ratelimit is deployed today (#27):
 //! Istio's sample environment, read from `examples/istio/ratelimit-sample.yaml`
 //! (rules from a ConfigMap under RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/config,
-//! Redis over TCP, statsd off), ports and paths moved, no flags. What it cannot honour yet stops the start with
+//! Redis over TCP, statsd off), ports and paths moved, no flags; statsd on, as
+//! its default is. What it cannot honour yet stops the start with
 //! the variable named.
 
 mod common;
@@ -185,10 +186,12 @@ fn a_setting_it_cannot_honour_stops_the_start() {
     for (name, value) in [
         ("CONFIG_TYPE", "REST"),
         ("REDIS_TYPE", "sentinel"),
-        ("USE_STATSD", "true"),
+        ("USE_DOG_STATSD", "true"),
+        // a hash tag in the prefix would move every key's slot
+        ("CACHE_KEY_PREFIX", "{eg}"),
     ] {
         let mut command = Command::new(env!("CARGO_BIN_EXE_tokenbucket-rls"));
-        if name == "REDIS_TYPE" {
+        if name == "REDIS_TYPE" || name == "CACHE_KEY_PREFIX" {
             command.env("REDIS_URL", "127.0.0.1:1");
         }
         let out = command
@@ -200,4 +203,118 @@ fn a_setting_it_cannot_honour_stops_the_start() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(stderr.contains(&format!("{name}={value}")), "{stderr}");
     }
+}
+
+/// `USE_STATSD=true`: the per-rule stats reach a statsd server (a UDP
+/// socket here) under envoyproxy/ratelimit's names, summed exactly.
+#[tokio::test]
+async fn statsd_gets_the_stats_under_envoyproxy_ratelimits_names() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let config = root.path().join("ratelimit").join("config");
+    std::fs::create_dir_all(&config).expect("mkdir");
+    std::fs::write(
+        config.join("config.yaml"),
+        "domain: edge\ndescriptors:\n  - key: path\n    value: /login\n    rate_limit: {unit: minute, requests_per_unit: 3}\n  - key: free\n    rate_limit: {unlimited: true}\n",
+    )
+    .expect("rules");
+    let statsd = tokio::net::UdpSocket::bind("127.0.0.1:0")
+        .await
+        .expect("udp");
+    let statsd_port = statsd.local_addr().expect("addr").port();
+    let (grpc, admin) = (free_port(), free_port());
+    let mut command = Command::new(env!("CARGO_BIN_EXE_tokenbucket-rls"));
+    for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("RLS_")) {
+        command.env_remove(k);
+    }
+    let child = command
+        .env("RUNTIME_ROOT", root.path())
+        .env("RUNTIME_SUBDIRECTORY", "ratelimit")
+        .env("HOST", "127.0.0.1")
+        .env("PORT", admin.to_string())
+        .env("GRPC_HOST", "127.0.0.1")
+        .env("GRPC_PORT", grpc.to_string())
+        .env("USE_STATSD", "true")
+        .env("STATSD_HOST", "127.0.0.1")
+        .env("STATSD_PORT", statsd_port.to_string())
+        .env("STATS_FLUSH_INTERVAL", "100ms")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start");
+    let child = ChildGuard(child);
+    let mut c = {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            match RateLimitServiceClient::connect(format!("http://127.0.0.1:{grpc}")).await {
+                Ok(c) => break c,
+                Err(e) => assert!(Instant::now() < deadline, "never served: {e}"),
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    // 5 calls of /login (3 a minute): 3 within (the third near the
+    // limit), 2 over; an unlimited rule counts in none
+    let mut codes = Vec::new();
+    for _ in 0..5 {
+        let r = c
+            .should_rate_limit(request("edge", vec![descriptor(&[("path", "/login")])]))
+            .await
+            .expect("decided")
+            .into_inner();
+        codes.push(r.overall_code);
+    }
+    let ok = Code::Ok as i32;
+    let over = Code::OverLimit as i32;
+    assert_eq!(codes, [ok, ok, ok, over, over]);
+    c.should_rate_limit(request("edge", vec![descriptor(&[("free", "x")])]))
+        .await
+        .expect("decided");
+
+    let want = [
+        (
+            "ratelimit.service.rate_limit.edge.path_/login.total_hits",
+            5,
+        ),
+        (
+            "ratelimit.service.rate_limit.edge.path_/login.within_limit",
+            3,
+        ),
+        (
+            "ratelimit.service.rate_limit.edge.path_/login.near_limit",
+            1,
+        ),
+        (
+            "ratelimit.service.rate_limit.edge.path_/login.over_limit",
+            2,
+        ),
+    ];
+    let mut got = std::collections::BTreeMap::<String, u64>::new();
+    let mut buf = vec![0u8; 2048];
+    let deadline = Instant::now() + Duration::from_secs(20);
+    // until every expected count is in, then one more flush for strays
+    let mut settled_at = None;
+    while Instant::now() < deadline {
+        if let Ok(Ok(n)) =
+            tokio::time::timeout(Duration::from_millis(100), statsd.recv(&mut buf)).await
+        {
+            for line in String::from_utf8_lossy(&buf[..n]).lines() {
+                let (name, rest) = line.split_once(':').expect("name:value|c");
+                let value = rest.strip_suffix("|c").expect("a counter");
+                *got.entry(name.to_string()).or_default() += value.parse::<u64>().expect("n");
+            }
+        }
+        let complete = want.iter().all(|(n, v)| got.get(*n) >= Some(v));
+        match settled_at {
+            None if complete => settled_at = Some(Instant::now()),
+            Some(t) if t.elapsed() > Duration::from_millis(500) => break,
+            _ => {}
+        }
+    }
+    let expected: std::collections::BTreeMap<String, u64> =
+        want.iter().map(|(n, v)| (n.to_string(), *v)).collect();
+    assert_eq!(
+        got, expected,
+        "exactly these, nothing for the unlimited rule"
+    );
+    drop(child);
 }

@@ -684,3 +684,43 @@ async fn redis_cli_cluster_reshard_while_serving_keeps_the_budget() {
     );
     s.shutdown().await.expect("stop");
 }
+
+/// `--redis-key-prefix` (CACHE_KEY_PREFIX): every key on every primary is
+/// behind it, in the slot of its hash tag, and decisions are as without it.
+#[tokio::test]
+async fn a_key_prefix_on_a_cluster() {
+    let cluster = RedisCluster::start();
+    let rules = rules_dir(RULES);
+    let mut args = common::serve_args(rules.path().to_path_buf());
+    args.store = tokenbucket_rls::cli::StoreKind::Redis;
+    args.redis_url = Some(cluster.url());
+    args.redis_timeout = Duration::from_millis(500);
+    args.failure_mode = tokenbucket_rls::rules::FailureMode::Closed;
+    args.redis_key_prefix = "eg:rl:".into();
+    let server = tokenbucket_rls::server::start(&args).await.expect("starts");
+    let mut c = client(&server).await;
+    // 40 descriptors spread over the slots: 3 each pass, the 4th does not
+    for i in 0..40 {
+        let user = format!("u{i}");
+        let codes = {
+            let mut codes = Vec::new();
+            for _ in 0..4 {
+                let r = call(&mut c, &[("login", &user)]).await.expect("decided");
+                codes.push(r.overall_code);
+            }
+            codes
+        };
+        let (ok, over) = (Code::Ok as i32, Code::OverLimit as i32);
+        assert_eq!(codes, [ok, ok, ok, over], "{user}");
+    }
+    let mut keys = Vec::new();
+    for p in cluster.primaries() {
+        let out = cluster.nodes[p].cli(&["KEYS", "*"]);
+        keys.extend(out.lines().filter(|k| !k.is_empty()).map(str::to_string));
+    }
+    assert_eq!(keys.len(), 80, "two limits each: {keys:?}");
+    assert!(
+        keys.iter().all(|k| k.starts_with("eg:rl:rls:{")),
+        "{keys:?}"
+    );
+}

@@ -282,6 +282,9 @@ async fn the_binary_with_envoy_gateways_environment() {
         ("PORT", http.to_string()),
         ("GRPC_HOST", "127.0.0.1".into()),
         ("GRPC_PORT", grpc.to_string()),
+        // added in rateLimitDeployment.container.env, as Envoy Gateway's
+        // global rate limit guide shows
+        ("CACHE_KEY_PREFIX", "eg:rl:".into()),
     ];
     let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_tokenbucket-rls"));
     for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("RLS_")) {
@@ -350,8 +353,13 @@ async fn the_binary_with_envoy_gateways_environment() {
     }
     let (ok, over) = (Code::Ok as i32, Code::OverLimit as i32);
     assert_eq!(codes, [ok, ok, over]);
-    let keys: u64 = redis.cli(&["DBSIZE"]).trim().parse().expect("DBSIZE");
-    assert!(keys >= 1, "decided in Redis");
+    let keys = redis.cli(&["KEYS", "*"]);
+    let keys: Vec<&str> = keys.lines().filter(|k| !k.is_empty()).collect();
+    assert!(!keys.is_empty(), "decided in Redis");
+    assert!(
+        keys.iter().all(|k| k.starts_with("eg:rl:rls:{")),
+        "every key behind CACHE_KEY_PREFIX: {keys:?}"
+    );
     let text = reqwest::get(format!("http://127.0.0.1:{prom}/metrics"))
         .await
         .expect("scrape")

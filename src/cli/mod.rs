@@ -120,6 +120,10 @@ pub struct ServeArgs {
         default_value = "packed"
     )]
     pub redis_bucket_layout: crate::store::redis::BucketLayout,
+    /// Put in front of every Redis key, to share a Redis with others
+    /// (envoyproxy/ratelimit's CACHE_KEY_PREFIX); no braces.
+    #[arg(long, env = "RLS_REDIS_KEY_PREFIX", default_value = "")]
+    pub redis_key_prefix: String,
     /// Redis connections to each primary, shared by all requests (each pipelines many calls).
     #[arg(long, env = "RLS_REDIS_POOL_SIZE", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=256))]
     pub redis_pool_size: u32,
@@ -162,6 +166,13 @@ pub struct ServeArgs {
     /// One domain may span several files.
     #[arg(long, env = "RLS_MERGE_DOMAINS")]
     pub merge_domains: bool,
+    /// Domains (comma-separated, `*` matches any run of characters) where a
+    /// descriptor's own hits_addend is a usage charge: deducted even beyond
+    /// what the bucket holds, as on an `overdraft: true` rule. For rules
+    /// that cannot say `overdraft` themselves (over xDS, from Envoy
+    /// Gateway's `cost.response`).
+    #[arg(long, env = "RLS_USAGE_DOMAINS", value_delimiter = ',')]
+    pub usage_domains: Vec<String>,
     /// PEM certificate chain: serve gRPC over TLS (with --tls-key).
     #[arg(long, env = "RLS_TLS_CERT", requires = "tls_key")]
     pub tls_cert: Option<PathBuf>,
@@ -182,6 +193,13 @@ pub struct ServeArgs {
     /// the burst spent (for --ratelimit-metrics).
     #[arg(long, env = "RLS_NEAR_LIMIT_RATIO", default_value_t = 0.8)]
     pub near_limit_ratio: f64,
+    /// Also send envoyproxy/ratelimit's statistics over statsd (UDP) to
+    /// HOST:PORT, as its USE_STATSD does.
+    #[arg(long, env = "RLS_STATSD_ADDR")]
+    pub statsd_addr: Option<String>,
+    /// How often the statsd counters are sent.
+    #[arg(long, env = "RLS_STATSD_FLUSH_INTERVAL", value_parser = humantime::parse_duration, default_value = "10s")]
+    pub statsd_flush_interval: Duration,
     /// Also serve the metrics on this address (at --prometheus-path), as
     /// envoyproxy/ratelimit does on PROMETHEUS_ADDR.
     #[arg(long, env = "RLS_PROMETHEUS_ADDR")]

@@ -224,10 +224,6 @@ pub fn translate(env: &BTreeMap<String, String>) -> Result<Translated, String> {
             "one Redis (or Redis Cluster) holds every bucket",
         ),
         (
-            "USE_STATSD",
-            "metrics are Prometheus text on HOST:PORT /metrics",
-        ),
-        (
             "USE_DOG_STATSD",
             "metrics are Prometheus text on HOST:PORT /metrics",
         ),
@@ -252,15 +248,22 @@ pub fn translate(env: &BTreeMap<String, String>) -> Result<Translated, String> {
             return Err(refused(name, get(name).unwrap_or_default(), why));
         }
     }
-    for name in ["CACHE_KEY_PREFIX", "GRPC_CLIENT_TLS_SAN"] {
-        if let Some(v) = get(name) {
-            let why = if name == "CACHE_KEY_PREFIX" {
-                "bucket keys have a fixed prefix (rls:)"
-            } else {
-                "client certificates are checked against GRPC_CLIENT_TLS_CACERT only"
-            };
-            return Err(refused(name, v, why));
+    if let Some(v) = get("GRPC_CLIENT_TLS_SAN") {
+        return Err(refused(
+            "GRPC_CLIENT_TLS_SAN",
+            v,
+            "client certificates are checked against GRPC_CLIENT_TLS_CACERT only",
+        ));
+    }
+    if let Some(prefix) = get("CACHE_KEY_PREFIX") {
+        if prefix.contains(['{', '}']) {
+            return Err(refused(
+                "CACHE_KEY_PREFIX",
+                prefix,
+                "a brace would make Redis Cluster hash every key by the prefix, moving them off their slots",
+            ));
         }
+        set("RLS_REDIS_KEY_PREFIX", prefix.to_string());
     }
     for (name, default) in [
         ("LIMIT_LIMIT_HEADER", "RateLimit-Limit"),
@@ -426,6 +429,15 @@ pub fn translate(env: &BTreeMap<String, String>) -> Result<Translated, String> {
             set("RLS_PROMETHEUS_PATH", path.to_string());
         }
     }
+    // the same stats over statsd (on by default there; off unless set here)
+    if on("USE_STATSD") {
+        let host = get("STATSD_HOST").unwrap_or("localhost");
+        let port = get("STATSD_PORT").unwrap_or("8125");
+        set("RLS_STATSD_ADDR", addr(host, port));
+        if let Some(every) = get("STATS_FLUSH_INTERVAL") {
+            set("RLS_STATSD_FLUSH_INTERVAL", every.to_string());
+        }
+    }
     if let Some(ratio) = get("NEAR_LIMIT_RATIO") {
         set("RLS_NEAR_LIMIT_RATIO", ratio.to_string());
     }
@@ -503,6 +515,11 @@ pub fn translate(env: &BTreeMap<String, String>) -> Result<Translated, String> {
                 Some("response times are rls_decision_duration_seconds")
             }
             "PROMETHEUS_ADDR" | "PROMETHEUS_PATH" if on("USE_PROMETHEUS") => None,
+            "STATSD_HOST" | "STATSD_PORT" | "STATS_FLUSH_INTERVAL" if on("USE_STATSD") => None,
+            "EXTRA_TAGS" if on("USE_STATSD") => {
+                Some("statsd lines carry no tags (plain statsd, as without EXTRA_TAGS)")
+            }
+            "USE_STATSD" => None,
             _ => why,
         };
         if let Some(why) = why {

@@ -39,6 +39,9 @@ pub struct DescriptorInput<'a, E> {
     pub cost: Cost,
     /// `RateLimitDescriptor.limit`: requests per unit, sent by Envoy.
     pub limit_override: Option<(u32, Unit)>,
+    /// The descriptor brought its own `hits_addend` (Envoy's
+    /// `RateLimit.hits_addend`: a cost), rather than the request's.
+    pub own_hits_addend: bool,
 }
 
 /// What happened to one descriptor.
@@ -450,6 +453,7 @@ fn plan<'a, E: DescriptorEntry>(
     descriptors: &'a [DescriptorInput<'a, E>],
 ) -> Vec<Plan<'a>> {
     let known_domain = rules.has_domain(domain);
+    let usage_domain = rules.is_usage_domain(domain);
     let matches: Vec<_> = descriptors
         .iter()
         .map(|d| {
@@ -509,7 +513,12 @@ fn plan<'a, E: DescriptorEntry>(
                         }],
                         tag,
                     },
-                    cost: d.cost,
+                    cost: match d.cost {
+                        Cost::Spend(n) if d.own_hits_addend && rpu > 0 && usage_domain => {
+                            Cost::Charge(n)
+                        }
+                        other => other,
+                    },
                 };
             }
             let Some(m) = m else {
@@ -560,6 +569,7 @@ fn plan<'a, E: DescriptorEntry>(
             // on a usage-accounting rule a spend is a charge, never refused
             let cost = match d.cost {
                 Cost::Spend(n) if m.rule.overdraft => Cost::Charge(n),
+                Cost::Spend(n) if m.rule.usage_charges && d.own_hits_addend => Cost::Charge(n),
                 other => other,
             };
             Plan::Buckets {

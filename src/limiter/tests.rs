@@ -73,6 +73,7 @@ fn input(entries: &Entries, cost: Cost) -> DescriptorInput<'_, (&'static str, &'
         entries,
         cost,
         limit_override: None,
+        own_hits_addend: false,
     }
 }
 
@@ -239,6 +240,7 @@ async fn request_overrides_replace_the_rule() {
         entries: &user,
         cost: Cost::Spend(1),
         limit_override: Some((5, Unit::Second)),
+        own_hits_addend: false,
     };
     for _ in 0..5 {
         let d = l
@@ -353,6 +355,7 @@ async fn different_overrides_do_not_share_a_bucket() {
         entries: &user,
         cost: Cost::Spend(1),
         limit_override: Some((rpu, Unit::Hour)),
+        own_hits_addend: false,
     };
     for _ in 0..3 {
         l.decide(&r, "d", &[with(3)]).await.expect("ok");
@@ -406,4 +409,132 @@ async fn the_local_failure_modes_buckets_are_swept_once_full() {
         assert!(std::time::Instant::now() < deadline, "never swept");
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
+}
+
+/// `--usage-domains`: a descriptor's own cost is charged into debt on a
+/// rule that does not say `overdraft`; a cost that is the request's is not;
+/// a rule that cannot hold a debt (a rate of 0) spends as usual.
+#[tokio::test]
+async fn usage_domains_charge_own_costs() {
+    let rules = load_sources(
+        vec![(PathBuf::from("r.yaml"), RULES.to_string())],
+        LoadOptions {
+            usage_domains: crate::rules::DomainPatterns::new(&["x", "*d"]),
+            ..LoadOptions::default()
+        },
+    )
+    .expect("valid rules");
+    assert!(rules.is_usage_domain("d"));
+    let l = memory_limiter();
+    let decide = |entries: &'static [(&'static str, &'static str)], cost, own| {
+        let (l, rules) = (&l, &rules);
+        async move {
+            let input = DescriptorInput {
+                entries,
+                cost,
+                limit_override: None,
+                own_hits_addend: own,
+            };
+            l.decide(rules, "d", std::slice::from_ref(&input))
+                .await
+                .expect("decided")
+                .remove(0)
+        }
+    };
+    const SMALL: &[(&str, &str)] = &[("small", "a")];
+    // burst 5 at 1/s: a charge of 4, then one of 4 more goes into debt (-3)
+    assert_eq!(
+        decide(SMALL, Cost::Spend(4), true).await.verdict,
+        Verdict::Ok
+    );
+    let debt = decide(SMALL, Cost::Spend(4), true).await;
+    assert_eq!(debt.verdict, Verdict::OverLimit, "answered as in debt");
+    assert_eq!(debt.remaining, 0);
+    let check = decide(SMALL, Cost::Check, true).await;
+    assert_eq!(check.verdict, Verdict::OverLimit);
+    assert_eq!(check.reset_secs, Some(4), "(1 - -3) / 1 per second");
+    // the debt is real: nothing is back until it is repaid
+    assert_eq!(decide(SMALL, Cost::Check, true).await.reset_secs, Some(4));
+
+    // the same cost without its own hits_addend is a plain spend: refused,
+    // nothing taken
+    const OTHER: &[(&str, &str)] = &[("small", "b")];
+    assert_eq!(
+        decide(OTHER, Cost::Spend(4), false).await.verdict,
+        Verdict::Ok
+    );
+    let refused = decide(OTHER, Cost::Spend(4), false).await;
+    assert_eq!(refused.verdict, Verdict::OverLimit);
+    assert_eq!(
+        decide(OTHER, Cost::Spend(1), false).await.verdict,
+        Verdict::Ok,
+        "1 was left"
+    );
+
+    // a rate of 0 cannot repay a debt: spends as usual, refused
+    const BLOCK: &[(&str, &str)] = &[("block", "x")];
+    assert_eq!(
+        decide(BLOCK, Cost::Spend(1), true).await.verdict,
+        Verdict::OverLimit
+    );
+
+    // a request override in a usage domain is charged too
+    let user: Entries = vec![("user", "pat")];
+    let with = DescriptorInput {
+        entries: &user,
+        cost: Cost::Spend(3),
+        limit_override: Some((2, Unit::Hour)),
+        own_hits_addend: true,
+    };
+    let d = l
+        .decide(&rules, "d", std::slice::from_ref(&with))
+        .await
+        .expect("ok");
+    assert_eq!(
+        d[0].verdict,
+        Verdict::OverLimit,
+        "3 charged into a burst of 2"
+    );
+    let check = DescriptorInput {
+        cost: Cost::Check,
+        ..with
+    };
+    let d = l
+        .decide(&rules, "d", std::slice::from_ref(&check))
+        .await
+        .expect("ok");
+    assert_eq!(
+        d[0].reset_secs,
+        Some(3600),
+        "a debt of 1 and one token at 2 an hour"
+    );
+}
+
+/// Without `--usage-domains` (or outside them) an own cost is a spend:
+/// refused when the bucket does not hold it, nothing taken.
+#[tokio::test]
+async fn own_costs_outside_usage_domains_are_spends() {
+    let (l, r) = (memory_limiter(), rules());
+    let small = vec![("small", "a")];
+    let input = |cost| DescriptorInput {
+        entries: &small,
+        cost,
+        limit_override: None,
+        own_hits_addend: true,
+    };
+    let d = l
+        .decide(&r, "d", &[input(Cost::Spend(4))])
+        .await
+        .expect("ok");
+    assert_eq!(d[0].verdict, Verdict::Ok);
+    let d = l
+        .decide(&r, "d", &[input(Cost::Spend(4))])
+        .await
+        .expect("ok");
+    assert_eq!(d[0].verdict, Verdict::OverLimit);
+    let d = l
+        .decide(&r, "d", &[input(Cost::Spend(1))])
+        .await
+        .expect("ok");
+    assert_eq!(d[0].verdict, Verdict::Ok, "the refused 4 took nothing");
 }

@@ -29,6 +29,8 @@ struct Scope<'a> {
     shared_values: Vec<(String, String)>,
     failure_mode: Option<FailureMode>,
     detailed_metric: bool,
+    /// The domain is one of `--usage-domains`.
+    usage: bool,
 }
 
 impl Scope<'_> {
@@ -45,6 +47,7 @@ impl Scope<'_> {
 pub(super) fn compile_top_level(
     root: &mut Level,
     domain: &Arc<str>,
+    usage: bool,
     file: &Path,
     docs: &[DescriptorDoc],
     errors: &mut ConfigErrors,
@@ -58,6 +61,7 @@ pub(super) fn compile_top_level(
         shared_values: Vec::new(),
         failure_mode: None,
         detailed_metric: false,
+        usage,
     };
     compile_level(root, &scope, docs, errors);
 }
@@ -219,6 +223,13 @@ fn compile_rule(scope: &Scope<'_>, doc: &DescriptorDoc, errors: &mut ConfigError
         }
     };
     let overdraft = doc.overdraft && compile_overdraft(scope, doc, &action, &lease, errors);
+    // In a usage domain, every rule that could take `overdraft` charges
+    // the costs descriptors bring (the others spend as usual).
+    let usage_charges = scope.usage
+        && !overdraft
+        && lease.is_none()
+        && matches!(&action, Some(RuleAction::Limited(limits))
+            if limits.iter().all(|l| l.requests_per_unit > 0));
     let mut rule = Rule {
         domain: scope.domain.clone(),
         path: scope.path.clone(),
@@ -233,6 +244,7 @@ fn compile_rule(scope: &Scope<'_>, doc: &DescriptorDoc, errors: &mut ConfigError
         failure_mode: scope.failure_mode,
         lease,
         overdraft,
+        usage_charges,
         max_values,
         id: Default::default(),
     };

@@ -12,13 +12,42 @@ use super::error::{ConfigError, ConfigErrors};
 use super::matcher::Level;
 use super::schema::RulesFile;
 use super::watch::is_rule_file_name;
+use super::wildcard::Wildcard;
 use super::{Domain, LoadedFile, RuleSet};
 
 /// Knobs of one load.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct LoadOptions {
     /// One domain may span several files (`--merge-domains`).
     pub merge_domains: bool,
+    /// `--usage-domains`: in these domains a descriptor's own cost is a
+    /// usage charge (see [`super::Rule::usage_charges`]).
+    pub usage_domains: DomainPatterns,
+}
+
+/// Domain names, exact or with `*` (any run of characters), e.g. `*` for
+/// every domain or `default/eg/*`.
+#[derive(Debug, Clone, Default)]
+pub struct DomainPatterns(Arc<[(String, Option<Wildcard>)]>);
+
+impl DomainPatterns {
+    pub fn new<S: AsRef<str>>(patterns: &[S]) -> Self {
+        Self(
+            patterns
+                .iter()
+                .map(|p| p.as_ref().trim())
+                .filter(|p| !p.is_empty())
+                .map(|p| (p.to_string(), Wildcard::parse(p)))
+                .collect(),
+        )
+    }
+
+    pub fn matches(&self, domain: &str) -> bool {
+        self.0.iter().any(|(exact, pattern)| match pattern {
+            Some(w) => w.matches(domain),
+            None => exact == domain,
+        })
+    }
 }
 
 /// The rule files a config path stands for, sorted by name.
@@ -128,14 +157,23 @@ pub fn load_sources(
     for (name, files) in by_domain {
         let name: Arc<str> = Arc::from(name.as_str());
         let mut root = Level::default();
+        let usage = opts.usage_domains.matches(&name);
         for &i in &files {
             let file = &parsed[i];
             if let Some(Some(docs)) = &file.doc.descriptors {
-                compile_top_level(&mut root, &name, &file.path, docs, &mut errors);
+                compile_top_level(&mut root, &name, usage, &file.path, docs, &mut errors);
             }
         }
         let files = files.iter().map(|&i| parsed[i].path.clone()).collect();
-        domains.insert(name.to_string(), Domain { name, root, files });
+        domains.insert(
+            name.to_string(),
+            Domain {
+                name,
+                root,
+                files,
+                usage,
+            },
+        );
     }
 
     if errors.is_empty() {

@@ -43,6 +43,12 @@ pub struct Rule {
     /// into debt, down to minus their burst, which the refill repays.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub overdraft: bool,
+    /// In one of `--usage-domains` (and able to take `overdraft`): a
+    /// descriptor that brings its own `hits_addend` of 1 or more (Envoy's
+    /// `RateLimit.hits_addend`, Envoy Gateway's `cost`) is charged as on
+    /// an `overdraft` rule; one without spends as usual.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub usage_charges: bool,
     /// `max_values:` at most this many distinct descriptors get buckets of
     /// their own; the others share the rule's overflow bucket.
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -22,7 +22,7 @@ use std::sync::Arc;
 use serde::Serialize;
 
 pub use error::{ConfigError, ConfigErrors};
-pub use loader::{load_path, load_sources, rule_files, LoadOptions};
+pub use loader::{load_path, load_sources, rule_files, DomainPatterns, LoadOptions};
 pub use matcher::{BucketValue, DescriptorEntry, LeaseConfig, Limit, Match, Rule, RuleAction};
 pub use unit::{FailureMode, Unit};
 
@@ -32,6 +32,8 @@ pub struct Domain {
     pub name: Arc<str>,
     pub(crate) root: matcher::Level,
     pub files: Vec<PathBuf>,
+    /// One of `--usage-domains`: descriptors' own costs are charges.
+    pub usage: bool,
 }
 
 /// A parsed rules file, kept for `/config`.
@@ -72,6 +74,11 @@ impl RuleSet {
 
     pub fn has_domain(&self, domain: &str) -> bool {
         self.domains.contains_key(domain)
+    }
+
+    /// Whether `domain` is one of `--usage-domains`.
+    pub fn is_usage_domain(&self, domain: &str) -> bool {
+        self.domains.get(domain).is_some_and(|d| d.usage)
     }
 
     pub fn domains(&self) -> impl Iterator<Item = &Domain> {

@@ -38,7 +38,7 @@ pub enum ReloadOutcome {
 
 pub struct Reloader {
     path: PathBuf,
-    merge_domains: bool,
+    opts: LoadOptions,
     rules: SharedRules,
     /// Fingerprint of the files behind the live rules.
     applied: Mutex<Option<u64>>,
@@ -51,7 +51,7 @@ impl Reloader {
     /// `rules` holds what was loaded at start-up from `path`.
     pub fn new(
         path: PathBuf,
-        merge_domains: bool,
+        opts: LoadOptions,
         rules: SharedRules,
         metrics: Arc<Metrics>,
     ) -> Arc<Self> {
@@ -59,7 +59,7 @@ impl Reloader {
         metrics.set_generation(rules.load().generation());
         Arc::new(Self {
             path,
-            merge_domains,
+            opts,
             rules,
             applied: Mutex::new(applied),
             rejected: Mutex::new(None),
@@ -116,12 +116,7 @@ impl Reloader {
                 "no rule files left; keeping the current rules (an empty rules path is only accepted at start-up)",
             )]));
         }
-        load_path(
-            &self.path,
-            LoadOptions {
-                merge_domains: self.merge_domains,
-            },
-        )
+        load_path(&self.path, self.opts.clone())
     }
 
     /// Watches the config path and reloads on changes and on SIGHUP, until

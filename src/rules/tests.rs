@@ -246,6 +246,7 @@ fn a_domain_in_two_files_needs_merge_domains() {
         sources(),
         LoadOptions {
             merge_domains: true,
+            ..LoadOptions::default()
         },
     )
     .expect("merged");
@@ -258,6 +259,7 @@ fn a_domain_in_two_files_needs_merge_domains() {
         ],
         LoadOptions {
             merge_domains: true,
+            ..LoadOptions::default()
         },
     )
     .expect_err("same key twice across merged files")
@@ -473,4 +475,39 @@ fn every_rule_of_the_shipped_and_peer_configs_is_reached_by_its_bucket_id() {
         }
     }
     assert!(checked > 20, "{checked} rules walked");
+}
+
+/// `--usage-domains` marks the rules of matching domains that can hold a
+/// debt (limits that refill, no lease); other domains are untouched.
+#[test]
+fn usage_domains_mark_the_rules_that_can_hold_a_debt() {
+    let yaml = |domain: &str| {
+        format!(
+            "domain: {domain}\ndescriptors:\n  - key: tokens\n    rate_limit: {{unit: minute, requests_per_unit: 1000}}\n  - key: leased\n    lease: {{size: 10, ttl: 1s}}\n    rate_limit: {{unit: second, requests_per_unit: 100}}\n  - key: blocked\n    rate_limit: {{unit: second, requests_per_unit: 0}}\n  - key: free\n    rate_limit: {{unlimited: true}}\n  - key: two\n    limits:\n      - {{unit: second, requests_per_unit: 5}}\n      - {{unit: hour, requests_per_unit: 100, name: hourly}}\n"
+        )
+    };
+    let set = load_sources(
+        vec![
+            (PathBuf::from("a.yaml"), yaml("gw/llm")),
+            (PathBuf::from("b.yaml"), yaml("edge")),
+        ],
+        LoadOptions {
+            usage_domains: DomainPatterns::new(&["gw/*", ""]),
+            ..LoadOptions::default()
+        },
+    )
+    .expect("valid");
+    let charges = |domain: &str, key: &str| {
+        set.lookup(domain, &[(key, "v")][..])
+            .expect("a rule")
+            .rule
+            .usage_charges
+    };
+    assert!(set.is_usage_domain("gw/llm") && !set.is_usage_domain("edge"));
+    assert!(charges("gw/llm", "tokens") && charges("gw/llm", "two"));
+    assert!(!charges("gw/llm", "leased") && !charges("gw/llm", "blocked"));
+    assert!(!charges("edge", "tokens"));
+    assert!(!DomainPatterns::new::<&str>(&[]).matches("gw/llm"));
+    assert!(DomainPatterns::new(&["*"]).matches("anything"));
+    assert!(!DomainPatterns::new(&["llm"]).matches("llm2"));
 }

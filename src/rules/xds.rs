@@ -200,7 +200,7 @@ pub async fn run(
     let mut backoff = settings.backoff;
     loop {
         let before = version.clone();
-        match stream_once(&settings, &node, opts, &rules, &metrics, &mut version).await {
+        match stream_once(&settings, &node, &opts, &rules, &metrics, &mut version).await {
             Ok(()) => {
                 tracing::info!(server = %settings.server, "xDS stream ended; opening it again")
             }
@@ -219,7 +219,7 @@ pub async fn run(
 async fn stream_once(
     settings: &XdsSettings,
     node: &Node,
-    opts: LoadOptions,
+    opts: &LoadOptions,
     rules: &SharedRules,
     metrics: &Metrics,
     version: &mut String,
@@ -253,7 +253,7 @@ async fn stream_once(
 /// Validates a snapshot and swaps it in, as a reload; the errors otherwise.
 fn apply(
     response: &DiscoveryResponse,
-    opts: LoadOptions,
+    opts: &LoadOptions,
     rules: &SharedRules,
     metrics: &Metrics,
 ) -> Result<(), String> {
@@ -267,7 +267,7 @@ fn apply(
                 .map_err(|e| format!("a resource that is not a RateLimitConfig: {e}"))
         })
         .collect();
-    match configs.and_then(|c| rule_set(&c, opts).map_err(|e| e.to_string())) {
+    match configs.and_then(|c| rule_set(&c, opts.clone()).map_err(|e| e.to_string())) {
         Ok(set) => {
             let generation = current + 1;
             let domains = set.domains().count();

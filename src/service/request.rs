@@ -99,6 +99,7 @@ pub fn descriptor_inputs(
                 entries: &d.entries,
                 cost,
                 limit_override,
+                own_hits_addend: d.hits_addend.is_some(),
             })
         })
         .collect()

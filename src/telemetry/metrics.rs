@@ -382,18 +382,39 @@ impl Metrics {
         }
     }
 
-    /// Also counts envoyproxy/ratelimit's statistics under its names
-    /// (`--ratelimit-metrics`); a decision within the limit is near it past
-    /// `near_ratio` of the burst.
-    pub fn enable_ratelimit_stats(&self, near_ratio: f64) {
-        if self.ratelimit.get().is_some() {
+    /// Also counts envoyproxy/ratelimit's statistics: under its Prometheus
+    /// names (`prometheus`, `--ratelimit-metrics`) and for statsd (`statsd`,
+    /// `--statsd-addr`); a decision within the limit is near it past
+    /// `near_ratio` of the burst. Once: later calls change nothing.
+    pub fn enable_ratelimit_stats(
+        &self,
+        prometheus: bool,
+        statsd: Option<std::sync::Arc<super::statsd::StatsdCounters>>,
+        near_ratio: f64,
+    ) {
+        if self.ratelimit.get().is_some() || (!prometheus && statsd.is_none()) {
             return;
         }
-        if let Ok(stats) =
-            super::ratelimit_stats::RatelimitStats::register(&self.registry, near_ratio)
-        {
+        if let Ok(stats) = super::ratelimit_stats::RatelimitStats::new(
+            &self.registry,
+            prometheus,
+            statsd,
+            near_ratio,
+        ) {
             let _ = self.ratelimit.set(stats);
         }
+    }
+
+    /// `rls_statsd_send_errors_total`, registered on first use.
+    pub fn statsd_send_errors(&self) -> IntCounter {
+        let counter = IntCounter::new(
+            "rls_statsd_send_errors_total",
+            "statsd packets that could not be sent (dropped)",
+        )
+        .expect("valid metric");
+        // registered once; a second call gets a counter of its own
+        let _ = self.registry.register(Box::new(counter.clone()));
+        counter
     }
 
     /// envoyproxy/ratelimit's statistics, when turned on.

@@ -2,6 +2,7 @@
 
 pub mod metrics;
 pub mod ratelimit_stats;
+pub mod statsd;
 
 pub use metrics::Metrics;
 pub mod tracing;

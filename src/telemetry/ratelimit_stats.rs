@@ -8,52 +8,81 @@
 //! is empty for a path of one. On with `--ratelimit-metrics` (or
 //! envoyproxy/ratelimit's `USE_PROMETHEUS=true`), beside our `rls_*`.
 
+use std::sync::Arc;
+
 use prometheus::{IntCounterVec, Opts, Registry};
 
+use super::statsd::{StatsdCounters, STAT_NAMES};
 use crate::bucket::Cost;
 use crate::limiter::{Decision, Verdict};
 
-/// The five counters, each by (domain, key1, key2).
+/// The five stats, counted under envoyproxy/ratelimit's Prometheus names,
+/// over statsd, or both.
 pub struct RatelimitStats {
-    total_hits: IntCounterVec,
-    within_limit: IntCounterVec,
-    near_limit: IntCounterVec,
-    over_limit: IntCounterVec,
-    shadow_mode: IntCounterVec,
+    /// In [`STAT_NAMES`] order, each by (domain, key1, key2).
+    prometheus: Option<[IntCounterVec; STAT_NAMES.len()]>,
+    statsd: Option<Arc<StatsdCounters>>,
     /// A decision within the limit counts as near it once more than this
     /// fraction of the burst is spent (`NEAR_LIMIT_RATIO`, 0.8 there).
     near_ratio: f64,
 }
 
+/// Which of [`STAT_NAMES`] a verdict counts in (`None`: none).
+fn stats_of(verdict: Verdict, near: bool) -> Option<[bool; STAT_NAMES.len()]> {
+    // total_hits, within_limit, near_limit, over_limit, shadow_mode
+    match verdict {
+        Verdict::Ok => Some([true, true, near, false, false]),
+        Verdict::OverLimit | Verdict::QuotaExceeded => Some([true, false, false, true, false]),
+        Verdict::Shadow => Some([true, false, false, true, true]),
+        Verdict::Unlimited | Verdict::NoRule | Verdict::FailedOpen => None,
+    }
+}
+
 impl RatelimitStats {
-    /// The counters, registered in `registry`.
-    pub fn register(registry: &Registry, near_ratio: f64) -> prometheus::Result<Self> {
+    /// The stats, as Prometheus counters registered in `registry` (when
+    /// `prometheus`) and for `statsd` (when given).
+    pub fn new(
+        registry: &Registry,
+        prometheus: bool,
+        statsd: Option<Arc<StatsdCounters>>,
+        near_ratio: f64,
+    ) -> prometheus::Result<Self> {
         let counter = |name: &str, help: &str| -> prometheus::Result<IntCounterVec> {
-            let c = IntCounterVec::new(Opts::new(name, help), &["domain", "key1", "key2"])?;
+            let c = IntCounterVec::new(
+                Opts::new(format!("ratelimit_service_rate_limit_{name}"), help),
+                &["domain", "key1", "key2"],
+            )?;
             registry.register(Box::new(c.clone()))?;
             Ok(c)
         };
+        let prometheus = match prometheus {
+            false => None,
+            true => Some([
+                counter(
+                    STAT_NAMES[0],
+                    "Hits decided by a rule (envoyproxy/ratelimit's name)",
+                )?,
+                counter(
+                    STAT_NAMES[1],
+                    "Hits within the limit (envoyproxy/ratelimit's name)",
+                )?,
+                counter(
+                    STAT_NAMES[2],
+                    "Hits within the limit past the near-limit ratio of the burst (envoyproxy/ratelimit's name)",
+                )?,
+                counter(
+                    STAT_NAMES[3],
+                    "Hits over the limit, shadow and quota mode included (envoyproxy/ratelimit's name)",
+                )?,
+                counter(
+                    STAT_NAMES[4],
+                    "Hits over the limit of a shadow_mode rule (envoyproxy/ratelimit's name)",
+                )?,
+            ]),
+        };
         Ok(Self {
-            total_hits: counter(
-                "ratelimit_service_rate_limit_total_hits",
-                "Hits decided by a rule (envoyproxy/ratelimit's name)",
-            )?,
-            within_limit: counter(
-                "ratelimit_service_rate_limit_within_limit",
-                "Hits within the limit (envoyproxy/ratelimit's name)",
-            )?,
-            near_limit: counter(
-                "ratelimit_service_rate_limit_near_limit",
-                "Hits within the limit past the near-limit ratio of the burst (envoyproxy/ratelimit's name)",
-            )?,
-            over_limit: counter(
-                "ratelimit_service_rate_limit_over_limit",
-                "Hits over the limit, shadow and quota mode included (envoyproxy/ratelimit's name)",
-            )?,
-            shadow_mode: counter(
-                "ratelimit_service_rate_limit_shadow_mode",
-                "Hits over the limit of a shadow_mode rule (envoyproxy/ratelimit's name)",
-            )?,
+            prometheus,
+            statsd,
             near_ratio,
         })
     }
@@ -68,30 +97,24 @@ impl RatelimitStats {
                 Cost::Spend(n) | Cost::Charge(n) => n,
                 Cost::Check | Cost::Refund(_) | Cost::Lease { .. } => 0,
             };
-            let mut path = rule.path.splitn(3, '.');
-            let key1 = path.next().unwrap_or_default();
-            let key2 = path.next().unwrap_or_default();
-            let labels = [domain, key1, key2];
-            let add = |c: &IntCounterVec| c.with_label_values(&labels).inc_by(hits);
-            match d.verdict {
-                Verdict::Ok => {
-                    add(&self.total_hits);
-                    add(&self.within_limit);
-                    let spent = limit.burst.saturating_sub(d.remaining) as f64;
-                    if spent > limit.burst as f64 * self.near_ratio {
-                        add(&self.near_limit);
+            let spent = limit.burst.saturating_sub(d.remaining) as f64;
+            let near = spent > limit.burst as f64 * self.near_ratio;
+            let Some(which) = stats_of(d.verdict, near) else {
+                continue;
+            };
+            if let Some(counters) = &self.prometheus {
+                let mut path = rule.path.splitn(3, '.');
+                let key1 = path.next().unwrap_or_default();
+                let key2 = path.next().unwrap_or_default();
+                let labels = [domain, key1, key2];
+                for (c, on) in counters.iter().zip(which) {
+                    if on {
+                        c.with_label_values(&labels).inc_by(hits);
                     }
                 }
-                Verdict::OverLimit | Verdict::QuotaExceeded => {
-                    add(&self.total_hits);
-                    add(&self.over_limit);
-                }
-                Verdict::Shadow => {
-                    add(&self.total_hits);
-                    add(&self.over_limit);
-                    add(&self.shadow_mode);
-                }
-                Verdict::Unlimited | Verdict::NoRule | Verdict::FailedOpen => {}
+            }
+            if let Some(statsd) = &self.statsd {
+                statsd.add(domain, &rule.path, which, hits);
             }
         }
     }

@@ -143,10 +143,9 @@ fn what_has_a_meaning_we_lack_is_refused() {
             "REDIS_TYPE=sentinel",
         ),
         (vec![("REDIS_PERSECOND", "true")], "REDIS_PERSECOND=true"),
-        (vec![("USE_STATSD", "true")], "USE_STATSD=true"),
+        (vec![("USE_DOG_STATSD", "true")], "USE_DOG_STATSD=true"),
         (vec![("SHADOW_MODE", "true")], "SHADOW_MODE=true"),
         (vec![("BACKEND_TYPE", "memcache")], "BACKEND_TYPE=memcache"),
-        (vec![("CACHE_KEY_PREFIX", "x_")], "CACHE_KEY_PREFIX=x_"),
         (
             vec![("LIMIT_LIMIT_HEADER", "X-Limit")],
             "LIMIT_LIMIT_HEADER=X-Limit",
@@ -294,4 +293,34 @@ fn envoy_gateways_environment() {
         "{:?}",
         t.unused
     );
+}
+
+#[test]
+fn statsd_where_it_sends_them() {
+    let t = translate(&env(&[
+        ("USE_STATSD", "true"),
+        ("STATSD_HOST", "statsd.monitoring"),
+        ("STATSD_PORT", "9125"),
+        ("STATS_FLUSH_INTERVAL", "5s"),
+        ("EXTRA_TAGS", "team:edge"),
+    ]))
+    .expect("statsd on");
+    assert_eq!(
+        setting(&t, "RLS_STATSD_ADDR").as_deref(),
+        Some("statsd.monitoring:9125")
+    );
+    assert_eq!(
+        setting(&t, "RLS_STATSD_FLUSH_INTERVAL").as_deref(),
+        Some("5s")
+    );
+    assert_eq!(t.unused.len(), 1, "{:?}", t.unused);
+    assert!(t.unused[0].starts_with("EXTRA_TAGS"), "{:?}", t.unused);
+    let t = translate(&env(&[("USE_STATSD", "true")])).expect("defaults");
+    assert_eq!(
+        setting(&t, "RLS_STATSD_ADDR").as_deref(),
+        Some("localhost:8125")
+    );
+    let t = translate(&env(&[("USE_STATSD", "false"), ("STATSD_HOST", "x")])).expect("off");
+    assert_eq!(setting(&t, "RLS_STATSD_ADDR"), None);
+    assert!(t.unused.iter().any(|u| u.starts_with("STATSD_HOST")));
 }

@@ -89,6 +89,10 @@ pub struct RedisSettings {
     pub client_cert: Option<(PathBuf, PathBuf)>,
     /// How buckets are written.
     pub layout: BucketLayout,
+    /// Put in front of every key (`--redis-key-prefix`, envoyproxy/ratelimit's
+    /// `CACHE_KEY_PREFIX`), to share a Redis with others; without braces,
+    /// which would move the keys' slots.
+    pub key_prefix: String,
 }
 
 /// A rustls client configuration for `rediss://` from the settings' files.
@@ -147,6 +151,8 @@ pub struct RedisStore {
     routing: Arc<RwLock<Arc<Routing>>>,
     script: LuaScript,
     layout: BucketLayout,
+    /// [`RedisSettings::key_prefix`].
+    key_prefix: Bytes,
     options: Options,
     status: Arc<RwLock<RedisStatus>>,
     /// Where calls sent again after `TRYAGAIN` are counted.
@@ -158,6 +164,12 @@ impl RedisStore {
     /// start-up is the failure policy's business, not a reason not to start),
     /// and checks the servers' eviction policy.
     pub async fn connect(settings: &RedisSettings) -> Result<Self, String> {
+        if settings.key_prefix.contains(['{', '}']) {
+            return Err(format!(
+                "the Redis key prefix {:?} holds a brace: Redis Cluster would hash the keys by it, moving them off their slots; use one without braces",
+                settings.key_prefix
+            ));
+        }
         let mut config = url::parse(&settings.url)?;
         if let Some(tls) = tls_client_config(settings)? {
             if config.tls.is_none() {
@@ -213,6 +225,7 @@ impl RedisStore {
             routing,
             script: LuaScript::new(SCRIPT),
             layout: settings.layout,
+            key_prefix: Bytes::from(settings.key_prefix.clone().into_bytes()),
             options: Options {
                 timeout: Some(settings.timeout),
                 // `fail_fast` answers every command that was written when its
@@ -521,10 +534,25 @@ impl RedisStore {
         key: Bytes,
         args: &[Value],
     ) -> Result<Vec<i64>, StoreError> {
+        let key = self.prefixed(key);
         let slot = fred::util::redis_keyslot(&key);
         self.run(script, slot, &[Key::from(key)], args, &self.options)
             .await
             .map_err(store_error)
+    }
+}
+
+impl RedisStore {
+    /// `key` behind the `--redis-key-prefix` (the slot stays the same: the
+    /// hash tag is in `key`, and a prefix has no braces).
+    fn prefixed(&self, key: Bytes) -> Bytes {
+        if self.key_prefix.is_empty() {
+            return key;
+        }
+        let mut out = Vec::with_capacity(self.key_prefix.len() + key.len());
+        out.extend_from_slice(&self.key_prefix);
+        out.extend_from_slice(&key);
+        Bytes::from(out)
     }
 }
 
@@ -728,7 +756,7 @@ impl Store for RedisStore {
         let keys: Vec<Key> = descriptor
             .buckets
             .iter()
-            .map(|b| Key::from(redis_key(hash, &b.key)))
+            .map(|b| Key::from(self.prefixed(redis_key(hash, &b.key))))
             .collect();
         let mut args: Vec<Value> = Vec::with_capacity(4 + 3 * descriptor.buckets.len());
         // needed() is at most MAX_COST (2^53), so the cast keeps it positive.

@@ -1,0 +1,176 @@
+//! envoyproxy/ratelimit's per-rule statistics sent over statsd
+//! (`--statsd-addr`, or its `USE_STATSD=true` with `STATSD_HOST` and
+//! `STATSD_PORT`): the counters of [`super::ratelimit_stats`] under its
+//! statsd names, `ratelimit.service.rate_limit.<domain>.<path>.<stat>`,
+//! where `<path>` is the rule's descriptor path (`key_value.key2`, as there
+//! without `detailed_metric`'s request values). Hits are summed in memory
+//! and sent as statsd counters (`name:n|c`) once per flush interval, in UDP
+//! packets of at most [`MAX_PACKET`] bytes; a send that fails is counted in
+//! `rls_statsd_send_errors_total` and dropped (statsd is lossy by design).
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+
+/// The stats one rule has, in [`STAT_NAMES`] order.
+pub type RuleHits = [u64; STAT_NAMES.len()];
+
+pub const STAT_NAMES: [&str; 5] = [
+    "total_hits",
+    "within_limit",
+    "near_limit",
+    "over_limit",
+    "shadow_mode",
+];
+
+/// Payload bytes per UDP packet: fits an Ethernet MTU with IP and UDP headers.
+pub const MAX_PACKET: usize = 1432;
+
+/// Hits not yet sent, by domain then rule path.
+#[derive(Default)]
+pub struct StatsdCounters {
+    pending: Mutex<HashMap<String, HashMap<String, RuleHits>>>,
+}
+
+impl StatsdCounters {
+    /// Adds `hits` to the stats of (`domain`, `path`) that `which` marks.
+    pub fn add(&self, domain: &str, path: &str, which: [bool; STAT_NAMES.len()], hits: u64) {
+        let mut pending = self.pending.lock();
+        // no allocation once the rule has been seen
+        let rules = match pending.get_mut(domain) {
+            Some(rules) => rules,
+            None => pending.entry(domain.to_string()).or_default(),
+        };
+        let counts = match rules.get_mut(path) {
+            Some(counts) => counts,
+            None => rules.entry(path.to_string()).or_default(),
+        };
+        for (count, on) in counts.iter_mut().zip(which) {
+            if on {
+                *count += hits;
+            }
+        }
+    }
+
+    /// Everything pending as statsd lines, the counts set back to nothing.
+    pub fn drain_lines(&self) -> Vec<String> {
+        let pending = std::mem::take(&mut *self.pending.lock());
+        let mut lines = Vec::new();
+        for (domain, rules) in pending {
+            for (path, counts) in rules {
+                for (stat, n) in STAT_NAMES.iter().zip(counts) {
+                    if n > 0 {
+                        lines.push(format!(
+                            "ratelimit.service.rate_limit.{}.{}.{stat}:{n}|c",
+                            sanitize(&domain),
+                            sanitize(&path)
+                        ));
+                    }
+                }
+            }
+        }
+        lines.sort();
+        lines
+    }
+}
+
+/// What statsd's line format cannot carry (`:` `|` `@` and line breaks)
+/// becomes `_`, as envoyproxy/ratelimit does with `:` and `|`.
+fn sanitize(name: &str) -> std::borrow::Cow<'_, str> {
+    if name.contains([':', '|', '@', '\n', '\r']) {
+        name.replace([':', '|', '@', '\n', '\r'], "_").into()
+    } else {
+        name.into()
+    }
+}
+
+/// `lines` joined by newlines into packets of at most `max` bytes (a line
+/// longer than that goes alone).
+pub fn packets(lines: &[String], max: usize) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    let mut current = String::new();
+    for line in lines {
+        if !current.is_empty() && current.len() + 1 + line.len() > max {
+            out.push(std::mem::take(&mut current));
+        }
+        if !current.is_empty() {
+            current.push('\n');
+        }
+        current.push_str(line);
+    }
+    if !current.is_empty() {
+        out.push(current);
+    }
+    out
+}
+
+/// Sends what `counters` gathered to `target` every `interval`, until the
+/// process ends.
+pub async fn flush_every(
+    counters: std::sync::Arc<StatsdCounters>,
+    target: SocketAddr,
+    interval: Duration,
+    send_errors: prometheus::IntCounter,
+) -> anyhow::Result<()> {
+    let bind: SocketAddr = if target.is_ipv4() {
+        ([0, 0, 0, 0], 0).into()
+    } else {
+        (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
+    };
+    let socket = tokio::net::UdpSocket::bind(bind).await?;
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
+    loop {
+        tick.tick().await;
+        for packet in packets(&counters.drain_lines(), MAX_PACKET) {
+            if let Err(e) = socket.send_to(packet.as_bytes(), target).await {
+                send_errors.inc();
+                tracing::debug!(%target, error = %e, "statsd packet not sent");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hits_are_summed_per_rule_and_drained_once() {
+        let c = StatsdCounters::default();
+        let ok = [true, true, false, false, false];
+        let over = [true, false, false, true, false];
+        c.add("edge", "path_/login", ok, 1);
+        c.add("edge", "path_/login", ok, 2);
+        c.add("edge", "path_/login", over, 5);
+        c.add("a:b", "k|v", ok, 1);
+        assert_eq!(
+            c.drain_lines(),
+            [
+                "ratelimit.service.rate_limit.a_b.k_v.total_hits:1|c",
+                "ratelimit.service.rate_limit.a_b.k_v.within_limit:1|c",
+                "ratelimit.service.rate_limit.edge.path_/login.over_limit:5|c",
+                "ratelimit.service.rate_limit.edge.path_/login.total_hits:8|c",
+                "ratelimit.service.rate_limit.edge.path_/login.within_limit:3|c",
+            ]
+        );
+        assert!(c.drain_lines().is_empty(), "sent once");
+    }
+
+    #[test]
+    fn packets_stay_under_the_limit() {
+        let lines: Vec<String> = (0..100).map(|i| format!("stat.{i}:1|c")).collect();
+        let out = packets(&lines, 100);
+        assert!(out.iter().all(|p| p.len() <= 100), "{out:?}");
+        let back: Vec<&str> = out.iter().flat_map(|p| p.split('\n')).collect();
+        assert_eq!(back, lines.iter().map(String::as_str).collect::<Vec<_>>());
+        assert_eq!(
+            packets(&["x".repeat(200)], 100).len(),
+            1,
+            "a long line alone"
+        );
+    }
+}
