@@ -74,6 +74,7 @@ async fn config(State(state): State<AdminState>) -> impl IntoResponse {
             json!({
                 "domain": &*d.name,
                 "files": d.files,
+                "usage_domain": d.usage,
                 "rules": rules.rules(&d.name),
                 "rlqs": crate::quota::describe_domain(&rules, &d.name),
             })

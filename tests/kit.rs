@@ -153,6 +153,38 @@ fn istio_manifests_parse_and_point_at_each_other() {
     assert!(patches.contains("envoy.filters.http.ratelimit"));
 }
 
+/// The AI Gateway token budget: the metadata key AI Gateway writes is the
+/// one the policy charges from, checked at request time with a cost of 0.
+#[test]
+fn the_llm_token_budget_example_is_consistent() {
+    let text = std::fs::read_to_string(
+        Path::new(ROOT).join("examples/envoy-gateway/llm-token-budget.yaml"),
+    )
+    .expect("example");
+    let docs: Vec<serde_yaml::Value> = serde_yaml::Deserializer::from_str(&text)
+        .map(|d| serde::Deserialize::deserialize(d).expect("a YAML document"))
+        .collect();
+    let of = |kind: &str| {
+        docs.iter()
+            .find(|d| d["kind"].as_str() == Some(kind))
+            .unwrap_or_else(|| panic!("a {kind}"))
+    };
+    let route = of("AIGatewayRoute");
+    let key = route["spec"]["llmRequestCosts"][0]["metadataKey"]
+        .as_str()
+        .expect("metadataKey");
+    let policy = of("BackendTrafficPolicy");
+    assert_eq!(
+        policy["spec"]["targetRefs"][0]["name"], route["metadata"]["name"],
+        "the policy targets the route's HTTPRoute"
+    );
+    let cost = &policy["spec"]["rateLimit"]["global"]["rules"][0]["cost"];
+    assert_eq!(cost["request"]["number"].as_u64(), Some(0), "a check");
+    let from = &cost["response"]["metadata"];
+    assert_eq!(from["namespace"].as_str(), Some("io.envoy.ai_gateway"));
+    assert_eq!(from["key"].as_str(), Some(key));
+}
+
 #[test]
 fn the_demo_runs_end_to_end() {
     let redis_base = free_cluster_port();

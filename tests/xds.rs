@@ -282,10 +282,15 @@ async fn the_binary_with_envoy_gateways_environment() {
         ("PORT", http.to_string()),
         ("GRPC_HOST", "127.0.0.1".into()),
         ("GRPC_PORT", grpc.to_string()),
-        // added in rateLimitDeployment.container.env, as Envoy Gateway's
-        // global rate limit guide shows
-        ("CACHE_KEY_PREFIX", "eg:rl:".into()),
     ];
+    // what examples/envoy-gateway adds in rateLimitDeployment.container.env
+    let added = envoy_gateway_example_env();
+    assert!(
+        added
+            .iter()
+            .any(|(k, v)| k == "CACHE_KEY_PREFIX" && v == "eg:rl:"),
+        "{added:?}"
+    );
     let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_tokenbucket-rls"));
     for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("RLS_")) {
         command.env_remove(k);
@@ -293,6 +298,7 @@ async fn the_binary_with_envoy_gateways_environment() {
     let child = command
         .env_remove("RUST_LOG")
         .envs(env)
+        .envs(added)
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()
@@ -375,4 +381,35 @@ async fn the_binary_with_envoy_gateways_environment() {
         "{text}"
     );
     ads.stop().await;
+}
+
+/// `examples/envoy-gateway/envoy-gateway-config.yaml`: the ratelimit
+/// container's image (ours) and the environment it adds.
+fn envoy_gateway_example_env() -> Vec<(String, String)> {
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/examples/envoy-gateway/envoy-gateway-config.yaml"
+    ))
+    .expect("example");
+    let configmap: serde_yaml::Value = serde_yaml::from_str(&text).expect("YAML");
+    let inner = configmap["data"]["envoy-gateway.yaml"]
+        .as_str()
+        .expect("the EnvoyGateway configuration");
+    let eg: serde_yaml::Value = serde_yaml::from_str(inner).expect("YAML");
+    assert_eq!(eg["kind"].as_str(), Some("EnvoyGateway"));
+    let container = &eg["provider"]["kubernetes"]["rateLimitDeployment"]["container"];
+    assert!(container["image"]
+        .as_str()
+        .is_some_and(|i| i.starts_with("tokenbucket-rls")));
+    container["env"]
+        .as_sequence()
+        .expect("env")
+        .iter()
+        .map(|e| {
+            (
+                e["name"].as_str().expect("name").to_string(),
+                e["value"].as_str().expect("value").to_string(),
+            )
+        })
+        .collect()
 }
