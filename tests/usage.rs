@@ -27,6 +27,9 @@ descriptors:
   - key: team
     overdraft: true
     rate_limit: {unit: day, requests_per_unit: 1000, burst: 1000}
+  - key: fast
+    overdraft: true
+    rate_limit: {unit: second, requests_per_unit: 100, burst: 100}
 "#;
 
 /// `hits_addend` on the descriptor: 0 checks, more charges.
@@ -104,6 +107,17 @@ async fn scenario(server: &RunningServer) {
     let r = call(&mut c, "team", "t1", 0).await;
     let wait: u64 = retry_after(&r).expect("retry-after").parse().expect("secs");
     assert_eq!(wait, (1001.0_f64 / (1000.0 / 86_400.0)).ceil() as u64);
+
+    // once repaid it passes again: 150 charged on 100 a second leaves a
+    // debt of 50; after the Retry-After it says, a check passes
+    call(&mut c, "fast", "f1", 150).await;
+    let r = call(&mut c, "fast", "f1", 0).await;
+    assert_eq!(r.overall_code, over);
+    let wait: u64 = retry_after(&r).expect("retry-after").parse().expect("secs");
+    assert_eq!(wait, 1, "51 tokens at 100 a second, rounded up");
+    tokio::time::sleep(Duration::from_millis(wait * 1000 + 20)).await;
+    let r = call(&mut c, "fast", "f1", 0).await;
+    assert_eq!(r.overall_code, ok, "repaid: {r:?}");
 }
 
 #[tokio::test]
