@@ -15,6 +15,7 @@ pub mod clock;
 pub mod health;
 pub mod labels;
 pub mod limiter;
+pub mod pb_struct;
 pub mod periodic;
 pub mod quota;
 pub mod rules;

@@ -221,6 +221,9 @@ pub async fn start(args: &ServeArgs) -> Result<RunningServer> {
             rate_limit_headers: args
                 .response_headers
                 .then_some(args.response_headers_format),
+            shadow_mode: args.shadow_mode,
+            dynamic_metadata: args.response_dynamic_metadata,
+            quota_mode: args.quota_mode,
         },
     );
 

@@ -522,3 +522,116 @@ async fn negative_hits_refund_tokens_up_to_the_burst() {
     let r = h.ok(request("api", vec![refund])).await;
     assert_eq!(r.statuses[0].limit_remaining, 5, "never above the burst");
 }
+
+/// envoyproxy/ratelimit's service-wide modes: `SHADOW_MODE` (over the
+/// limit answered OK, statuses still over, counted), `QUOTA_MODE` (every
+/// limit soft, reported), and `RESPONSE_DYNAMIC_METADATA` (the request and
+/// the passing rules' `metadata` in the dynamic metadata).
+#[tokio::test]
+async fn shadow_quota_and_dynamic_metadata_modes() {
+    use envoy_types::pb::google::protobuf::value::Kind;
+    let rules = rules_dir(
+        r#"
+domain: api
+descriptors:
+  - key: svc
+    value: one
+    rate_limit: {unit: hour, requests_per_unit: 1}
+    metadata: {service_with_quota: {name: service_1}, weight: 3}
+  - key: svc
+    value: two
+    rate_limit: {unit: hour, requests_per_unit: 5}
+    metadata: {service_with_quota: {name: service_2, zone: b}}
+"#,
+    );
+    let start = |shadow: bool, quota: bool| {
+        let mut args = serve_args(rules.path().to_path_buf());
+        args.shadow_mode = shadow;
+        args.quota_mode = quota;
+        args.response_dynamic_metadata = true;
+        async move {
+            let server = server::start(&args).await.expect("server starts");
+            let client = RateLimitServiceClient::connect(format!("http://{}", server.grpc_addr))
+                .await
+                .expect("client connects");
+            (server, client)
+        }
+    };
+    let req = || {
+        let mut two = descriptor(&[("svc", "two")]);
+        two.hits_addend = Some(UInt64Value { value: 2 });
+        let mut r = request("api", vec![descriptor(&[("svc", "one")]), two]);
+        r.hits_addend = 1;
+        r
+    };
+
+    // shadow mode: the second request is over "one", answered OK
+    let (server, mut c) = start(true, false).await;
+    let first = c.should_rate_limit(req()).await.expect("ok").into_inner();
+    assert_eq!(first.overall_code, Code::Ok as i32);
+    let meta = first.dynamic_metadata.expect("dynamic metadata");
+    let text = format!("{meta:?}");
+    assert_eq!(
+        meta.fields["domain"].kind,
+        Some(Kind::StringValue("api".into()))
+    );
+    assert!(text.contains("StringValue(\"svc=one\")"), "{text}");
+    assert!(
+        text.contains("NumberValue(2.0)"),
+        "the descriptor's hitsAddend: {text}"
+    );
+    assert_eq!(meta.fields["hitsAddend"].kind, Some(Kind::NumberValue(1.0)));
+    // both passed: their metadata merged, the first's name kept
+    let merged = format!("{:?}", meta.fields["metadata"]);
+    assert!(
+        merged.contains("service_1") && merged.contains("zone") && !merged.contains("service_2"),
+        "{merged}"
+    );
+    let second = c.should_rate_limit(req()).await.expect("ok").into_inner();
+    assert_eq!(
+        second.overall_code,
+        Code::Ok as i32,
+        "shadow mode refuses nothing"
+    );
+    assert_eq!(
+        second.statuses[0].code,
+        Code::OverLimit as i32,
+        "still says so"
+    );
+    assert!(
+        second
+            .response_headers_to_add
+            .iter()
+            .all(|h| h.key != "retry-after"),
+        "nothing to retry"
+    );
+    // only "two" passed now: its metadata alone
+    let merged = format!(
+        "{:?}",
+        second.dynamic_metadata.expect("meta").fields["metadata"]
+    );
+    assert!(
+        merged.contains("service_2") && !merged.contains("service_1"),
+        "{merged}"
+    );
+    let text = reqwest::get(format!("http://{}/metrics", server.admin_addr))
+        .await
+        .expect("scrape")
+        .text()
+        .await
+        .expect("text");
+    assert!(text.contains("rls_global_shadow_mode_total 1"), "{text}");
+    server.shutdown().await.expect("stop");
+
+    // quota mode: every limit soft, the violation reported
+    let (server, mut c) = start(false, true).await;
+    c.should_rate_limit(req()).await.expect("ok");
+    let second = c.should_rate_limit(req()).await.expect("ok").into_inner();
+    assert_eq!(second.overall_code, Code::Ok as i32);
+    let meta = format!(
+        "{:?}",
+        second.dynamic_metadata.expect("meta").fields["quotaModeViolations"]
+    );
+    assert!(meta.contains("NumberValue(0.0)"), "{meta}");
+    server.shutdown().await.expect("stop");
+}

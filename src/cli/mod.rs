@@ -163,6 +163,17 @@ pub struct ServeArgs {
         default_value = "draft"
     )]
     pub response_headers_format: HeaderFormat,
+    /// Answer OK to every request, also over the limit (envoyproxy/ratelimit's
+    /// SHADOW_MODE): decisions, statuses and metrics as usual.
+    #[arg(long, env = "RLS_SHADOW_MODE")]
+    pub shadow_mode: bool,
+    /// Every limit in quota mode (envoyproxy/ratelimit's QUOTA_MODE).
+    #[arg(long, env = "RLS_QUOTA_MODE")]
+    pub quota_mode: bool,
+    /// Put the request and the passing rules' `metadata` in the response's
+    /// dynamic metadata (envoyproxy/ratelimit's RESPONSE_DYNAMIC_METADATA).
+    #[arg(long, env = "RLS_RESPONSE_DYNAMIC_METADATA")]
+    pub response_dynamic_metadata: bool,
     /// One domain may span several files.
     #[arg(long, env = "RLS_MERGE_DOMAINS")]
     pub merge_domains: bool,

@@ -228,18 +228,6 @@ pub fn translate(env: &BTreeMap<String, String>) -> Result<Translated, String> {
             "metrics are Prometheus text on HOST:PORT /metrics",
         ),
         (
-            "SHADOW_MODE",
-            "shadow mode is set per rule (`shadow_mode: true`)",
-        ),
-        (
-            "QUOTA_MODE",
-            "quota mode is set per rule (`quota_mode: true`)",
-        ),
-        (
-            "RESPONSE_DYNAMIC_METADATA",
-            "only quota_mode violations go into dynamic metadata",
-        ),
-        (
             "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
             "a Redis server's certificate is always checked",
         ),
@@ -334,6 +322,15 @@ pub fn translate(env: &BTreeMap<String, String>) -> Result<Translated, String> {
         }
         path.push(get("RUNTIME_APPDIRECTORY").unwrap_or("config"));
         set("RLS_CONFIG", path.display().to_string());
+    }
+    for (theirs, ours) in [
+        ("SHADOW_MODE", "RLS_SHADOW_MODE"),
+        ("QUOTA_MODE", "RLS_QUOTA_MODE"),
+        ("RESPONSE_DYNAMIC_METADATA", "RLS_RESPONSE_DYNAMIC_METADATA"),
+    ] {
+        if on(theirs) {
+            set(ours, "true".into());
+        }
     }
     if on("MERGE_DOMAIN_CONFIG") {
         set("RLS_MERGE_DOMAINS", "true".into());

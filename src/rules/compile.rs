@@ -230,6 +230,17 @@ fn compile_rule(scope: &Scope<'_>, doc: &DescriptorDoc, errors: &mut ConfigError
         && lease.is_none()
         && matches!(&action, Some(RuleAction::Limited(limits))
             if limits.iter().all(|l| l.requests_per_unit > 0));
+    let metadata = match &doc.metadata {
+        None | Some(serde_yaml::Value::Null) => None,
+        Some(m @ serde_yaml::Value::Mapping(_)) => Some(m.clone()),
+        Some(_) => {
+            scope.error(
+                errors,
+                "`metadata` must be a map (e.g. `metadata: {service: a}`), as envoyproxy/ratelimit reads it",
+            );
+            return None;
+        }
+    };
     let mut rule = Rule {
         domain: scope.domain.clone(),
         path: scope.path.clone(),
@@ -245,6 +256,7 @@ fn compile_rule(scope: &Scope<'_>, doc: &DescriptorDoc, errors: &mut ConfigError
         lease,
         overdraft,
         usage_charges,
+        metadata,
         max_values,
         id: Default::default(),
     };

@@ -49,6 +49,10 @@ pub struct Rule {
     /// an `overdraft` rule; one without spends as usual.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub usage_charges: bool,
+    /// `metadata:` (a map), sent back in the response's dynamic metadata
+    /// for a descriptor this rule passes, with `--response-dynamic-metadata`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<serde_yaml::Value>,
     /// `max_values:` at most this many distinct descriptors get buckets of
     /// their own; the others share the rule's overflow bucket.
     #[serde(skip_serializing_if = "Option::is_none")]

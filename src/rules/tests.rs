@@ -188,6 +188,7 @@ fn validation_errors_name_file_place_and_problem() {
         ("domain: d\ndescriptors:\n  - key: k\n    overdraft: true\n    rate_limit: {unit: second, requests_per_unit: 0}\n", "`overdraft` with `requests_per_unit: 0`"),
         ("domain: d\ndescriptors:\n  - key: k\n    overdraft: true\n    rate_limit: {unlimited: true}\n", "`overdraft` on an unlimited rule: there is no bucket to charge"),
         ("domain: d\ndescriptors:\n  - key: k\n    overdraft: true\n", "`overdraft` needs a `rate_limit` or `limits`"),
+        ("domain: d\ndescriptors:\n  - key: k\n    metadata: [a, b]\n    rate_limit: {unit: second, requests_per_unit: 1}\n", "`metadata` must be a map"),
         ("domain: d\ndescriptors:\n  - a\n  - b\n", "invalid rules file"),
         ("'''\n", "invalid rules file"),
         ("0.25: d\ndescriptors: []\n", "invalid rules file"),

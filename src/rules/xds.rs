@@ -100,6 +100,7 @@ fn descriptor_doc(d: &RateLimitDescriptor) -> DescriptorDoc {
         shadow_mode: d.shadow_mode,
         quota_mode: d.quota_mode,
         detailed_metric: d.detailed_metric,
+        metadata: d.metadata.as_ref().map(crate::pb_struct::yaml_from_struct),
         ..Default::default()
     }
 }
@@ -329,6 +330,31 @@ mod tests {
         let found = set.lookup("default/eg/http", &entries).expect("a rule");
         assert_eq!(found.rule.label(), "per-route");
         assert_eq!(set.files()[0].path, PathBuf::from("xds:eg"));
+    }
+
+    /// `quota_mode` and `metadata` (envoyproxy/ratelimit's proto fields 7
+    /// and 8) reach the rule.
+    #[test]
+    fn quota_mode_and_metadata_come_through() {
+        let mut c = config("eg", RateLimitUnit::Minute);
+        let leaf = &mut c.descriptors[0].descriptors[0];
+        leaf.quota_mode = true;
+        leaf.metadata = Some(crate::pb_struct::struct_from_yaml(
+            &serde_yaml::from_str("service_with_quota: {name: service_2}").expect("yaml"),
+        ));
+        let set = rule_set(&[c], LoadOptions::default()).expect("valid");
+        let entries = [
+            ("first-route", "first-route"),
+            ("rule-0-match-0", "rule-0-match-0"),
+        ];
+        let rule = set
+            .lookup("default/eg/http", &entries)
+            .expect("a rule")
+            .rule;
+        assert!(rule.quota_mode);
+        let want: serde_yaml::Value =
+            serde_yaml::from_str("service_with_quota: {name: service_2}").expect("yaml");
+        assert_eq!(rule.metadata.as_ref(), Some(&want));
     }
 
     #[test]

@@ -17,7 +17,7 @@ use tonic::{Request, Response, Status};
 use tracing::Instrument;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
-use crate::limiter::Limiter;
+use crate::limiter::{Limiter, Verdict};
 use crate::rules::RuleSet;
 use crate::telemetry::tracing::{remote_context, SPAN_TARGET};
 use crate::telemetry::Metrics;
@@ -57,18 +57,30 @@ impl RateLimitGrpc {
         tracing::debug!(?request, "ShouldRateLimit");
         let inputs = request::descriptor_inputs(request).map_err(Status::invalid_argument)?;
         let rules = self.rules.load();
-        let decisions = self
+        let mut decisions = self
             .limiter
             .decide_within(&rules, &request.domain, &inputs, deadline.map(store_budget))
             .await
             .map_err(|e| Status::unavailable(e.to_string()))?;
+        if self.options.quota_mode {
+            // `--quota-mode`: every limit is a soft one
+            for d in &mut decisions {
+                if d.verdict == Verdict::OverLimit {
+                    d.verdict = Verdict::QuotaExceeded;
+                }
+            }
+        }
         let entries: Vec<_> = inputs.iter().map(|i| i.entries).collect();
         self.metrics
             .record_decisions(&rules, &request.domain, &entries, &decisions);
         if let Some(stats) = self.metrics.ratelimit_stats() {
             stats.record(&request.domain, &decisions, inputs.iter().map(|i| i.cost));
         }
-        Ok(response::build(&decisions, self.options))
+        let answer = response::build(request, &decisions, self.options);
+        if self.options.shadow_mode && decisions.iter().any(|d| d.verdict.is_over_limit()) {
+            self.metrics.global_shadow_answer();
+        }
+        Ok(answer)
     }
 }
 

@@ -4,26 +4,45 @@ use envoy_types::pb::envoy::config::core::v3::HeaderValue;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
     Code, DescriptorStatus, RateLimit,
 };
-use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::{value::Kind, Duration, ListValue, Struct, Value};
+
+use std::collections::HashMap;
 
 use crate::limiter::{Decision, ShownLimit, Verdict};
 
 use crate::cli::HeaderFormat;
 
-/// What to add beyond the statuses.
+/// What to add beyond the statuses, and service-wide modes.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ResponseOptions {
     /// Rate-limit fields for the descriptor closest to its limit, in this
     /// shape; `None`: none.
     pub rate_limit_headers: Option<HeaderFormat>,
+    /// `--shadow-mode` (envoyproxy/ratelimit's `SHADOW_MODE`): a request
+    /// over the limit is answered OK; the statuses still say which
+    /// descriptors were over.
+    pub shadow_mode: bool,
+    /// `--response-dynamic-metadata` (`RESPONSE_DYNAMIC_METADATA`): the
+    /// request (domain, descriptors, hits) and the `metadata` of the rules
+    /// that passed, in the response's dynamic metadata.
+    pub dynamic_metadata: bool,
+    /// `--quota-mode` (`QUOTA_MODE`): every limit in quota mode (the
+    /// service turns over-limit verdicts into quota ones before building).
+    pub quota_mode: bool,
 }
 
-pub fn build(decisions: &[Decision], opts: ResponseOptions) -> RateLimitResponse {
+/// The answer to `request`, decided as `decisions` say.
+pub fn build(
+    request: &RateLimitRequest,
+    decisions: &[Decision],
+    opts: ResponseOptions,
+) -> RateLimitResponse {
     let statuses: Vec<DescriptorStatus> = decisions.iter().map(status).collect();
     let over = decisions.iter().any(|d| d.verdict.is_over_limit());
     let mut headers = Vec::new();
-    if over {
+    // in shadow mode nothing is refused, so nothing says when to retry
+    if over && !opts.shadow_mode {
         // The request passes only once every rejecting descriptor would admit
         // it; one that never will (no retry time) means no retry-after at all.
         let retry = decisions
@@ -47,13 +66,96 @@ pub fn build(decisions: &[Decision], opts: ResponseOptions) -> RateLimitResponse
             }
         }
     }
+    let mut metadata = quota_metadata(decisions, opts.quota_mode);
+    if opts.dynamic_metadata {
+        let fields = &mut metadata.get_or_insert_with(Struct::default).fields;
+        fields.extend(request_metadata(request, decisions).fields);
+    }
     RateLimitResponse {
-        overall_code: if over { Code::OverLimit } else { Code::Ok } as i32,
+        overall_code: if over && !opts.shadow_mode {
+            Code::OverLimit
+        } else {
+            Code::Ok
+        } as i32,
         statuses,
         response_headers_to_add: headers,
-        dynamic_metadata: quota_metadata(decisions),
+        dynamic_metadata: metadata,
         ..Default::default()
     }
+}
+
+/// envoyproxy/ratelimit's `RESPONSE_DYNAMIC_METADATA`: `domain`,
+/// `descriptors` (each `entries` as `"key=value"`, and its own `limit` and
+/// `hitsAddend` when it has them), the request's `hitsAddend` (when not 0),
+/// and `metadata`: the rules' `metadata` of the descriptors that passed,
+/// merged (the first descriptor's value wins where two differ).
+fn request_metadata(request: &RateLimitRequest, decisions: &[Decision]) -> Struct {
+    let string = |s: String| Value {
+        kind: Some(Kind::StringValue(s)),
+    };
+    let number = |n: f64| Value {
+        kind: Some(Kind::NumberValue(n)),
+    };
+    let list = |values: Vec<Value>| Value {
+        kind: Some(Kind::ListValue(ListValue { values })),
+    };
+    let object = |fields: HashMap<String, Value>| Value {
+        kind: Some(Kind::StructValue(Struct { fields })),
+    };
+    let descriptors = request
+        .descriptors
+        .iter()
+        .map(|d| {
+            let mut fields = HashMap::new();
+            let entries = d
+                .entries
+                .iter()
+                .map(|e| string(format!("{}={}", e.key, e.value)))
+                .collect();
+            fields.insert("entries".to_string(), list(entries));
+            if let Some(l) = &d.limit {
+                let unit = crate::rules::Unit::from_proto(l.unit)
+                    .map_or("UNKNOWN".to_string(), |u| {
+                        format!("{u:?}").to_ascii_uppercase()
+                    });
+                fields.insert(
+                    "limit".to_string(),
+                    string(format!(
+                        "requests_per_unit:{} unit:{unit}",
+                        l.requests_per_unit
+                    )),
+                );
+            }
+            if let Some(h) = &d.hits_addend {
+                fields.insert("hitsAddend".to_string(), number(h.value as f64));
+            }
+            object(fields)
+        })
+        .collect();
+    let mut fields = HashMap::new();
+    fields.insert("domain".to_string(), string(request.domain.clone()));
+    fields.insert("descriptors".to_string(), list(descriptors));
+    if request.hits_addend != 0 {
+        fields.insert(
+            "hitsAddend".to_string(),
+            number(f64::from(request.hits_addend)),
+        );
+    }
+    let mut passed = Struct::default();
+    for d in decisions.iter().filter(|d| !d.verdict.is_over_limit()) {
+        if let Some(m) = d.rule.as_ref().and_then(|r| r.metadata.as_ref()) {
+            crate::pb_struct::merge(&mut passed, &crate::pb_struct::struct_from_yaml(m));
+        }
+    }
+    if !passed.fields.is_empty() {
+        fields.insert(
+            "metadata".to_string(),
+            Value {
+                kind: Some(Kind::StructValue(passed)),
+            },
+        );
+    }
+    Struct { fields }
 }
 
 /// The rate-limit fields for `d`, decided by `limit`.
@@ -149,10 +251,11 @@ fn header(key: &str, value: String) -> HeaderValue {
 
 /// For rules in `quota_mode` (envoyproxy/ratelimit's soft limits): which
 /// descriptors exceeded their quota, in the response's dynamic metadata.
-fn quota_metadata(decisions: &[Decision]) -> Option<Struct> {
-    let enabled = decisions
-        .iter()
-        .any(|d| d.rule.as_ref().is_some_and(|r| r.quota_mode));
+fn quota_metadata(decisions: &[Decision], all_quota: bool) -> Option<Struct> {
+    let enabled = all_quota
+        || decisions
+            .iter()
+            .any(|d| d.rule.as_ref().is_some_and(|r| r.quota_mode));
     if !enabled {
         return None;
     }
@@ -202,11 +305,15 @@ mod tests {
     }
 
     fn retry_after(decisions: &[Decision]) -> Option<String> {
-        build(decisions, ResponseOptions::default())
-            .response_headers_to_add
-            .iter()
-            .find(|h| h.key == "retry-after")
-            .map(|h| h.value.clone())
+        build(
+            &RateLimitRequest::default(),
+            decisions,
+            ResponseOptions::default(),
+        )
+        .response_headers_to_add
+        .iter()
+        .find(|h| h.key == "retry-after")
+        .map(|h| h.value.clone())
     }
 
     #[test]

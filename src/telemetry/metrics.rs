@@ -63,6 +63,7 @@ pub struct Metrics {
     quota: QuotaMetrics,
     /// envoyproxy/ratelimit's statistics, once turned on.
     ratelimit: OnceLock<super::ratelimit_stats::RatelimitStats>,
+    global_shadow: OnceLock<IntCounter>,
 }
 
 /// RLQS: streams, reports and assignments.
@@ -379,6 +380,7 @@ impl Metrics {
             lease,
             quota,
             ratelimit: OnceLock::new(),
+            global_shadow: OnceLock::new(),
         }
     }
 
@@ -403,6 +405,23 @@ impl Metrics {
         ) {
             let _ = self.ratelimit.set(stats);
         }
+    }
+
+    /// A request over the limit answered OK by `--shadow-mode`
+    /// (`rls_global_shadow_mode_total`, envoyproxy/ratelimit's
+    /// `ratelimit.service.global_shadow_mode`).
+    pub fn global_shadow_answer(&self) {
+        self.global_shadow
+            .get_or_init(|| {
+                let c = IntCounter::new(
+                    "rls_global_shadow_mode_total",
+                    "Requests over the limit answered OK by --shadow-mode",
+                )
+                .expect("valid metric");
+                let _ = self.registry.register(Box::new(c.clone()));
+                c
+            })
+            .inc();
     }
 
     /// `rls_statsd_send_errors_total`, registered on first use.

@@ -144,7 +144,6 @@ fn what_has_a_meaning_we_lack_is_refused() {
         ),
         (vec![("REDIS_PERSECOND", "true")], "REDIS_PERSECOND=true"),
         (vec![("USE_DOG_STATSD", "true")], "USE_DOG_STATSD=true"),
-        (vec![("SHADOW_MODE", "true")], "SHADOW_MODE=true"),
         (vec![("BACKEND_TYPE", "memcache")], "BACKEND_TYPE=memcache"),
         (
             vec![("LIMIT_LIMIT_HEADER", "X-Limit")],
@@ -323,4 +322,23 @@ fn statsd_where_it_sends_them() {
     let t = translate(&env(&[("USE_STATSD", "false"), ("STATSD_HOST", "x")])).expect("off");
     assert_eq!(setting(&t, "RLS_STATSD_ADDR"), None);
     assert!(t.unused.iter().any(|u| u.starts_with("STATSD_HOST")));
+}
+
+#[test]
+fn service_wide_modes() {
+    let t = translate(&env(&[
+        ("SHADOW_MODE", "true"),
+        ("QUOTA_MODE", "true"),
+        ("RESPONSE_DYNAMIC_METADATA", "true"),
+    ]))
+    .expect("modes");
+    for name in [
+        "RLS_SHADOW_MODE",
+        "RLS_QUOTA_MODE",
+        "RLS_RESPONSE_DYNAMIC_METADATA",
+    ] {
+        assert_eq!(setting(&t, name).as_deref(), Some("true"), "{name}");
+    }
+    let t = translate(&env(&[("SHADOW_MODE", "false")])).expect("off");
+    assert_eq!(setting(&t, "RLS_SHADOW_MODE"), None);
 }
