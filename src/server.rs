@@ -23,7 +23,7 @@ use crate::quota::redis_ledger::RedisLedger;
 use crate::rules::reload::Reloader;
 use crate::rules::{self, DomainPatterns, LoadOptions};
 use crate::service::quota::{QuotaHub, RateLimitQuotaGrpc};
-use crate::service::{RateLimitGrpc, ResponseOptions, SharedRules};
+use crate::service::{LegacyHeaderNames, RateLimitGrpc, ResponseOptions, SharedRules};
 use crate::serving;
 use crate::store::breaker::Breakers;
 use crate::store::memory::MemoryStore;
@@ -88,6 +88,23 @@ impl RunningServer {
         let (result, _, rest) = futures::future::select_all(self.tasks.drain(..)).await;
         self.tasks = rest;
         result.context("server task panicked")?
+    }
+}
+
+/// `--legacy-header-names`: three header names.
+fn legacy_header_names(names: &[String]) -> Result<LegacyHeaderNames> {
+    match names {
+        [limit, remaining, reset]
+            if names
+                .iter()
+                .all(|n| axum::http::HeaderName::from_bytes(n.trim().as_bytes()).is_ok()) =>
+        {
+            Ok(LegacyHeaderNames::new(limit, remaining, reset))
+        }
+        _ => anyhow::bail!(
+            "--legacy-header-names {}: give three header names (limit, remaining, reset), e.g. RateLimit-Limit,RateLimit-Remaining,RateLimit-Reset",
+            names.join(",")
+        ),
     }
 }
 
@@ -221,6 +238,7 @@ pub async fn start(args: &ServeArgs) -> Result<RunningServer> {
             rate_limit_headers: args
                 .response_headers
                 .then_some(args.response_headers_format),
+            legacy_header_names: legacy_header_names(&args.legacy_header_names)?,
             shadow_mode: args.shadow_mode,
             dynamic_metadata: args.response_dynamic_metadata,
             quota_mode: args.quota_mode,

@@ -440,6 +440,26 @@ async fn rate_limit_headers_when_asked() {
     assert_eq!(header(&r, "ratelimit-remaining"), Some("4"));
     assert_eq!(header(&r, "ratelimit-reset"), Some("10"));
     assert_eq!(header(&r, "ratelimit-policy"), None);
+
+    // their names, as envoyproxy/ratelimit's LIMIT_*_HEADER set them
+    let rules = rules_dir(RULES);
+    let mut args = serve_args(rules.path().to_path_buf());
+    args.response_headers = true;
+    args.response_headers_format = HeaderFormat::Legacy;
+    args.legacy_header_names = ["X-Limit", "X-Left", "X-Reset"].map(String::from).to_vec();
+    let server = server::start(&args).await.expect("server starts");
+    let mut c = RateLimitServiceClient::connect(format!("http://{}", server.grpc_addr))
+        .await
+        .expect("client connects");
+    let r = c.should_rate_limit(both()).await.expect("ok").into_inner();
+    assert_eq!(header(&r, "x-limit"), Some("6"));
+    assert_eq!(header(&r, "x-left"), Some("4"));
+    assert_eq!(header(&r, "x-reset"), Some("10"));
+    assert_eq!(header(&r, "ratelimit-limit"), None);
+    server.shutdown().await.expect("stop");
+    args.legacy_header_names = vec!["X-Limit".into()];
+    let err = server::start(&args).await.err().expect("two names missing");
+    assert!(err.to_string().contains("three header names"), "{err}");
 }
 
 #[tokio::test]

@@ -163,6 +163,16 @@ pub struct ServeArgs {
         default_value = "draft"
     )]
     pub response_headers_format: HeaderFormat,
+    /// The `legacy` format's three header names: limit, remaining, reset
+    /// (envoyproxy/ratelimit's LIMIT_LIMIT_HEADER, LIMIT_REMAINING_HEADER,
+    /// LIMIT_RESET_HEADER).
+    #[arg(
+        long,
+        env = "RLS_LEGACY_HEADER_NAMES",
+        value_delimiter = ',',
+        default_value = "RateLimit-Limit,RateLimit-Remaining,RateLimit-Reset"
+    )]
+    pub legacy_header_names: Vec<String>,
     /// Answer OK to every request, also over the limit (envoyproxy/ratelimit's
     /// SHADOW_MODE): decisions, statuses and metrics as usual.
     #[arg(long, env = "RLS_SHADOW_MODE")]

@@ -253,14 +253,22 @@ pub fn translate(env: &BTreeMap<String, String>) -> Result<Translated, String> {
         }
         set("RLS_REDIS_KEY_PREFIX", prefix.to_string());
     }
-    for (name, default) in [
+    let names = [
         ("LIMIT_LIMIT_HEADER", "RateLimit-Limit"),
         ("LIMIT_REMAINING_HEADER", "RateLimit-Remaining"),
         ("LIMIT_RESET_HEADER", "RateLimit-Reset"),
-    ] {
-        if let Some(v) = get(name).filter(|v| !v.eq_ignore_ascii_case(default)) {
-            return Err(refused(name, v, "the header names are fixed"));
+    ];
+    if names.iter().any(|(name, _)| get(name).is_some()) {
+        for (name, _) in names {
+            if let Some(v) = get(name).filter(|v| v.contains(',')) {
+                return Err(refused(name, v, "a header name has no comma"));
+            }
         }
+        let names: Vec<&str> = names
+            .iter()
+            .map(|(name, default)| get(name).unwrap_or(default))
+            .collect();
+        set("RLS_LEGACY_HEADER_NAMES", names.join(","));
     }
 
     // addresses (Istio's sample listens on "::")

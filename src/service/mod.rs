@@ -21,7 +21,7 @@ use crate::limiter::{Limiter, Verdict};
 use crate::rules::RuleSet;
 use crate::telemetry::tracing::{remote_context, SPAN_TARGET};
 use crate::telemetry::Metrics;
-pub use response::ResponseOptions;
+pub use response::{LegacyHeaderNames, ResponseOptions};
 
 /// The rules currently in force, swapped whole on reload.
 pub type SharedRules = Arc<ArcSwap<RuleSet>>;
@@ -76,7 +76,7 @@ impl RateLimitGrpc {
         if let Some(stats) = self.metrics.ratelimit_stats() {
             stats.record(&request.domain, &decisions, inputs.iter().map(|i| i.cost));
         }
-        let answer = response::build(request, &decisions, self.options);
+        let answer = response::build(request, &decisions, &self.options);
         if self.options.shadow_mode && decisions.iter().any(|d| d.verdict.is_over_limit()) {
             self.metrics.global_shadow_answer();
         }

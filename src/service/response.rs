@@ -8,17 +8,40 @@ use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimit
 use envoy_types::pb::google::protobuf::{value::Kind, Duration, ListValue, Struct, Value};
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use crate::limiter::{Decision, ShownLimit, Verdict};
 
 use crate::cli::HeaderFormat;
 
+/// The names of the `legacy` rate-limit headers: limit, remaining, reset
+/// (envoyproxy/ratelimit's `LIMIT_LIMIT_HEADER`, `LIMIT_REMAINING_HEADER`,
+/// `LIMIT_RESET_HEADER`), lowercase as HTTP/2 sends them.
+#[derive(Debug, Clone)]
+pub struct LegacyHeaderNames(Arc<[String; 3]>);
+
+impl LegacyHeaderNames {
+    pub fn new(limit: &str, remaining: &str, reset: &str) -> Self {
+        Self(Arc::new(
+            [limit, remaining, reset].map(|n| n.trim().to_ascii_lowercase()),
+        ))
+    }
+}
+
+impl Default for LegacyHeaderNames {
+    fn default() -> Self {
+        Self::new("ratelimit-limit", "ratelimit-remaining", "ratelimit-reset")
+    }
+}
+
 /// What to add beyond the statuses, and service-wide modes.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct ResponseOptions {
     /// Rate-limit fields for the descriptor closest to its limit, in this
     /// shape; `None`: none.
     pub rate_limit_headers: Option<HeaderFormat>,
+    /// The `legacy` shape's header names.
+    pub legacy_header_names: LegacyHeaderNames,
     /// `--shadow-mode` (envoyproxy/ratelimit's `SHADOW_MODE`): a request
     /// over the limit is answered OK; the statuses still say which
     /// descriptors were over.
@@ -36,7 +59,7 @@ pub struct ResponseOptions {
 pub fn build(
     request: &RateLimitRequest,
     decisions: &[Decision],
-    opts: ResponseOptions,
+    opts: &ResponseOptions,
 ) -> RateLimitResponse {
     let statuses: Vec<DescriptorStatus> = decisions.iter().map(status).collect();
     let over = decisions.iter().any(|d| d.verdict.is_over_limit());
@@ -62,7 +85,12 @@ pub fn build(
             .min_by_key(|d| (!d.verdict.is_over_limit(), d.remaining))
         {
             if let Some(limit) = &closest.limit {
-                headers.extend(rate_limit_fields(closest, limit, format));
+                headers.extend(rate_limit_fields(
+                    closest,
+                    limit,
+                    format,
+                    &opts.legacy_header_names,
+                ));
             }
         }
     }
@@ -165,14 +193,22 @@ fn request_metadata(request: &RateLimitRequest, decisions: &[Decision]) -> Struc
 /// `S` seconds: a token bucket's window) and the state `"name";r=N;t=S`
 /// (whole tokens left; seconds until a retry can pass, or until full).
 /// `Legacy`: `RateLimit-Limit` (requests per unit), `-Remaining`, `-Reset`.
-fn rate_limit_fields(d: &Decision, limit: &ShownLimit, format: HeaderFormat) -> Vec<HeaderValue> {
+fn rate_limit_fields(
+    d: &Decision,
+    limit: &ShownLimit,
+    format: HeaderFormat,
+    names: &LegacyHeaderNames,
+) -> Vec<HeaderValue> {
     let reset = d.reset_secs;
     match format {
-        HeaderFormat::Legacy => vec![
-            header("ratelimit-limit", limit.requests_per_unit.to_string()),
-            header("ratelimit-remaining", d.remaining.to_string()),
-            header("ratelimit-reset", reset.unwrap_or(0).to_string()),
-        ],
+        HeaderFormat::Legacy => {
+            let [limit_name, remaining_name, reset_name] = &*names.0;
+            vec![
+                header(limit_name, limit.requests_per_unit.to_string()),
+                header(remaining_name, d.remaining.to_string()),
+                header(reset_name, reset.unwrap_or(0).to_string()),
+            ]
+        }
         HeaderFormat::Draft => {
             let name = sf_string(match (&limit.name, &d.rule) {
                 (n, _) if !n.is_empty() => n,
@@ -308,7 +344,7 @@ mod tests {
         build(
             &RateLimitRequest::default(),
             decisions,
-            ResponseOptions::default(),
+            &ResponseOptions::default(),
         )
         .response_headers_to_add
         .iter()

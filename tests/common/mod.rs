@@ -70,6 +70,9 @@ pub fn serve_args(config: PathBuf) -> ServeArgs {
         merge_domains: false,
         usage_domains: Vec::new(),
         shadow_mode: false,
+        legacy_header_names: ["RateLimit-Limit", "RateLimit-Remaining", "RateLimit-Reset"]
+            .map(String::from)
+            .to_vec(),
         quota_mode: false,
         response_dynamic_metadata: false,
         statsd_addr: None,

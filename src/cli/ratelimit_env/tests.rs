@@ -145,10 +145,6 @@ fn what_has_a_meaning_we_lack_is_refused() {
         (vec![("REDIS_PERSECOND", "true")], "REDIS_PERSECOND=true"),
         (vec![("USE_DOG_STATSD", "true")], "USE_DOG_STATSD=true"),
         (vec![("BACKEND_TYPE", "memcache")], "BACKEND_TYPE=memcache"),
-        (
-            vec![("LIMIT_LIMIT_HEADER", "X-Limit")],
-            "LIMIT_LIMIT_HEADER=X-Limit",
-        ),
         (vec![("LOG_LEVEL", "loud")], "LOG_LEVEL=loud"),
         (vec![("GRPC_UDS", "/tmp/s")], "GRPC_UDS=/tmp/s"),
     ] {
@@ -341,4 +337,21 @@ fn service_wide_modes() {
     }
     let t = translate(&env(&[("SHADOW_MODE", "false")])).expect("off");
     assert_eq!(setting(&t, "RLS_SHADOW_MODE"), None);
+}
+
+#[test]
+fn response_header_names() {
+    let t = translate(&env(&[
+        ("LIMIT_RESPONSE_HEADERS_ENABLED", "true"),
+        ("LIMIT_REMAINING_HEADER", "X-RateLimit-Remaining"),
+    ]))
+    .expect("names");
+    assert_eq!(
+        setting(&t, "RLS_LEGACY_HEADER_NAMES").as_deref(),
+        Some("RateLimit-Limit,X-RateLimit-Remaining,RateLimit-Reset")
+    );
+    assert_eq!(
+        setting(&t, "RLS_RESPONSE_HEADERS_FORMAT").as_deref(),
+        Some("legacy")
+    );
 }
