@@ -721,6 +721,59 @@ async fn one_sick_primary_through_envoy_affects_only_its_keys() {
 }
 
 /// A metric of service instance `i`.
+/// Waits until the first instance has made `n` decisions of `rule` in the
+/// `llm` domain (Envoy charges after it has answered: a check per request,
+/// a charge per admitted one), and asserts exactly `n`.
+async fn settled_llm(edge: &Edge, rule: &str, n: f64) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut made = 0.0;
+        for result in ["ok", "over_limit"] {
+            let name = format!(
+                "rls_decisions_total{{domain=\"llm\",result=\"{result}\",rule=\"{rule}\"}}"
+            );
+            made += rls_metric(edge, 0, &name).await.unwrap_or(0.0);
+        }
+        if made >= n || Instant::now() > deadline {
+            assert_eq!(made, n, "decisions made");
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A chat of `user` through `examples/envoy/llm.yaml`, the stand-in LLM
+/// reporting `tokens` used.
+async fn llm_chat(edge: &Edge, user: &str, tokens: &str) -> Answer {
+    edge.get("/chat", &[("x-user", user), ("x-tokens-used", tokens)])
+        .await
+}
+
+/// The scenario: alice's 600, 600 (400 left: it starts), then 429
+/// with a Retry-After (returned) covering the debt; bob untouched.
+async fn alice_goes_into_debt(edge: &Edge, rule: &str) -> (Answer, u64) {
+    assert_eq!(llm_chat(edge, "alice", "600").await.status, 200);
+    settled_llm(edge, rule, 2.0).await;
+    assert_eq!(
+        llm_chat(edge, "alice", "600").await.status,
+        200,
+        "400 left: it may start"
+    );
+    settled_llm(edge, rule, 4.0).await;
+    let refused = llm_chat(edge, "alice", "600").await;
+    assert_eq!(refused.status, 429, "the second chat's 600 went into debt");
+    let wait: u64 = refused
+        .retry_after
+        .as_deref()
+        .expect("retry-after")
+        .parse()
+        .expect("seconds");
+    settled_llm(edge, rule, 5.0).await;
+    assert_eq!(llm_chat(edge, "bob", "5").await.status, 200, "another user");
+    settled_llm(edge, rule, 7.0).await;
+    (refused, wait)
+}
+
 async fn rls_metric(edge: &Edge, i: usize, name: &str) -> Option<f64> {
     let text = edge
         .client
@@ -1322,58 +1375,13 @@ descriptors:
         &[env],
     )
     .await;
-    // Envoy charges after it has answered: wait for the service to have
-    // made `n` decisions (a check per request, a charge per admitted one)
-    let settled = |n: f64| {
-        let edge = &edge;
-        async move {
-            let deadline = Instant::now() + Duration::from_secs(10);
-            loop {
-                let mut made = 0.0;
-                for result in ["ok", "over_limit"] {
-                    let name = format!(
-                        "rls_decisions_total{{domain=\"llm\",result=\"{result}\",rule=\"llm-tokens\"}}"
-                    );
-                    made += rls_metric(edge, 0, &name).await.unwrap_or(0.0);
-                }
-                if made >= n || Instant::now() > deadline {
-                    assert_eq!(made, n, "decisions made");
-                    return;
-                }
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        }
-    };
-    let chat = |user: &'static str, tokens: &'static str| {
-        let edge = &edge;
-        async move {
-            edge.get("/chat", &[("x-user", user), ("x-tokens-used", tokens)])
-                .await
-        }
-    };
-    assert_eq!(chat("alice", "600").await.status, 200);
-    settled(2.0).await;
-    assert_eq!(
-        chat("alice", "600").await.status,
-        200,
-        "400 left: it may start"
-    );
-    settled(4.0).await;
-    let refused = chat("alice", "600").await;
-    assert_eq!(refused.status, 429, "in debt");
+    let settled = |n: f64| settled_llm(&edge, "llm-tokens", n);
+    let chat = |user: &'static str, tokens: &'static str| llm_chat(&edge, user, tokens);
+    let (refused, wait) = alice_goes_into_debt(&edge, "llm-tokens").await;
     // 201 tokens at 1,000 a day: 17,366.4 s
-    let wait: u64 = refused
-        .retry_after
-        .as_deref()
-        .expect("retry-after")
-        .parse()
-        .expect("seconds");
     assert!((17_366..=17_367).contains(&wait), "{wait}");
     let (_, remaining, _) = refused.x_ratelimit.expect("x-ratelimit headers");
     assert_eq!(remaining, "0");
-    settled(5.0).await;
-    assert_eq!(chat("bob", "5").await.status, 200, "another user");
-    settled(7.0).await;
 
     // `n` chats of `user` at once, each using `tokens`: their statuses
     let at_once = |n: usize, user: &'static str, tokens: &'static str| {
@@ -1643,55 +1651,12 @@ async fn envoy_charges_llm_tokens_on_rules_over_xds_in_a_usage_domain() {
         ads.snapshot("1", "a", &snapshot),
     );
     assert!(ack.error_detail.is_none(), "{ack:?}");
-    // Envoy charges after it has answered: wait for `n` decisions
-    let settled = |n: f64| {
-        let edge = &edge;
-        async move {
-            let name = "rls_decisions_total{domain=\"llm\",result=\"ok\",rule=\"user\"}";
-            let over = "rls_decisions_total{domain=\"llm\",result=\"over_limit\",rule=\"user\"}";
-            let deadline = Instant::now() + Duration::from_secs(10);
-            loop {
-                let made = rls_metric(edge, 0, name).await.unwrap_or(0.0)
-                    + rls_metric(edge, 0, over).await.unwrap_or(0.0);
-                if made >= n || Instant::now() > deadline {
-                    assert_eq!(made, n, "decisions made");
-                    return;
-                }
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        }
-    };
-    let chat = |user: &'static str, tokens: &'static str| {
-        let edge = &edge;
-        async move {
-            edge.get("/chat", &[("x-user", user), ("x-tokens-used", tokens)])
-                .await
-        }
-    };
-    assert_eq!(chat("alice", "600").await.status, 200);
-    settled(2.0).await;
-    assert_eq!(
-        chat("alice", "600").await.status,
-        200,
-        "400 left: it may start"
-    );
-    settled(4.0).await;
-    let refused = chat("alice", "600").await;
-    assert_eq!(refused.status, 429, "the second chat's 600 went into debt");
-    let wait: u64 = refused
-        .retry_after
-        .as_deref()
-        .expect("retry-after")
-        .parse()
-        .expect("seconds");
+    let (_, wait) = alice_goes_into_debt(&edge, "user").await;
     // 201 tokens at 1,000 a minute (16.7 a second): 13 s, less what has
     // refilled since the charge (allowing 5 s for a busy machine)
     assert!((8..=13).contains(&wait), "{wait}");
-    settled(5.0).await;
-    assert_eq!(chat("bob", "5").await.status, 200, "another user");
-    settled(7.0).await;
     // once repaid, alice passes again
     tokio::time::sleep(Duration::from_millis(wait * 1000 + 100)).await;
-    assert_eq!(chat("alice", "1").await.status, 200, "repaid");
+    assert_eq!(llm_chat(&edge, "alice", "1").await.status, 200, "repaid");
     ads.stop().await;
 }
