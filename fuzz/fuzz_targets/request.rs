@@ -32,6 +32,8 @@ fn service() -> &'static (RateLimitGrpc, Arc<MemoryStore<MonotonicClock>>) {
             Arc::default(),
             ResponseOptions {
                 rate_limit_headers: Some(HeaderFormat::Draft),
+                dynamic_metadata: true,
+                ..ResponseOptions::default()
             },
         );
         (service, store)

@@ -12,6 +12,7 @@ fuzz_target!(|data: &[u8]| {
     let text = String::from_utf8_lossy(data).into_owned();
     let opts = LoadOptions {
         merge_domains: data.first().is_some_and(|b| b & 1 == 1),
+        usage_domains: tokenbucket_rls::rules::DomainPatterns::new(&["*"]),
     };
     match load_sources(vec![(PathBuf::from("fuzz.yaml"), text.clone())], opts) {
         Ok(rules) => {
