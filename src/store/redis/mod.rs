@@ -15,6 +15,7 @@
 
 pub mod memory;
 pub mod nodes;
+pub mod pipe;
 pub mod url;
 
 use std::path::PathBuf;
@@ -331,12 +332,15 @@ impl RedisStore {
     async fn run_on(
         &self,
         script: &LuaScript,
-        pool: &Pool,
+        node: &NodeClients,
         keys: &[Key],
         args: &[Value],
         options: &Options,
     ) -> Result<Vec<i64>, RedisError> {
-        let client = pool.next().with_options(options);
+        if let Some(pipes) = &node.pipes {
+            return pipes.eval(&script.sha, script.body, keys, args).await;
+        }
+        let client = node.pool.next().with_options(options);
         match client
             .evalsha(&script.sha, keys.to_vec(), args.to_vec())
             .await
@@ -411,12 +415,12 @@ impl RedisStore {
         args: &[Value],
         options: &Options,
     ) -> Result<Vec<i64>, RedisError> {
-        let pool = self
+        let node = self
             .routing
             .read()
             .node_of_slot(slot)
-            .map(|n| n.clients.pool.clone());
-        let mut pool = pool.ok_or_else(|| {
+            .map(|n| n.clients.clone());
+        let mut node = node.ok_or_else(|| {
             RedisError::new(
                 ErrorKind::Routing,
                 format!("no known Redis primary owns slot {slot}"),
@@ -425,9 +429,9 @@ impl RedisStore {
         let mut asking = false;
         for _ in 0..=MAX_REDIRECTIONS {
             let result = if asking {
-                self.run_asking(script, &pool, keys, args).await
+                self.run_asking(script, &node.pool, keys, args).await
             } else {
-                self.run_on(script, &pool, keys, args, options).await
+                self.run_on(script, &node, keys, args, options).await
             };
             let redirect = match &result {
                 Err(e) => redirect_of(e),
@@ -436,11 +440,11 @@ impl RedisStore {
             match redirect {
                 None => return result,
                 Some(Redirect::Moved(addr)) => {
-                    pool = self.node_pool(&addr).await?;
+                    node = self.node_clients(&addr).await?;
                     asking = false;
                 }
                 Some(Redirect::Ask(addr)) => {
-                    pool = self.node_pool(&addr).await?;
+                    node = self.node_clients(&addr).await?;
                     asking = true;
                 }
             }
@@ -502,9 +506,9 @@ impl RedisStore {
     /// replica just promoted, a node just added) is connected to now and
     /// joins the routing, whose next reading of the topology keeps or
     /// closes it.
-    async fn node_pool(&self, addr: &str) -> Result<Pool, RedisError> {
+    async fn node_clients(&self, addr: &str) -> Result<NodeClients, RedisError> {
         if let Some(node) = self.routing.read().node(addr) {
-            return Ok(node.clients.pool.clone());
+            return Ok(node.clients.clone());
         }
         let no_route = || RedisError::new(ErrorKind::Routing, format!("no Redis node {addr}"));
         let recipe = self.recipe.as_ref().ok_or_else(no_route)?;
@@ -523,7 +527,7 @@ impl RedisStore {
             }
         };
         clients.wait(nodes::CLIENT_STALL_BOUND).await;
-        Ok(clients.pool)
+        Ok(clients)
     }
 
     /// Runs another of the service's scripts (the RLQS ledger's) on the

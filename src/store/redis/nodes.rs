@@ -5,8 +5,9 @@
 //! and, when one of them breaks, reconnects them all together inside its
 //! routing task: while a killed primary is still listed in the topology,
 //! that fails over and over, and commands to the healthy primaries wait
-//! behind it. So decisions go instead over a [`NodeClients`] per primary (a
-//! plain, non-cluster pool to that one server, and a client for the
+//! behind it. So decisions go instead over a [`NodeClients`] per primary
+//! (its batched script connections, [`super::pipe`]; a plain, non-cluster
+//! fred pool to that one server for the rest; and a client for the
 //! breaker's probes): a dead or hung node breaks only its own connections.
 //! The cluster client stays, off the hot path, to learn the topology (its
 //! cached slot table, read every [`ROUTING_REFRESH`]). It carries no
@@ -109,29 +110,40 @@ impl ClientRecipe {
 pub struct NodeClients {
     pub pool: Pool,
     pub probe: Client,
+    /// The decisions' pipelined connections ([`super::pipe`]); `None` where
+    /// the server's configuration is not one they can reach (then the
+    /// decisions go over `pool`).
+    pub pipes: Option<Arc<super::pipe::Pipes>>,
 }
 
 impl NodeClients {
     /// Builds and starts connecting (without waiting).
     pub fn connect(recipe: &ClientRecipe, config: Config) -> Result<Self, String> {
+        let pipes = super::pipe::Target::of(&config, CLIENT_STALL_BOUND)
+            .map(|target| Arc::new(super::pipe::Pipes::connect(&target, recipe.pool_size)));
         let pool = recipe.pool(config.clone())?;
         let probe = recipe.probe(config)?;
         pool.connect();
         probe.connect();
-        Ok(Self { pool, probe })
+        Ok(Self { pool, probe, pipes })
     }
 
-    /// Waits (`within` at most) until both are connected.
+    /// Waits (`within` at most) until all are connected.
     pub async fn wait(&self, within: Duration) {
         let _ = tokio::time::timeout(within, async {
             let _ = self.pool.wait_for_connect().await;
             let _ = self.probe.wait_for_connect().await;
+            if let Some(pipes) = &self.pipes {
+                pipes.wait(within).await;
+            }
         })
         .await;
     }
 
     pub fn connected(&self) -> bool {
-        self.probe.is_connected() && self.pool.clients().iter().all(|c| c.is_connected())
+        self.probe.is_connected()
+            && self.pool.clients().iter().all(|c| c.is_connected())
+            && self.pipes.as_ref().is_none_or(|p| p.connected())
     }
 
     /// Closes both, in the background.

@@ -1,0 +1,708 @@
+//! Pipelined script calls to one Redis server, batched across concurrent
+//! requests: the decision path's own connection.
+//!
+//! fred writes and flushes every `EVALSHA` on its own (its `should_flush`
+//! holds for scripts), so each decision costs the service a write syscall
+//! and Redis a read, however many decisions are waiting. Here a writer task
+//! takes every call queued since it last woke, encodes them into one buffer
+//! and sends it in one write; a reader task parses the replies as they come,
+//! as many as one read brought, and answers the calls in the order they
+//! were written. Redis reads many commands per syscall and answers them in
+//! one write, at moderate load as well as under a flood.
+//!
+//! Nothing is ever sent twice: when the connection fails, every call
+//! written and not yet answered gets a connection error (it may have run),
+//! calls not yet written fail the same way, and the connection is made again
+//! in the background (at once, then backing off to 250 ms); calls made
+//! while it is down fail at once, as fred's `fail_fast` did. A call's time
+//! limit is its caller's (`RedisStore::run`).
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use fred::bytes::BytesMut;
+use fred::error::{Error as RedisError, ErrorKind};
+use fred::types::config::{Config, ServerConfig, TlsConnector};
+use fred::types::{Key, Value};
+use redis_protocol::resp2::decode::decode_bytes_mut;
+use redis_protocol::resp2::types::BytesFrame;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, oneshot};
+
+/// Calls waiting to be written, at most; past it a call fails at once
+/// (`Backpressure`) instead of memory growing.
+const MAX_QUEUED: usize = 10_000;
+
+/// One write carries at most about this many bytes; more calls wait for
+/// the next (a bound on the buffer, not on throughput).
+const MAX_WRITE: usize = 256 * 1024;
+
+/// A script call's reply: the integers it returned, or the server's error.
+pub type Reply = Result<Vec<i64>, RedisError>;
+
+struct Call {
+    command: Vec<u8>,
+    answer: oneshot::Sender<Reply>,
+}
+
+/// Where to connect, and how.
+#[derive(Clone)]
+pub struct Target {
+    host: String,
+    port: u16,
+    /// `rediss://`: the connector and the name to check.
+    tls: Option<(tokio_rustls::TlsConnector, String)>,
+    username: Option<String>,
+    password: Option<String>,
+    connect_timeout: Duration,
+}
+
+impl Target {
+    /// The one server of `config` (a centralized configuration, as each
+    /// primary's is); `None` for anything else, or TLS other than rustls.
+    pub fn of(config: &Config, connect_timeout: Duration) -> Option<Self> {
+        let ServerConfig::Centralized { server } = &config.server else {
+            return None;
+        };
+        let tls = match &config.tls {
+            None => None,
+            Some(tls) => match &tls.connector {
+                TlsConnector::Rustls(connector) => {
+                    let name = server
+                        .tls_server_name
+                        .as_ref()
+                        .map_or_else(|| server.host.to_string(), |n| n.to_string());
+                    Some((connector.clone(), name))
+                }
+                #[allow(unreachable_patterns)]
+                _ => return None,
+            },
+        };
+        Some(Self {
+            host: server.host.to_string(),
+            port: server.port,
+            tls,
+            username: config.username.clone(),
+            password: config.password.clone(),
+            connect_timeout,
+        })
+    }
+}
+
+/// A few pipelined connections to one server, used in turn.
+pub struct Pipes {
+    pipes: Vec<Pipe>,
+    next: AtomicUsize,
+}
+
+impl Pipes {
+    /// `count` connections to `target`, connecting in the background.
+    pub fn connect(target: &Target, count: usize) -> Self {
+        Self {
+            pipes: (0..count.max(1))
+                .map(|_| Pipe::connect(target.clone()))
+                .collect(),
+            next: AtomicUsize::new(0),
+        }
+    }
+
+    /// Runs `EVALSHA sha keys args` (or `EVAL body …` when the server does
+    /// not have the script yet) on the next connection.
+    pub async fn eval(&self, sha: &str, body: &str, keys: &[Key], args: &[Value]) -> Reply {
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.pipes.len();
+        let pipe = &self.pipes[i];
+        match pipe.call(encode_eval("EVALSHA", sha, keys, args)?).await {
+            Err(e) if e.details().starts_with("NOSCRIPT") => {
+                pipe.call(encode_eval("EVAL", body, keys, args)?).await
+            }
+            other => other,
+        }
+    }
+
+    /// Writes made on these connections so far (each carries every call
+    /// queued when it was made).
+    pub fn writes(&self) -> usize {
+        self.pipes
+            .iter()
+            .map(|p| p.writes.load(Ordering::Relaxed))
+            .sum()
+    }
+
+    /// Whether every connection is up.
+    pub fn connected(&self) -> bool {
+        self.pipes.iter().all(|p| p.up.load(Ordering::Relaxed))
+    }
+
+    /// Waits until every connection is up, or `within` passes.
+    pub async fn wait(&self, within: Duration) {
+        let deadline = tokio::time::Instant::now() + within;
+        while !self.connected() && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+}
+
+/// One connection: a queue to its driver task, and whether it is up.
+struct Pipe {
+    queue: mpsc::Sender<Call>,
+    up: Arc<AtomicBool>,
+    /// Writes made, however many calls each carried.
+    writes: Arc<AtomicUsize>,
+}
+
+impl Pipe {
+    fn connect(target: Target) -> Self {
+        let (queue, calls) = mpsc::channel(MAX_QUEUED);
+        let up = Arc::new(AtomicBool::new(false));
+        let writes = Arc::new(AtomicUsize::new(0));
+        tokio::spawn(drive(target, calls, up.clone(), writes.clone()));
+        Self { queue, up, writes }
+    }
+
+    async fn call(&self, command: Vec<u8>) -> Reply {
+        if !self.up.load(Ordering::Relaxed) {
+            return Err(RedisError::new(
+                ErrorKind::IO,
+                "not connected to Redis (reconnecting)",
+            ));
+        }
+        let (answer, reply) = oneshot::channel();
+        self.queue
+            .try_send(Call { command, answer })
+            .map_err(|e| match e {
+                mpsc::error::TrySendError::Full(_) => RedisError::new(
+                    ErrorKind::Backpressure,
+                    "too many Redis calls waiting to be written",
+                ),
+                mpsc::error::TrySendError::Closed(_) => {
+                    RedisError::new(ErrorKind::Canceled, "the Redis connection is closed")
+                }
+            })?;
+        reply.await.unwrap_or_else(|_| {
+            Err(RedisError::new(
+                ErrorKind::IO,
+                "the Redis connection was lost before the reply (the call may have run)",
+            ))
+        })
+    }
+}
+
+/// Connects, serves until the connection fails, fails what was pending,
+/// and connects again, until the [`Pipe`] is dropped.
+async fn drive(
+    target: Target,
+    mut calls: mpsc::Receiver<Call>,
+    up: Arc<AtomicBool>,
+    writes: Arc<AtomicUsize>,
+) {
+    let mut backoff = Duration::ZERO;
+    loop {
+        match open(&target).await {
+            Ok(Stream::Plain(s)) => {
+                up.store(true, Ordering::Relaxed);
+                backoff = Duration::ZERO;
+                serve(s, &mut calls, &writes).await;
+            }
+            Ok(Stream::Tls(s)) => {
+                up.store(true, Ordering::Relaxed);
+                backoff = Duration::ZERO;
+                serve(*s, &mut calls, &writes).await;
+            }
+            Err(e) => {
+                tracing::debug!(host = %target.host, port = target.port, error = %e, "Redis connect failed")
+            }
+        }
+        up.store(false, Ordering::Relaxed);
+        // what was queued while the connection failed was not written:
+        // answered at once, as calls made while it is down are
+        while let Ok(call) = calls.try_recv() {
+            let _ = call.answer.send(Err(RedisError::new(
+                ErrorKind::IO,
+                "the Redis connection failed before the call was written",
+            )));
+        }
+        if calls.is_closed() {
+            return;
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).clamp(Duration::from_millis(50), Duration::from_millis(250));
+    }
+}
+
+enum Stream {
+    Plain(TcpStream),
+    Tls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
+}
+
+/// A connection to `target`, authenticated, within its connect timeout.
+async fn open(target: &Target) -> Result<Stream, RedisError> {
+    let io = |e: std::io::Error| RedisError::new(ErrorKind::IO, e.to_string());
+    let connect = async {
+        let tcp = TcpStream::connect((target.host.as_str(), target.port))
+            .await
+            .map_err(io)?;
+        tcp.set_nodelay(true).map_err(io)?;
+        let mut stream = match &target.tls {
+            None => Stream::Plain(tcp),
+            Some((connector, name)) => {
+                let name = rustls::pki_types::ServerName::try_from(name.clone())
+                    .map_err(|e| RedisError::new(ErrorKind::Tls, e.to_string()))?;
+                let tls = connector.connect(name, tcp).await.map_err(io)?;
+                Stream::Tls(Box::new(tls))
+            }
+        };
+        if let Some(password) = &target.password {
+            let mut auth = vec![b"AUTH".to_vec()];
+            if let Some(user) = &target.username {
+                auth.push(user.as_bytes().to_vec());
+            }
+            auth.push(password.as_bytes().to_vec());
+            let command = encode(auth.iter().map(Vec::as_slice));
+            match &mut stream {
+                Stream::Plain(s) => handshake(s, &command).await?,
+                Stream::Tls(s) => handshake(s.as_mut(), &command).await?,
+            }
+        }
+        Ok(stream)
+    };
+    tokio::time::timeout(target.connect_timeout, connect)
+        .await
+        .unwrap_or_else(|_| {
+            Err(RedisError::new(
+                ErrorKind::Timeout,
+                "Redis connect timed out",
+            ))
+        })
+}
+
+/// Sends `command` and expects `+OK`.
+async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
+    command: &[u8],
+) -> Result<(), RedisError> {
+    let io = |e: std::io::Error| RedisError::new(ErrorKind::IO, e.to_string());
+    stream.write_all(command).await.map_err(io)?;
+    stream.flush().await.map_err(io)?;
+    let mut buf = BytesMut::with_capacity(256);
+    loop {
+        if stream.read_buf(&mut buf).await.map_err(io)? == 0 {
+            return Err(RedisError::new(
+                ErrorKind::IO,
+                "Redis closed the connection",
+            ));
+        }
+        match decode_bytes_mut(&mut buf) {
+            Ok(Some((BytesFrame::SimpleString(_), _, _))) => return Ok(()),
+            Ok(Some((BytesFrame::Error(e), _, _))) => {
+                return Err(RedisError::new(ErrorKind::Auth, e.to_string()))
+            }
+            Ok(Some(_)) => {
+                return Err(RedisError::new(
+                    ErrorKind::Protocol,
+                    "unexpected reply to AUTH",
+                ))
+            }
+            Ok(None) => {}
+            Err(e) => return Err(RedisError::new(ErrorKind::Protocol, e.to_string())),
+        }
+    }
+}
+
+/// Writes what is queued and answers what is read, until either side fails
+/// or the queue closes; then answers every call written and not yet
+/// answered with a connection error.
+async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: S,
+    calls: &mut mpsc::Receiver<Call>,
+    writes: &AtomicUsize,
+) {
+    let (mut reader, mut writer) = tokio::io::split(stream);
+    // the calls written, in order, waiting for their replies
+    let pending = parking_lot::Mutex::new(VecDeque::<oneshot::Sender<Reply>>::new());
+    let write = async {
+        let mut buf = Vec::with_capacity(16 * 1024);
+        while let Some(first) = calls.recv().await {
+            // let the requests running beside this one queue their calls
+            // too: they go out in this write
+            tokio::task::yield_now().await;
+            buf.clear();
+            {
+                let mut waiting = pending.lock();
+                buf.extend_from_slice(&first.command);
+                waiting.push_back(first.answer);
+                // everything else already queued goes in the same write
+                while buf.len() < MAX_WRITE {
+                    let Ok(call) = calls.try_recv() else { break };
+                    buf.extend_from_slice(&call.command);
+                    waiting.push_back(call.answer);
+                }
+            }
+            writes.fetch_add(1, Ordering::Relaxed);
+            if let Err(e) = async {
+                writer.write_all(&buf).await?;
+                writer.flush().await
+            }
+            .await
+            {
+                return Err(RedisError::new(ErrorKind::IO, e.to_string()));
+            }
+        }
+        Ok(())
+    };
+    let read = async {
+        let mut buf = BytesMut::with_capacity(16 * 1024);
+        loop {
+            let n = reader
+                .read_buf(&mut buf)
+                .await
+                .map_err(|e| RedisError::new(ErrorKind::IO, e.to_string()))?;
+            if n == 0 {
+                return Err(RedisError::new(
+                    ErrorKind::IO,
+                    "Redis closed the connection",
+                ));
+            }
+            loop {
+                let frame = match decode_bytes_mut(&mut buf) {
+                    Ok(Some((frame, _, _))) => frame,
+                    Ok(None) => break,
+                    Err(e) => return Err(RedisError::new(ErrorKind::Protocol, e.to_string())),
+                };
+                let Some(answer) = pending.lock().pop_front() else {
+                    return Err(RedisError::new(
+                        ErrorKind::Protocol,
+                        "a Redis reply that no call was waiting for",
+                    ));
+                };
+                let _ = answer.send(reply_of(frame));
+            }
+            if buf.capacity() - buf.len() < 4096 {
+                buf.reserve(16 * 1024);
+            }
+        }
+    };
+    let ended: Result<(), RedisError> = tokio::select! {
+        r = write => r,
+        r = read => r,
+    };
+    if let Err(e) = ended {
+        tracing::debug!(error = %e, "Redis connection ended");
+    }
+    let lost = std::mem::take(&mut *pending.lock());
+    for answer in lost {
+        let _ = answer.send(Err(RedisError::new(
+            ErrorKind::IO,
+            "the Redis connection was lost before the reply (the call may have run)",
+        )));
+    }
+}
+
+/// A script's reply: an array of integers, or the server's error (`MOVED`
+/// and `ASK` as cluster errors, the rest with the server's text).
+fn reply_of(frame: BytesFrame) -> Reply {
+    match frame {
+        BytesFrame::Array(items) => items
+            .into_iter()
+            .map(|item| match item {
+                BytesFrame::Integer(i) => Ok(i),
+                other => Err(RedisError::new(
+                    ErrorKind::Parse,
+                    format!("a script reply holds a non-integer: {other:?}"),
+                )),
+            })
+            .collect(),
+        BytesFrame::Error(e) => {
+            let text = e.to_string();
+            let kind = if text.starts_with("MOVED ") || text.starts_with("ASK ") {
+                ErrorKind::Cluster
+            } else {
+                ErrorKind::Unknown
+            };
+            Err(RedisError::new(kind, text))
+        }
+        other => Err(RedisError::new(
+            ErrorKind::Parse,
+            format!("unexpected script reply: {other:?}"),
+        )),
+    }
+}
+
+/// `EVALSHA|EVAL <sha|body> <numkeys> <keys…> <args…>` as a RESP array.
+fn encode_eval(
+    command: &str,
+    script: &str,
+    keys: &[Key],
+    args: &[Value],
+) -> Result<Vec<u8>, RedisError> {
+    let numkeys = keys.len().to_string();
+    let mut ints: Vec<String> = Vec::new();
+    for a in args {
+        if let Value::Integer(i) = a {
+            ints.push(i.to_string());
+        }
+    }
+    let mut ints = ints.iter();
+    let mut parts: Vec<&[u8]> = Vec::with_capacity(3 + keys.len() + args.len());
+    parts.push(command.as_bytes());
+    parts.push(script.as_bytes());
+    parts.push(numkeys.as_bytes());
+    parts.extend(keys.iter().map(|k| k.as_bytes()));
+    for a in args {
+        parts.push(match a {
+            Value::Integer(_) => ints.next().map(String::as_bytes).unwrap_or_default(),
+            Value::String(s) => s.as_bytes(),
+            Value::Bytes(b) => b,
+            other => {
+                return Err(RedisError::new(
+                    ErrorKind::InvalidArgument,
+                    format!("a script argument of an unsupported type: {other:?}"),
+                ))
+            }
+        });
+    }
+    Ok(encode(parts.into_iter()))
+}
+
+/// RESP: an array of bulk strings.
+fn encode<'a>(parts: impl ExactSizeIterator<Item = &'a [u8]>) -> Vec<u8> {
+    let mut out = Vec::with_capacity(64 + parts.len() * 24);
+    out.push(b'*');
+    out.extend_from_slice(parts.len().to_string().as_bytes());
+    out.extend_from_slice(b"\r\n");
+    for p in parts {
+        out.push(b'$');
+        out.extend_from_slice(p.len().to_string().as_bytes());
+        out.extend_from_slice(b"\r\n");
+        out.extend_from_slice(p);
+        out.extend_from_slice(b"\r\n");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commands_are_resp_arrays() {
+        let keys = [Key::from("k1")];
+        let args = [Value::Integer(-5), Value::from("x")];
+        let bytes = encode_eval("EVALSHA", "abc", &keys, &args).expect("encoded");
+        assert_eq!(
+            bytes,
+            b"*6\r\n$7\r\nEVALSHA\r\n$3\r\nabc\r\n$1\r\n1\r\n$2\r\nk1\r\n$2\r\n-5\r\n$1\r\nx\r\n"
+        );
+    }
+
+    #[test]
+    fn replies_become_integers_or_errors() {
+        let mut buf = BytesMut::from(
+            &b"*2\r\n:1\r\n:-3\r\n-MOVED 12 127.0.0.1:7001\r\n-NOSCRIPT No matching script\r\n"[..],
+        );
+        let mut next = || {
+            let (frame, _, _) = decode_bytes_mut(&mut buf).expect("valid").expect("a frame");
+            reply_of(frame)
+        };
+        assert_eq!(next().expect("ints"), vec![1, -3]);
+        let moved = next().expect_err("moved");
+        assert_eq!(*moved.kind(), ErrorKind::Cluster);
+        assert_eq!(moved.details(), "MOVED 12 127.0.0.1:7001");
+        let noscript = next().expect_err("noscript");
+        assert!(noscript.details().starts_with("NOSCRIPT"));
+    }
+}
+
+#[cfg(test)]
+mod target_tests {
+    use super::*;
+
+    /// Every URL form the service takes reaches the pipes (else decisions
+    /// would quietly fall back to fred's connections).
+    #[test]
+    fn every_url_form_has_a_target() {
+        let centralized = |url: &str| {
+            let mut config = crate::store::redis::url::parse(url).expect("url");
+            if let ServerConfig::Clustered { hosts, .. } = &config.server {
+                config.server = ServerConfig::Centralized {
+                    server: hosts[0].clone(),
+                };
+            }
+            config
+        };
+        for url in [
+            "redis://127.0.0.1:6379",
+            "redis://:secret@127.0.0.1:6379",
+            "redis://user:secret@127.0.0.1:6379",
+            "rediss://redis.example:6380",
+            "redis-cluster://127.0.0.1:7000,127.0.0.1:7001",
+            "rediss-cluster://u:p@127.0.0.1:7000",
+        ] {
+            let target = Target::of(&centralized(url), Duration::from_millis(250))
+                .unwrap_or_else(|| panic!("{url}: no target"));
+            assert_eq!(target.tls.is_some(), url.starts_with("rediss"), "{url}");
+            assert_eq!(target.password.is_some(), url.contains('@'), "{url}");
+        }
+        let t = Target::of(
+            &centralized("redis://user:secret@127.0.0.1:6379"),
+            Duration::ZERO,
+        )
+        .expect("target");
+        assert_eq!(
+            (t.username.as_deref(), t.password.as_deref()),
+            (Some("user"), Some("secret"))
+        );
+    }
+}
+
+/// Against a stand-in server on loopback: what goes out in one write, the
+/// order of answers, and a connection lost with calls in flight.
+#[cfg(test)]
+mod wire_tests {
+    use super::*;
+    use std::sync::atomic::AtomicU64;
+    use tokio::net::TcpListener;
+
+    /// A server that answers every command with `*1 :<n>`, `n` counting
+    /// from one, and counts the reads that brought commands. With
+    /// `close_after`, its first connection answers nothing and closes once
+    /// it has read that many commands; later ones answer.
+    async fn stand_in(close_after: Option<u64>) -> (u16, Arc<AtomicU64>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let reads = Arc::new(AtomicU64::new(0));
+        let counted = reads.clone();
+        tokio::spawn(async move {
+            let mut served = 0u64;
+            loop {
+                let Ok((mut socket, _)) = listener.accept().await else {
+                    return;
+                };
+                let mut buf = BytesMut::with_capacity(64 * 1024);
+                let mut closing = false;
+                'conn: loop {
+                    match socket.read_buf(&mut buf).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(_) => {}
+                    }
+                    counted.fetch_add(1, Ordering::Relaxed);
+                    let mut out = Vec::new();
+                    while let Ok(Some(_)) = decode_bytes_mut(&mut buf) {
+                        served += 1;
+                        match close_after {
+                            // read, never answered; closed once all are in
+                            Some(n) => closing = served >= n,
+                            None => {
+                                out.extend_from_slice(format!("*1\r\n:{served}\r\n").as_bytes())
+                            }
+                        }
+                    }
+                    if socket.write_all(&out).await.is_err() {
+                        break 'conn;
+                    }
+                    if closing {
+                        drop(socket);
+                        // later connections answer again
+                        return serve_forever(listener, served).await;
+                    }
+                }
+            }
+        });
+        (port, reads)
+    }
+
+    async fn serve_forever(listener: TcpListener, mut served: u64) {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            let mut buf = BytesMut::with_capacity(4096);
+            while socket.read_buf(&mut buf).await.is_ok_and(|n| n > 0) {
+                let mut out = Vec::new();
+                while let Ok(Some(_)) = decode_bytes_mut(&mut buf) {
+                    served += 1;
+                    out.extend_from_slice(format!("*1\r\n:{served}\r\n").as_bytes());
+                }
+                if socket.write_all(&out).await.is_err() {
+                    break;
+                }
+            }
+        }
+    }
+
+    fn target(port: u16) -> Target {
+        Target {
+            host: "127.0.0.1".into(),
+            port,
+            tls: None,
+            username: None,
+            password: None,
+            connect_timeout: Duration::from_secs(2),
+        }
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn concurrent_calls_share_writes_and_are_answered_in_order() {
+        let (port, reads) = stand_in(None).await;
+        let pipes = Arc::new(Pipes::connect(&target(port), 1));
+        pipes.wait(Duration::from_secs(2)).await;
+        assert!(pipes.connected());
+        let calls: Vec<_> = (0..200)
+            .map(|i| {
+                let pipes = pipes.clone();
+                tokio::spawn(async move {
+                    let keys = [Key::from(format!("k{i}"))];
+                    pipes.eval("sha", "body", &keys, &[]).await
+                })
+            })
+            .collect();
+        let mut answers = Vec::new();
+        for c in calls {
+            answers.push(c.await.expect("task").expect("answered")[0]);
+        }
+        // one connection answers in the order it was written: all distinct,
+        // 1..=200
+        let mut sorted = answers.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, (1..=200).collect::<Vec<i64>>());
+        // queued together, written together
+        let writes = pipes.writes();
+        assert!(writes <= 2, "200 calls took {writes} writes");
+        let reads = reads.load(Ordering::Relaxed);
+        assert!(reads <= 10, "200 calls reached the server in {reads} reads");
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_lost_connection_fails_the_calls_in_flight_once_then_reconnects() {
+        // the server reads 5 commands and closes without answering
+        let (port, _) = stand_in(Some(5)).await;
+        let pipes = Arc::new(Pipes::connect(&target(port), 1));
+        pipes.wait(Duration::from_secs(2)).await;
+        let calls: Vec<_> = (0..5)
+            .map(|_| {
+                let pipes = pipes.clone();
+                tokio::spawn(async move { pipes.eval("sha", "body", &[], &[]).await })
+            })
+            .collect();
+        for c in calls {
+            let e = c.await.expect("task").expect_err("lost");
+            assert_eq!(*e.kind(), ErrorKind::IO, "{e}");
+        }
+        // connected again in the background: the next call is answered
+        // (nothing was sent twice: the server counts 5, then 6)
+        pipes.wait(Duration::from_secs(2)).await;
+        let n = pipes.eval("sha", "body", &[], &[]).await.expect("answered");
+        assert_eq!(n, vec![6]);
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn calls_fail_at_once_while_the_server_is_down() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        drop(listener);
+        let pipes = Pipes::connect(&target(port), 1);
+        let started = std::time::Instant::now();
+        let e = pipes.eval("sha", "body", &[], &[]).await.expect_err("down");
+        assert_eq!(*e.kind(), ErrorKind::IO);
+        assert!(started.elapsed() < Duration::from_secs(1));
+    }
+}
