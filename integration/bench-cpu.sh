@@ -12,13 +12,20 @@
 #   - tokenbucket-rls, Redis store on one local redis-server (service and
 #     redis-server CPU per decision);
 #   - with LIMITADOR_BIN set: Limitador, memory storage, same load.
+#   - the fleet shape (issue #29), a row per round: a 3+3 Redis Cluster, keys
+#     drawn uniformly from 100,000, the service on SERVICE_CPUS, each
+#     primary on REDIS_CPUS and rls-bench on LOAD_CPUS (taskset lists;
+#     defaults for a 2-core box: 0, 1, 1); service, primaries (summed) and
+#     rls-bench CPU per decision. FLEET=0 skips it; FLEET_ONLY=1 runs only it.
+# RLS_BIN runs another tokenbucket-rls binary (e.g. the previous version's,
+# for a before/after in one run).
 # Loopback only, bounded. Needs redis-server.
 #   integration/bench-cpu.sh [CALLS] [ROUNDS]     (default 200000, 3)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 calls=${1:-200000}; rounds=${2:-3}
 work=$(mktemp -d)
-trap 'kill $(jobs -p) 2>/dev/null || true; redis-cli -p 18699 shutdown nosave >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
+trap 'kill $(jobs -p) 2>/dev/null || true; redis-cli -p 18699 shutdown nosave >/dev/null 2>&1 || true; [ -d "$work/cluster" ] && integration/redis-cluster.sh stop "$work/cluster" 18701 >/dev/null 2>&1; rm -rf "$work"' EXIT
 cargo build --release --bins --example rls-floor --locked 2>&1 | tail -n 1
 cat > "$work/rules.yaml" <<'RULES'
 domain: bench
@@ -29,37 +36,67 @@ RULES
 redis-server --port 18699 --save "" --appendonly no --daemonize yes --dir "$work" >/dev/null
 ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 wait_port() { for _ in $(seq 100); do (echo >"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return; sleep 0.1; done; echo "port $1 never opened" >&2; exit 1; }
-# measure LABEL PID [REDIS_PID]: one run of $calls against 127.0.0.1:18581
+# ticks of several processes, summed
+ticks_all() { local t=0 p; for p in "$@"; do t=$((t + $(ticks "$p"))); done; echo "$t"; }
+# measure LABEL PID [REDIS_PIDS]: one run of $calls against 127.0.0.1:18581
+# (keys: DIST, default hot; rls-bench pinned to LOAD_CPUS when set)
 measure() {
-  local label=$1 pid=$2 rpid=${3:-}
-  local b r0 out a r1
-  b=$(ticks "$pid"); r0=${rpid:+$(ticks "$rpid")}
-  out=$(target/release/rls-bench --target http://127.0.0.1:18581 --domain bench --key key \
-    --distribution hot --requests "$calls" --duration 120s --warmup 0s --json 2>/dev/null)
-  a=$(ticks "$pid"); r1=${rpid:+$(ticks "$rpid")}
-  python3 - "$label" "$out" "$b" "$a" "${r0:-0}" "${r1:-0}" <<'PY'
+  local label=$1 pid=$2 rpids=${3:-}
+  local b r0 out a r1 bt
+  b=$(ticks "$pid"); r0=$(ticks_all $rpids)
+  local pin=(); [ -n "${LOAD_CPUS:-}" ] && pin=(taskset -c "$LOAD_CPUS")
+  out=$(/usr/bin/time -f "%U %S" -o "$work/bench.time" "${pin[@]}" target/release/rls-bench \
+    --target http://127.0.0.1:18581 --domain bench --key key --distribution "${DIST:-hot}" \
+    --keys 100000 --requests "$calls" --duration 120s --warmup 0s --json 2>/dev/null)
+  a=$(ticks "$pid"); r1=$(ticks_all $rpids)
+  bt=$(cat "$work/bench.time")
+  python3 - "$label" "$out" "$b" "$a" "$r0" "$r1" "$bt" <<'PY'
 import json, os, sys
-label, out, b, a, r0, r1 = sys.argv[1:7]
+label, out, b, a, r0, r1, bt = sys.argv[1:8]
 r = json.loads(out); hz = os.sysconf("SC_CLK_TCK"); n = r["requests"]
 svc = (int(a) - int(b)) / hz * 1e6 / n
 red = (int(r1) - int(r0)) / hz * 1e6 / n
+gen = sum(map(float, bt.split())) * 1e6 / n
 extra = f"  redis-server {red:.1f} us" if red else ""
-print(f"{label:<44} {svc:6.1f} us/decision{extra}  {r['throughput_rps']:8.0f}/s")
+print(f"{label:<44} {svc:6.1f} us/decision{extra}  rls-bench {gen:.1f} us  {r['throughput_rps']:8.0f}/s")
 PY
 }
 serve() { # LABEL ENV... -- CMD...
   local label=$1; shift
   local envs=()
   while [ "$1" != "--" ]; do envs+=("$1"); shift; done; shift
-  env "${envs[@]}" "$@" >"$work/server.log" 2>&1 &
+  local pin=(); [ -n "${SERVICE_PIN:-}" ] && pin=(taskset -c "$SERVICE_PIN")
+  env "${envs[@]}" "${pin[@]}" "$@" >"$work/server.log" 2>&1 &
   local pid=$!
   wait_port 18581
+  [ -n "${WARM:-}" ] && sleep "$WARM"
   measure "$label" "$pid" "${REDIS_PID:-}"
   kill "$pid"; wait "$pid" 2>/dev/null || true
   sleep 0.3
 }
-rls=(target/release/tokenbucket-rls --config "$work/rules.yaml" --grpc-addr 127.0.0.1:18581 --admin-addr 127.0.0.1:18582)
+rls=("${RLS_BIN:-target/release/tokenbucket-rls}" --config "$work/rules.yaml" --grpc-addr 127.0.0.1:18581 --admin-addr 127.0.0.1:18582)
 redis_pid=$(redis-cli -p 18699 info server | awk -F: '/^process_id/ {print $2}' | tr -d '\r')
+fleet_rounds() {
+  local dir="$work/cluster" url pids p
+  url=$(integration/redis-cluster.sh start "$dir" 18701 | tail -n 1)
+  pids=""
+  for p in $(seq 18701 18706); do
+    if redis-cli -p "$p" role | head -n 1 | grep -q master; then
+      pids="$pids $(cat "$dir/$p/redis.pid")"
+      taskset -cp "${REDIS_CPUS:-1}" "$(cat "$dir/$p/redis.pid")" >/dev/null
+    fi
+  done
+  for round in $(seq "$rounds"); do
+    for p in $(seq 18701 18706); do redis-cli -p "$p" flushall >/dev/null 2>&1 || true; done
+    SERVICE_PIN=${SERVICE_CPUS:-0} LOAD_CPUS=${LOAD_CPUS:-1} DIST=uniform WARM=1 REDIS_PID="$pids" \
+      serve "fleet: 3 primaries, 100k keys (round $round)" X=1 -- "${rls[@]}" --store redis --redis-url "$url"
+  done
+  integration/redis-cluster.sh stop "$dir" 18701 >/dev/null
+}
+if [ "${FLEET_ONLY:-0}" = 1 ]; then
+  fleet_rounds
+  exit 0
+fi
 for round in $(seq "$rounds"); do
   echo "round $round"
   serve "floor (constant OK), default runtime" X=1 -- target/release/examples/rls-floor
@@ -80,3 +117,5 @@ LIMITS
     serve "Limitador memory" X=1 -- "$LIMITADOR_BIN" --rls-ip 127.0.0.1 --rls-port 18581 --http-port 18582 "$work/limits.yaml" memory
   fi
 done
+[ "${FLEET:-1}" = 1 ] && fleet_rounds
+exit 0
