@@ -655,3 +655,48 @@ descriptors:
     assert!(meta.contains("NumberValue(0.0)"), "{meta}");
     server.shutdown().await.expect("stop");
 }
+
+/// `rls-bench` against a running service: its HTTP/2 client decodes every
+/// answer (exact OK and OVER_LIMIT counts on one hot key) and reports its
+/// own CPU per request.
+#[tokio::test]
+async fn rls_bench_counts_answers_exactly() {
+    let rules = rules_dir(
+        "domain: bench\ndescriptors:\n  - key: key\n    rate_limit: {unit: hour, requests_per_unit: 100, burst: 100}\n",
+    );
+    let server = server::start(&serve_args(rules.path().to_path_buf()))
+        .await
+        .expect("server starts");
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_rls-bench"))
+        .args([
+            "--target",
+            &format!("http://{}", server.grpc_addr),
+            "--requests",
+            "500",
+            "--connections",
+            "2",
+            "--concurrency",
+            "4",
+            "--warmup",
+            "0s",
+            "--duration",
+            "60s",
+            "--json",
+        ])
+        .output()
+        .await
+        .expect("rls-bench runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(report["requests"], 500);
+    assert_eq!(report["ok"], 100, "the burst");
+    assert_eq!(report["over_limit"], 400);
+    assert_eq!(report["errors"], 0);
+    assert_eq!(report["with_limit"], 500);
+    assert!(report["client_cpu_us"].as_f64().is_some(), "{report}");
+    server.shutdown().await.expect("stop");
+}

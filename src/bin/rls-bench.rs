@@ -9,8 +9,15 @@
 //! Keys: one hot key, uniform over K keys, or zipf(s) over K keys.
 //! `--rlqs`: simulated Envoys on RLQS streams instead ([`rlqs`]).
 
+#[path = "rls-bench/grpc.rs"]
+mod grpc;
 #[path = "rls-bench/rlqs.rs"]
 mod rlqs;
+
+// the allocator the service uses: the generator's own cost per request
+// is part of its report
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -21,11 +28,9 @@ use clap::{Parser, ValueEnum};
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use futures::stream::{FuturesUnordered, StreamExt};
 use hdrhistogram::Histogram;
-use tonic::transport::{Channel, Endpoint};
 
 #[derive(Debug, Clone, Copy, PartialEq, ValueEnum)]
 enum Distribution {
@@ -218,23 +223,16 @@ impl Shared {
 
     fn record(
         &self,
-        result: &Result<
-            tonic::Response<envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse>,
-            tonic::Status,
-        >,
+        result: &Result<envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse>,
     ) {
         let counter = match result {
-            Ok(r) if r.get_ref().overall_code == Code::OverLimit as i32 => &self.counts.over,
+            Ok(r) if r.overall_code == Code::OverLimit as i32 => &self.counts.over,
             Ok(_) => &self.counts.ok,
             Err(_) => &self.counts.errors,
         };
         counter.fetch_add(1, Ordering::Relaxed);
         if let Ok(r) = result {
-            if r.get_ref()
-                .statuses
-                .iter()
-                .any(|s| s.current_limit.is_some())
-            {
+            if r.statuses.iter().any(|s| s.current_limit.is_some()) {
                 self.counts.limited.fetch_add(1, Ordering::Relaxed);
             }
         }
@@ -246,14 +244,8 @@ fn histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 60_000_000, 3).expect("valid histogram bounds")
 }
 
-async fn connect(target: &str) -> Result<RateLimitServiceClient<Channel>> {
-    let channel = Endpoint::from_shared(target.to_string())
-        .context("invalid --target")?
-        .tcp_nodelay(true)
-        .connect()
-        .await
-        .with_context(|| format!("cannot connect to {target}"))?;
-    Ok(RateLimitServiceClient::new(channel))
+async fn connect(target: &str) -> Result<grpc::Client> {
+    grpc::Client::connect(target).await
 }
 
 /// Waits for every caller and adds up their histograms.
@@ -270,7 +262,7 @@ async fn merged(tasks: Vec<tokio::task::JoinHandle<Histogram<u64>>>) -> Histogra
 /// Closed loop: each caller sends when its last request was answered.
 async fn closed_loop(
     shared: Arc<Shared>,
-    clients: Vec<RateLimitServiceClient<Channel>>,
+    clients: Vec<grpc::Client>,
     until: Instant,
 ) -> Histogram<u64> {
     let mut tasks = Vec::new();
@@ -284,7 +276,7 @@ async fn closed_loop(
                 while Instant::now() < until && shared.take() {
                     let req = shared.request(&mut rng);
                     let start = Instant::now();
-                    let result = client.should_rate_limit(req).await;
+                    let result = client.should_rate_limit(&req).await;
                     let _ = hist.record(start.elapsed().as_micros().max(1) as u64);
                     shared.record(&result);
                 }
@@ -314,7 +306,7 @@ struct Latencies {
 /// actual send is kept beside it, to tell the two apart.
 async fn open_loop(
     shared: Arc<Shared>,
-    clients: Vec<RateLimitServiceClient<Channel>>,
+    clients: Vec<grpc::Client>,
     rate: u64,
     until: Instant,
 ) -> Latencies {
@@ -340,7 +332,7 @@ async fn open_loop(
                             let mut client = client.clone();
                             in_flight.push(async move {
                                 let sent = Instant::now();
-                                (due, sent, client.should_rate_limit(req).await)
+                                (due, sent, client.should_rate_limit(&req).await)
                             });
                         }
                         None => receiving = false,
@@ -461,6 +453,7 @@ async fn run(args: Args) -> Result<()> {
         closed_loop(warm, clients.clone(), Instant::now() + shared.args.warmup).await;
     }
 
+    let cpu_before = own_cpu();
     let started = Instant::now();
     let until = started + shared.args.duration;
     let lat = match shared.args.rate {
@@ -483,6 +476,11 @@ async fn run(args: Args) -> Result<()> {
     );
     let total = ok + over + errors;
     let rps = total as f64 / elapsed;
+    // this process's own CPU per request: what loading the service costs
+    let client_cpu_us = match (cpu_before, own_cpu()) {
+        (Some(b), Some(a)) if total > 0 => Some((a - b).as_secs_f64() * 1e6 / total as f64),
+        _ => None,
+    };
     let q = |p: f64| hist.value_at_quantile(p);
     let qs = |p: f64| lat.from_send.value_at_quantile(p);
     let a = &shared.args;
@@ -495,6 +493,7 @@ async fn run(args: Args) -> Result<()> {
             "target": a.target, "mode": mode, "distribution": format!("{:?}", a.distribution).to_lowercase(),
             "keys": a.keys, "descriptors": a.descriptors, "seconds": elapsed,
             "requests": total, "ok": ok, "over_limit": over, "errors": errors, "with_limit": limited, "throughput_rps": rps,
+            "client_cpu_us": client_cpu_us,
             "latency_us": {"p50": q(0.5), "p90": q(0.9), "p99": q(0.99), "p999": q(0.999), "max": hist.max()},
             "latency_from_send_us": {"p50": qs(0.5), "p90": qs(0.9), "p99": qs(0.99), "p999": qs(0.999), "max": lat.from_send.max()},
         });
@@ -512,6 +511,9 @@ async fn run(args: Args) -> Result<()> {
             "requests {total}: ok {ok}, over_limit {over}, errors {errors}, with a limit {limited}"
         );
         println!("throughput {rps:.0} requests/s");
+        if let Some(us) = client_cpu_us {
+            println!("rls-bench's own CPU: {us:.1} µs per request");
+        }
         println!(
             "latency µs: p50 {} p90 {} p99 {} p999 {} max {}",
             q(0.5),
@@ -538,6 +540,19 @@ async fn run(args: Args) -> Result<()> {
         eprintln!("{warning}");
     }
     Ok(())
+}
+
+/// This process's user and system CPU time so far (`/proc/self/stat`);
+/// `None` where there is no procfs.
+fn own_cpu() -> Option<Duration> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // fields after the command name, which is in parentheses and may hold spaces
+    let rest = stat.rsplit_once(')')?.1;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the line, 12 and 13 after ')'
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    // clock ticks per second: 100 on Linux for every architecture we build
+    Some(Duration::from_millis(ticks * 10))
 }
 
 /// A warning when no answer carried a `current_limit`: then no rule matched
