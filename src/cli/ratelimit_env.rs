@@ -128,7 +128,7 @@ fn is_true(v: &str) -> bool {
 
 fn refused(name: &str, value: &str, why: &str) -> String {
     format!(
-        "{name}={value}: {why} (unset it, or see the README's \"Replacing envoyproxy/ratelimit\")"
+        "{name}={value}: {why} (unset it, or see the README's \"Replacing envoyproxy/ratelimit in Envoy Gateway or Istio\")"
     )
 }
 
