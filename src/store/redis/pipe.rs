@@ -430,61 +430,95 @@ fn reply_of(frame: BytesFrame) -> Reply {
     }
 }
 
-/// `EVALSHA|EVAL <sha|body> <numkeys> <keys…> <args…>` as a RESP array.
+/// `EVALSHA|EVAL <sha|body> <numkeys> <keys…> <args…>` as a RESP array,
+/// written into one buffer (no allocation per argument).
 fn encode_eval(
     command: &str,
     script: &str,
     keys: &[Key],
     args: &[Value],
 ) -> Result<Vec<u8>, RedisError> {
-    let numkeys = keys.len().to_string();
-    let mut ints: Vec<String> = Vec::new();
-    for a in args {
-        if let Value::Integer(i) = a {
-            ints.push(i.to_string());
-        }
+    let size = 64
+        + script.len()
+        + keys.iter().map(|k| k.as_bytes().len() + 16).sum::<usize>()
+        + args.len() * 32;
+    let mut out = Vec::with_capacity(size);
+    put_header(&mut out, b'*', 3 + keys.len() + args.len());
+    put_bulk(&mut out, command.as_bytes());
+    put_bulk(&mut out, script.as_bytes());
+    put_bulk(&mut out, decimal(keys.len() as i64, &mut [0; 20]));
+    for k in keys {
+        put_bulk(&mut out, k.as_bytes());
     }
-    let mut ints = ints.iter();
-    let mut parts: Vec<&[u8]> = Vec::with_capacity(3 + keys.len() + args.len());
-    parts.push(command.as_bytes());
-    parts.push(script.as_bytes());
-    parts.push(numkeys.as_bytes());
-    parts.extend(keys.iter().map(|k| k.as_bytes()));
     for a in args {
-        parts.push(match a {
-            Value::Integer(_) => ints.next().map(String::as_bytes).unwrap_or_default(),
-            Value::String(s) => s.as_bytes(),
-            Value::Bytes(b) => b,
+        match a {
+            Value::Integer(i) => put_bulk(&mut out, decimal(*i, &mut [0; 20])),
+            Value::String(s) => put_bulk(&mut out, s.as_bytes()),
+            Value::Bytes(b) => put_bulk(&mut out, b),
             other => {
                 return Err(RedisError::new(
                     ErrorKind::InvalidArgument,
                     format!("a script argument of an unsupported type: {other:?}"),
                 ))
             }
-        });
+        }
     }
-    Ok(encode(parts.into_iter()))
+    Ok(out)
 }
 
 /// RESP: an array of bulk strings.
 fn encode<'a>(parts: impl ExactSizeIterator<Item = &'a [u8]>) -> Vec<u8> {
     let mut out = Vec::with_capacity(64 + parts.len() * 24);
-    out.push(b'*');
-    out.extend_from_slice(parts.len().to_string().as_bytes());
-    out.extend_from_slice(b"\r\n");
+    put_header(&mut out, b'*', parts.len());
     for p in parts {
-        out.push(b'$');
-        out.extend_from_slice(p.len().to_string().as_bytes());
-        out.extend_from_slice(b"\r\n");
-        out.extend_from_slice(p);
-        out.extend_from_slice(b"\r\n");
+        put_bulk(&mut out, p);
     }
     out
+}
+
+/// `<kind><n>\r\n`.
+fn put_header(out: &mut Vec<u8>, kind: u8, n: usize) {
+    out.push(kind);
+    out.extend_from_slice(decimal(n as i64, &mut [0; 20]));
+    out.extend_from_slice(b"\r\n");
+}
+
+/// `$<len>\r\n<bytes>\r\n`.
+fn put_bulk(out: &mut Vec<u8>, bytes: &[u8]) {
+    put_header(out, b'$', bytes.len());
+    out.extend_from_slice(bytes);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// `i` in decimal, in `buf`.
+fn decimal(i: i64, buf: &mut [u8; 20]) -> &[u8] {
+    let mut n = i.unsigned_abs();
+    let mut at = buf.len();
+    loop {
+        at -= 1;
+        buf[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    if i < 0 {
+        at -= 1;
+        buf[at] = b'-';
+    }
+    &buf[at..]
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn decimals() {
+        for i in [0, 7, -5, 10, 12345, -9_876_543_210, i64::MAX, i64::MIN] {
+            assert_eq!(decimal(i, &mut [0; 20]), i.to_string().as_bytes(), "{i}");
+        }
+    }
 
     #[test]
     fn commands_are_resp_arrays() {
