@@ -132,6 +132,17 @@ struct Answer {
     quota_violations: Option<String>,
 }
 
+impl Answer {
+    /// `retry-after` in seconds; the answer must carry one.
+    fn retry_after_secs(&self) -> u64 {
+        self.retry_after
+            .as_deref()
+            .expect("retry-after")
+            .parse()
+            .expect("seconds")
+    }
+}
+
 impl Edge {
     /// Envoy in front of one service instance per entry of `instances`,
     /// each started with those extra environment variables, serving the
@@ -762,12 +773,7 @@ async fn alice_goes_into_debt(edge: &Edge, rule: &str) -> (Answer, u64) {
     settled_llm(edge, rule, 4.0).await;
     let refused = llm_chat(edge, "alice", "600").await;
     assert_eq!(refused.status, 429, "the second chat's 600 went into debt");
-    let wait: u64 = refused
-        .retry_after
-        .as_deref()
-        .expect("retry-after")
-        .parse()
-        .expect("seconds");
+    let wait: u64 = refused.retry_after_secs();
     settled_llm(edge, rule, 5.0).await;
     assert_eq!(llm_chat(edge, "bob", "5").await.status, 200, "another user");
     settled_llm(edge, rule, 7.0).await;
@@ -1458,12 +1464,7 @@ descriptors:
     let next = chat("ivy", "0").await;
     let debt = started * 100 - 1000;
     assert_eq!(next.status, 429, "{debt} in debt (or nothing left)");
-    let wait: u64 = next
-        .retry_after
-        .as_deref()
-        .expect("retry-after")
-        .parse()
-        .expect("seconds");
+    let wait: u64 = next.retry_after_secs();
     let owed = debt.min(1000) as f64 + 1.0;
     let exact = (owed * 86.4).ceil() as u64;
     assert!(
@@ -1548,18 +1549,17 @@ async fn envoy_talks_mtls_to_a_service_configured_as_envoy_gateway_does() {
         "login: burst 5, decided over mTLS"
     );
     let refused = edge.get("/login", &[]).await;
-    let wait: u64 = refused
-        .retry_after
-        .as_deref()
-        .expect("retry-after")
-        .parse()
-        .expect("seconds");
+    let wait: u64 = refused.retry_after_secs();
     assert!((5..=6).contains(&wait), "a token every 6 s: {wait}");
 }
 
 /// A real Envoy in front of a service whose rules come over xDS with mTLS
 /// (#27): the example bootstrap's `/login` descriptor, limited by what the
 /// ADS server sends (3 a minute), not by `config/` (5).
+use envoy_types::pb::ratelimit::config::ratelimit::v3::{
+    RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitUnit,
+};
+
 /// A test ADS server with mTLS on a free port, and the service's
 /// environment that reaches it.
 async fn ads_with_mtls(dir: &Path) -> (common::ads::AdsServer, Vec<(&'static str, String)>) {
@@ -1584,35 +1584,55 @@ async fn ads_with_mtls(dir: &Path) -> (common::ads::AdsServer, Vec<(&'static str
     (ads, env)
 }
 
-#[tokio::test]
-async fn envoy_in_front_of_rules_over_xds() {
-    use envoy_types::pb::ratelimit::config::ratelimit::v3::{
-        RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitUnit,
-    };
-    let dir = tempfile::tempdir().expect("tempdir");
-    let (mut ads, env) = ads_with_mtls(dir.path()).await;
-    let login = RateLimitConfig {
-        name: "edge".into(),
-        domain: "edge".into(),
+/// A real Envoy (`bootstrap` from `examples/envoy/`) in front of a service
+/// whose only rules come over xDS with mTLS: one rule, `key` (= `value`
+/// when given) at `requests_per_unit` per `unit`, in `domain`. The service
+/// is ready once the snapshot is in, so it is pushed while the edge starts.
+async fn edge_with_an_xds_rule(
+    dir: &Path,
+    extra_env: Vec<(&'static str, String)>,
+    bootstrap: &str,
+    domain: &str,
+    (key, value): (&str, &str),
+    (unit, requests_per_unit): (RateLimitUnit, u32),
+) -> (Edge, common::ads::AdsServer) {
+    let (mut ads, mut env) = ads_with_mtls(dir).await;
+    env.extend(extra_env);
+    let config = RateLimitConfig {
+        name: domain.into(),
+        domain: domain.into(),
         descriptors: vec![RateLimitDescriptor {
-            key: "path".into(),
-            value: "/login".into(),
+            key: key.into(),
+            value: value.into(),
             rate_limit: Some(RateLimitPolicy {
-                unit: RateLimitUnit::Minute as i32,
-                requests_per_unit: 3,
+                unit: unit as i32,
+                requests_per_unit,
                 ..Default::default()
             }),
             ..Default::default()
         }],
     };
-    // the service is ready once the snapshot is in: push it while the
-    // edge starts
-    let (config, instances, snapshot) = (Path::new(ROOT).join("config"), [env], [login]);
+    let (rules, instances, snapshot) = (Path::new(ROOT).join("config"), [env], [config]);
     let (edge, ack) = tokio::join!(
-        Edge::start_full(&config, "envoy.yaml", &instances),
+        Edge::start_full(&rules, bootstrap, &instances),
         ads.snapshot("1", "a", &snapshot),
     );
     assert!(ack.error_detail.is_none(), "{ack:?}");
+    (edge, ads)
+}
+
+#[tokio::test]
+async fn envoy_in_front_of_rules_over_xds() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (edge, ads) = edge_with_an_xds_rule(
+        dir.path(),
+        Vec::new(),
+        "envoy.yaml",
+        "edge",
+        ("path", "/login"),
+        (RateLimitUnit::Minute, 3),
+    )
+    .await;
     assert_eq!(
         edge.codes(4, "/login", &[]).await,
         [200, 200, 200, 429],
@@ -1626,31 +1646,16 @@ async fn envoy_in_front_of_rules_over_xds() {
 /// with `--usage-domains`: the scenario through a real Envoy.
 #[tokio::test]
 async fn envoy_charges_llm_tokens_on_rules_over_xds_in_a_usage_domain() {
-    use envoy_types::pb::ratelimit::config::ratelimit::v3::{
-        RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitUnit,
-    };
     let dir = tempfile::tempdir().expect("tempdir");
-    let (mut ads, mut env) = ads_with_mtls(dir.path()).await;
-    env.push(("RLS_USAGE_DOMAINS", "llm".into()));
-    let tokens = RateLimitConfig {
-        name: "llm".into(),
-        domain: "llm".into(),
-        descriptors: vec![RateLimitDescriptor {
-            key: "user".into(),
-            rate_limit: Some(RateLimitPolicy {
-                unit: RateLimitUnit::Minute as i32,
-                requests_per_unit: 1000,
-                ..Default::default()
-            }),
-            ..Default::default()
-        }],
-    };
-    let (config, instances, snapshot) = (Path::new(ROOT).join("config"), [env], [tokens]);
-    let (edge, ack) = tokio::join!(
-        Edge::start_full(&config, "llm.yaml", &instances),
-        ads.snapshot("1", "a", &snapshot),
-    );
-    assert!(ack.error_detail.is_none(), "{ack:?}");
+    let (edge, ads) = edge_with_an_xds_rule(
+        dir.path(),
+        vec![("RLS_USAGE_DOMAINS", "llm".into())],
+        "llm.yaml",
+        "llm",
+        ("user", ""),
+        (RateLimitUnit::Minute, 1000),
+    )
+    .await;
     let (_, wait) = alice_goes_into_debt(&edge, "user").await;
     // 201 tokens at 1,000 a minute (16.7 a second): 13 s, less what has
     // refilled since the charge (allowing 5 s for a busy machine)

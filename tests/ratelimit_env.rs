@@ -83,10 +83,7 @@ async fn started_with_istios_sample_environment() {
     let (rules, sample_env) = istio_sample();
     configmap(&config, "2026_12_04_a", &rules);
     let (grpc, admin) = (free_port(), free_port());
-    let mut command = Command::new(env!("CARGO_BIN_EXE_tokenbucket-rls"));
-    for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("RLS_")) {
-        command.env_remove(k);
-    }
+    let mut command = common::binary_without_rls_env();
     // the sample's environment, as it is, then where this machine differs:
     // the root of the ConfigMap, Redis's address, ports off 8080/8081 on
     // loopback
@@ -222,10 +219,7 @@ async fn statsd_gets_the_stats_under_envoyproxy_ratelimits_names() {
         .expect("udp");
     let statsd_port = statsd.local_addr().expect("addr").port();
     let (grpc, admin) = (free_port(), free_port());
-    let mut command = Command::new(env!("CARGO_BIN_EXE_tokenbucket-rls"));
-    for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("RLS_")) {
-        command.env_remove(k);
-    }
+    let mut command = common::binary_without_rls_env();
     let child = command
         .env("RUNTIME_ROOT", root.path())
         .env("RUNTIME_SUBDIRECTORY", "ratelimit")

@@ -291,10 +291,7 @@ async fn the_binary_with_envoy_gateways_environment() {
             .any(|(k, v)| k == "CACHE_KEY_PREFIX" && v == "eg:rl:"),
         "{added:?}"
     );
-    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_tokenbucket-rls"));
-    for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("RLS_")) {
-        command.env_remove(k);
-    }
+    let mut command = common::binary_without_rls_env();
     let child = command
         .env_remove("RUST_LOG")
         .envs(env)

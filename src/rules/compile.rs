@@ -232,7 +232,7 @@ fn compile_rule(scope: &Scope<'_>, doc: &DescriptorDoc, errors: &mut ConfigError
             if limits.iter().all(|l| l.requests_per_unit > 0));
     let metadata = match &doc.metadata {
         None | Some(serde_yaml::Value::Null) => None,
-        Some(m @ serde_yaml::Value::Mapping(_)) => Some(m.clone()),
+        Some(m @ serde_yaml::Value::Mapping(_)) => Some(crate::pb_struct::struct_from_yaml(m)),
         Some(_) => {
             scope.error(
                 errors,

@@ -16,6 +16,16 @@ use super::unit::{FailureMode, Unit};
 use super::wildcard::Wildcard;
 use crate::bucket::BucketParams;
 
+fn metadata_as_yaml<S: serde::Serializer>(
+    metadata: &Option<envoy_types::pb::google::protobuf::Struct>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    metadata
+        .as_ref()
+        .map(crate::pb_struct::yaml_from_struct)
+        .serialize(s)
+}
+
 /// What a descriptor path leads to.
 #[derive(Debug, Serialize)]
 pub struct Rule {
@@ -51,8 +61,13 @@ pub struct Rule {
     pub usage_charges: bool,
     /// `metadata:` (a map), sent back in the response's dynamic metadata
     /// for a descriptor this rule passes, with `--response-dynamic-metadata`.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub metadata: Option<serde_yaml::Value>,
+    /// Held as the `Struct` it is sent as (converted once, at load); shown
+    /// at `/config` as YAML.
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "metadata_as_yaml"
+    )]
+    pub metadata: Option<envoy_types::pb::google::protobuf::Struct>,
     /// `max_values:` at most this many distinct descriptors get buckets of
     /// their own; the others share the rule's overflow bucket.
     #[serde(skip_serializing_if = "Option::is_none")]

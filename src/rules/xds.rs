@@ -354,7 +354,12 @@ mod tests {
         assert!(rule.quota_mode);
         let want: serde_yaml::Value =
             serde_yaml::from_str("service_with_quota: {name: service_2}").expect("yaml");
-        assert_eq!(rule.metadata.as_ref(), Some(&want));
+        assert_eq!(
+            rule.metadata
+                .as_ref()
+                .map(crate::pb_struct::yaml_from_struct),
+            Some(want)
+        );
     }
 
     #[test]

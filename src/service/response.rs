@@ -172,7 +172,7 @@ fn request_metadata(request: &RateLimitRequest, decisions: &[Decision]) -> Struc
     let mut passed = Struct::default();
     for d in decisions.iter().filter(|d| !d.verdict.is_over_limit()) {
         if let Some(m) = d.rule.as_ref().and_then(|r| r.metadata.as_ref()) {
-            crate::pb_struct::merge(&mut passed, &crate::pb_struct::struct_from_yaml(m));
+            crate::pb_struct::merge(&mut passed, m);
         }
     }
     if !passed.fields.is_empty() {

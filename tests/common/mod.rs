@@ -174,3 +174,13 @@ pub fn sample(text: &str, name_and_labels: &str) -> Option<f64> {
         .and_then(|l| l.rsplit(' ').next())
         .and_then(|v| v.parse().ok())
 }
+
+/// The service binary with none of this shell's `RLS_*` variables, for
+/// tests that configure it only as envoyproxy/ratelimit's deployments do.
+pub fn binary_without_rls_env() -> std::process::Command {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_tokenbucket-rls"));
+    for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("RLS_")) {
+        command.env_remove(k);
+    }
+    command
+}
