@@ -18,7 +18,8 @@
 #     defaults for a 2-core box: 0, 1, 1); service, primaries (summed) and
 #     rls-bench CPU per decision. FLEET=0 skips it; FLEET_ONLY=1 runs only it.
 # RLS_BIN runs another tokenbucket-rls binary (e.g. the previous version's,
-# for a before/after in one run).
+# for a before/after in one run); RLS_ARGS adds flags to every run of it
+# (e.g. RLS_ARGS="--redis-pool-size 1").
 # Loopback only, bounded. Needs redis-server.
 #   integration/bench-cpu.sh [CALLS] [ROUNDS]     (default 200000, 3)
 set -euo pipefail
@@ -36,6 +37,9 @@ RULES
 redis-server --port 18699 --save "" --appendonly no --daemonize yes --dir "$work" >/dev/null
 ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 wait_port() { for _ in $(seq 100); do (echo >"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return; sleep 0.1; done; echo "port $1 never opened" >&2; exit 1; }
+# reads redis-server made from its clients, summed over REDIS_PORTS (how
+# many commands each read brings: the batching, whatever the machine's noise)
+reads_all() { local t=0 p; for p in ${REDIS_PORTS:-}; do t=$((t + $(redis-cli -p "$p" info stats | awk -F: '/^total_reads_processed/ {print $2}' | tr -d '\r'))); done; echo "$t"; }
 # ticks of several processes, summed
 ticks_all() { local t=0 p; for p in "$@"; do t=$((t + $(ticks "$p"))); done; echo "$t"; }
 # measure LABEL PID [REDIS_PIDS]: one run of $calls against 127.0.0.1:18581
@@ -43,21 +47,23 @@ ticks_all() { local t=0 p; for p in "$@"; do t=$((t + $(ticks "$p"))); done; ech
 measure() {
   local label=$1 pid=$2 rpids=${3:-}
   local b r0 out a r1 bt
-  b=$(ticks "$pid"); r0=$(ticks_all $rpids)
+  b=$(ticks "$pid"); r0=$(ticks_all $rpids); q0=$(reads_all)
   local pin=(); [ -n "${LOAD_CPUS:-}" ] && pin=(taskset -c "$LOAD_CPUS")
   out=$(/usr/bin/time -f "%U %S" -o "$work/bench.time" "${pin[@]}" target/release/rls-bench \
     --target http://127.0.0.1:18581 --domain bench --key key --distribution "${DIST:-hot}" \
     --keys 100000 --requests "$calls" --duration 120s --warmup 0s --json 2>/dev/null)
-  a=$(ticks "$pid"); r1=$(ticks_all $rpids)
+  a=$(ticks "$pid"); r1=$(ticks_all $rpids); q1=$(reads_all)
   bt=$(cat "$work/bench.time")
-  python3 - "$label" "$out" "$b" "$a" "$r0" "$r1" "$bt" <<'PY'
+  python3 - "$label" "$out" "$b" "$a" "$r0" "$r1" "$bt" "$q0" "$q1" <<'PY'
 import json, os, sys
-label, out, b, a, r0, r1, bt = sys.argv[1:8]
+label, out, b, a, r0, r1, bt, q0, q1 = sys.argv[1:10]
 r = json.loads(out); hz = os.sysconf("SC_CLK_TCK"); n = r["requests"]
 svc = (int(a) - int(b)) / hz * 1e6 / n
 red = (int(r1) - int(r0)) / hz * 1e6 / n
 gen = sum(map(float, bt.split())) * 1e6 / n
 extra = f"  redis-server {red:.1f} us" if red else ""
+if int(q1) > int(q0):
+    extra += f" ({(int(q1) - int(q0)) / n:.3f} reads)"
 print(f"{label:<44} {svc:6.1f} us/decision{extra}  rls-bench {gen:.1f} us  {r['throughput_rps']:8.0f}/s")
 PY
 }
@@ -74,21 +80,22 @@ serve() { # LABEL ENV... -- CMD...
   kill "$pid"; wait "$pid" 2>/dev/null || true
   sleep 0.3
 }
-rls=("${RLS_BIN:-target/release/tokenbucket-rls}" --config "$work/rules.yaml" --grpc-addr 127.0.0.1:18581 --admin-addr 127.0.0.1:18582)
+# shellcheck disable=SC2206 # RLS_ARGS is split into words on purpose
+rls=("${RLS_BIN:-target/release/tokenbucket-rls}" --config "$work/rules.yaml" --grpc-addr 127.0.0.1:18581 --admin-addr 127.0.0.1:18582 ${RLS_ARGS:-})
 redis_pid=$(redis-cli -p 18699 info server | awk -F: '/^process_id/ {print $2}' | tr -d '\r')
 fleet_rounds() {
   local dir="$work/cluster" url pids p
   url=$(integration/redis-cluster.sh start "$dir" 18701 | tail -n 1)
-  pids=""
+  pids=""; ports=""
   for p in $(seq 18701 18706); do
     if redis-cli -p "$p" role | head -n 1 | grep -q master; then
-      pids="$pids $(cat "$dir/$p/redis.pid")"
+      pids="$pids $(cat "$dir/$p/redis.pid")"; ports="$ports $p"
       taskset -cp "${REDIS_CPUS:-1}" "$(cat "$dir/$p/redis.pid")" >/dev/null
     fi
   done
   for round in $(seq "$rounds"); do
     for p in $(seq 18701 18706); do redis-cli -p "$p" flushall >/dev/null 2>&1 || true; done
-    SERVICE_PIN=${SERVICE_CPUS:-0} LOAD_CPUS=${LOAD_CPUS:-1} DIST=uniform WARM=1 REDIS_PID="$pids" \
+    SERVICE_PIN=${SERVICE_CPUS:-0} LOAD_CPUS=${LOAD_CPUS:-1} DIST=uniform WARM=1 REDIS_PID="$pids" REDIS_PORTS="$ports" \
       serve "fleet: 3 primaries, 100k keys (round $round)" X=1 -- "${rls[@]}" --store redis --redis-url "$url"
   done
   integration/redis-cluster.sh stop "$dir" 18701 >/dev/null
@@ -105,7 +112,7 @@ for round in $(seq "$rounds"); do
   serve "tokenbucket-rls memory, --serving-threads 0" X=1 -- "${rls[@]}" --serving-threads 0
   serve "tokenbucket-rls memory, --serving-threads 1" X=1 -- "${rls[@]}" --serving-threads 1
   redis-cli -p 18699 flushall >/dev/null
-  REDIS_PID=$redis_pid serve "tokenbucket-rls redis (service; redis-server)" X=1 -- "${rls[@]}" --store redis --redis-url redis://127.0.0.1:18699
+  REDIS_PID=$redis_pid REDIS_PORTS=18699 serve "tokenbucket-rls redis (service; redis-server)" X=1 -- "${rls[@]}" --store redis --redis-url redis://127.0.0.1:18699
   if [ -n "${LIMITADOR_BIN:-}" ]; then
     cat > "$work/limits.yaml" <<'LIMITS'
 - namespace: bench

@@ -92,10 +92,19 @@ impl Target {
     }
 }
 
-/// A few pipelined connections to one server, used in turn.
+/// Calls waiting on a connection past which the next call goes to the
+/// next connection: it is behind (Redis or the network is slow to take
+/// what it writes), or a burst is larger than a write carries.
+const SPILL: usize = 512;
+
+/// A few pipelined connections to one server, filled in order: a call goes
+/// to the first connection that is up and not behind, so that at ordinary
+/// loads every call waits in one queue and goes out in the largest writes
+/// (round-robin split each batch as many ways as there were connections;
+/// BENCHMARKS.md). The others take the overflow, and the calls of a
+/// connection that is down.
 pub struct Pipes {
     pipes: Vec<Pipe>,
-    next: AtomicUsize,
 }
 
 impl Pipes {
@@ -105,15 +114,33 @@ impl Pipes {
             pipes: (0..count.max(1))
                 .map(|_| Pipe::connect(target.clone()))
                 .collect(),
-            next: AtomicUsize::new(0),
         }
+    }
+
+    /// The first connection that is up with fewer than [`SPILL`] calls
+    /// waiting; else the one up with the fewest waiting; else the first
+    /// (which answers that it is down).
+    fn pick(&self) -> &Pipe {
+        let mut least: Option<(&Pipe, usize)> = None;
+        for pipe in &self.pipes {
+            if !pipe.up.load(Ordering::Relaxed) {
+                continue;
+            }
+            let waiting = pipe.waiting();
+            if waiting < SPILL {
+                return pipe;
+            }
+            if least.is_none_or(|(_, w)| waiting < w) {
+                least = Some((pipe, waiting));
+            }
+        }
+        least.map_or(&self.pipes[0], |(pipe, _)| pipe)
     }
 
     /// Runs `EVALSHA sha keys args` (or `EVAL body …` when the server does
     /// not have the script yet) on the next connection.
     pub async fn eval(&self, sha: &str, body: &str, keys: &[Key], args: &[Value]) -> Reply {
-        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.pipes.len();
-        let pipe = &self.pipes[i];
+        let pipe = self.pick();
         match pipe.call(encode_eval("EVALSHA", sha, keys, args)?).await {
             Err(e) if e.details().starts_with("NOSCRIPT") => {
                 pipe.call(encode_eval("EVAL", body, keys, args)?).await
@@ -129,6 +156,15 @@ impl Pipes {
             .iter()
             .map(|p| p.writes.load(Ordering::Relaxed))
             .sum()
+    }
+
+    /// Writes made on each connection so far.
+    #[cfg(test)]
+    fn writes_each(&self) -> Vec<usize> {
+        self.pipes
+            .iter()
+            .map(|p| p.writes.load(Ordering::Relaxed))
+            .collect()
     }
 
     /// Whether every connection is up.
@@ -154,6 +190,11 @@ struct Pipe {
 }
 
 impl Pipe {
+    /// Calls queued and not yet taken by the writer.
+    fn waiting(&self) -> usize {
+        self.queue.max_capacity() - self.queue.capacity()
+    }
+
     fn connect(target: Target) -> Self {
         let (queue, calls) = mpsc::channel(MAX_QUEUED);
         let up = Arc::new(AtomicBool::new(false));
@@ -652,6 +693,30 @@ mod wire_tests {
         }
     }
 
+    /// A server that answers every command on every connection, serving
+    /// them all at once, with `*1 :1`.
+    async fn answering_everyone() -> u16 {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let mut buf = BytesMut::with_capacity(4096);
+                    while socket.read_buf(&mut buf).await.is_ok_and(|n| n > 0) {
+                        let mut out = Vec::new();
+                        while let Ok(Some(_)) = decode_bytes_mut(&mut buf) {
+                            out.extend_from_slice(b"*1\r\n:1\r\n");
+                        }
+                        if socket.write_all(&out).await.is_err() {
+                            break;
+                        }
+                    }
+                });
+            }
+        });
+        port
+    }
+
     fn target(port: u16) -> Target {
         Target {
             host: "127.0.0.1".into(),
@@ -692,6 +757,45 @@ mod wire_tests {
         assert!(writes <= 2, "200 calls took {writes} writes");
         let reads = reads.load(Ordering::Relaxed);
         assert!(reads <= 10, "200 calls reached the server in {reads} reads");
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn calls_fill_the_first_connection_and_spill_over_when_it_is_behind() {
+        let port = answering_everyone().await;
+        let pipes = Arc::new(Pipes::connect(&target(port), 3));
+        pipes.wait(Duration::from_secs(2)).await;
+        let burst = |n: usize| {
+            let calls: Vec<_> = (0..n)
+                .map(|_| {
+                    let pipes = pipes.clone();
+                    tokio::spawn(async move { pipes.eval("sha", "body", &[], &[]).await })
+                })
+                .collect();
+            async move {
+                for c in calls {
+                    c.await.expect("task").expect("answered");
+                }
+            }
+        };
+        // 200 calls at once: all on the first connection
+        burst(200).await;
+        let writes = pipes.writes_each();
+        assert!(writes[0] >= 1 && writes[1..] == [0, 0], "{writes:?}");
+        // more at once than SPILL: the first connection's queue is behind
+        // when the rest come, so they go to the second
+        burst(SPILL + 100).await;
+        let writes = pipes.writes_each();
+        assert!(writes[1] >= 1 && writes[2] == 0, "{writes:?}");
+        // the first connection down: its calls go to the next one up
+        pipes.pipes[0].up.store(false, Ordering::Relaxed);
+        let before = pipes.writes_each();
+        pipes
+            .eval("sha", "body", &[], &[])
+            .await
+            .expect("answered elsewhere");
+        let after = pipes.writes_each();
+        assert_eq!(after[0], before[0]);
+        assert_eq!(after[1], before[1] + 1);
     }
 
     #[tokio::test(flavor = "current_thread")]
