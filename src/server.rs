@@ -217,13 +217,25 @@ pub async fn start(args: &ServeArgs) -> Result<RunningServer> {
             Arc::new(Breakers::new(redis, metrics.clone()))
         }
     };
-    let limiter = Arc::new(Limiter::with_max_in_flight(
+    let mut limiter = Limiter::with_max_in_flight(
         store,
         args.failure_mode,
         args.instances,
         metrics.clone(),
         usize::try_from(args.max_in_flight).unwrap_or(usize::MAX),
-    ));
+    );
+    if let Some(upstream) = args.upstream_settings() {
+        upstream.validate()?;
+        let shares = Arc::new(crate::quota::region::RegionShares::new(upstream.regions));
+        limiter = limiter.with_regions(shares.clone());
+        tokio::spawn(crate::quota::upstream::run(
+            upstream,
+            shares,
+            rules.clone(),
+            metrics.clone(),
+        ));
+    }
+    let limiter = Arc::new(limiter);
     let generation = {
         let rules = rules.clone();
         move || rules.load().generation()

@@ -246,6 +246,18 @@ pub struct ServeArgs {
     /// PEM CA of the xDS server's certificate (https://).
     #[arg(long, env = "RLS_XDS_CA_FILE")]
     pub xds_ca_file: Option<PathBuf>,
+    /// This instance is a region: `scope: global` rules spend the share of
+    /// their global budget that the global tier at this URL (another
+    /// tokenbucket-rls's gRPC port, http://HOST:PORT) gives this region.
+    #[arg(long, env = "RLS_QUOTA_UPSTREAM", requires_all = ["region", "regions"])]
+    pub quota_upstream: Option<String>,
+    /// This region's name, the same on all of its instances (with --quota-upstream).
+    #[arg(long, env = "RLS_REGION", requires = "quota_upstream")]
+    pub region: Option<String>,
+    /// How many regions share the global budgets, the same on every region:
+    /// cut off, a region falls back to B/N and r/N (with --quota-upstream).
+    #[arg(long, env = "RLS_REGIONS", requires = "quota_upstream", value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub regions: Option<u32>,
     /// PEM client certificate for the xDS server (mTLS), with --xds-client-key.
     #[arg(long, env = "RLS_XDS_CLIENT_CERT", requires = "xds_client_key")]
     pub xds_client_cert: Option<PathBuf>,
@@ -268,6 +280,15 @@ pub struct ServeArgs {
 
 impl ServeArgs {
     /// Where rules come from when not from --config.
+    /// `--quota-upstream`, `--region`, `--regions`, when this is a region.
+    pub fn upstream_settings(&self) -> Option<crate::quota::upstream::UpstreamSettings> {
+        Some(crate::quota::upstream::UpstreamSettings {
+            url: self.quota_upstream.clone()?,
+            region: self.region.clone().unwrap_or_default(),
+            regions: self.regions.unwrap_or(1),
+        })
+    }
+
     pub fn xds_settings(&self) -> Option<crate::rules::xds::XdsSettings> {
         Some(crate::rules::xds::XdsSettings {
             server: self.xds_server.clone()?,

@@ -21,6 +21,7 @@ use tracing::Instrument;
 use crate::bucket::{BucketOutcome, BucketParams, Cost};
 use crate::clock::{Clock, MonotonicClock};
 use crate::labels::RuleId;
+use crate::quota::region::{RegionLimit, RegionShares};
 use crate::rules::{
     BucketValue, DescriptorEntry, FailureMode, Limit, Rule, RuleAction, RuleSet, Unit,
 };
@@ -127,6 +128,9 @@ enum Plan<'a> {
         limits: Vec<LimitRef<'a>>,
         buckets: DescriptorBuckets,
         cost: Cost,
+        /// A `scope: global` rule's bucket id (the descriptor's entries),
+        /// for a region's share of it.
+        global: Option<Vec<(&'a str, &'a str)>>,
     },
 }
 
@@ -174,6 +178,9 @@ pub struct Limiter {
     /// The descriptors of each `max_values` rule that have buckets of their own.
     values: parking_lot::Mutex<HashMap<RuleId, RuleValues>>,
     clock: MonotonicClock,
+    /// On a region (`--quota-upstream`): its shares of the global rules'
+    /// budgets. `None`: global rules are ordinary rules here.
+    regions: Option<Arc<RegionShares>>,
 }
 
 impl Limiter {
@@ -221,7 +228,14 @@ impl Limiter {
             instances: instances.max(1),
             values: parking_lot::Mutex::default(),
             clock: MonotonicClock::new(),
+            regions: None,
         }
+    }
+
+    /// On a region: `scope: global` rules spend this region's shares.
+    pub fn with_regions(mut self, shares: Arc<RegionShares>) -> Self {
+        self.regions = Some(shares);
+        self
     }
 
     pub fn store_name(&self) -> &'static str {
@@ -352,12 +366,105 @@ impl Limiter {
         match plan {
             Plan::Done(decision) => Ok(decision.clone()),
             Plan::Buckets {
+                rule: Some(rule),
+                limits,
+                buckets,
+                cost,
+                global: Some(id),
+            } if self.regions.is_some() => {
+                self.decide_global(rule, limits, buckets, *cost, id, generation, budget)
+                    .await
+            }
+            Plan::Buckets {
                 rule,
                 limits,
                 buckets,
                 cost,
+                ..
             } => {
-                let leased = match (rule.and_then(|r| r.lease), *cost) {
+                self.decide_buckets(*rule, limits, buckets, *cost, generation, budget)
+                    .await
+            }
+        }
+    }
+
+    /// A `scope: global` rule on a region: its bucket holds this region's
+    /// share of the global budget (or what stands in for it, see
+    /// [`crate::quota::region`]), and the outcome is counted as demand.
+    #[allow(clippy::too_many_arguments)]
+    async fn decide_global(
+        &self,
+        rule: &Arc<Rule>,
+        limits: &[LimitRef<'_>],
+        buckets: &DescriptorBuckets,
+        cost: Cost,
+        id: &[(&str, &str)],
+        generation: u64,
+        budget: Option<std::time::Duration>,
+    ) -> Result<Decision, Unavailable> {
+        let Some(shares) = &self.regions else {
+            return self
+                .decide_buckets(Some(rule), limits, buckets, cost, generation, budget)
+                .await;
+        };
+        let Some(own) = buckets.buckets.first() else {
+            return Ok(Decision::without_limit(Verdict::NoRule, Some(rule.clone())));
+        };
+        let mode = rule.failure_mode.unwrap_or(self.default_failure_mode);
+        let limit = shares.limit(
+            &rule.domain,
+            &buckets.tag,
+            id.iter().copied(),
+            own.params,
+            mode,
+            shares.now_micros(),
+        );
+        let params = match limit {
+            RegionLimit::Share(p) => p,
+            RegionLimit::Floor(p) => {
+                self.metrics.region_fallback("floor", 1);
+                p
+            }
+            RegionLimit::Closed => {
+                self.metrics.region_fallback("closed", 1);
+                return Err(Unavailable(StoreError::Upstream));
+            }
+            RegionLimit::Open => {
+                self.metrics.region_fallback("open", 1);
+                return Ok(Decision::without_limit(
+                    Verdict::FailedOpen,
+                    Some(rule.clone()),
+                ));
+            }
+        };
+        let share = DescriptorBuckets {
+            tag: buckets.tag.clone(),
+            buckets: vec![BucketRef {
+                key: own.key.clone(),
+                params,
+                rule: own.rule,
+            }],
+        };
+        let decision = self
+            .decide_buckets(Some(rule), limits, &share, cost, generation, budget)
+            .await?;
+        let admitted = matches!(decision.verdict, Verdict::Ok | Verdict::FailedOpen);
+        shares.record(&buckets.tag, admitted);
+        Ok(decision)
+    }
+
+    async fn decide_buckets(
+        &self,
+        rule: Option<&Arc<Rule>>,
+        limits: &[LimitRef<'_>],
+        buckets: &DescriptorBuckets,
+        cost: Cost,
+        generation: u64,
+        budget: Option<std::time::Duration>,
+    ) -> Result<Decision, Unavailable> {
+        {
+            {
+                let leased = match (rule.and_then(|r| r.lease), cost) {
                     (Some(lease), Cost::Spend(n)) if n <= lease.size => {
                         self.leases.spend(buckets, lease, generation, n).await
                     }
@@ -365,24 +472,24 @@ impl Limiter {
                     _ => None,
                 };
                 match leased {
-                    Some(Ok(outcomes)) => return Ok(decision_from(*rule, limits, &outcomes)),
-                    Some(Err(e)) => return self.on_store_error(*rule, limits, buckets, *cost, e),
+                    Some(Ok(outcomes)) => return Ok(decision_from(rule, limits, &outcomes)),
+                    Some(Err(e)) => return self.on_store_error(rule, limits, buckets, cost, e),
                     None => {}
                 }
                 let started = Instant::now();
                 let Ok(_permit) = self.in_flight.try_acquire() else {
                     self.metrics.store_error(StoreError::Overloaded.kind());
                     return self.on_store_error(
-                        *rule,
+                        rule,
                         limits,
                         buckets,
-                        *cost,
+                        cost,
                         StoreError::Overloaded,
                     );
                 };
                 let call = self
                     .store
-                    .decide_patiently(buckets, *cost, budget)
+                    .decide_patiently(buckets, cost, budget)
                     .instrument(tracing::info_span!(target: SPAN_TARGET, "store.decide", store = self.store.name()));
                 let result = match budget {
                     Some(budget) => tokio::time::timeout(budget, call)
@@ -393,10 +500,10 @@ impl Limiter {
                 self.metrics
                     .observe_store_call(self.store.name(), started.elapsed().as_secs_f64());
                 match result {
-                    Ok(outcomes) => Ok(decision_from(*rule, limits, &outcomes)),
+                    Ok(outcomes) => Ok(decision_from(rule, limits, &outcomes)),
                     Err(e) => {
                         self.metrics.store_error(e.kind());
-                        self.on_store_error(*rule, limits, buckets, *cost, e)
+                        self.on_store_error(rule, limits, buckets, cost, e)
                     }
                 }
             }
@@ -519,6 +626,7 @@ fn plan<'a, E: DescriptorEntry>(
                         }
                         other => other,
                     },
+                    global: None,
                 };
             }
             let Some(m) = m else {
@@ -572,11 +680,18 @@ fn plan<'a, E: DescriptorEntry>(
                 Cost::Spend(n) if m.rule.usage_charges && d.own_hits_addend => Cost::Charge(n),
                 other => other,
             };
+            let global = m.rule.global.then(|| {
+                d.entries
+                    .iter()
+                    .map(|e| (e.key(), e.value()))
+                    .collect::<Vec<_>>()
+            });
             Plan::Buckets {
                 rule: Some(m.rule),
                 limits: limits.into_iter().map(LimitRef::Rule).collect(),
                 buckets: DescriptorBuckets { tag, buckets },
                 cost,
+                global,
             }
         })
         .collect()

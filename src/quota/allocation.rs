@@ -151,6 +151,20 @@ impl<E: Clone + Eq> Allocation<E> {
         member.demand = Some(smoothed(member.demand, requests, elapsed_secs));
     }
 
+    /// Counts `share` as live for `envoy` until `expires_micros`, as if it
+    /// had been sent: what a member may already enforce before its first
+    /// assignment reaches it (a region's floor), kept out of the others'
+    /// growth until then.
+    pub fn seed(&mut self, envoy: &E, share: Budget, expires_micros: u64) {
+        push_compact(
+            &mut self.member_mut(envoy).live,
+            Grant {
+                share,
+                expires_micros,
+            },
+        );
+    }
+
     /// Forgets an Envoy (its stream closed, or it stopped reporting). What
     /// it was sent stays reserved until it expires, like any assignment.
     pub fn leave(&mut self, envoy: &E, now_micros: u64) {

@@ -26,6 +26,8 @@ pub mod assignment;
 pub mod ledger;
 pub mod policy;
 pub mod redis_ledger;
+pub mod region;
+pub mod upstream;
 
 use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet};
 use std::sync::Arc;
@@ -303,6 +305,13 @@ pub struct Quotas {
     dropped: (u64, u64),
     /// Subscriptions looked at since the last [`Quotas::take_visited`].
     visited: u64,
+    /// Regions (`--regions` of the regional instances; 0: none has
+    /// reported): of a bucket's budget, those reporting it split their
+    /// number's part, and B/N is kept for each of the others (their floor,
+    /// see [`region`]).
+    regions: u32,
+    /// The streams that are regions (at the hub: one per region and domain).
+    region_streams: HashSet<StreamId>,
 }
 
 /// A step of the shared ledger to take for one stream and bucket: its
@@ -336,6 +345,13 @@ impl Quotas {
             shared: true,
             ..Self::default()
         }
+    }
+
+    /// `stream` is a region's, one of `regions`: its buckets are split as
+    /// [`Quotas::regions`] says.
+    pub fn add_region_stream(&mut self, stream: StreamId, regions: u32) {
+        self.regions = regions.max(1);
+        self.region_streams.insert(stream);
     }
 
     /// Bucket reports not taken since the last call: (without a valid
@@ -435,6 +451,21 @@ impl Quotas {
                         0
                     };
                     let sub = Subscription::new(stream, tag, id.clone());
+                    if let (true, Policy::Shared(budget)) =
+                        (self.region_streams.contains(&stream), bucket.policy)
+                    {
+                        // a region joining may already spend its floor:
+                        // live for it until its first assignment surely is
+                        let n = f64::from(self.regions.max(1));
+                        let floor = Budget {
+                            burst: budget.burst / n,
+                            rate: budget.rate / n,
+                        };
+                        let until = now_micros
+                            .saturating_add(ttl_micros(0))
+                            .saturating_add(LIVE_MARGIN_MICROS);
+                        bucket.allocation.seed(&sub.pair(), floor, until);
+                    }
                     allocation::push_compact(&mut bucket.subs, sub);
                     self.pairs += 1;
                     let id = id.unwrap_or_else(|| key.clone());
@@ -599,6 +630,7 @@ impl Quotas {
 
     /// A stream closed: its buckets are re-split between the others.
     pub fn close(&mut self, stream: StreamId, rules: &RuleSet, now_micros: u64) -> Outbox {
+        self.region_streams.remove(&stream);
         let Some(s) = self.streams.remove(&stream) else {
             return Vec::new();
         };
@@ -815,7 +847,21 @@ impl Quotas {
                 Vec::new()
             }
             Policy::Shared(budget) => {
-                let share = 1.0 / f64::from(self.instances.max(1));
+                let mut share = 1.0 / f64::from(self.instances.max(1));
+                if !self.region_streams.is_empty() {
+                    // the regions reporting split their part; B/N stays
+                    // with each of the others
+                    let n = self.regions.max(1);
+                    let reporting = bucket
+                        .subs
+                        .iter()
+                        .filter(|s| self.region_streams.contains(&s.stream))
+                        .count();
+                    if reporting > 0 {
+                        share *=
+                            f64::from(u32::try_from(reporting).unwrap_or(n).min(n)) / f64::from(n);
+                    }
+                }
                 bucket.allocation.set_budget(Budget {
                     burst: budget.burst * share,
                     rate: budget.rate * share,

@@ -190,7 +190,7 @@ pub fn rule_notes(rule: &Rule) -> Vec<String> {
 }
 
 /// The metric label of the rule `pairs` reach in `domain`.
-pub(super) fn rule_label(
+pub(crate) fn rule_label(
     rules: &RuleSet,
     domain: &str,
     pairs: &[(String, String)],

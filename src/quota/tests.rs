@@ -690,3 +690,69 @@ fn bucket_ids_are_bounded_and_responses_split_below_the_message_limit() {
 }
 
 mod share_threshold;
+
+/// Σ reserved in one bucket (what its members may enforce now).
+fn reserved_in(q: &Quotas, pairs: &[(&str, &str)], now: u64) -> Budget {
+    let key = BucketKey::new(
+        "edge",
+        &BucketId {
+            bucket: pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        },
+    );
+    q.buckets
+        .get(&key)
+        .map_or(Budget::ZERO, |b| b.allocation.reserved(now))
+}
+
+#[test]
+fn regions_split_their_part_and_b_over_n_stays_for_each_region_not_reporting() {
+    let rules = rules(RULES);
+    let id = [("tenant", "acme"), ("api_key", "k")];
+    let mut q = Quotas::for_instances(1);
+    // three regions; budget B = 200, r = 100
+    let (a, b) = (1, 2);
+    q.add_region_stream(a, 3);
+    q.add_region_stream(b, 3);
+    let mut now = SEC;
+    let out = q
+        .report(a, "edge", &[usage(&id, 1000, 1)], &rules, now)
+        .expect("report");
+    // alone, region a gets at most a third: the others keep their floors
+    let (burst, rate) = tokens(&strategies(&out, a)[0]);
+    assert!(burst <= 66 && rate <= 33.4, "{burst} {rate}");
+    assert!(
+        burst >= 50,
+        "a loud region alone gets most of its third: {burst}"
+    );
+    for _ in 0..10 {
+        now += SEC;
+        q.report(a, "edge", &[usage(&id, 1000, 1)], &rules, now)
+            .expect("report");
+        q.report(b, "edge", &[usage(&id, 10, 1)], &rules, now)
+            .expect("report");
+        q.tick(&rules, now);
+        // with the third region's floor (B/3, r/3) kept out: ≤ 2/3 of the budget
+        let r = reserved_in(&q, &id, now);
+        assert!(r.burst <= 200.0 * 2.0 / 3.0 + 1e-6, "{r:?}");
+        assert!(r.rate <= 100.0 * 2.0 / 3.0 + 1e-6, "{r:?}");
+    }
+    // region b joined with its floor counted as live at once
+    let seeded = q
+        .buckets
+        .values()
+        .next()
+        .and_then(|bk| bk.allocation.current(&(b, 0)))
+        .expect("b has a share");
+    assert!(seeded.burst > 0.0);
+    // a loud region gets most of the two regions' part
+    let key = q.buckets.keys().next().expect("bucket").clone();
+    let bucket = &q.buckets[&key];
+    let (sa, sb) = (
+        bucket.allocation.current(&(a, 0)).expect("a"),
+        bucket.allocation.current(&(b, 0)).expect("b"),
+    );
+    assert!(sa.rate > 3.0 * sb.rate, "{sa:?} {sb:?}");
+}

@@ -222,6 +222,7 @@ fn compile_rule(scope: &Scope<'_>, doc: &DescriptorDoc, errors: &mut ConfigError
             Some(n)
         }
     };
+    let global = compile_scope(scope, doc, &action, errors)?;
     let overdraft = doc.overdraft && compile_overdraft(scope, doc, &action, &lease, errors);
     // In a usage domain, every rule that could take `overdraft` charges
     // the costs descriptors bring (the others spend as usual).
@@ -258,10 +259,76 @@ fn compile_rule(scope: &Scope<'_>, doc: &DescriptorDoc, errors: &mut ConfigError
         usage_charges,
         metadata,
         max_values,
+        global,
         id: Default::default(),
     };
     rule.id = crate::labels::RuleId::of(&rule.domain, rule.label());
     Some(rule)
+}
+
+/// `scope:` as a flag (`global` or not); `None`, with the reason reported,
+/// for a value that is neither, or a global rule the regions could not
+/// share: it needs exactly one limit (the budget split between regions),
+/// and no `lease` or `share_threshold` (each is its own way of sharing a
+/// bucket).
+fn compile_scope(
+    scope: &Scope<'_>,
+    doc: &DescriptorDoc,
+    action: &Option<RuleAction>,
+    errors: &mut ConfigErrors,
+) -> Option<bool> {
+    match doc.scope.as_deref() {
+        None | Some("regional") => return Some(false),
+        Some("global") => {}
+        Some(other) => {
+            scope.error(
+                errors,
+                format!("scope '{other}' is not one of regional, global"),
+            );
+            return None;
+        }
+    }
+    let limits = limits_for(
+        scope,
+        doc,
+        action,
+        "`scope: global`",
+        "no budget to share",
+        errors,
+    )?;
+    let mut ok = true;
+    if limits.len() != 1 {
+        scope.error(
+            errors,
+            format!(
+                "`scope: global` with {} limits: a global rule has one budget to split between regions; give it one `rate_limit`",
+                limits.len()
+            ),
+        );
+        ok = false;
+    }
+    if doc.lease.is_some() {
+        scope.error(
+            errors,
+            "`scope: global` and `lease` together: the region's share is already spent locally; drop the lease",
+        );
+        ok = false;
+    }
+    if doc.max_values.is_some() {
+        scope.error(
+            errors,
+            "`scope: global` and `max_values` together: a region holds at most 100000 global buckets already; drop max_values",
+        );
+        ok = false;
+    }
+    if !scope.shared_values.is_empty() {
+        scope.error(
+            errors,
+            "`scope: global` under a `share_threshold` pattern: not supported; give the global rule its own descriptor",
+        );
+        ok = false;
+    }
+    ok.then_some(true)
 }
 
 /// Whether `overdraft: true` can apply to this descriptor: it needs limits

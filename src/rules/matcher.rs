@@ -72,6 +72,11 @@ pub struct Rule {
     /// their own; the others share the rule's overflow bucket.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_values: Option<u64>,
+    /// `scope: global`: on a region (`--quota-upstream`), its buckets are
+    /// spent within the share of the global budget the global tier gives
+    /// this region ([`crate::quota::region`]); elsewhere an ordinary rule.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub global: bool,
     /// (domain, [`Rule::label`]) as a small id, for what stores count per bucket.
     #[serde(skip)]
     pub id: crate::labels::RuleId,

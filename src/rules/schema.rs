@@ -67,6 +67,11 @@ pub struct DescriptorDoc {
     /// their own; the rest share one (ours, not in envoyproxy/ratelimit).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_values: Option<u64>,
+    /// `regional` (the default) or `global`: with `global`, the regions
+    /// started with `--quota-upstream` share one budget for the rule
+    /// (README, "Several regions"; ours, not in envoyproxy/ratelimit).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope: Option<String>,
 }
 
 /// `lease: {size: 50, ttl: 1s}`.

@@ -512,3 +512,49 @@ fn usage_domains_mark_the_rules_that_can_hold_a_debt() {
     assert!(DomainPatterns::new(&["*"]).matches("anything"));
     assert!(!DomainPatterns::new(&["llm"]).matches("llm2"));
 }
+
+#[test]
+fn a_global_scope_marks_the_rule_and_bad_ones_are_named() {
+    let rules = load(
+        r#"
+domain: d
+descriptors:
+  - key: api_key
+    scope: global
+    rate_limit: {unit: second, requests_per_unit: 5, burst: 10}
+  - key: plain
+    scope: regional
+    rate_limit: {unit: second, requests_per_unit: 5}
+"#,
+    )
+    .expect("valid");
+    let global = |k: &str| rules.lookup("d", &[(k, "x")]).expect("rule").rule.global;
+    assert!(global("api_key"));
+    assert!(!global("plain"));
+
+    let cases = [
+        (
+            "scope: planet\n    rate_limit: {unit: second, requests_per_unit: 5}",
+            "scope 'planet' is not one of regional, global",
+        ),
+        (
+            "scope: global\n    rate_limit: {unlimited: true}",
+            "`scope: global` on an unlimited rule",
+        ),
+        ("scope: global", "`scope: global` needs a `rate_limit`"),
+        (
+            "scope: global\n    limits:\n      - {unit: second, requests_per_unit: 5}\n      - {unit: minute, requests_per_unit: 50}",
+            "`scope: global` with 2 limits",
+        ),
+        (
+            "scope: global\n    lease: {size: 2}\n    rate_limit: {unit: second, requests_per_unit: 5}",
+            "`scope: global` and `lease` together",
+        ),
+    ];
+    for (rule, expected) in cases {
+        let yaml = format!("domain: d\ndescriptors:\n  - key: k\n    {rule}\n");
+        let e = errors(&yaml);
+        assert!(e.contains(expected), "for {rule}: {e}");
+        assert!(e.contains("rules.yaml"), "{e}");
+    }
+}

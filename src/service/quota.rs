@@ -52,6 +52,21 @@ pub const TICK_CHUNK: usize = 2048;
 
 type Reply = Result<RateLimitQuotaResponse, Status>;
 
+/// gRPC metadata a regional instance opens its streams with: its region's
+/// name, and how many regions share the global budgets (`--region`,
+/// `--regions`). Streams without them are Envoys'.
+pub const REGION_HEADER: &str = "x-rls-region";
+pub const REGIONS_HEADER: &str = "x-rls-regions";
+
+/// Who a stream is: an Envoy (its own member of every split), or one
+/// instance of a region (all of the region's instances reporting a domain
+/// are one member: their reports add up, each is sent the region's share).
+#[derive(Debug, Clone)]
+enum Caller {
+    Envoy,
+    Region { name: String, regions: u32 },
+}
+
 /// The RLQS state and the open streams' outboxes.
 pub struct QuotaHub {
     rules: SharedRules,
@@ -60,6 +75,9 @@ pub struct QuotaHub {
     quotas: Mutex<Quotas>,
     /// Each open stream's outbox and domain (its metric label, once known).
     streams: Mutex<HashMap<StreamId, (mpsc::Sender<Reply>, String)>>,
+    /// Regions: per (region, domain), the member the split knows and the
+    /// streams of the region's instances that report for it.
+    regions: Mutex<Regions>,
     next_stream: AtomicU64,
     /// Set at shutdown: every stream's reader stops.
     closing: tokio::sync::watch::Sender<bool>,
@@ -93,6 +111,7 @@ impl QuotaHub {
             clock: MonotonicClock::new(),
             quotas: Mutex::new(quotas),
             streams: Mutex::new(HashMap::new()),
+            regions: Mutex::new(Regions::default()),
             next_stream: AtomicU64::new(1),
             closing,
             ledger,
@@ -192,19 +211,62 @@ impl QuotaHub {
         (id, rx)
     }
 
+    /// The member of the split a stream reports as: itself for an Envoy;
+    /// for a region's instance, the region's member for the domain of its
+    /// first report (made when the region's first instance reports it).
+    fn member_of(
+        &self,
+        stream: StreamId,
+        caller: &Caller,
+        domain: &str,
+    ) -> Result<StreamId, Status> {
+        let Caller::Region { name, regions } = caller else {
+            return Ok(stream);
+        };
+        if self.ledger.is_some() {
+            return Err(Status::failed_precondition(
+                "this global tier splits budgets through a shared ledger (several replicas); regions need a global tier of one instance (README, \"Several regions\")",
+            ));
+        }
+        let mut all = self.regions.lock();
+        match all.count {
+            Some(n) if n != *regions => {
+                return Err(Status::failed_precondition(format!(
+                    "region {name} says --regions {regions}, but the regions already reporting here said {n}; every region must be started with the same --regions"
+                )))
+            }
+            _ => all.count = Some(*regions),
+        }
+        let key = (name.clone(), domain.to_owned());
+        let member = match all.members.get(&key) {
+            Some(member) => *member,
+            None => {
+                let member = self.next_stream.fetch_add(1, Ordering::Relaxed);
+                self.quotas.lock().add_region_stream(member, *regions);
+                all.members.insert(key.clone(), member);
+                member
+            }
+        };
+        all.streams_of.entry(member).or_default().push(stream);
+        all.of_stream.insert(stream, key);
+        Ok(member)
+    }
+
     async fn report(
         &self,
-        id: StreamId,
+        stream: StreamId,
+        member: StreamId,
         reports: &RateLimitQuotaUsageReports,
     ) -> Result<(), Status> {
-        let out = self.report_now(id, reports)?;
-        self.deliver(out, id).await;
+        let out = self.report_now(stream, member, reports)?;
+        self.deliver(out, stream, member).await;
         self.take_steps().await;
         Ok(())
     }
 
     fn report_now(
         &self,
+        stream: StreamId,
         id: StreamId,
         reports: &RateLimitQuotaUsageReports,
     ) -> Result<Outbox, Status> {
@@ -245,7 +307,7 @@ impl QuotaHub {
         let out = out.map_err(Status::invalid_argument)?;
         let domain = {
             let mut streams = self.streams.lock();
-            match streams.get_mut(&id) {
+            match streams.get_mut(&stream) {
                 Some((_, d)) if d.is_empty() => {
                     *d = self.metrics.quota_domain_label(&rules, &reports.domain);
                     d.clone()
@@ -259,15 +321,30 @@ impl QuotaHub {
         Ok(out)
     }
 
-    /// Sends `out`; what goes to `reporter` waits for room in its outbox
-    /// (its next report is read only then: HTTP/2 flow control holds a
-    /// client that does not read), what goes to others is dropped when
+    /// Sends `out`; what goes to `member` (the reporter's member) waits
+    /// for room in the `reporter`'s outbox (its next report is read only
+    /// then: HTTP/2 flow control holds a client that does not read), what
+    /// goes to others (a region's other instances too) is dropped when
     /// theirs is full.
-    async fn deliver(&self, out: Outbox, reporter: StreamId) {
-        let (own, others): (Outbox, Outbox) = out.into_iter().partition(|(s, _)| *s == reporter);
+    async fn deliver(&self, out: Outbox, reporter: StreamId, member: StreamId) {
+        let (own, others): (Outbox, Outbox) = out.into_iter().partition(|(s, _)| *s == member);
         self.send(others);
         if own.is_empty() {
             return;
+        }
+        let siblings: Vec<StreamId> = self
+            .regions
+            .lock()
+            .streams_of
+            .get(&member)
+            .map(|s| s.iter().copied().filter(|s| *s != reporter).collect())
+            .unwrap_or_default();
+        if !siblings.is_empty() {
+            let copies = own
+                .iter()
+                .flat_map(|(_, r)| siblings.iter().map(|s| (*s, r.clone())))
+                .collect();
+            self.send_to_streams(copies);
         }
         let Some((tx, domain)) = self.streams.lock().get(&reporter).cloned() else {
             return;
@@ -281,21 +358,64 @@ impl QuotaHub {
         }
     }
 
-    async fn close(&self, id: StreamId) {
-        self.streams.lock().remove(&id);
+    async fn close(&self, stream: StreamId) {
+        self.streams.lock().remove(&stream);
         self.metrics.quota_streams(self.streams.lock().len());
+        // a region's instance: its member goes when its last instance does
+        let member = {
+            let mut all = self.regions.lock();
+            match all.of_stream.remove(&stream) {
+                None => Some(stream),
+                Some(key) => {
+                    let Some(member) = all.members.get(&key).copied() else {
+                        return;
+                    };
+                    let streams = all.streams_of.entry(member).or_default();
+                    streams.retain(|s| *s != stream);
+                    if streams.is_empty() {
+                        all.members.remove(&key);
+                        all.streams_of.remove(&member);
+                        Some(member)
+                    } else {
+                        None
+                    }
+                }
+            }
+        };
+        let Some(member) = member else {
+            return;
+        };
         let out = self
             .quotas
             .lock()
-            .close(id, &self.rules.load(), self.clock.now_micros());
+            .close(member, &self.rules.load(), self.clock.now_micros());
         self.send(out);
         self.take_steps().await;
     }
 
+    /// Sends `out`, addressed to members: a region's member's messages go
+    /// to each of its instances' streams.
     fn send(&self, out: Outbox) {
         if out.is_empty() {
             return;
         }
+        let to_streams = {
+            let regions = self.regions.lock();
+            if regions.streams_of.is_empty() {
+                out
+            } else {
+                out.into_iter()
+                    .flat_map(|(id, r)| match regions.streams_of.get(&id) {
+                        None => vec![(id, r)],
+                        Some(streams) => streams.iter().map(|s| (*s, r.clone())).collect(),
+                    })
+                    .collect()
+            }
+        };
+        self.send_to_streams(to_streams);
+    }
+
+    fn send_to_streams(&self, out: Outbox) {
         let streams = self.streams.lock();
         for (id, response) in out {
             tracing::debug!(stream = id, ?response, "RLQS assignment");
@@ -324,6 +444,44 @@ impl QuotaHub {
     pub fn streams(&self) -> usize {
         self.streams.lock().len()
     }
+}
+
+/// The regions reporting here.
+#[derive(Debug, Default)]
+struct Regions {
+    /// `--regions` of the first region that reported; others must agree.
+    count: Option<u32>,
+    /// Per (region, domain): its member of the split.
+    members: HashMap<(String, String), StreamId>,
+    /// Each region instance's stream: its (region, domain).
+    of_stream: HashMap<StreamId, (String, String)>,
+    /// Each region member's instances' streams.
+    streams_of: HashMap<StreamId, Vec<StreamId>>,
+}
+
+/// Who opened the stream, from its metadata; a region that names itself
+/// without a valid count is refused.
+fn caller_of(metadata: &tonic::metadata::MetadataMap) -> Result<Caller, Status> {
+    let Some(name) = metadata.get(REGION_HEADER) else {
+        return Ok(Caller::Envoy);
+    };
+    let name = name
+        .to_str()
+        .ok()
+        .filter(|n| !n.is_empty())
+        .ok_or_else(|| Status::invalid_argument(format!("{REGION_HEADER} must be a region name")))?
+        .to_owned();
+    let regions = metadata
+        .get(REGIONS_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u32>().ok())
+        .filter(|n| *n >= 1)
+        .ok_or_else(|| {
+            Status::invalid_argument(format!(
+                "region {name}: {REGIONS_HEADER} must be the number of regions (1 or more)"
+            ))
+        })?;
+    Ok(Caller::Region { name, regions })
 }
 
 /// Starts the `rls-quota` thread: a runtime of its own that runs until
@@ -389,12 +547,15 @@ impl RateLimitQuotaService for RateLimitQuotaGrpc {
         &self,
         request: Request<Streaming<RateLimitQuotaUsageReports>>,
     ) -> Result<Response<Self::StreamRateLimitQuotasStream>, Status> {
+        let caller = caller_of(request.metadata())?;
         let mut inbound = request.into_inner();
         let (id, mut outbound) = self.hub.open();
         let hub = self.hub.clone();
         let mut closing = hub.closing.subscribe();
         // read, decoded and handled on the RLQS thread, not this one
         self.hub.runtime.spawn(async move {
+            // the member it reports as, known at its first report
+            let mut member: Option<StreamId> = None;
             loop {
                 let next = tokio::select! {
                     next = inbound.message() => next,
@@ -403,7 +564,18 @@ impl RateLimitQuotaService for RateLimitQuotaGrpc {
                 };
                 match next {
                     Ok(Some(reports)) => {
-                        if let Err(status) = hub.report(id, &reports).await {
+                        let m = match member {
+                            Some(m) => Ok(m),
+                            None => hub.member_of(id, &caller, &reports.domain),
+                        };
+                        let result = match m {
+                            Ok(m) => {
+                                member = Some(m);
+                                hub.report(id, m, &reports).await
+                            }
+                            Err(status) => Err(status),
+                        };
+                        if let Err(status) = result {
                             tracing::debug!(stream = id, %status, "RLQS stream refused");
                             if let Some((tx, _)) = hub.streams.lock().get(&id) {
                                 let _ = tx.try_send(Err(status));

@@ -60,7 +60,7 @@ impl CallOutcome {
             }
             Err(StoreError::Timeout) => Some(CallOutcome::Timeout),
             Err(StoreError::Connection(_)) => Some(CallOutcome::Connection),
-            Err(StoreError::BreakerOpen | StoreError::Overloaded) => None,
+            Err(StoreError::BreakerOpen | StoreError::Overloaded | StoreError::Upstream) => None,
         }
     }
 }

@@ -46,17 +46,22 @@ pub enum StoreError {
     BreakerOpen,
     #[error("too many store calls in flight (--max-in-flight)")]
     Overloaded,
+    /// On a region: a global rule's share expired while the global tier
+    /// is unreachable, and the rule fails closed.
+    #[error("the global tier is unreachable and this region's share of a global rule has expired")]
+    Upstream,
 }
 
 impl StoreError {
     /// Every value of [`StoreError::kind`].
-    pub const KINDS: [&'static str; 6] = [
+    pub const KINDS: [&'static str; 7] = [
         "timeout",
         "connection",
         "script",
         "oom",
         "breaker_open",
         "overloaded",
+        "upstream",
     ];
 
     /// The `kind` label of `rls_store_errors_total`.
@@ -68,6 +73,7 @@ impl StoreError {
             StoreError::OutOfMemory(_) => "oom",
             StoreError::BreakerOpen => "breaker_open",
             StoreError::Overloaded => "overloaded",
+            StoreError::Upstream => "upstream",
         }
     }
 }

@@ -61,6 +61,7 @@ pub struct Metrics {
     values_overflowed: IntCounterVec,
     lease: LeaseMetrics,
     quota: QuotaMetrics,
+    region: RegionMetrics,
     /// envoyproxy/ratelimit's statistics, once turned on.
     ratelimit: OnceLock<super::ratelimit_stats::RatelimitStats>,
     global_shadow: OnceLock<IntCounter>,
@@ -143,6 +144,83 @@ impl QuotaMetrics {
             Box::new(self.reports.clone()),
             Box::new(self.dropped.clone()),
             Box::new(self.assignments.clone()),
+        ]
+    }
+}
+
+/// A region's side of global budgets ([`crate::quota::region`]).
+struct RegionMetrics {
+    share: prometheus::GaugeVec,
+    share_series: parking_lot::Mutex<Vec<(String, String, &'static str)>>,
+    reports: IntCounter,
+    assignments: IntCounter,
+    since_assignment: prometheus::Gauge,
+    reachable: IntGauge,
+    fallback: IntCounterVec,
+    buckets: IntGauge,
+}
+
+impl RegionMetrics {
+    fn new() -> Self {
+        let fallback = IntCounterVec::new(
+            Opts::new(
+                "rls_region_fallback_total",
+                "Decisions of global rules made without a live share from the global tier, by what decided: floor (B/N while the global tier is reachable, or failing local), closed (UNAVAILABLE), open (no limit), over_bound (past the buckets a region holds)",
+            ),
+            &["mode"],
+        )
+        .expect("valid metric");
+        for mode in ["floor", "closed", "open", "over_bound"] {
+            fallback.with_label_values(&[mode]);
+        }
+        Self {
+            share: prometheus::GaugeVec::new(
+                Opts::new(
+                    "rls_region_share",
+                    "This region's live shares of a global rule, summed over the rule's buckets: part=burst (tokens) or part=rate (tokens a second)",
+                ),
+                &["domain", "rule", "part"],
+            )
+            .expect("valid metric"),
+            share_series: parking_lot::Mutex::default(),
+            reports: IntCounter::new(
+                "rls_region_reports_total",
+                "Bucket usage reports this region sent to the global tier",
+            )
+            .expect("valid metric"),
+            assignments: IntCounter::new(
+                "rls_region_assignments_total",
+                "Bucket assignments (and abandons) this region received from the global tier",
+            )
+            .expect("valid metric"),
+            since_assignment: prometheus::Gauge::new(
+                "rls_region_seconds_since_assignment",
+                "Seconds since this region last received an assignment from the global tier (-1: never)",
+            )
+            .expect("valid metric"),
+            reachable: IntGauge::new(
+                "rls_region_upstream_up",
+                "1 while this region's stream to the global tier (--quota-upstream) is up",
+            )
+            .expect("valid metric"),
+            fallback,
+            buckets: IntGauge::new(
+                "rls_region_buckets",
+                "Global buckets this region holds (shares and demand)",
+            )
+            .expect("valid metric"),
+        }
+    }
+
+    fn collectors(&self) -> Vec<Box<dyn prometheus::core::Collector>> {
+        vec![
+            Box::new(self.share.clone()),
+            Box::new(self.reports.clone()),
+            Box::new(self.assignments.clone()),
+            Box::new(self.since_assignment.clone()),
+            Box::new(self.reachable.clone()),
+            Box::new(self.fallback.clone()),
+            Box::new(self.buckets.clone()),
         ]
     }
 }
@@ -324,6 +402,7 @@ impl Metrics {
         .expect("valid metric");
         let lease = LeaseMetrics::new();
         let quota = QuotaMetrics::new();
+        let region = RegionMetrics::new();
         for c in [
             Box::new(decisions.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(duration.clone()),
@@ -344,6 +423,7 @@ impl Metrics {
         .into_iter()
         .chain(lease.collectors())
         .chain(quota.collectors())
+        .chain(region.collectors())
         {
             registry.register(c).expect("metric names are unique");
         }
@@ -379,6 +459,7 @@ impl Metrics {
             values_overflowed,
             lease,
             quota,
+            region,
             ratelimit: OnceLock::new(),
             global_shadow: OnceLock::new(),
         }
@@ -678,6 +759,58 @@ impl Metrics {
         } else {
             UNKNOWN_DOMAIN.to_owned()
         }
+    }
+
+    /// A global rule's decision made without a live share (`mode`: floor,
+    /// closed, open, over_bound).
+    pub fn region_fallback(&self, mode: &str, n: u64) {
+        if n > 0 {
+            self.region.fallback.with_label_values(&[mode]).inc_by(n);
+        }
+    }
+
+    pub fn region_reports(&self, n: usize) {
+        self.region.reports.inc_by(n as u64);
+    }
+
+    pub fn region_assignments(&self, n: usize) {
+        self.region.assignments.inc_by(n as u64);
+    }
+
+    /// The region's state, as the upstream client sees it at each report.
+    pub fn region_state(&self, up: bool, since_assignment_secs: Option<f64>, buckets: usize) {
+        self.region.reachable.set(i64::from(up));
+        self.region
+            .since_assignment
+            .set(since_assignment_secs.unwrap_or(-1.0));
+        self.region
+            .buckets
+            .set(i64::try_from(buckets).unwrap_or(i64::MAX));
+    }
+
+    /// Sets `rls_region_share` for every (domain, rule) given, and drops
+    /// the series of rules with no live share now.
+    pub fn region_shares(&self, totals: &crate::quota::region::ShareTotals) {
+        let mut series = self.region.share_series.lock();
+        let mut now = Vec::with_capacity(totals.len() * 2);
+        for ((domain, rule), (burst, rate)) in totals {
+            for (part, v) in [("burst", *burst), ("rate", *rate)] {
+                self.region
+                    .share
+                    .with_label_values(&[domain.as_str(), rule.as_str(), part])
+                    .set(v);
+                now.push((domain.clone(), rule.clone(), part));
+            }
+        }
+        for old in series.iter() {
+            if !now.contains(old) {
+                let _ =
+                    self.region
+                        .share
+                        .remove_label_values(&[old.0.as_str(), old.1.as_str(), old.2]);
+            }
+        }
+        *series = now;
     }
 
     /// Sets `rls_quota_share` for every rule given, and drops the series of

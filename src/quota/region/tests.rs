@@ -1,0 +1,273 @@
+use envoy_types::pb::envoy::r#type::v3::rate_limit_strategy::{BlanketRule, Strategy};
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::bucket_action;
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::BucketAction;
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::BucketId;
+
+use super::*;
+use crate::quota::allocation::Budget;
+use crate::quota::token_bucket;
+
+const S: u64 = 1_000_000;
+/// B = 90, 30 a second.
+const RULE: BucketParams = BucketParams {
+    capacity: 90,
+    tokens_per_unit: 30,
+    unit_secs: 1,
+};
+
+fn id(pairs: &[(&str, &str)]) -> BucketId {
+    BucketId {
+        bucket: pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+    }
+}
+
+fn assign(pairs: &[(&str, &str)], strategy: Strategy, ttl_secs: i64) -> BucketAction {
+    BucketAction {
+        bucket_id: Some(id(pairs)),
+        bucket_action: Some(bucket_action::BucketAction::QuotaAssignmentAction(
+            bucket_action::QuotaAssignmentAction {
+                assignment_time_to_live: Some(PbDuration {
+                    seconds: ttl_secs,
+                    nanos: 0,
+                }),
+                rate_limit_strategy: Some(envoy_types::pb::envoy::r#type::v3::RateLimitStrategy {
+                    strategy: Some(strategy),
+                }),
+            },
+        )),
+    }
+}
+
+fn limit(shares: &RegionShares, mode: FailureMode, now: u64) -> RegionLimit {
+    shares.limit(
+        "d",
+        b"tag-a",
+        [("api_key", "a"), ("path", "/x")].into_iter(),
+        RULE,
+        mode,
+        now,
+    )
+}
+
+#[test]
+fn the_floor_is_b_over_n_and_r_over_n() {
+    let f = floor(RULE, 3);
+    assert_eq!(f.capacity, 30);
+    // 30 tokens every 3 s: 10 a second
+    assert_eq!((f.tokens_per_unit, f.unit_secs), (30, 3));
+    // never below one token
+    assert_eq!(
+        floor(
+            BucketParams {
+                capacity: 2,
+                ..RULE
+            },
+            3
+        )
+        .capacity,
+        1
+    );
+}
+
+#[test]
+fn without_a_share_a_bucket_is_decided_at_the_floor_or_by_its_failure_mode() {
+    let shares = RegionShares::new(3);
+    let f = RegionLimit::Floor(floor(RULE, 3));
+    // reachable: the floor the global tier keeps for a region not in its split
+    shares.set_reachable(true);
+    for mode in [FailureMode::Local, FailureMode::Closed, FailureMode::Open] {
+        assert_eq!(limit(&shares, mode, S), f);
+    }
+    // cut off: the rule's failure mode for the global budget
+    shares.set_reachable(false);
+    assert_eq!(limit(&shares, FailureMode::Local, S), f);
+    assert_eq!(limit(&shares, FailureMode::Closed, S), RegionLimit::Closed);
+    assert_eq!(limit(&shares, FailureMode::Open, S), RegionLimit::Open);
+}
+
+#[test]
+fn an_assignment_is_kept_until_it_expires_even_when_cut_off() {
+    let shares = RegionShares::new(3);
+    shares.set_reachable(true);
+    limit(&shares, FailureMode::Closed, S);
+    let share = token_bucket(Budget {
+        burst: 60.0,
+        rate: 20.0,
+    });
+    // the id in another order than the descriptor's: the same bucket
+    let taken = shares.apply(
+        "d",
+        &[assign(&[("path", "/x"), ("api_key", "a")], share, 3)],
+        2 * S,
+    );
+    assert_eq!(taken, 1);
+    assert_eq!(shares.since_last_assignment(3 * S), Some(S));
+    let assigned = RegionLimit::Share(BucketParams {
+        capacity: 60,
+        tokens_per_unit: 20,
+        unit_secs: 1,
+    });
+    assert_eq!(limit(&shares, FailureMode::Closed, 3 * S), assigned);
+    shares.set_reachable(false);
+    assert_eq!(limit(&shares, FailureMode::Closed, 5 * S - 1), assigned);
+    // expired while cut off: the failure mode
+    assert_eq!(
+        limit(&shares, FailureMode::Closed, 5 * S),
+        RegionLimit::Closed
+    );
+    // an id this region does not hold, or another domain's, is passed over
+    let share = token_bucket(Budget {
+        burst: 60.0,
+        rate: 20.0,
+    });
+    assert_eq!(
+        shares.apply("d", &[assign(&[("api_key", "b")], share, 3)], 6 * S),
+        0
+    );
+    let share = token_bucket(Budget {
+        burst: 60.0,
+        rate: 20.0,
+    });
+    assert_eq!(
+        shares.apply(
+            "other",
+            &[assign(&[("api_key", "a"), ("path", "/x")], share, 3)],
+            6 * S
+        ),
+        0
+    );
+}
+
+#[test]
+fn deny_all_admits_nothing_and_abandon_drops_the_share() {
+    let shares = RegionShares::new(2);
+    shares.set_reachable(true);
+    limit(&shares, FailureMode::Local, S);
+    let pairs = [("api_key", "a"), ("path", "/x")];
+    shares.apply(
+        "d",
+        &[assign(
+            &pairs,
+            Strategy::BlanketRule(BlanketRule::DenyAll as i32),
+            10,
+        )],
+        S,
+    );
+    let RegionLimit::Share(p) = limit(&shares, FailureMode::Local, 2 * S) else {
+        panic!("a share")
+    };
+    assert_eq!(p.capacity, 0);
+    // ALLOW_ALL (no limit upstream): no share, the floor
+    shares.apply(
+        "d",
+        &[assign(
+            &pairs,
+            Strategy::BlanketRule(BlanketRule::AllowAll as i32),
+            10,
+        )],
+        2 * S,
+    );
+    assert_eq!(
+        limit(&shares, FailureMode::Local, 2 * S),
+        RegionLimit::Floor(floor(RULE, 2))
+    );
+    shares.apply(
+        "d",
+        &[assign(
+            &pairs,
+            token_bucket(Budget {
+                burst: 5.0,
+                rate: 1.0,
+            }),
+            10,
+        )],
+        3 * S,
+    );
+    shares.apply(
+        "d",
+        &[BucketAction {
+            bucket_id: Some(id(&pairs)),
+            bucket_action: Some(bucket_action::BucketAction::AbandonAction(
+                bucket_action::AbandonAction {},
+            )),
+        }],
+        4 * S,
+    );
+    assert_eq!(
+        limit(&shares, FailureMode::Local, 4 * S),
+        RegionLimit::Floor(floor(RULE, 2))
+    );
+}
+
+#[test]
+fn reports_carry_the_demand_since_the_last_and_idle_buckets_go() {
+    let shares = RegionShares::new(3);
+    shares.set_reachable(true);
+    limit(&shares, FailureMode::Local, S);
+    for admitted in [true, true, false] {
+        shares.record(b"tag-a", admitted);
+    }
+    let reports = shares.take_reports(2 * S);
+    let usage = &reports["d"][0];
+    assert_eq!(
+        (usage.num_requests_allowed, usage.num_requests_denied),
+        (2, 1)
+    );
+    assert_eq!(usage.bucket_id.as_ref().map(|b| b.bucket.len()), Some(2));
+    // counted afresh; active recently: reported with none
+    let reports = shares.take_reports(3 * S);
+    let usage = &reports["d"][0];
+    assert_eq!(
+        (usage.num_requests_allowed, usage.num_requests_denied),
+        (0, 0)
+    );
+    assert_eq!(usage.time_elapsed.as_ref().map(|d| d.seconds), Some(1));
+    // a live share keeps an idle bucket
+    let share = token_bucket(Budget {
+        burst: 30.0,
+        rate: 10.0,
+    });
+    shares.apply(
+        "d",
+        &[assign(&[("api_key", "a"), ("path", "/x")], share, 60)],
+        3 * S,
+    );
+    assert!(shares.take_reports(S + IDLE_MICROS).is_empty());
+    assert_eq!(shares.len(), 1);
+    // idle and no live share: forgotten, not reported
+    assert!(shares.take_reports(3 * S + 60 * S).is_empty());
+    assert_eq!(shares.len(), 0);
+}
+
+#[test]
+fn state_is_bounded_and_past_the_bound_requests_get_the_floor_unreported() {
+    let shares = RegionShares::new(4);
+    shares.set_reachable(true);
+    for i in 0..MAX_BUCKETS {
+        let tag = format!("t{i}");
+        let v = i.to_string();
+        shares.limit(
+            "d",
+            tag.as_bytes(),
+            [("k", v.as_str())].into_iter(),
+            RULE,
+            FailureMode::Closed,
+            S,
+        );
+    }
+    shares.set_reachable(false);
+    let over = shares.limit(
+        "d",
+        b"new",
+        [("k", "new")].into_iter(),
+        RULE,
+        FailureMode::Closed,
+        S,
+    );
+    assert_eq!(over, RegionLimit::Floor(floor(RULE, 4)));
+    assert_eq!(shares.len(), MAX_BUCKETS);
+    assert_eq!(shares.take_over_bound(), 1);
+}

@@ -1,0 +1,503 @@
+//! Several regions sharing one global budget (`scope: global`): a global
+//! tier (the service's binary, its own process, memory store) and three
+//! regions (each a server of its own, with its own store: two in memory,
+//! one on its own redis-server), each reaching the global tier through a
+//! TCP proxy the test controls, so that one region's link can be cut and
+//! healed. Loopback only; every load loop is bounded in count and time.
+//!
+//! The rule under test: B = 60 tokens, r = 30 a second, N = 3 regions.
+//! What is asserted is what the README promises: the world admits at most
+//! B + r·t (a share's rounding only lowers it), at least 70 % of r·t under
+//! heavy demand, a loud region gets most of it, and a region cut off keeps
+//! its share until it expires, then its `failure_mode` (local: B/N, r/N).
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::redis::RedisServer;
+use common::{descriptor, free_port, request, rules_dir, sample, serve_args, ChildGuard};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use tokenbucket_rls::cli::StoreKind;
+use tokenbucket_rls::server::RunningServer;
+use tokio::net::{TcpListener, TcpStream};
+use tonic::transport::Channel;
+
+const B: u64 = 60;
+const R: u64 = 30;
+
+const RULES: &str = r#"
+domain: world
+descriptors:
+  - key: api
+    scope: global
+    failure_mode: local
+    rate_limit: {unit: second, requests_per_unit: 30, burst: 60}
+  - key: strict
+    scope: global
+    failure_mode: closed
+    rate_limit: {unit: second, requests_per_unit: 30, burst: 60}
+  - key: lax
+    scope: global
+    failure_mode: open
+    rate_limit: {unit: second, requests_per_unit: 30, burst: 60}
+  - key: local
+    rate_limit: {unit: second, requests_per_unit: 1, burst: 5}
+"#;
+
+/// A TCP proxy from a loopback port to `target`; `cut` drops every
+/// connection it carries and refuses new ones until `heal`.
+struct Link {
+    port: u16,
+    open: Arc<AtomicBool>,
+    generation: Arc<AtomicU64>,
+}
+
+impl Link {
+    async fn start(target: u16) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let open = Arc::new(AtomicBool::new(true));
+        let generation = Arc::new(AtomicU64::new(0));
+        let (o, g) = (open.clone(), generation.clone());
+        tokio::spawn(async move {
+            while let Ok((inbound, _)) = listener.accept().await {
+                if !o.load(Ordering::SeqCst) {
+                    drop(inbound);
+                    continue;
+                }
+                let (o, g) = (o.clone(), g.clone());
+                tokio::spawn(async move {
+                    let born = g.load(Ordering::SeqCst);
+                    let Ok(outbound) = TcpStream::connect(("127.0.0.1", target)).await else {
+                        return;
+                    };
+                    let (mut ri, mut wi) = inbound.into_split();
+                    let (mut ro, mut wo) = outbound.into_split();
+                    let copy = async {
+                        tokio::select! {
+                            _ = tokio::io::copy(&mut ri, &mut wo) => {},
+                            _ = tokio::io::copy(&mut ro, &mut wi) => {},
+                        }
+                    };
+                    let cut = async {
+                        while o.load(Ordering::SeqCst) && g.load(Ordering::SeqCst) == born {
+                            tokio::time::sleep(Duration::from_millis(20)).await;
+                        }
+                    };
+                    tokio::select! {
+                        _ = copy => {},
+                        _ = cut => {},
+                    }
+                });
+            }
+        });
+        Self {
+            port,
+            open,
+            generation,
+        }
+    }
+
+    fn cut(&self) {
+        self.open.store(false, Ordering::SeqCst);
+        self.generation.fetch_add(1, Ordering::SeqCst);
+    }
+
+    fn heal(&self) {
+        self.open.store(true, Ordering::SeqCst);
+    }
+}
+
+struct World {
+    _global: ChildGuard,
+    global_admin: u16,
+    regions: Vec<RunningServer>,
+    links: Vec<Link>,
+    clients: Vec<RateLimitServiceClient<Channel>>,
+    _redis: RedisServer,
+    _rules: tempfile::TempDir,
+}
+
+async fn world() -> World {
+    let rules = rules_dir(RULES);
+    let (grpc, admin) = (free_port(), free_port());
+    let global = ChildGuard(
+        common::binary_without_rls_env()
+            .args(["--config"])
+            .arg(rules.path())
+            .args([
+                "--grpc-addr",
+                &format!("127.0.0.1:{grpc}"),
+                "--admin-addr",
+                &format!("127.0.0.1:{admin}"),
+            ])
+            .env("RUST_LOG", "warn")
+            .spawn()
+            .expect("global tier starts"),
+    );
+    for _ in 0..200 {
+        if std::net::TcpStream::connect(("127.0.0.1", grpc)).is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let redis = RedisServer::standalone();
+    let mut regions = Vec::new();
+    let mut links = Vec::new();
+    let mut clients = Vec::new();
+    for (i, name) in ["eu", "us", "ap"].iter().enumerate() {
+        let link = Link::start(grpc).await;
+        let mut args = serve_args(rules.path().to_path_buf());
+        args.quota_upstream = Some(format!("http://127.0.0.1:{}", link.port));
+        args.region = Some(name.to_string());
+        args.regions = Some(3);
+        if i == 2 {
+            // this region keeps its buckets in its own Redis
+            args.store = StoreKind::Redis;
+            args.redis_url = Some(redis.url());
+        }
+        let server = tokenbucket_rls::server::start(&args)
+            .await
+            .expect("region starts");
+        clients.push(
+            RateLimitServiceClient::connect(format!("http://{}", server.grpc_addr))
+                .await
+                .expect("connect"),
+        );
+        regions.push(server);
+        links.push(link);
+    }
+    World {
+        _global: global,
+        global_admin: admin,
+        regions,
+        links,
+        clients,
+        _redis: redis,
+        _rules: rules,
+    }
+}
+
+/// What one region's caller saw.
+#[derive(Debug, Default, Clone, Copy)]
+struct Tally {
+    ok: u64,
+    over: u64,
+    unavailable: u64,
+}
+
+/// Sends `key=value` requests to a region every `every`, for `duration`;
+/// each call waits for its answer (a bounded loop: at most duration/every).
+async fn load(
+    mut client: RateLimitServiceClient<Channel>,
+    key: &'static str,
+    value: &'static str,
+    every: Duration,
+    duration: Duration,
+) -> Tally {
+    let mut t = Tally::default();
+    let start = Instant::now();
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    while start.elapsed() < duration {
+        tick.tick().await;
+        match client
+            .should_rate_limit(request("world", vec![descriptor(&[(key, value)])]))
+            .await
+        {
+            Ok(r) if r.get_ref().overall_code == Code::Ok as i32 => t.ok += 1,
+            Ok(_) => t.over += 1,
+            Err(_) => t.unavailable += 1,
+        }
+    }
+    t
+}
+
+/// Loads all three regions at once (`every` per region) for `duration`.
+async fn load_all(
+    w: &World,
+    key: &'static str,
+    every: [Duration; 3],
+    duration: Duration,
+) -> Vec<Tally> {
+    let tasks: Vec<_> = (0..3)
+        .map(|i| tokio::spawn(load(w.clients[i].clone(), key, "k", every[i], duration)))
+        .collect();
+    let mut out = Vec::new();
+    for t in tasks {
+        out.push(t.await.expect("load task"));
+    }
+    out
+}
+
+async fn metrics(server: &RunningServer) -> String {
+    reqwest::get(format!("http://{}/metrics", server.admin_addr))
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text")
+}
+
+/// Waits until `f` holds on the region's metrics, for at most `within`.
+async fn until_metric(server: &RunningServer, within: Duration, f: impl Fn(&str) -> bool) -> bool {
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        if f(&metrics(server).await) {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    false
+}
+
+fn total(t: &[Tally]) -> u64 {
+    t.iter().map(|t| t.ok).sum()
+}
+
+const FAST: Duration = Duration::from_millis(5);
+const SLOW: Duration = Duration::from_millis(250);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn regions_share_one_budget_split_by_demand_and_bounded_through_a_partition() {
+    let w = world().await;
+
+    // 1. Heavy demand everywhere: the world admits at most B + r·t, and at
+    //    least 70 % of r·t once the shares are in place.
+    let window = Duration::from_secs(6);
+    let started = Instant::now();
+    let tallies = load_all(&w, "api", [FAST; 3], window).await;
+    let secs = started.elapsed().as_secs_f64();
+    let admitted = total(&tallies);
+    let bound = B as f64 + R as f64 * secs;
+    assert!(
+        admitted as f64 <= bound,
+        "admitted {admitted} > B + r·t = {bound:.0} over {secs:.1}s: {tallies:?}"
+    );
+    assert!(
+        admitted as f64 >= 0.7 * R as f64 * 6.0,
+        "admitted {admitted} < 70 % of r·t: {tallies:?}"
+    );
+    // each region holds a share (the global tier answered all three)
+    for r in &w.regions {
+        let m = metrics(r).await;
+        assert_eq!(sample(&m, "rls_region_upstream_up"), Some(1.0), "{m}");
+        assert!(sample(&m, "rls_region_assignments_total").unwrap_or(0.0) >= 1.0);
+        assert!(sample(&m, "rls_region_reports_total").unwrap_or(0.0) >= 1.0);
+    }
+
+    // 2. Skewed demand: the loud region gets most of the budget, once the
+    //    demand each region reports (smoothed over reports) has moved and
+    //    the quiet regions' larger shares have expired.
+    let _ = load_all(&w, "api", [FAST, SLOW, SLOW], Duration::from_secs(8)).await;
+    let tallies = load_all(&w, "api", [FAST, SLOW, SLOW], Duration::from_secs(5)).await;
+    assert!(
+        tallies[0].ok > 2 * (tallies[1].ok + tallies[2].ok),
+        "the loud region should get most: {tallies:?}"
+    );
+    assert!(tallies[0].ok as f64 <= B as f64 + R as f64 * 5.5);
+
+    // 3. A regional rule beside the global one: each region has its own
+    //    burst of 5, whatever the others spent.
+    let tallies = load_all(&w, "local", [FAST; 3], Duration::from_millis(500)).await;
+    for t in &tallies {
+        assert!(
+            (5..=6).contains(&t.ok),
+            "regional burst 5 (+1 refill) each: {tallies:?}"
+        );
+    }
+
+    // 4. The region "ap" (on Redis) is cut off from the global tier. It
+    //    keeps its share until it expires, then fails local: B/N, r/N.
+    w.links[2].cut();
+    assert!(
+        until_metric(&w.regions[2], Duration::from_secs(10), |m| {
+            sample(m, "rls_region_upstream_up") == Some(0.0)
+        })
+        .await,
+        "the cut region should notice"
+    );
+    let started = Instant::now();
+    let tallies = load_all(&w, "api", [FAST; 3], Duration::from_secs(8)).await;
+    let secs = started.elapsed().as_secs_f64();
+    let admitted = total(&tallies);
+    let bound = B as f64 + R as f64 * secs;
+    assert!(
+        admitted as f64 <= bound,
+        "through the partition: admitted {admitted} > {bound:.0}: {tallies:?}"
+    );
+    // cut off, its share expired: the floor decided (B/N = 20, r/N = 10/s)
+    let m = metrics(&w.regions[2]).await;
+    assert!(
+        sample(&m, "rls_region_fallback_total{mode=\"floor\"}").unwrap_or(0.0) > 0.0,
+        "{m}"
+    );
+    assert!(
+        tallies[2].ok as f64 <= 20.0 + 10.0 * secs + 1.0 && tallies[2].ok > 0,
+        "cut off, ap spends at most its share then B/N, r/N: {tallies:?}"
+    );
+    // the two connected regions split at most 2/3 of the budget: B/N stays with ap
+    let connected = tallies[0].ok + tallies[1].ok;
+    assert!(
+        connected as f64 <= 2.0 * (20.0 + 10.0 * secs) + 1.0,
+        "the connected regions keep B/N out for the cut one: {tallies:?}"
+    );
+    // a closed rule refuses once the share is gone, an open one admits all
+    let strict = load(
+        w.clients[2].clone(),
+        "strict",
+        "k",
+        FAST,
+        Duration::from_millis(300),
+    )
+    .await;
+    assert!(strict.unavailable > 0 && strict.ok == 0, "{strict:?}");
+    let lax = load(
+        w.clients[2].clone(),
+        "lax",
+        "k",
+        FAST,
+        Duration::from_millis(300),
+    )
+    .await;
+    assert!(
+        lax.ok > 0 && lax.over == 0 && lax.unavailable == 0,
+        "{lax:?}"
+    );
+
+    // 5. Healed: the region is back in the split within a few intervals.
+    w.links[2].heal();
+    assert!(
+        until_metric(&w.regions[2], Duration::from_secs(10), |m| {
+            sample(m, "rls_region_upstream_up") == Some(1.0)
+        })
+        .await
+    );
+    let _ = load_all(&w, "api", [FAST; 3], Duration::from_secs(3)).await;
+    let m = metrics(&w.regions[2]).await;
+    let since = sample(&m, "rls_region_seconds_since_assignment").unwrap_or(-1.0);
+    assert!(
+        (0.0..3.0).contains(&since),
+        "a fresh assignment after healing: {since}\n{m}"
+    );
+    let share = sample(
+        &m,
+        "rls_region_share{domain=\"world\",part=\"burst\",rule=\"api\"}",
+    );
+    assert!(share.is_some_and(|s| s > 0.0), "{m}");
+
+    // the global tier sees three regions' streams
+    let global = reqwest::get(format!("http://127.0.0.1:{}/metrics", w.global_admin))
+        .await
+        .expect("global metrics")
+        .text()
+        .await
+        .expect("text");
+    assert!(
+        sample(&global, "rls_quota_streams").unwrap_or(0.0) >= 3.0,
+        "{global}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_frozen_global_tier_leaves_every_region_on_its_floor_and_a_thawed_one_heals() {
+    let w = world().await;
+    let _ = load_all(&w, "api", [FAST; 3], Duration::from_secs(3)).await;
+    let pid = w._global.0.id().to_string();
+    let signal = |s: &str| {
+        std::process::Command::new("kill")
+            .args([s, &pid])
+            .status()
+            .expect("kill");
+    };
+    // frozen: it accepts nothing and answers nothing, its sockets stay open
+    signal("-STOP");
+    for r in &w.regions {
+        assert!(
+            until_metric(r, Duration::from_secs(15), |m| {
+                sample(m, "rls_region_upstream_up") == Some(0.0)
+            })
+            .await,
+            "every region notices a frozen global tier (HTTP/2 pings unanswered)"
+        );
+    }
+    // shares expired: every region at B/N, r/N, the world at B + r·t
+    let started = Instant::now();
+    let tallies = load_all(&w, "api", [FAST; 3], Duration::from_secs(5)).await;
+    let secs = started.elapsed().as_secs_f64();
+    let admitted = total(&tallies);
+    assert!(
+        admitted as f64 <= B as f64 + R as f64 * secs,
+        "frozen: {admitted} over {secs:.1}s: {tallies:?}"
+    );
+    for t in &tallies {
+        assert!(t.ok > 0, "each region still admits its floor: {tallies:?}");
+    }
+    signal("-CONT");
+    for r in &w.regions {
+        assert!(
+            until_metric(r, Duration::from_secs(15), |m| {
+                sample(m, "rls_region_upstream_up") == Some(1.0)
+            })
+            .await
+        );
+    }
+    // within two report intervals of reporting again, each has a share
+    let _ = load_all(&w, "api", [FAST; 3], Duration::from_secs(2)).await;
+    for r in &w.regions {
+        let m = metrics(r).await;
+        let since = sample(&m, "rls_region_seconds_since_assignment").unwrap_or(-1.0);
+        assert!((0.0..2.0).contains(&since), "{since}\n{m}");
+    }
+}
+
+#[tokio::test]
+async fn the_global_tier_refuses_a_region_that_counts_the_regions_differently() {
+    use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_client::RateLimitQuotaServiceClient;
+    use envoy_types::pb::envoy::service::rate_limit_quota::v3::RateLimitQuotaUsageReports;
+    let rules = rules_dir(RULES);
+    let global = tokenbucket_rls::server::start(&serve_args(rules.path().to_path_buf()))
+        .await
+        .expect("global tier");
+    let open = |region: &'static str, regions: &'static str| {
+        let addr = global.grpc_addr;
+        async move {
+            let mut client = RateLimitQuotaServiceClient::connect(format!("http://{addr}"))
+                .await
+                .expect("connect");
+            let report = RateLimitQuotaUsageReports {
+                domain: "world".into(),
+                bucket_quota_usages: Vec::new(),
+            };
+            let mut request = tonic::Request::new(
+                futures::stream::iter([report]).chain(futures::stream::pending()),
+            );
+            request
+                .metadata_mut()
+                .insert("x-rls-region", region.parse().expect("ascii"));
+            request
+                .metadata_mut()
+                .insert("x-rls-regions", regions.parse().expect("ascii"));
+            let mut answers = client
+                .stream_rate_limit_quotas(request)
+                .await
+                .expect("stream")
+                .into_inner();
+            tokio::time::timeout(Duration::from_secs(2), answers.message()).await
+        }
+    };
+    use futures::StreamExt;
+    // the first region's count stands (its stream stays open, unanswered)
+    let first = tokio::spawn(open("eu", "3"));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let refused = open("us", "4").await.expect("answered at once");
+    let status = refused.expect_err("refused");
+    assert_eq!(status.code(), tonic::Code::FailedPrecondition);
+    assert!(status.message().contains("--regions 4"), "{status}");
+    assert!(status.message().contains("said 3"), "{status}");
+    first.abort();
+}
