@@ -44,6 +44,9 @@ descriptors:
     scope: global
     failure_mode: open
     rate_limit: {unit: second, requests_per_unit: 30, burst: 60}
+  - key: user
+    scope: global
+    rate_limit: {unit: second, requests_per_unit: 30, burst: 60}
   - key: local
     rate_limit: {unit: second, requests_per_unit: 1, burst: 5}
 "#;
@@ -311,7 +314,47 @@ async fn regions_share_one_budget_split_by_demand_and_bounded_through_a_partitio
         );
     }
 
-    // 4. The region "ap" (on Redis) is cut off from the global tier. It
+    // 4. A per-key global rule: one budget per user worldwide. A user
+    //    flooding every region does not touch another's budget, whose
+    //    first requests are decided at once (the floor) and reported.
+    let flood: Vec<_> = (0..3)
+        .map(|i| {
+            tokio::spawn(load(
+                w.clients[i].clone(),
+                "user",
+                "alice",
+                FAST,
+                Duration::from_secs(3),
+            ))
+        })
+        .collect();
+    let bob = load(
+        w.clients[0].clone(),
+        "user",
+        "bob",
+        SLOW,
+        Duration::from_secs(3),
+    )
+    .await;
+    let mut alice = 0;
+    for f in flood {
+        alice += f.await.expect("flood").ok;
+    }
+    assert!(
+        bob.ok >= 12 && bob.over == 0 && bob.unavailable == 0,
+        "bob is within his own budget: {bob:?}"
+    );
+    assert!(
+        alice as f64 <= B as f64 + R as f64 * 3.5,
+        "alice's one budget worldwide: {alice}"
+    );
+    let m = metrics(&w.regions[0]).await;
+    assert!(
+        sample(&m, "rls_region_buckets").unwrap_or(0.0) >= 3.0,
+        "{m}"
+    );
+
+    // 5. The region "ap" (on Redis) is cut off from the global tier. It
     //    keeps its share until it expires, then fails local: B/N, r/N.
     w.links[2].cut();
     assert!(
@@ -369,7 +412,7 @@ async fn regions_share_one_budget_split_by_demand_and_bounded_through_a_partitio
         "{lax:?}"
     );
 
-    // 5. Healed: the region is back in the split within a few intervals.
+    // 6. Healed: the region is back in the split within a few intervals.
     w.links[2].heal();
     assert!(
         until_metric(&w.regions[2], Duration::from_secs(10), |m| {

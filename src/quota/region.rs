@@ -320,10 +320,7 @@ impl RegionShares {
             };
             match &action.bucket_action {
                 Some(bucket_action::BucketAction::QuotaAssignmentAction(a)) => {
-                    let ttl = a
-                        .assignment_time_to_live
-                        .as_ref()
-                        .map_or(0, micros_of);
+                    let ttl = a.assignment_time_to_live.as_ref().map_or(0, micros_of);
                     let params = a
                         .rate_limit_strategy
                         .as_ref()

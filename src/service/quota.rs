@@ -85,6 +85,8 @@ pub struct QuotaHub {
     ledger: Option<Arc<dyn QuotaLedger>>,
     /// This replica's name in the ledger (random at start).
     replica: u32,
+    /// `--instances`: each splits 1/N of every budget (not for regions).
+    instances: u32,
     /// The `rls-quota` thread's runtime, where all RLQS work runs.
     runtime: tokio::runtime::Handle,
 }
@@ -116,6 +118,7 @@ impl QuotaHub {
             closing,
             ledger,
             replica: random_replica(),
+            instances,
             runtime,
         }))
     }
@@ -223,9 +226,9 @@ impl QuotaHub {
         let Caller::Region { name, regions } = caller else {
             return Ok(stream);
         };
-        if self.ledger.is_some() {
+        if self.ledger.is_some() || self.instances > 1 {
             return Err(Status::failed_precondition(
-                "this global tier splits budgets through a shared ledger (several replicas); regions need a global tier of one instance (README, \"Several regions\")",
+                "this global tier splits budgets with other replicas (a shared ledger, or --instances above 1); regions need a global tier of one instance (README, \"Several regions\")",
             ));
         }
         let mut all = self.regions.lock();
