@@ -1,7 +1,7 @@
 //! Several regions sharing one global budget (`scope: global`): a global
 //! tier (the service's binary, its own process, memory store) and three
-//! regions (each a server of its own, with its own store: two in memory,
-//! one on its own redis-server), each reaching the global tier through a
+//! regions (each the binary as a process of its own, with its own
+//! redis-server), each reaching the global tier through a
 //! TCP proxy the test controls, so that one region's link can be cut and
 //! healed. Loopback only; every load loop is bounded in count and time.
 //!
@@ -21,8 +21,6 @@ use common::redis::RedisServer;
 use common::{descriptor, free_port, request, rules_dir, sample, serve_args, ChildGuard};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
-use tokenbucket_rls::cli::StoreKind;
-use tokenbucket_rls::server::RunningServer;
 use tokio::net::{TcpListener, TcpStream};
 use tonic::transport::Channel;
 
@@ -115,14 +113,31 @@ impl Link {
     }
 }
 
+/// A region: the service's binary on its own redis-server.
+struct Region {
+    _process: ChildGuard,
+    admin: u16,
+    _redis: RedisServer,
+}
+
 struct World {
     _global: ChildGuard,
     global_admin: u16,
-    regions: Vec<RunningServer>,
+    regions: Vec<Region>,
     links: Vec<Link>,
     clients: Vec<RateLimitServiceClient<Channel>>,
-    _redis: RedisServer,
     _rules: tempfile::TempDir,
+}
+
+/// Waits until something listens on `port` (a process just started).
+async fn listening(port: u16) {
+    for _ in 0..400 {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("nothing listens on {port}");
 }
 
 async fn world() -> World {
@@ -142,36 +157,49 @@ async fn world() -> World {
             .spawn()
             .expect("global tier starts"),
     );
-    for _ in 0..200 {
-        if std::net::TcpStream::connect(("127.0.0.1", grpc)).is_ok() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let redis = RedisServer::standalone();
+    listening(grpc).await;
     let mut regions = Vec::new();
     let mut links = Vec::new();
     let mut clients = Vec::new();
-    for (i, name) in ["eu", "us", "ap"].iter().enumerate() {
+    for name in ["eu", "us", "ap"] {
         let link = Link::start(grpc).await;
-        let mut args = serve_args(rules.path().to_path_buf());
-        args.quota_upstream = Some(format!("http://127.0.0.1:{}", link.port));
-        args.region = Some(name.to_string());
-        args.regions = Some(3);
-        if i == 2 {
-            // this region keeps its buckets in its own Redis
-            args.store = StoreKind::Redis;
-            args.redis_url = Some(redis.url());
-        }
-        let server = tokenbucket_rls::server::start(&args)
-            .await
-            .expect("region starts");
+        let redis = RedisServer::standalone();
+        let (region_grpc, region_admin) = (free_port(), free_port());
+        let process = ChildGuard(
+            common::binary_without_rls_env()
+                .args(["--config"])
+                .arg(rules.path())
+                .args([
+                    "--grpc-addr",
+                    &format!("127.0.0.1:{region_grpc}"),
+                    "--admin-addr",
+                    &format!("127.0.0.1:{region_admin}"),
+                    "--store",
+                    "redis",
+                    "--redis-url",
+                    &redis.url(),
+                    "--quota-upstream",
+                    &format!("http://127.0.0.1:{}", link.port),
+                    "--region",
+                    name,
+                    "--regions",
+                    "3",
+                ])
+                .env("RUST_LOG", "warn")
+                .spawn()
+                .expect("region starts"),
+        );
+        listening(region_grpc).await;
         clients.push(
-            RateLimitServiceClient::connect(format!("http://{}", server.grpc_addr))
+            RateLimitServiceClient::connect(format!("http://127.0.0.1:{region_grpc}"))
                 .await
                 .expect("connect"),
         );
-        regions.push(server);
+        regions.push(Region {
+            _process: process,
+            admin: region_admin,
+            _redis: redis,
+        });
         links.push(link);
     }
     World {
@@ -180,7 +208,6 @@ async fn world() -> World {
         regions,
         links,
         clients,
-        _redis: redis,
         _rules: rules,
     }
 }
@@ -237,8 +264,8 @@ async fn load_all(
     out
 }
 
-async fn metrics(server: &RunningServer) -> String {
-    reqwest::get(format!("http://{}/metrics", server.admin_addr))
+async fn metrics(region: &Region) -> String {
+    reqwest::get(format!("http://127.0.0.1:{}/metrics", region.admin))
         .await
         .expect("metrics")
         .text()
@@ -247,10 +274,10 @@ async fn metrics(server: &RunningServer) -> String {
 }
 
 /// Waits until `f` holds on the region's metrics, for at most `within`.
-async fn until_metric(server: &RunningServer, within: Duration, f: impl Fn(&str) -> bool) -> bool {
+async fn until_metric(region: &Region, within: Duration, f: impl Fn(&str) -> bool) -> bool {
     let deadline = Instant::now() + within;
     while Instant::now() < deadline {
-        if f(&metrics(server).await) {
+        if f(&metrics(region).await) {
             return true;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -354,7 +381,7 @@ async fn regions_share_one_budget_split_by_demand_and_bounded_through_a_partitio
         "{m}"
     );
 
-    // 5. The region "ap" (on Redis) is cut off from the global tier. It
+    // 5. The region "ap" is cut off from the global tier. It
     //    keeps its share until it expires, then fails local: B/N, r/N.
     w.links[2].cut();
     assert!(
