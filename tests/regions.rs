@@ -571,3 +571,68 @@ async fn the_global_tier_refuses_a_region_that_counts_the_regions_differently() 
     assert!(status.message().contains("said 3"), "{status}");
     first.abort();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_regions_instances_spend_one_share_in_the_regions_store() {
+    let rules = rules_dir(RULES);
+    let global = tokenbucket_rls::server::start(&serve_args(rules.path().to_path_buf()))
+        .await
+        .expect("global tier");
+    let eu_redis = RedisServer::standalone();
+    let us_redis = RedisServer::standalone();
+    let region = |name: &str, redis: &RedisServer| {
+        let mut args = serve_args(rules.path().to_path_buf());
+        args.store = tokenbucket_rls::cli::StoreKind::Redis;
+        args.redis_url = Some(redis.url());
+        args.quota_upstream = Some(format!("http://{}", global.grpc_addr));
+        args.region = Some(name.to_owned());
+        args.regions = Some(2);
+        args
+    };
+    // two instances of eu on eu's Redis, one of us on its own
+    let mut servers = Vec::new();
+    for (name, redis) in [("eu", &eu_redis), ("eu", &eu_redis), ("us", &us_redis)] {
+        servers.push(
+            tokenbucket_rls::server::start(&region(name, redis))
+                .await
+                .expect("region instance"),
+        );
+    }
+    let mut clients = Vec::new();
+    for s in &servers {
+        clients.push(
+            RateLimitServiceClient::connect(format!("http://{}", s.grpc_addr))
+                .await
+                .expect("connect"),
+        );
+    }
+    let run = |secs: u64| {
+        let tasks: Vec<_> = clients
+            .iter()
+            .map(|c| tokio::spawn(load(c.clone(), "api", "k", FAST, Duration::from_secs(secs))))
+            .collect();
+        async move {
+            let mut out = Vec::new();
+            for t in tasks {
+                out.push(t.await.expect("load"));
+            }
+            out
+        }
+    };
+    let _ = run(3).await;
+    let started = Instant::now();
+    let tallies = run(6).await;
+    let secs = started.elapsed().as_secs_f64();
+    let admitted = total(&tallies);
+    // each eu instance holding the region's share on its own would admit
+    // about a third more than the budget
+    assert!(
+        admitted as f64 <= B as f64 + R as f64 * secs,
+        "{admitted} over {secs:.1}s: {tallies:?}"
+    );
+    assert!(admitted as f64 >= 0.7 * R as f64 * 6.0, "{tallies:?}");
+    // eu's two instances report as one member: demand summed, so eu (twice
+    // the callers) gets more than us
+    let eu = tallies[0].ok + tallies[1].ok;
+    assert!(eu > tallies[2].ok, "{tallies:?}");
+}

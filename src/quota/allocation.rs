@@ -165,6 +165,12 @@ impl<E: Clone + Eq> Allocation<E> {
         );
     }
 
+    /// Sets a member's demand as it is (already smoothed elsewhere: a
+    /// region's, the sum of its instances').
+    pub fn set_demand(&mut self, envoy: &E, demand: f64) {
+        self.member_mut(envoy).demand = Some(demand);
+    }
+
     /// Forgets an Envoy (its stream closed, or it stopped reporting). What
     /// it was sent stays reserved until it expires, like any assignment.
     pub fn leave(&mut self, envoy: &E, now_micros: u64) {

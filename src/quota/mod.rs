@@ -92,6 +92,9 @@ pub const MAX_ID_KEY_OR_VALUE_BYTES: usize = crate::service::request::MAX_KEY_OR
 /// replica never looks dead, and a third of the shortest time to live, so
 /// refreshes are due in time.
 pub const SHARED_REFRESH_MICROS: u64 = 900_000;
+/// A region's instance that has not reported a bucket for this long no
+/// longer counts in the region's demand for it (five report intervals).
+pub const PART_QUIET_MICROS: u64 = 5_000_000;
 
 /// A bucket: its domain and its id's pairs, sorted.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -312,6 +315,11 @@ pub struct Quotas {
     regions: u32,
     /// The streams that are regions (at the hub: one per region and domain).
     region_streams: HashSet<StreamId>,
+    /// A region's demand for a bucket, per instance reporting it: (the
+    /// instance's stream, its smoothed demand, when it last reported). The
+    /// region's demand is their sum: each instance reports only what its
+    /// own requests did.
+    region_parts: HashMap<(Pair, Arc<BucketKey>), Vec<(StreamId, f64, u64)>>,
 }
 
 /// A step of the shared ledger to take for one stream and bucket: its
@@ -392,6 +400,22 @@ impl Quotas {
     pub fn report(
         &mut self,
         stream: StreamId,
+        domain: &str,
+        usages: &[BucketQuotaUsage],
+        rules: &RuleSet,
+        now_micros: u64,
+    ) -> Result<Outbox, String> {
+        self.report_part(stream, stream, domain, usages, rules, now_micros)
+    }
+
+    /// [`Quotas::report`] from `part`, one of the instances that report as
+    /// the region `stream` (see [`Quotas::add_region_stream`]; `part ==
+    /// stream` for an Envoy): the region's demand for each bucket is the
+    /// sum of its instances'.
+    pub fn report_part(
+        &mut self,
+        stream: StreamId,
+        part: StreamId,
         domain: &str,
         usages: &[BucketQuotaUsage],
         rules: &RuleSet,
@@ -515,6 +539,21 @@ impl Quotas {
             }
             if self.shared {
                 sub.demand = Some(smoothed(sub.demand, requests, elapsed_secs));
+            } else if part != stream {
+                let pair = sub.pair();
+                let parts = self.region_parts.entry((pair, key.clone())).or_default();
+                match parts.iter_mut().find(|p| p.0 == part) {
+                    Some(p) => {
+                        p.1 = smoothed(Some(p.1), requests, elapsed_secs);
+                        p.2 = now_micros;
+                    }
+                    None => parts.push((part, smoothed(None, requests, elapsed_secs), now_micros)),
+                }
+                // an instance gone quiet (stopped, or its stream moved)
+                // leaves the sum
+                parts.retain(|p| now_micros.saturating_sub(p.2) <= PART_QUIET_MICROS);
+                let demand = parts.iter().map(|p| p.1).sum();
+                bucket.allocation.set_demand(&pair, demand);
             } else {
                 let pair = sub.pair();
                 bucket.allocation.report(&pair, requests, elapsed_secs);
@@ -630,7 +669,9 @@ impl Quotas {
 
     /// A stream closed: its buckets are re-split between the others.
     pub fn close(&mut self, stream: StreamId, rules: &RuleSet, now_micros: u64) -> Outbox {
-        self.region_streams.remove(&stream);
+        if self.region_streams.remove(&stream) {
+            self.region_parts.retain(|((s, _), _), _| *s != stream);
+        }
         let Some(s) = self.streams.remove(&stream) else {
             return Vec::new();
         };

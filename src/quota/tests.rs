@@ -756,3 +756,49 @@ fn regions_split_their_part_and_b_over_n_stays_for_each_region_not_reporting() {
     );
     assert!(sa.rate > 3.0 * sb.rate, "{sa:?} {sb:?}");
 }
+
+#[test]
+fn a_regions_demand_is_the_sum_of_its_instances() {
+    let rules = rules(RULES);
+    let id = [("tenant", "acme"), ("api_key", "k")];
+    let mut q = Quotas::for_instances(1);
+    // region a: two instances (streams 11, 12) at 50/s each; region b: one
+    // instance (stream 21) at 100/s. Members 1 and 2.
+    q.add_region_stream(1, 2);
+    q.add_region_stream(2, 2);
+    let mut now = SEC;
+    for _ in 0..12 {
+        q.report_part(1, 11, "edge", &[usage(&id, 50, 1)], &rules, now)
+            .expect("report");
+        q.report_part(1, 12, "edge", &[usage(&id, 50, 1)], &rules, now + SEC / 2)
+            .expect("report");
+        q.report_part(2, 21, "edge", &[usage(&id, 100, 1)], &rules, now)
+            .expect("report");
+        now += SEC;
+        q.tick(&rules, now);
+    }
+    let bucket = q.buckets.values().next().expect("bucket");
+    let (a, b) = (
+        bucket.allocation.current(&(1, 0)).expect("a"),
+        bucket.allocation.current(&(2, 0)).expect("b"),
+    );
+    assert!(
+        (a.rate - b.rate).abs() <= 0.05 * b.rate,
+        "equal demand, equal shares: {a:?} {b:?}"
+    );
+    // an instance that stops reporting leaves the sum: a's demand halves
+    for _ in 0..10 {
+        q.report_part(1, 11, "edge", &[usage(&id, 50, 1)], &rules, now)
+            .expect("report");
+        q.report_part(2, 21, "edge", &[usage(&id, 100, 1)], &rules, now)
+            .expect("report");
+        now += SEC;
+        q.tick(&rules, now);
+    }
+    let bucket = q.buckets.values().next().expect("bucket");
+    let (a, b) = (
+        bucket.allocation.current(&(1, 0)).expect("a"),
+        bucket.allocation.current(&(2, 0)).expect("b"),
+    );
+    assert!(a.rate < 0.75 * b.rate, "{a:?} {b:?}");
+}

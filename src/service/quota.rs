@@ -286,8 +286,9 @@ impl QuotaHub {
         let (out, (invalid, over_limit)) = {
             let started = std::time::Instant::now();
             let mut quotas = self.quotas.lock();
-            let out = quotas.report(
+            let out = quotas.report_part(
                 id,
+                stream,
                 &reports.domain,
                 &reports.bucket_quota_usages,
                 &rules,
