@@ -263,6 +263,10 @@ struct Stream {
     last_tag: u64,
 }
 
+/// One instance's part of a region's demand for a bucket: its stream, its
+/// smoothed demand, when it last reported.
+type RegionPart = (StreamId, f64, u64);
+
 /// Actions per stream not yet made into messages.
 pub type Pending = HashMap<StreamId, Vec<BucketAction>>;
 
@@ -319,7 +323,7 @@ pub struct Quotas {
     /// instance's stream, its smoothed demand, when it last reported). The
     /// region's demand is their sum: each instance reports only what its
     /// own requests did.
-    region_parts: HashMap<(Pair, Arc<BucketKey>), Vec<(StreamId, f64, u64)>>,
+    region_parts: HashMap<(Pair, Arc<BucketKey>), Vec<RegionPart>>,
 }
 
 /// A step of the shared ledger to take for one stream and bucket: its
