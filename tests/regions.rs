@@ -575,9 +575,11 @@ async fn the_global_tier_refuses_a_region_that_counts_the_regions_differently() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_regions_instances_spend_one_share_in_the_regions_store() {
     let rules = rules_dir(RULES);
-    let global = tokenbucket_rls::server::start(&serve_args(rules.path().to_path_buf()))
-        .await
-        .expect("global tier");
+    // the global tier on the Redis store (its own Envoys' buckets would be
+    // split through the shared ledger; the regions' split is its own)
+    let global_redis = RedisServer::standalone();
+    let global =
+        common::start_on_redis(&global_redis.url(), &rules, Duration::from_millis(500)).await;
     let eu_redis = RedisServer::standalone();
     let us_redis = RedisServer::standalone();
     let region = |name: &str, redis: &RedisServer| {
@@ -635,4 +637,18 @@ async fn a_regions_instances_spend_one_share_in_the_regions_store() {
     // the callers) gets more than us
     let eu = tallies[0].ok + tallies[1].ok;
     assert!(eu > tallies[2].ok, "{tallies:?}");
+    // shares came from the global tier (not floors for want of one)
+    for s in &servers {
+        let m = reqwest::get(format!("http://{}/metrics", s.admin_addr))
+            .await
+            .expect("metrics")
+            .text()
+            .await
+            .expect("text");
+        assert!(
+            sample(&m, "rls_region_assignments_total").unwrap_or(0.0) >= 1.0,
+            "{m}"
+        );
+        assert_eq!(sample(&m, "rls_region_upstream_up"), Some(1.0));
+    }
 }

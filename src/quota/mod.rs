@@ -224,6 +224,17 @@ struct Bucket {
     /// When it was last planned (reports within [`COALESCE_MICROS`] of
     /// that wait for one plan together).
     planned_micros: u64,
+    /// Regions report it: it is split here, between the regions, also on a
+    /// global tier whose Envoys' buckets a shared ledger splits (the
+    /// regions all report to one global-tier instance).
+    regional: bool,
+}
+
+impl Bucket {
+    /// Whether the shared ledger splits it (else this instance does).
+    fn ledger_splits(&self, shared: bool) -> bool {
+        shared && !self.regional
+    }
 }
 
 /// A bucket to look at once `at` has come. A min-heap by time; entries
@@ -479,6 +490,9 @@ impl Quotas {
                         0
                     };
                     let sub = Subscription::new(stream, tag, id.clone());
+                    if self.region_streams.contains(&stream) {
+                        bucket.regional = true;
+                    }
                     if let (true, Policy::Shared(budget)) =
                         (self.region_streams.contains(&stream), bucket.policy)
                     {
@@ -541,9 +555,7 @@ impl Quotas {
             } else if sub.idle_since_micros.is_none() {
                 sub.idle_since_micros = Some(now_micros);
             }
-            if self.shared {
-                sub.demand = Some(smoothed(sub.demand, requests, elapsed_secs));
-            } else if part != stream {
+            if part != stream {
                 let pair = sub.pair();
                 let parts = self.region_parts.entry((pair, key.clone())).or_default();
                 match parts.iter_mut().find(|p| p.0 == part) {
@@ -558,6 +570,8 @@ impl Quotas {
                 parts.retain(|p| now_micros.saturating_sub(p.2) <= PART_QUIET_MICROS);
                 let demand = parts.iter().map(|p| p.1).sum();
                 bucket.allocation.set_demand(&pair, demand);
+            } else if self.shared {
+                sub.demand = Some(smoothed(sub.demand, requests, elapsed_secs));
             } else {
                 let pair = sub.pair();
                 bucket.allocation.report(&pair, requests, elapsed_secs);
@@ -573,7 +587,11 @@ impl Quotas {
                 continue;
             };
             let next = bucket.planned_micros.saturating_add(COALESCE_MICROS);
-            if !fresh && bucket.planned_micros > 0 && now_micros < next && !self.shared {
+            if !fresh
+                && bucket.planned_micros > 0
+                && now_micros < next
+                && !bucket.ledger_splits(self.shared)
+            {
                 // planned a moment ago: once more when the moment is over
                 bucket.due_micros = bucket.due_micros.min(next);
                 queue(&mut self.due, key, bucket);
@@ -660,14 +678,8 @@ impl Quotas {
         if let Some(s) = self.streams.get_mut(&sub.stream) {
             s.buckets.remove(sub.id(key));
         }
-        leave(
-            bucket,
-            &mut self.steps,
-            self.shared,
-            sub.pair(),
-            key,
-            now_micros,
-        );
+        let shared = bucket.ledger_splits(self.shared);
+        leave(bucket, &mut self.steps, shared, sub.pair(), key, now_micros);
         Some(sub)
     }
 
@@ -868,8 +880,9 @@ impl Quotas {
             .max()
             .unwrap_or(0);
         let ttl = ttl_micros(interval);
+        let shared = bucket.ledger_splits(self.shared);
         let planned: Vec<(Pair, Sent)> = match bucket.policy {
-            Policy::Shared(budget) if self.shared => {
+            Policy::Shared(budget) if shared => {
                 for sub in &mut bucket.subs {
                     let due = Some(sub.stream) == reporter
                         || now_micros.saturating_sub(sub.stepped_micros) >= SHARED_REFRESH_MICROS;
@@ -956,7 +969,7 @@ impl Quotas {
         }
         bucket.planned_micros = now_micros;
         let forget = bucket.subs.is_empty()
-            && (self.shared
+            && (shared
                 || (bucket.allocation.members() == 0
                     && bucket.allocation.reserved(now_micros).rate <= 0.0));
         if forget {
@@ -965,7 +978,7 @@ impl Quotas {
             self.key_bytes -= key.bytes();
             return;
         }
-        index(&mut self.shares, key, bucket, self.shared, now_micros);
+        index(&mut self.shares, key, bucket, shared, now_micros);
         // a tick moves on past now; after a report, a tick at the same
         // time does what the report left (an idle member's abandon)
         let after = if reporter.is_some() {
@@ -973,7 +986,7 @@ impl Quotas {
         } else {
             now_micros + 1
         };
-        bucket.due_micros = next_due(bucket, self.shared, ttl, after);
+        bucket.due_micros = next_due(bucket, shared, ttl, after);
         queue(&mut self.due, key, bucket);
     }
 
@@ -1040,6 +1053,7 @@ fn new_bucket(rules: &RuleSet, id: &BucketKey, labels: &mut HashSet<Arc<str>>) -
         queued_micros: NEVER,
         fraction: None,
         planned_micros: 0,
+        regional: false,
     }
 }
 

@@ -226,9 +226,9 @@ impl QuotaHub {
         let Caller::Region { name, regions } = caller else {
             return Ok(stream);
         };
-        if self.ledger.is_some() || self.instances > 1 {
+        if self.instances > 1 {
             return Err(Status::failed_precondition(
-                "this global tier splits budgets with other replicas (a shared ledger, or --instances above 1); regions need a global tier of one instance (README, \"Several regions\")",
+                "this global tier splits each budget with other instances (--instances above 1); regions need one global-tier instance (README, \"Several regions\")",
             ));
         }
         let mut all = self.regions.lock();
