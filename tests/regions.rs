@@ -296,6 +296,14 @@ const SLOW: Duration = Duration::from_millis(250);
 async fn regions_share_one_budget_split_by_demand_and_bounded_through_a_partition() {
     let w = world().await;
 
+    // 0. A region's first request on a bucket is decided at once from its
+    //    floor, before any share: admitted, also on a rule failing closed
+    //    (the global tier keeps B/N for every region not in the split).
+    for c in &w.clients {
+        let first = load(c.clone(), "strict", "first", FAST, Duration::from_millis(1)).await;
+        assert_eq!((first.ok, first.over, first.unavailable), (1, 0, 0));
+    }
+
     // 1. Heavy demand everywhere: the world admits at most B + r·t, and at
     //    least 70 % of r·t once the shares are in place.
     let window = Duration::from_secs(6);

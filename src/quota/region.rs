@@ -126,7 +126,8 @@ pub struct RegionShares {
     /// client's), so that an expiry means the same to both.
     clock: MonotonicClock,
     buckets: Mutex<Buckets>,
-    /// Whether the stream to the global tier is up.
+    /// Whether the global tier answers (true at start, until the first
+    /// attempt to reach it fails).
     reachable: AtomicBool,
     /// When the last assignment arrived (0: never).
     last_assignment_micros: AtomicU64,
@@ -141,7 +142,10 @@ impl RegionShares {
             regions: regions.max(1),
             clock: MonotonicClock::new(),
             buckets: Mutex::new(Buckets::default()),
-            reachable: AtomicBool::new(false),
+            // until the first attempt to reach it fails: a region that
+            // starts spends its floors at once (always within the bound:
+            // the global tier keeps B/N for a region not in its split)
+            reachable: AtomicBool::new(true),
             last_assignment_micros: AtomicU64::new(0),
             over_bound: AtomicU64::new(0),
         }
