@@ -757,6 +757,12 @@ fn regions_split_their_part_and_b_over_n_stays_for_each_region_not_reporting() {
     assert!(sa.rate > 3.0 * sb.rate, "{sa:?} {sb:?}");
 }
 
+/// The share `member` holds in the only bucket.
+fn current(q: &Quotas, member: StreamId) -> Budget {
+    let bucket = q.buckets.values().next().expect("bucket");
+    bucket.allocation.current(&(member, 0)).expect("a share")
+}
+
 #[test]
 fn a_regions_demand_is_the_sum_of_its_instances() {
     let rules = rules(RULES);
@@ -777,11 +783,7 @@ fn a_regions_demand_is_the_sum_of_its_instances() {
         now += SEC;
         q.tick(&rules, now);
     }
-    let bucket = q.buckets.values().next().expect("bucket");
-    let (a, b) = (
-        bucket.allocation.current(&(1, 0)).expect("a"),
-        bucket.allocation.current(&(2, 0)).expect("b"),
-    );
+    let (a, b) = (current(&q, 1), current(&q, 2));
     assert!(
         (a.rate - b.rate).abs() <= 0.05 * b.rate,
         "equal demand, equal shares: {a:?} {b:?}"
@@ -795,10 +797,6 @@ fn a_regions_demand_is_the_sum_of_its_instances() {
         now += SEC;
         q.tick(&rules, now);
     }
-    let bucket = q.buckets.values().next().expect("bucket");
-    let (a, b) = (
-        bucket.allocation.current(&(1, 0)).expect("a"),
-        bucket.allocation.current(&(2, 0)).expect("b"),
-    );
+    let (a, b) = (current(&q, 1), current(&q, 2));
     assert!(a.rate < 0.75 * b.rate, "{a:?} {b:?}");
 }
