@@ -16,7 +16,9 @@
 #     drawn uniformly from 100,000, the service on SERVICE_CPUS, each
 #     primary on REDIS_CPUS and rls-bench on LOAD_CPUS (taskset lists;
 #     defaults for a 2-core box: 0, 1, 1); service, primaries (summed) and
-#     rls-bench CPU per decision. FLEET=0 skips it; FLEET_ONLY=1 runs only it.
+#     rls-bench CPU per decision; then the memory store under the same load
+#     and pinning, the baseline of the Redis path's ratio. FLEET=0 skips it;
+#     FLEET_ONLY=1 runs only it.
 # RLS_BIN runs another tokenbucket-rls binary (e.g. the previous version's,
 # for a before/after in one run); RLS_ARGS adds flags to every run of it
 # (e.g. RLS_ARGS="--redis-pool-size 1").
@@ -97,6 +99,10 @@ fleet_rounds() {
     for p in $(seq 18701 18706); do redis-cli -p "$p" flushall >/dev/null 2>&1 || true; done
     SERVICE_PIN=${SERVICE_CPUS:-0} LOAD_CPUS=${LOAD_CPUS:-1} DIST=uniform WARM=1 REDIS_PID="$pids" REDIS_PORTS="$ports" \
       serve "fleet: 3 primaries, 100k keys (round $round)" X=1 -- "${rls[@]}" --store redis --redis-url "$url"
+    # the same load and pinning on the memory store: what the Redis path
+    # costs beyond it (#29's goal: at most 1.6x)
+    SERVICE_PIN=${SERVICE_CPUS:-0} LOAD_CPUS=${LOAD_CPUS:-1} DIST=uniform WARM=1 \
+      serve "fleet: memory store, same pinning (round $round)" X=1 -- "${rls[@]}"
   done
   integration/redis-cluster.sh stop "$dir" 18701 >/dev/null
 }

@@ -198,6 +198,7 @@ pub async fn start(args: &ServeArgs) -> Result<RunningServer> {
                 url,
                 timeout: args.redis_timeout,
                 pool_size: args.redis_pool_size as usize,
+                serving_threads: args.serving_threads(),
                 ca_file: args.redis_ca_file.clone(),
                 client_cert: args
                     .redis_client_cert

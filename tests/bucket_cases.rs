@@ -311,6 +311,7 @@ async fn store_and_client(redis: &RedisServer, layout: BucketLayout) -> (RedisSt
         url: redis.url(),
         timeout: std::time::Duration::from_secs(2),
         pool_size: 1,
+        serving_threads: 0,
         ca_file: None,
         client_cert: None,
         layout,

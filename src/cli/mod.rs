@@ -136,10 +136,10 @@ pub struct ServeArgs {
     #[arg(long, env = "RLS_MAX_IN_FLIGHT", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
     pub max_in_flight: u64,
     /// Threads serving gRPC, each a single-threaded runtime that keeps its
-    /// connections (handed out round-robin); 0 serves on the shared
-    /// multi-thread runtime instead. Default: one per core with the memory
-    /// store, 0 with the Redis store (its connections run on the shared
-    /// runtime). TLS is always served on the shared runtime.
+    /// connections (handed out round-robin) and, with the Redis store, a
+    /// decision connection of its own to every primary; 0 serves on the
+    /// shared multi-thread runtime instead. Default: one per core. TLS is
+    /// always served on the shared runtime.
     #[arg(long, env = "RLS_SERVING_THREADS")]
     pub serving_threads: Option<usize>,
     /// What rules without their own `failure_mode` do when the store fails.
@@ -308,9 +308,7 @@ impl ServeArgs {
 
     /// `--serving-threads`, or its default for the store.
     pub fn serving_threads(&self) -> usize {
-        self.serving_threads.unwrap_or_else(|| match self.store {
-            StoreKind::Memory => std::thread::available_parallelism().map_or(1, |n| n.get()),
-            StoreKind::Redis => 0,
-        })
+        self.serving_threads
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
     }
 }

@@ -83,6 +83,9 @@ pub struct RedisSettings {
     pub timeout: Duration,
     /// Connections (clients) to each primary, shared by all requests; each pipelines.
     pub pool_size: usize,
+    /// Serving threads ([`crate::serving`]): each gets a connection of its
+    /// own to every primary, on its own runtime (0: none).
+    pub serving_threads: usize,
     /// For `rediss://`: the CA that signed the servers' certificates
     /// (default: the system's roots).
     pub ca_file: Option<PathBuf>,
@@ -181,6 +184,7 @@ impl RedisStore {
         let recipe = ClientRecipe {
             config: config.clone(),
             pool_size: settings.pool_size,
+            serving_threads: settings.serving_threads,
             command_timeout: settings.timeout,
         };
         let redacted = url::redact(&settings.url);

@@ -53,6 +53,9 @@ pub struct ClientRecipe {
     /// The user's configuration (URL, credentials, TLS).
     pub config: Config,
     pub pool_size: usize,
+    /// Serving threads, each with a decision connection of its own to
+    /// every primary ([`super::pipe::Pipes`]' lanes).
+    pub serving_threads: usize,
     pub command_timeout: Duration,
 }
 
@@ -119,8 +122,13 @@ pub struct NodeClients {
 impl NodeClients {
     /// Builds and starts connecting (without waiting).
     pub fn connect(recipe: &ClientRecipe, config: Config) -> Result<Self, String> {
-        let pipes = super::pipe::Target::of(&config, CLIENT_STALL_BOUND)
-            .map(|target| Arc::new(super::pipe::Pipes::connect(&target, recipe.pool_size)));
+        let pipes = super::pipe::Target::of(&config, CLIENT_STALL_BOUND).map(|target| {
+            Arc::new(super::pipe::Pipes::connect(
+                &target,
+                recipe.pool_size,
+                recipe.serving_threads,
+            ))
+        });
         let pool = recipe.pool(config.clone())?;
         let probe = recipe.probe(config)?;
         pool.connect();

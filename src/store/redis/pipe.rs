@@ -19,7 +19,7 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use fred::bytes::BytesMut;
@@ -103,24 +103,44 @@ const SPILL: usize = 512;
 /// (round-robin split each batch as many ways as there were connections;
 /// BENCHMARKS.md). The others take the overflow, and the calls of a
 /// connection that is down.
+///
+/// A call made on one of [`crate::serving`]'s threads goes first to that
+/// thread's own connection (its lane), made on the thread's runtime at its
+/// first call: written, read and answered there, the call never wakes
+/// another thread. Until the lane is up, and while it is behind or down,
+/// the thread's calls go to the shared connections.
 pub struct Pipes {
+    target: Target,
     pipes: Vec<Pipe>,
+    /// One per serving thread, made on that thread's first call.
+    lanes: Box<[OnceLock<Pipe>]>,
 }
 
 impl Pipes {
-    /// `count` connections to `target`, connecting in the background.
-    pub fn connect(target: &Target, count: usize) -> Self {
+    /// `count` connections to `target`, connecting in the background, and
+    /// room for a lane on each of `lanes` serving threads.
+    pub fn connect(target: &Target, count: usize, lanes: usize) -> Self {
         Self {
+            target: target.clone(),
             pipes: (0..count.max(1))
                 .map(|_| Pipe::connect(target.clone()))
                 .collect(),
+            lanes: (0..lanes).map(|_| OnceLock::new()).collect(),
         }
     }
 
-    /// The first connection that is up with fewer than [`SPILL`] calls
+    /// This serving thread's lane when it is up and not behind; else the
+    /// first shared connection that is up with fewer than [`SPILL`] calls
     /// waiting; else the one up with the fewest waiting; else the first
     /// (which answers that it is down).
     fn pick(&self) -> &Pipe {
+        if let Some(lane) = crate::serving::current().and_then(|i| self.lanes.get(i)) {
+            // spawned on this thread's runtime: the first call made here
+            let pipe = lane.get_or_init(|| Pipe::connect(self.target.clone()));
+            if pipe.up.load(Ordering::Relaxed) && pipe.waiting() < SPILL {
+                return pipe;
+            }
+        }
         let mut least: Option<(&Pipe, usize)> = None;
         for pipe in &self.pipes {
             if !pipe.up.load(Ordering::Relaxed) {
@@ -149,16 +169,17 @@ impl Pipes {
         }
     }
 
-    /// Writes made on these connections so far (each carries every call
-    /// queued when it was made).
+    /// Writes made on these connections so far, lanes included (each
+    /// carries every call queued when it was made).
     pub fn writes(&self) -> usize {
         self.pipes
             .iter()
+            .chain(self.lanes.iter().filter_map(OnceLock::get))
             .map(|p| p.writes.load(Ordering::Relaxed))
             .sum()
     }
 
-    /// Writes made on each connection so far.
+    /// Writes made on each shared connection so far.
     #[cfg(test)]
     fn writes_each(&self) -> Vec<usize> {
         self.pipes
@@ -167,7 +188,17 @@ impl Pipes {
             .collect()
     }
 
-    /// Whether every connection is up.
+    /// Writes made on each serving thread's lane so far (0: none made).
+    #[cfg(test)]
+    fn lane_writes(&self) -> Vec<usize> {
+        self.lanes
+            .iter()
+            .map(|l| l.get().map_or(0, |p| p.writes.load(Ordering::Relaxed)))
+            .collect()
+    }
+
+    /// Whether every shared connection is up (lanes come and go with
+    /// their threads' calls; a lane that is down sends its calls here).
     pub fn connected(&self) -> bool {
         self.pipes.iter().all(|p| p.up.load(Ordering::Relaxed))
     }
@@ -731,7 +762,7 @@ mod wire_tests {
     #[tokio::test(flavor = "current_thread")]
     async fn concurrent_calls_share_writes_and_are_answered_in_order() {
         let (port, reads) = stand_in(None).await;
-        let pipes = Arc::new(Pipes::connect(&target(port), 1));
+        let pipes = Arc::new(Pipes::connect(&target(port), 1, 0));
         pipes.wait(Duration::from_secs(2)).await;
         assert!(pipes.connected());
         let calls: Vec<_> = (0..200)
@@ -762,7 +793,7 @@ mod wire_tests {
     #[tokio::test(flavor = "current_thread")]
     async fn calls_fill_the_first_connection_and_spill_over_when_it_is_behind() {
         let port = answering_everyone().await;
-        let pipes = Arc::new(Pipes::connect(&target(port), 3));
+        let pipes = Arc::new(Pipes::connect(&target(port), 3, 0));
         pipes.wait(Duration::from_secs(2)).await;
         let burst = |n: usize| {
             let calls: Vec<_> = (0..n)
@@ -798,11 +829,86 @@ mod wire_tests {
         assert_eq!(after[1], before[1] + 1);
     }
 
+    /// A serving thread's calls go out on its own connection, made on its
+    /// runtime at its first call (which, made before that connection is
+    /// up, goes out on a shared one); a thread without a lane uses the
+    /// shared ones.
+    #[test]
+    fn a_serving_threads_calls_go_out_on_its_own_connection() {
+        let main = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("main runtime");
+        let pipes = main.block_on(async {
+            let port = answering_everyone().await;
+            let pipes = Arc::new(Pipes::connect(&target(port), 2, 1));
+            pipes.wait(Duration::from_secs(2)).await;
+            pipes
+        });
+        let on_thread = |index: usize, calls: usize| {
+            let pipes = pipes.clone();
+            std::thread::spawn(move || {
+                crate::serving::mark_current(index);
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("serving runtime");
+                runtime.block_on(async move {
+                    pipes.eval("sha", "body", &[], &[]).await.expect("first");
+                    let lane_up = || {
+                        pipes
+                            .lanes
+                            .get(index)
+                            .and_then(OnceLock::get)
+                            .is_some_and(|p| p.up.load(Ordering::Relaxed))
+                    };
+                    for _ in 0..200 {
+                        if lane_up() {
+                            break;
+                        }
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                    let shared_before = pipes.writes_each();
+                    let calls: Vec<_> = (0..calls)
+                        .map(|_| {
+                            let pipes = pipes.clone();
+                            tokio::spawn(async move { pipes.eval("sha", "body", &[], &[]).await })
+                        })
+                        .collect();
+                    for c in calls {
+                        c.await.expect("task").expect("answered");
+                    }
+                    (shared_before, pipes.writes_each())
+                })
+            })
+            .join()
+            .expect("serving thread")
+        };
+        // serving thread 0: its first call on the shared connections, the
+        // next 50 in one write (or a few) on its own
+        let (before, after) = on_thread(0, 50);
+        assert_eq!(
+            before[0], 1,
+            "the first call went out on a shared connection"
+        );
+        assert_eq!(
+            after, before,
+            "later calls stayed off the shared connections"
+        );
+        let lane = pipes.lane_writes();
+        assert!((1..=5).contains(&lane[0]), "{lane:?}");
+        // serving thread 3 has no lane (only 1 was made room for)
+        let (before, after) = on_thread(3, 10);
+        assert!(after[0] > before[0], "{before:?} -> {after:?}");
+        assert_eq!(pipes.lane_writes(), lane);
+    }
+
     #[tokio::test(flavor = "current_thread")]
     async fn a_lost_connection_fails_the_calls_in_flight_once_then_reconnects() {
         // the server reads 5 commands and closes without answering
         let (port, _) = stand_in(Some(5)).await;
-        let pipes = Arc::new(Pipes::connect(&target(port), 1));
+        let pipes = Arc::new(Pipes::connect(&target(port), 1, 0));
         pipes.wait(Duration::from_secs(2)).await;
         let calls: Vec<_> = (0..5)
             .map(|_| {
@@ -826,7 +932,7 @@ mod wire_tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let port = listener.local_addr().expect("addr").port();
         drop(listener);
-        let pipes = Pipes::connect(&target(port), 1);
+        let pipes = Pipes::connect(&target(port), 1, 0);
         let e = pipes.eval("sha", "body", &[], &[]).await.expect_err("down");
         assert_eq!(*e.kind(), ErrorKind::IO);
         // answered without being queued (not waiting for a connection)
