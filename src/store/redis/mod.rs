@@ -344,16 +344,21 @@ impl RedisStore {
         if let Some(pipes) = &node.pipes {
             return pipes.eval(&script.sha, script.body, keys, args).await;
         }
-        let client = node.pool.next().with_options(options);
-        match client
-            .evalsha(&script.sha, keys.to_vec(), args.to_vec())
-            .await
-        {
-            Err(e) if e.details().starts_with("NOSCRIPT") => {
-                client.eval(script.body, keys.to_vec(), args.to_vec()).await
+        // boxed: fred's futures are kilobytes, and would make every
+        // decision's future (moved when it is boxed) as large
+        Box::pin(async {
+            let client = node.pool.next().with_options(options);
+            match client
+                .evalsha(&script.sha, keys.to_vec(), args.to_vec())
+                .await
+            {
+                Err(e) if e.details().starts_with("NOSCRIPT") => {
+                    client.eval(script.body, keys.to_vec(), args.to_vec()).await
+                }
+                other => other,
             }
-            other => other,
-        }
+        })
+        .await
     }
 
     /// Counts in `metrics` the calls it sends again (`rls_store_retries_total`).
@@ -433,7 +438,8 @@ impl RedisStore {
         let mut asking = false;
         for _ in 0..=MAX_REDIRECTIONS {
             let result = if asking {
-                self.run_asking(script, &node.pool, keys, args).await
+                // boxed, as fred's calls in run_on: rare, and large
+                Box::pin(self.run_asking(script, &node.pool, keys, args)).await
             } else {
                 self.run_on(script, &node, keys, args, options).await
             };
@@ -444,11 +450,11 @@ impl RedisStore {
             match redirect {
                 None => return result,
                 Some(Redirect::Moved(addr)) => {
-                    node = self.node_clients(&addr).await?;
+                    node = Box::pin(self.node_clients(&addr)).await?;
                     asking = false;
                 }
                 Some(Redirect::Ask(addr)) => {
-                    node = self.node_clients(&addr).await?;
+                    node = Box::pin(self.node_clients(&addr)).await?;
                     asking = true;
                 }
             }
@@ -581,16 +587,18 @@ impl LuaScript {
 }
 
 /// `call`, cut at `limit` (a timeout error then): fred 10 cuts a command
-/// at the client's default timeout whatever the call's options say.
-async fn within<T>(
+/// at the client's default timeout whatever the call's options say. Not an
+/// `async fn`, which would hold `call` twice (before and inside the timeout).
+fn within<T>(
     limit: Option<Duration>,
     call: impl std::future::Future<Output = Result<T, RedisError>>,
-) -> Result<T, RedisError> {
+) -> impl std::future::Future<Output = Result<T, RedisError>> {
+    use futures::future::{Either, FutureExt};
     match limit {
-        Some(limit) => tokio::time::timeout(limit, call)
-            .await
-            .unwrap_or_else(|_| Err(RedisError::new(ErrorKind::Timeout, "Request timed out."))),
-        None => call.await,
+        Some(limit) => Either::Left(tokio::time::timeout(limit, call).map(|timed| {
+            timed.unwrap_or_else(|_| Err(RedisError::new(ErrorKind::Timeout, "Request timed out.")))
+        })),
+        None => Either::Right(call),
     }
 }
 
