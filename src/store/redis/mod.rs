@@ -646,15 +646,28 @@ fn log_connect<E: std::fmt::Display>(
 
 /// The slot of a descriptor whose tag hashes to `tag_hash`.
 pub fn slot_of(tag_hash: u64) -> u16 {
-    fred::util::redis_keyslot(format!("{tag_hash:016x}").as_bytes())
+    fred::util::redis_keyslot(&hex16(tag_hash))
 }
 
 /// `rls:{<16 hex digits>}:<key>`: the braces hold the slot's hash tag.
 pub fn redis_key(tag_hash: u64, key: &[u8]) -> Bytes {
     let mut out = Vec::with_capacity(key.len() + 24);
-    out.extend_from_slice(format!("rls:{{{tag_hash:016x}}}:").as_bytes());
+    out.extend_from_slice(b"rls:{");
+    out.extend_from_slice(&hex16(tag_hash));
+    out.extend_from_slice(b"}:");
     out.extend_from_slice(key);
     Bytes::from(out)
+}
+
+/// `n` as 16 lower-case hex digits (`format!("{n:016x}")` without the
+/// formatting machinery: this is on every decision's path).
+fn hex16(n: u64) -> [u8; 16] {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = [0u8; 16];
+    for (i, digit) in out.iter_mut().enumerate() {
+        *digit = DIGITS[((n >> (60 - 4 * i)) & 0xf) as usize];
+    }
+    out
 }
 
 /// FNV-1a: a fixed hash, so that every instance (whatever its Rust version)
@@ -846,6 +859,21 @@ mod tests {
         // braces in the request's bytes do not move the tag
         let c = redis_key(h, b"{x}#0");
         assert_eq!(fred::util::redis_keyslot(&a), fred::util::redis_keyslot(&c));
+    }
+
+    #[test]
+    fn hex16_is_the_formatted_hash() {
+        for n in [
+            0,
+            1,
+            0xabc,
+            u64::MAX,
+            0x0123_4567_89ab_cdef,
+            0xcbf2_9ce4_8422_2325,
+        ] {
+            assert_eq!(hex16(n).as_slice(), format!("{n:016x}").as_bytes());
+        }
+        assert_eq!(&redis_key(0xabc, b"k")[..], b"rls:{0000000000000abc}:k");
     }
 
     #[test]
