@@ -12,10 +12,14 @@
 #   - tokenbucket-rls, Redis store on one local redis-server (service and
 #     redis-server CPU per decision);
 #   - with LIMITADOR_BIN set: Limitador, memory storage, same load.
-#   - the fleet shape (issue #29), a row per round: a 3+3 Redis Cluster, keys
-#     drawn uniformly from 100,000, the service on SERVICE_CPUS, each
-#     primary on REDIS_CPUS and rls-bench on LOAD_CPUS (taskset lists;
-#     defaults for a 2-core box: 0, 1, 1); service, primaries (summed) and
+#   - the fleet shape (issue #29), a row per round: a Redis Cluster of
+#     PRIMARIES primaries with a replica each (default 3), keys drawn
+#     uniformly from FLEET_KEYS (default 100,000), the service on
+#     SERVICE_CPUS, the primaries on REDIS_CPUS (a primary on each CPU of
+#     the list in turn when it names at least as many CPUs as there are
+#     primaries, else all on the whole list) and rls-bench on LOAD_CPUS
+#     (taskset lists; defaults for a 2-core box: 0, 1, 1; RLS_BENCH_THREADS
+#     sets its --threads); service, primaries (summed) and
 #     rls-bench CPU per decision; then the memory store under the same load
 #     and pinning, the baseline of the Redis path's ratio. FLEET=0 skips it;
 #     FLEET_ONLY=1 runs only it.
@@ -28,7 +32,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 calls=${1:-200000}; rounds=${2:-3}
 work=$(mktemp -d)
-trap 'kill $(jobs -p) 2>/dev/null || true; redis-cli -p 18699 shutdown nosave >/dev/null 2>&1 || true; [ -d "$work/cluster" ] && integration/redis-cluster.sh stop "$work/cluster" 18701 >/dev/null 2>&1; rm -rf "$work"' EXIT
+trap 'kill $(jobs -p) 2>/dev/null || true; redis-cli -p 18699 shutdown nosave >/dev/null 2>&1 || true; [ -d "$work/cluster" ] && PRIMARIES=${PRIMARIES:-3} integration/redis-cluster.sh stop "$work/cluster" 18701 >/dev/null 2>&1; rm -rf "$work"' EXIT
 cargo build --release --bins --example rls-floor --locked 2>&1 | tail -n 1
 cat > "$work/rules.yaml" <<'RULES'
 domain: bench
@@ -51,9 +55,10 @@ measure() {
   local b r0 out a r1 bt
   b=$(ticks "$pid"); r0=$(ticks_all $rpids); q0=$(reads_all)
   local pin=(); [ -n "${LOAD_CPUS:-}" ] && pin=(taskset -c "$LOAD_CPUS")
+  local threads=(); [ -n "${RLS_BENCH_THREADS:-}" ] && threads=(--threads "$RLS_BENCH_THREADS")
   out=$(/usr/bin/time -f "%U %S" -o "$work/bench.time" "${pin[@]}" target/release/rls-bench \
     --target http://127.0.0.1:18581 --domain bench --key key --distribution "${DIST:-hot}" \
-    --keys 100000 --requests "$calls" --duration 120s --warmup 0s --json 2>/dev/null)
+    --keys "${FLEET_KEYS:-100000}" --requests "$calls" --duration 120s --warmup 0s "${threads[@]}" --json 2>/dev/null)
   a=$(ticks "$pid"); r1=$(ticks_all $rpids); q1=$(reads_all)
   bt=$(cat "$work/bench.time")
   python3 - "$label" "$out" "$b" "$a" "$r0" "$r1" "$bt" "$q0" "$q1" <<'PY'
@@ -86,25 +91,31 @@ serve() { # LABEL ENV... -- CMD...
 rls=("${RLS_BIN:-target/release/tokenbucket-rls}" --config "$work/rules.yaml" --grpc-addr 127.0.0.1:18581 --admin-addr 127.0.0.1:18582 ${RLS_ARGS:-})
 redis_pid=$(redis-cli -p 18699 info server | awk -F: '/^process_id/ {print $2}' | tr -d '\r')
 fleet_rounds() {
-  local dir="$work/cluster" url pids p
+  local dir="$work/cluster" url pids p n=${PRIMARIES:-3} i=0 cpus
   url=$(integration/redis-cluster.sh start "$dir" 18701 | tail -n 1)
+  IFS=, read -r -a cpus <<<"${REDIS_CPUS:-1}"
   pids=""; ports=""
-  for p in $(seq 18701 18706); do
+  for p in $(seq 18701 $((18700 + 2 * n))); do
     if redis-cli -p "$p" role | head -n 1 | grep -q master; then
       pids="$pids $(cat "$dir/$p/redis.pid")"; ports="$ports $p"
-      taskset -cp "${REDIS_CPUS:-1}" "$(cat "$dir/$p/redis.pid")" >/dev/null
+      if [ "${#cpus[@]}" -ge "$n" ]; then
+        taskset -cp "${cpus[$i]}" "$(cat "$dir/$p/redis.pid")" >/dev/null
+      else
+        taskset -cp "${REDIS_CPUS:-1}" "$(cat "$dir/$p/redis.pid")" >/dev/null
+      fi
+      i=$((i + 1))
     fi
   done
   for round in $(seq "$rounds"); do
-    for p in $(seq 18701 18706); do redis-cli -p "$p" flushall >/dev/null 2>&1 || true; done
+    for p in $(seq 18701 $((18700 + 2 * n))); do redis-cli -p "$p" flushall >/dev/null 2>&1 || true; done
     SERVICE_PIN=${SERVICE_CPUS:-0} LOAD_CPUS=${LOAD_CPUS:-1} DIST=uniform WARM=1 REDIS_PID="$pids" REDIS_PORTS="$ports" \
-      serve "fleet: 3 primaries, 100k keys (round $round)" X=1 -- "${rls[@]}" --store redis --redis-url "$url"
+      serve "fleet: $n primaries, ${FLEET_KEYS:-100000} keys (round $round)" X=1 -- "${rls[@]}" --store redis --redis-url "$url"
     # the same load and pinning on the memory store: what the Redis path
     # costs beyond it (#29's goal: at most 1.6x)
     SERVICE_PIN=${SERVICE_CPUS:-0} LOAD_CPUS=${LOAD_CPUS:-1} DIST=uniform WARM=1 \
       serve "fleet: memory store, same pinning (round $round)" X=1 -- "${rls[@]}"
   done
-  integration/redis-cluster.sh stop "$dir" 18701 >/dev/null
+  PRIMARIES=$n integration/redis-cluster.sh stop "$dir" 18701 >/dev/null
 }
 if [ "${FLEET_ONLY:-0}" = 1 ]; then
   fleet_rounds

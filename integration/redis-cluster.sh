@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # Starts or stops a local Redis Cluster of 3 primaries + 3 replicas on
-# loopback ports BASE..BASE+5 (cluster bus on +10000), data in DIR.
+# loopback ports BASE..BASE+5 (cluster bus on +10000), data in DIR;
+# PRIMARIES=N (at least 3) makes N primaries + N replicas on BASE..BASE+2N-1
+# (give stop the same N).
 #   integration/redis-cluster.sh start DIR [BASE]   (default BASE 7101)
 #   integration/redis-cluster.sh stop  DIR [BASE]
 # Prints the redis-cluster:// URL for --redis-url on start.
 set -euo pipefail
 cmd=${1:?start|stop}; dir=${2:?data directory}; base=${3:-7101}
-ports=$(seq "$base" $((base + 5)))
+primaries=${PRIMARIES:-3}
+if [ "$primaries" -lt 3 ]; then echo "PRIMARIES must be at least 3 (Redis Cluster's minimum)" >&2; exit 2; fi
+ports=$(seq "$base" $((base + 2 * primaries - 1)))
 
 case "$cmd" in
 start)
@@ -40,7 +44,7 @@ start)
       redis-cli -p "$p" cluster info | grep -q cluster_state:ok && ok=$((ok + 1))
     done
     synced=$(for p in $ports; do redis-cli -p "$p" info replication; done | grep -c master_link_status:up || true)
-    [ "$ok" -eq 6 ] && [ "$synced" -eq 3 ] && break
+    [ "$ok" -eq $((2 * primaries)) ] && [ "$synced" -eq "$primaries" ] && break
     sleep 0.1
   done
   echo "redis-cluster://$(for p in $ports; do printf '127.0.0.1:%s,' "$p"; done | sed 's/,$//')"
