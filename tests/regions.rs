@@ -285,6 +285,16 @@ async fn until_metric(region: &Region, within: Duration, f: impl Fn(&str) -> boo
     false
 }
 
+/// Waits until the region reports its link to the global tier up (or
+/// down), for at most `within`.
+async fn until_upstream(region: &Region, up: bool, within: Duration) -> bool {
+    let want = if up { 1.0 } else { 0.0 };
+    until_metric(region, within, |m| {
+        sample(m, "rls_region_upstream_up") == Some(want)
+    })
+    .await
+}
+
 fn total(t: &[Tally]) -> u64 {
     t.iter().map(|t| t.ok).sum()
 }
@@ -393,10 +403,7 @@ async fn regions_share_one_budget_split_by_demand_and_bounded_through_a_partitio
     //    keeps its share until it expires, then fails local: B/N, r/N.
     w.links[2].cut();
     assert!(
-        until_metric(&w.regions[2], Duration::from_secs(10), |m| {
-            sample(m, "rls_region_upstream_up") == Some(0.0)
-        })
-        .await,
+        until_upstream(&w.regions[2], false, Duration::from_secs(10)).await,
         "the cut region should notice"
     );
     let started = Instant::now();
@@ -449,12 +456,7 @@ async fn regions_share_one_budget_split_by_demand_and_bounded_through_a_partitio
 
     // 6. Healed: the region is back in the split within a few intervals.
     w.links[2].heal();
-    assert!(
-        until_metric(&w.regions[2], Duration::from_secs(10), |m| {
-            sample(m, "rls_region_upstream_up") == Some(1.0)
-        })
-        .await
-    );
+    assert!(until_upstream(&w.regions[2], true, Duration::from_secs(10)).await);
     let _ = load_all(&w, "api", [FAST; 3], Duration::from_secs(3)).await;
     let m = metrics(&w.regions[2]).await;
     let since = sample(&m, "rls_region_seconds_since_assignment").unwrap_or(-1.0);
@@ -496,10 +498,7 @@ async fn a_frozen_global_tier_leaves_every_region_on_its_floor_and_a_thawed_one_
     signal("-STOP");
     for r in &w.regions {
         assert!(
-            until_metric(r, Duration::from_secs(15), |m| {
-                sample(m, "rls_region_upstream_up") == Some(0.0)
-            })
-            .await,
+            until_upstream(r, false, Duration::from_secs(15)).await,
             "every region notices a frozen global tier (HTTP/2 pings unanswered)"
         );
     }
@@ -517,12 +516,7 @@ async fn a_frozen_global_tier_leaves_every_region_on_its_floor_and_a_thawed_one_
     }
     signal("-CONT");
     for r in &w.regions {
-        assert!(
-            until_metric(r, Duration::from_secs(15), |m| {
-                sample(m, "rls_region_upstream_up") == Some(1.0)
-            })
-            .await
-        );
+        assert!(until_upstream(r, true, Duration::from_secs(15)).await);
     }
     // within two report intervals of reporting again, each has a share
     let _ = load_all(&w, "api", [FAST; 3], Duration::from_secs(2)).await;
