@@ -199,6 +199,7 @@ pub async fn start(args: &ServeArgs) -> Result<RunningServer> {
                 timeout: args.redis_timeout,
                 pool_size: args.redis_pool_size as usize,
                 serving_threads: args.serving_threads(),
+                batch: args.redis_batch,
                 ca_file: args.redis_ca_file.clone(),
                 client_cert: args
                     .redis_client_cert

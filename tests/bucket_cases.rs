@@ -312,6 +312,7 @@ async fn store_and_client(redis: &RedisServer, layout: BucketLayout) -> (RedisSt
         timeout: std::time::Duration::from_secs(2),
         pool_size: 1,
         serving_threads: 0,
+        batch: tokenbucket_rls::store::redis::batch::DEFAULT_MAX,
         ca_file: None,
         client_cert: None,
         layout,
@@ -334,125 +335,208 @@ async fn server_now(client: &Client) -> i64 {
     t[0].parse::<i64>().expect("secs") * SEC + t[1].parse::<i64>().expect("micros")
 }
 
+/// A case's buckets written into Redis (or not, for a new bucket), and
+/// the states written.
+struct Seeded {
+    case: Case,
+    descriptor: DescriptorBuckets,
+    states: Vec<Option<BucketState>>,
+}
+
+/// Every case twice: seeded in the packed layout, then in the hash of
+/// earlier versions (a rolling upgrade: the script reads both and writes
+/// packed); each named by `tag`.
+fn every_case() -> impl Iterator<Item = (Vec<u8>, Case, bool)> {
+    [false, true].into_iter().flat_map(|hash| {
+        cases().into_iter().enumerate().map(move |(n, c)| {
+            let tag = format!("case-{n}-{}", if hash { "hash" } else { "packed" });
+            (tag.into_bytes(), c, hash)
+        })
+    })
+}
+
+/// Writes `case`'s stored states, aged from `now` (server time), with the
+/// commands queued on `pipeline`.
+async fn seed(
+    pipeline: &fred::clients::Pipeline<Client>,
+    tag: Vec<u8>,
+    case: Case,
+    seed_hash: bool,
+    now: i64,
+) -> Seeded {
+    let descriptor = DescriptorBuckets {
+        buckets: case
+            .buckets
+            .iter()
+            .enumerate()
+            .map(|(i, (params, _))| BucketRef {
+                key: [tag.as_slice(), format!("#{i}").as_bytes()].concat(),
+                params: *params,
+                rule: Default::default(),
+            })
+            .collect(),
+        tag,
+    };
+    let mut states = Vec::new();
+    for (b, (_, state)) in descriptor.buckets.iter().zip(&case.buckets) {
+        let key = redis_key(tag_hash(&descriptor.tag), &b.key);
+        states.push(state.map(|(tokens, age)| BucketState {
+            tokens,
+            updated_micros: (now - age) as u64,
+        }));
+        match state {
+            Some((tokens, age)) if seed_hash => {
+                let _: () = pipeline
+                    .hset(
+                        key,
+                        [
+                            ("t", format!("{tokens:.17}")),
+                            ("u", (now - age).to_string()),
+                        ],
+                    )
+                    .await
+                    .expect("HSET");
+            }
+            Some((tokens, age)) => {
+                // no expiry, like the hash above
+                let packed: Vec<u8> = [*tokens, (now - age) as f64, 0.0]
+                    .iter()
+                    .flat_map(|f| f.to_le_bytes())
+                    .collect();
+                let _: () = pipeline
+                    .set(key, packed.as_slice(), None, None, false)
+                    .await
+                    .expect("SET");
+            }
+            None => {}
+        }
+    }
+    Seeded {
+        case,
+        descriptor,
+        states,
+    }
+}
+
+/// Compares the script's answer `lua` for `seeded` (decided just after
+/// `now`) with Rust's, and what Redis stored with what Rust would store.
+async fn check(client: &Client, seeded: &Seeded, now: i64, lua: Vec<bucket::BucketOutcome>) {
+    let Seeded {
+        case,
+        descriptor,
+        states,
+    } = seeded;
+    let params: Vec<_> = case.buckets.iter().map(|(p, _)| *p).collect();
+    let (rust_states, rust) = bucket::decide(&params, states, now as u64, case.cost);
+    assert_eq!(lua, rust, "case '{}'", case.name);
+    // the server's clock ran on between `now` and the script: the stored
+    // float may hold that much more refill
+    let drift_secs = (server_now(client).await - now) as f64 / 1e6;
+
+    // what Redis stored is what Rust would store (within the clock's drift)
+    // a charge is written also when answered OVER_LIMIT
+    let admitted_and_spent = (rust[0].admitted && case.cost.deducted() != 0)
+        || (matches!(case.cost, Cost::Charge(_)) && rust[0].taken > 0);
+    for ((b, rust_state), before) in descriptor.buckets.iter().zip(&rust_states).zip(states) {
+        let key = redis_key(tag_hash(&descriptor.tag), &b.key);
+        let stored = stored_bucket(client, &key).await.map(|(t, _)| t);
+        match (stored, admitted_and_spent, before) {
+            // rate 0: only a refund is admitted, and it writes nothing
+            (stored, true, before) if b.params.rate_per_sec() == 0.0 => {
+                assert_eq!(
+                    stored,
+                    before.map(|s| s.tokens),
+                    "case '{}': a bucket of rate 0 is not written",
+                    case.name
+                );
+            }
+            (Some(t), true, _) => {
+                let kind: String = client.r#type(key.clone()).await.expect("TYPE");
+                assert_eq!(kind, "string", "case '{}': written packed", case.name);
+                let tolerance = b.params.rate_per_sec() * drift_secs + 1e-6;
+                assert!(
+                    (t - rust_state.tokens).abs() <= tolerance,
+                    "case '{}': stored {t}, rust {}",
+                    case.name,
+                    rust_state.tokens
+                );
+                let ttl: i64 = client.pttl(key).await.expect("PTTL");
+                assert_ttl(case.name, &b.params, t, ttl);
+            }
+            (None, false, None) => {}
+            (Some(t), false, Some(before)) => {
+                assert!(
+                    (t - before.tokens).abs() < 1e-9,
+                    "case '{}': a rejection or check writes nothing",
+                    case.name
+                );
+            }
+            (s, spent, b) => panic!(
+                "case '{}': stored {s:?}, spent {spent}, before {b:?}",
+                case.name
+            ),
+        }
+    }
+}
+
 #[tokio::test]
 async fn lua_and_rust_give_the_same_answers() {
     let redis = RedisServer::standalone();
     let (store, client) = store_and_client(&redis, BucketLayout::Packed).await;
-
-    // each case seeded in the packed layout, then in the hash of earlier
-    // versions (a rolling upgrade): the script reads both and writes packed
-    let seeded = [false, true].into_iter().flat_map(|hash| {
-        cases()
-            .into_iter()
-            .enumerate()
-            .map(move |(n, c)| (n, c, hash))
-    });
-    for (n, case, seed_hash) in seeded {
-        let tag = format!("case-{n}-{}", if seed_hash { "hash" } else { "packed" }).into_bytes();
-        let descriptor = DescriptorBuckets {
-            buckets: case
-                .buckets
-                .iter()
-                .enumerate()
-                .map(|(i, (params, _))| BucketRef {
-                    key: [tag.as_slice(), format!("#{i}").as_bytes()].concat(),
-                    params: *params,
-                    rule: Default::default(),
-                })
-                .collect(),
-            tag,
-        };
+    for (tag, case, seed_hash) in every_case() {
         let now = server_now(&client).await;
-        let mut states = Vec::new();
-        for (b, (_, state)) in descriptor.buckets.iter().zip(&case.buckets) {
-            let key = redis_key(tag_hash(&descriptor.tag), &b.key);
-            states.push(state.map(|(tokens, age)| BucketState {
-                tokens,
-                updated_micros: (now - age) as u64,
-            }));
-            match state {
-                Some((tokens, age)) if seed_hash => {
-                    let _: () = client
-                        .hset(
-                            key,
-                            [
-                                ("t", format!("{tokens:.17}")),
-                                ("u", (now - age).to_string()),
-                            ],
-                        )
-                        .await
-                        .expect("HSET");
-                }
-                Some((tokens, age)) => {
-                    // no expiry, like the hash above
-                    let packed: Vec<u8> = [*tokens, (now - age) as f64, 0.0]
-                        .iter()
-                        .flat_map(|f| f.to_le_bytes())
-                        .collect();
-                    let _: () = client
-                        .set(key, packed.as_slice(), None, None, false)
-                        .await
-                        .expect("SET");
-                }
-                None => {}
-            }
-        }
-        let params: Vec<_> = case.buckets.iter().map(|(p, _)| *p).collect();
-        let (rust_states, rust) = bucket::decide(&params, &states, now as u64, case.cost);
+        let pipeline = client.pipeline();
+        let seeded = seed(&pipeline, tag, case, seed_hash, now).await;
+        let _: Vec<Value> = pipeline.all().await.expect("seeded");
         let lua = store
-            .decide(&descriptor, case.cost)
+            .decide(&seeded.descriptor, seeded.case.cost)
             .await
             .expect("script runs");
-        assert_eq!(lua, rust, "case '{}'", case.name);
-        // the server's clock ran on between `now` and the script: the stored
-        // float may hold that much more refill
-        let drift_secs = (server_now(&client).await - now) as f64 / 1e6;
-
-        // what Redis stored is what Rust would store (within the clock's drift)
-        // a charge is written also when answered OVER_LIMIT
-        let admitted_and_spent = (rust[0].admitted && case.cost.deducted() != 0)
-            || (matches!(case.cost, Cost::Charge(_)) && rust[0].taken > 0);
-        for ((b, rust_state), before) in descriptor.buckets.iter().zip(&rust_states).zip(&states) {
-            let key = redis_key(tag_hash(&descriptor.tag), &b.key);
-            let stored = stored_bucket(&client, &key).await.map(|(t, _)| t);
-            match (stored, admitted_and_spent, before) {
-                // rate 0: only a refund is admitted, and it writes nothing
-                (stored, true, before) if b.params.rate_per_sec() == 0.0 => {
-                    assert_eq!(
-                        stored,
-                        before.map(|s| s.tokens),
-                        "case '{}': a bucket of rate 0 is not written",
-                        case.name
-                    );
-                }
-                (Some(t), true, _) => {
-                    let kind: String = client.r#type(key.clone()).await.expect("TYPE");
-                    assert_eq!(kind, "string", "case '{}': written packed", case.name);
-                    let tolerance = b.params.rate_per_sec() * drift_secs + 1e-6;
-                    assert!(
-                        (t - rust_state.tokens).abs() <= tolerance,
-                        "case '{}': stored {t}, rust {}",
-                        case.name,
-                        rust_state.tokens
-                    );
-                    let ttl: i64 = client.pttl(key).await.expect("PTTL");
-                    assert_ttl(case.name, &b.params, t, ttl);
-                }
-                (None, false, None) => {}
-                (Some(t), false, Some(before)) => {
-                    assert!(
-                        (t - before.tokens).abs() < 1e-9,
-                        "case '{}': a rejection or check writes nothing",
-                        case.name
-                    );
-                }
-                (s, spent, b) => panic!(
-                    "case '{}': stored {s:?}, spent {spent}, before {b:?}",
-                    case.name
-                ),
-            }
-        }
+        check(&client, &seeded, now, lua).await;
     }
+}
+
+/// The same cases decided at once: they reach Redis as a few batches
+/// (several decisions in one script call, each with its own keys and
+/// arguments), and each answer is the one it gets alone.
+#[tokio::test]
+async fn decisions_batched_into_one_call_give_the_same_answers() {
+    let redis = RedisServer::standalone();
+    let (store, client) = store_and_client(&redis, BucketLayout::Packed).await;
+    // the store's connection is up, and the script loaded
+    let warm = DescriptorBuckets {
+        tag: b"warm".to_vec(),
+        buckets: vec![BucketRef {
+            key: b"warm#0".to_vec(),
+            params: p(1, 1, 1),
+            rule: Default::default(),
+        }],
+    };
+    store.decide(&warm, Cost::Spend(0)).await.expect("warm");
+    let _: () = client
+        .custom(fred::cmd!("CONFIG"), vec!["RESETSTAT"])
+        .await
+        .expect("CONFIG RESETSTAT");
+
+    let now = server_now(&client).await;
+    let pipeline = client.pipeline();
+    let mut all = Vec::new();
+    for (tag, case, seed_hash) in every_case() {
+        all.push(seed(&pipeline, tag, case, seed_hash, now).await);
+    }
+    let _: Vec<Value> = pipeline.all().await.expect("seeded");
+    let answers =
+        futures::future::join_all(all.iter().map(|s| store.decide(&s.descriptor, s.case.cost)))
+            .await;
+    for (seeded, lua) in all.iter().zip(answers) {
+        check(&client, seeded, now, lua.expect("script runs")).await;
+    }
+    let calls = common::redis::command_calls(&redis.cli(&["INFO", "commandstats"]), "evalsha");
+    assert!(
+        calls > 0 && calls * 4 <= all.len() as u64,
+        "{} decisions in {calls} script calls: batched",
+        all.len()
+    );
 }
 
 /// Audit 6: after a reload lowers a bucket's rate, the next decision on it

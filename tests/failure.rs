@@ -138,17 +138,9 @@ async fn a_timed_out_call_is_not_sent_again() {
     let (_s, mut c) = start(&redis.url(), &dir, 50).await;
     let scripts = |r: &RedisServer| -> u64 {
         let info = r.cli(&["INFO", "commandstats"]);
-        ["cmdstat_evalsha:", "cmdstat_eval:"]
+        ["evalsha", "eval"]
             .iter()
-            .filter_map(|p| info.lines().find(|l| l.starts_with(p)))
-            .filter_map(|l| {
-                l.split("calls=")
-                    .nth(1)?
-                    .split(',')
-                    .next()?
-                    .parse::<u64>()
-                    .ok()
-            })
+            .map(|c| common::redis::command_calls(&info, c))
             .sum()
     };
     assert!(from_store(&call(&mut c, "once").await));

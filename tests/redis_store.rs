@@ -36,6 +36,9 @@ descriptors:
   - key: moving
     failure_mode: closed
     rate_limit: {unit: day, requests_per_unit: 1, burst: 100}
+  - key: batched
+    failure_mode: closed
+    rate_limit: {unit: day, requests_per_unit: 1, burst: 1000}
 "#;
 
 async fn start(url: &str, rules: &tempfile::TempDir) -> RunningServer {
@@ -170,14 +173,7 @@ fn eval_calls(cluster: &RedisCluster) -> u64 {
     cluster
         .nodes
         .iter()
-        .map(|n| n.cli(&["INFO", "commandstats"]))
-        .filter_map(|info| {
-            info.lines()
-                .find(|l| l.starts_with("cmdstat_eval:"))
-                .and_then(|l| l.split("calls=").nth(1))
-                .and_then(|v| v.split(',').next())
-                .and_then(|v| v.parse::<u64>().ok())
-        })
+        .map(|n| common::redis::command_calls(&n.cli(&["INFO", "commandstats"]), "eval"))
         .sum()
 }
 
@@ -403,6 +399,62 @@ async fn a_slot_moved_while_serving_keeps_its_budget() {
     s.shutdown().await.expect("stop");
 }
 
+/// Decisions queued together for one primary go out as one script call
+/// (a batch) declaring only its first decision's keys. A slot moving away
+/// while batches hold its keys beside keys of a slot that stays: a
+/// decision the primary no longer holds is sent again alone and follows
+/// the redirection. Both budgets hold exactly.
+#[tokio::test]
+async fn a_slot_moved_out_of_batches_keeps_every_budget() {
+    let cluster = RedisCluster::start();
+    let rules = rules_dir(RULES);
+    let s = start(&cluster.url(), &rules).await;
+    let moving = [("batched", "m")];
+    let slot = fred::util::redis_keyslot(&key_of(&moving, "0"));
+    let owner = cluster.owner_of_slot(slot);
+    // another value of the rule, on the same primary in another slot
+    let staying = (0..10_000)
+        .map(|i| [("batched", &*Box::leak(format!("s{i}").into_boxed_str()))])
+        .find(|e| {
+            let other = fred::util::redis_keyslot(&key_of(e, "0"));
+            other != slot && cluster.owner_of_slot(other) == owner
+        })
+        .expect("a value on the same primary");
+    let before = common::redis::command_calls(
+        &cluster.nodes[owner].cli(&["INFO", "commandstats"]),
+        "evalsha",
+    );
+    let a = Traffic::start(&s, moving, 8, Duration::from_millis(2)).await;
+    let b = Traffic::start(&s, staying, 8, Duration::from_millis(2)).await;
+    let raw = raw_client(&cluster.url()).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let (src, dst) = migrate_slot(&cluster, slot, &raw).await;
+    assert_eq!(src, owner);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let calls = a.counts[0].load(Ordering::SeqCst) + b.counts[0].load(Ordering::SeqCst);
+    let mut c = client(&s).await;
+    // then every token left, and a few calls more
+    let mut moved = a.stop().await;
+    moved += admitted_of(&mut c, &moving, 1010 - moved.min(1000)).await;
+    let mut stayed = b.stop().await;
+    stayed += admitted_of(&mut c, &staying, 1010 - stayed.min(1000)).await;
+    assert_eq!(
+        moved, 1000,
+        "the moved slot's budget: nothing lost, nothing doubled"
+    );
+    assert_eq!(stayed, 1000, "the staying slot's budget");
+    assert_eq!(cluster.owner_of_slot(slot), dst);
+    let on_owner = common::redis::command_calls(
+        &cluster.nodes[owner].cli(&["INFO", "commandstats"]),
+        "evalsha",
+    ) - before;
+    assert!(
+        on_owner * 2 < calls as u64,
+        "{calls} decisions sent, {on_owner} script calls on their primary: batched"
+    );
+    s.shutdown().await.expect("stop");
+}
+
 /// A descriptor whose two buckets a migration has split between two
 /// nodes gets `TRYAGAIN` (its script did not run). It used to be answered
 /// by the failure mode (UNAVAILABLE for this `closed` rule); now it is sent
@@ -513,6 +565,75 @@ async fn acl_user_authenticates_and_a_wrong_password_fails_closed() {
         .expect_err("cannot decide");
     assert_eq!(err.code(), tonic::Code::Unavailable, "closed rule: {err:?}");
     bad.shutdown().await.expect("stop");
+}
+
+/// A server that refuses the batch script (Redis 6 cannot run it; here an
+/// ACL without `SCRIPT`) gets every decision alone, as one call each, and
+/// decides them as exactly.
+#[tokio::test]
+async fn a_server_refusing_the_batch_script_gets_each_decision_alone() {
+    let redis = RedisServer::standalone();
+    assert!(redis
+        .cli(&["ACL", "SETUSER", "rls", "on", ">s3cret", "~rls:*", "+@all", "-script"])
+        .contains("OK"));
+    let rules = rules_dir(RULES);
+    let s = start(
+        &format!("redis://rls:s3cret@127.0.0.1:{}", redis.port),
+        &rules,
+    )
+    .await;
+    // 300 decisions at once on one bucket of 200
+    assert_eq!(admitted_at_once(&s, &[("hot", "alone")], 10).await, 200);
+    let stats = redis.cli(&["INFO", "commandstats"]);
+    let evalsha = common::redis::command_calls(&stats, "evalsha");
+    // each decision alone, after at most a few batches sent before the
+    // refusal came back
+    assert!(
+        (300..=310).contains(&evalsha),
+        "one call per decision: {evalsha} EVALSHA\n{stats}"
+    );
+    s.shutdown().await.expect("stop");
+}
+
+/// 30 clients calling `entries` `each` times at once: how many were admitted.
+async fn admitted_at_once(s: &RunningServer, entries: &[(&str, &str)], each: usize) -> usize {
+    let mut clients = Vec::new();
+    for _ in 0..30 {
+        clients.push(client(s).await);
+    }
+    futures::future::join_all(clients.iter_mut().map(|c| async move {
+        let mut admitted = 0;
+        for _ in 0..each {
+            let r = call(c, entries).await.expect("decided");
+            admitted += usize::from(r.overall_code == Code::Ok as i32);
+        }
+        admitted
+    }))
+    .await
+    .into_iter()
+    .sum()
+}
+
+/// The script cache flushed while decisions go out in batches: the
+/// batches' decisions are sent again alone (nothing ran), and the next
+/// batch loads the batch script again.
+#[tokio::test]
+async fn batches_recover_from_a_script_cache_flush() {
+    let redis = RedisServer::standalone();
+    let rules = rules_dir(RULES);
+    let s = start(&redis.url(), &rules).await;
+    let entries = [("hot", "flushed")];
+    let mut admitted = admitted_at_once(&s, &entries, 5).await;
+    let loads = |redis: &RedisServer| {
+        common::redis::command_calls(&redis.cli(&["INFO", "commandstats"]), "script|load")
+    };
+    let first = loads(&redis);
+    assert!(first >= 1, "batches were sent");
+    assert!(redis.cli(&["SCRIPT", "FLUSH"]).contains("OK"));
+    admitted += admitted_at_once(&s, &entries, 5).await;
+    assert_eq!(admitted, 200, "300 calls on a bucket of 200");
+    assert!(loads(&redis) > first, "the batch script was loaded again");
+    s.shutdown().await.expect("stop");
 }
 
 /// Blocks until the replica of the primary on `port` has its whole

@@ -127,6 +127,12 @@ pub struct ServeArgs {
     /// Redis connections to each primary, shared by all requests (each pipelines many calls).
     #[arg(long, env = "RLS_REDIS_POOL_SIZE", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=256))]
     pub redis_pool_size: u32,
+    /// Decisions one Redis script call carries at most: the decisions queued
+    /// for one primary when its connection writes go out together in one
+    /// call, each decided as if alone (Redis 7; Redis 6 gets one per call).
+    /// 1: one per call.
+    #[arg(long, env = "RLS_REDIS_BATCH", default_value_t = crate::store::redis::batch::DEFAULT_MAX, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=crate::store::redis::batch::MAX as u64))]
+    pub redis_batch: usize,
     /// Most buckets the memory store holds; past it, the buckets whose loss
     /// costs least are evicted (README, "Limits on state").
     #[arg(long, env = "RLS_MAX_BUCKETS", default_value_t = crate::store::memory::DEFAULT_MAX_BUCKETS, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]

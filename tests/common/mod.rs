@@ -40,6 +40,7 @@ pub fn serve_args(config: PathBuf) -> ServeArgs {
         redis_url: None,
         redis_timeout: std::time::Duration::from_millis(500),
         redis_pool_size: 4,
+        redis_batch: tokenbucket_rls::store::redis::batch::DEFAULT_MAX,
         redis_ca_file: None,
         redis_client_cert: None,
         redis_client_key: None,

@@ -360,3 +360,17 @@ pub async fn stored_bucket(client: &fred::clients::Client, key: &[u8]) -> Option
         _ => None,
     }
 }
+
+/// Calls of `command` (`evalsha`, `eval` …) in a server's `INFO
+/// commandstats` text; 0 when it has served none.
+#[allow(dead_code)] // not every test binary counts commands
+pub fn command_calls(commandstats: &str, command: &str) -> u64 {
+    let prefix = format!("cmdstat_{command}:");
+    commandstats
+        .lines()
+        .find(|l| l.starts_with(&prefix))
+        .and_then(|l| l.split("calls=").nth(1))
+        .and_then(|v| v.split(',').next())
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(0)
+}

@@ -1,27 +1,42 @@
--- tokenbucket-rls: decide one descriptor's token buckets atomically.
+-- tokenbucket-rls: decide descriptors' token buckets, each atomically.
 --
 -- The Lua copy of src/bucket.rs; tests/bucket_cases.rs checks that
 -- both give the same answers. Keep the expressions in the same order.
 --
--- KEYS[i]  one string per bucket: struct.pack('<ddd', tokens, last update
---          (µs), expiry set (ms, server time; 0: none)), 24 bytes. Read
---          also: the hash of earlier versions (t = tokens, u = last update),
---          which a write in the packed layout replaces.
--- ARGV[1]  tokens needed to admit
--- ARGV[2]  tokens to deduct when admitted (0 for a check, negative for a
---          refund); more than ARGV[1] for a lease: take as many whole tokens as
---          every bucket holds, up to ARGV[2], and at least ARGV[1]
--- ARGV[3]  expiry margin in ms, added to the time a bucket needs to refill
--- ARGV[4]  flags: + 1 to write the hash layout of earlier versions (for a
---          rolling upgrade: instances of both versions read it), else the
---          packed one; + 2 for a charge (a rule's `overdraft`): deducted
---          whatever the verdict (not on a rate of 0), down to -capacity at
---          most, its wait counted from after it
--- ARGV[5 + 3(i-1) ..]  per bucket: capacity, tokens_per_unit, unit_secs
+-- A call decides one descriptor, or several: a batch of the decisions
+-- queued for this server at one moment by concurrent requests
+-- (src/store/redis/batch.rs), each decided as if alone, at one TIME.
+-- ARGV holds one group per decision:
+--   n         its number of buckets
+--   needed    tokens needed to admit
+--   deducted  tokens to deduct when admitted (0 for a check, negative for a
+--             refund); more than needed for a lease: take as many whole
+--             tokens as every bucket holds, up to deducted, and at least
+--             needed
+--   margin    expiry margin in ms, added to the time a bucket needs to refill
+--   flags     + 1 to write the hash layout of earlier versions (for a
+--             rolling upgrade: instances of both versions read it), else
+--             the packed one; + 2 for a charge (a rule's `overdraft`):
+--             deducted whatever the verdict (not on a rate of 0), down to
+--             -capacity at most, its wait counted from after it
+--   then per bucket: capacity, tokens_per_unit, unit_secs
+--   then, for each decision after the first, its n keys.
+-- KEYS holds the first decision's keys, declared, so that the server checks
+-- their slot is its own before anything runs. A batch's other keys are not
+-- declared (one call may declare one slot only): a batch runs as the same
+-- script behind `#!lua flags=allow-cross-slot-keys` (Redis 7), and a later
+-- decision whose keys this server does not hold now (a slot that moved or
+-- is moving) is answered {-1}, nothing read or written, to be sent alone.
 --
--- Returns {admitted, then per bucket: remaining, retry_after (-1: none),
--- full_in, never (0: no, 1: zero rate, 2: cost above capacity), then the
--- tokens taken (0 unless admitted and spending or leasing)}.
+-- A key: one string per bucket, struct.pack('<ddd', tokens, last update
+-- (µs), expiry set (ms, server time; 0: none)), 24 bytes. Read also: the
+-- hash of earlier versions (t = tokens, u = last update), which a write in
+-- the packed layout replaces.
+--
+-- Returns one decision's answer, or for a batch an array of them: {admitted,
+-- then per bucket: remaining, retry_after (-1: none), full_in, never (0:
+-- no, 1: zero rate, 2: cost above capacity), then the tokens taken (0
+-- unless admitted and spending or leasing)}.
 -- Time is this server's TIME; an earlier time adds no tokens. A bucket is
 -- only written when the request is admitted and spends; it expires once it
 -- would be full again, plus the margin, never sooner. A bucket that would
@@ -33,9 +48,9 @@
 --
 -- Written for Redis's CPU: one table for every bucket's numbers (a table is
 -- the costliest thing a short script makes), made at the size one bucket
--- needs; no functions (Lua makes a closure for each on every run: 0.8 µs of
--- a 10 µs script); the answer built in one constructor for one bucket; one
--- GET and one SET … PX per bucket.
+-- needs and used again by each decision; no functions (Lua makes a closure
+-- for each on every run: 0.8 µs of a 10 µs script); an answer built in one
+-- constructor for one bucket; one GET and one SET … PX per bucket.
 
 local min, max, floor, ceil = math.min, math.max, math.floor, math.ceil
 local EPSILON = 1e-9
@@ -43,196 +58,234 @@ local MAX_TTL_MS = 3153600000000 -- 100 years
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
 local now_ms = floor(now / 1000)
-local needed = tonumber(ARGV[1])
-local deducted = tonumber(ARGV[2])
-local margin_ms = tonumber(ARGV[3])
-local flags = tonumber(ARGV[4])
-local write_hash = flags % 2 == 1
-local charge = floor(flags / 2) % 2 == 1
 
--- Per bucket i, at B[S * (i - 1) + field]:
+-- Per bucket i, at B[S * (i - 1) + field]; every field is set for each
+-- bucket of a decision before it is read, so decisions share the table
 local S = 12
 local CAP, RATE, UNIT, PER_SEC, TOKENS, STAMP = 1, 2, 3, 4, 5, 6
 -- LAYOUT: 0 no key, 1 packed, 2 hash; then what is stored, and the answer
 local LAYOUT, STORED_T, STORED_U, STORED_EXP, RETRY, NEVER = 7, 8, 9, 10, 11, 12
 local B = { 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
-local n = #KEYS
-local all_admit = true
-
-for i = 1, n do
-  local k = S * (i - 1)
-  local cap = tonumber(ARGV[5 + 3 * (i - 1)])
-  local rate = tonumber(ARGV[6 + 3 * (i - 1)])
-  local unit = tonumber(ARGV[7 + 3 * (i - 1)])
-  local per_sec = 0
-  if unit ~= 0 then per_sec = rate / unit end
-  B[k + CAP], B[k + RATE], B[k + UNIT], B[k + PER_SEC] = cap, rate, unit, per_sec
-  local layout, st, su, se = 0, 0, 0, 0
-  local value = redis.pcall('GET', KEYS[i])
-  if type(value) == 'string' and #value == 24 then
-    layout = 1
-    st, su, se = struct.unpack('<ddd', value)
-  elseif type(value) == 'table' and value.err then
-    -- WRONGTYPE: the hash layout of earlier versions
-    local state = redis.call('HMGET', KEYS[i], 't', 'u')
-    if state[1] and state[2] then
-      layout = 2
-      st, su = tonumber(state[1]), tonumber(state[2])
-    end
+-- a batch's answers, one per decision (nil for one decision)
+local answers = nil
+local nargs = #ARGV
+local a = 1 -- where the next decision's group starts in ARGV
+local d = 0
+while a <= nargs do
+  d = d + 1
+  local n = tonumber(ARGV[a])
+  local needed = tonumber(ARGV[a + 1])
+  local deducted = tonumber(ARGV[a + 2])
+  local margin_ms = tonumber(ARGV[a + 3])
+  local flags = tonumber(ARGV[a + 4])
+  local write_hash = flags % 2 == 1
+  local charge = floor(flags / 2) % 2 == 1
+  -- bucket i's numbers at ARGV[at + 3i - 2 ..], its key at keys[ka + i]
+  local at = a + 4
+  local keys, ka = KEYS, 0
+  a = at + 3 * n + 1
+  if d > 1 then
+    keys, ka = ARGV, a - 1
+    a = a + n
+  elseif a <= nargs then
+    answers = {}
   end
-  B[k + LAYOUT], B[k + STORED_T], B[k + STORED_U], B[k + STORED_EXP] = layout, st, su, se
-  local t, u
-  if layout == 0 then
-    t, u = cap, now
-  else
-    t, u = st, su
-    if now > u then
-      t = min(cap, t + (now - u) * rate / (unit * 1e6))
-      u = now
-    else
-      t = min(cap, t)
-    end
-  end
-  B[k + TOKENS], B[k + STAMP] = t, u
-
-  local retry, never = -1, 0
-  if deducted < 0 then
-    -- a refund is answered OK whatever the rule, rate 0 too
-  elseif rate == 0 or unit == 0 then
-    never = 1
-  elseif needed > cap then
-    never = 2
-  elseif t + EPSILON < needed then
-    local secs = ceil((needed - t) / (rate / unit) - EPSILON)
-    retry = max(1, secs)
-  end
-  B[k + RETRY], B[k + NEVER] = retry, never
-  if never ~= 0 or retry ~= -1 then
-    all_admit = false
-  end
-end
-
--- a charge applies whatever the verdict, unless a bucket never refills
-local applies = all_admit
-if charge then
-  applies = true
-  for i = 1, n do
-    if B[S * (i - 1) + NEVER] == 1 then applies = false end
-  end
-end
-
-if deducted > needed then
-  local available = math.huge
-  for i = 1, n do
-    available = min(available, floor(B[S * (i - 1) + TOKENS] + EPSILON))
-  end
-  deducted = max(needed, min(deducted, available))
-end
-
--- Each bucket is written when the request spends (t at its stamp), or when
--- a rejection or a check finds its expiry too short (what is stored, with
--- the longer expiry), expiring ms from now: the time until it is full
--- again plus the margin; nil (never) when that is longer than MAX_TTL_MS
--- or the bucket never refills.
-local spend = applies and deducted ~= 0
-for i = 1, n do
-  local k = S * (i - 1)
-  local per_sec = B[k + PER_SEC]
-  local write, wt, wu, ms = false, 0, 0, nil
-  if spend then
-    -- a charge may go into debt; nothing else goes below where the bucket
-    -- is (a refund into a debt repays part of it)
-    local lowest = min(0, B[k + TOKENS])
-    if charge then lowest = -B[k + CAP] end
-    local t = min(B[k + CAP], max(lowest, B[k + TOKENS] - deducted))
-    B[k + TOKENS] = t
-    -- a charge answered OVER_LIMIT waits from where it left the bucket
-    if charge and not all_admit and B[k + NEVER] == 0 then
-      if t + EPSILON < needed then
-        B[k + RETRY] = max(1, ceil((needed - t) / per_sec - EPSILON))
+  local all_admit = true
+  local here = true
+  -- `repeat … until true`: a `break` from it ends this decision
+  repeat
+    for i = 1, n do
+      local k = S * (i - 1)
+      local cap = tonumber(ARGV[at + 3 * i - 2])
+      local rate = tonumber(ARGV[at + 3 * i - 1])
+      local unit = tonumber(ARGV[at + 3 * i])
+      local per_sec = 0
+      if unit ~= 0 then per_sec = rate / unit end
+      B[k + CAP], B[k + RATE], B[k + UNIT], B[k + PER_SEC] = cap, rate, unit, per_sec
+      local layout, st, su, se = 0, 0, 0, 0
+      local value = redis.pcall('GET', keys[ka + i])
+      if type(value) == 'string' and #value == 24 then
+        layout = 1
+        st, su, se = struct.unpack('<ddd', value)
+      elseif type(value) == 'table' and value.err then
+        if string.sub(value.err, 1, 9) ~= 'WRONGTYPE' then
+          -- not this server's key now (a batch's undeclared key in a slot
+          -- that moved or is moving), or the cluster is down: the first
+          -- decision (declared keys, nothing written yet) answers the error,
+          -- a later one is sent again alone
+          if d == 1 then return value end
+          here = false
+          break
+        end
+        -- the hash layout of earlier versions
+        local state = redis.call('HMGET', keys[ka + i], 't', 'u')
+        if state[1] and state[2] then
+          layout = 2
+          st, su = tonumber(state[1]), tonumber(state[2])
+        end
+      end
+      B[k + LAYOUT], B[k + STORED_T], B[k + STORED_U], B[k + STORED_EXP] = layout, st, su, se
+      local t, u
+      if layout == 0 then
+        t, u = cap, now
       else
-        B[k + RETRY] = -1
-      end
-    end
-    -- a bucket of rate 0 (only a refund gets here) never refills: nothing
-    -- of it is worth a key that would never expire
-    if per_sec > 0 then
-      write, wt, wu = true, t, B[k + STAMP]
-      ms = ceil((B[k + CAP] - t) / per_sec * 1000) + margin_ms
-      if ms > MAX_TTL_MS then ms = nil end
-    end
-  else
-    local layout = B[k + LAYOUT]
-    if layout ~= 0 then
-      local want = nil
-      if per_sec > 0 then
-        want = ceil((B[k + CAP] - B[k + TOKENS]) / per_sec * 1000) + margin_ms
-        if want > MAX_TTL_MS then want = nil end
-      end
-      local have = -1
-      if layout == 2 then
-        have = redis.call('PTTL', KEYS[i])
-      elseif B[k + STORED_EXP] > 0 then
-        have = B[k + STORED_EXP] - now_ms
-      end
-      -- more than the margin short: the rules changed (a rounding
-      -- millisecond must not turn every rejection into a write). What is
-      -- stored stays as it was; only its expiry moves.
-      if have >= 0 and (want == nil or have + margin_ms < want) then
-        if layout == 2 then
-          if want then
-            redis.call('PEXPIRE', KEYS[i], want)
-          else
-            redis.call('PERSIST', KEYS[i])
-          end
+        t, u = st, su
+        if now > u then
+          t = min(cap, t + (now - u) * rate / (unit * 1e6))
+          u = now
         else
-          write, wt, wu, ms = true, B[k + STORED_T], B[k + STORED_U], want
+          t = min(cap, t)
+        end
+      end
+      B[k + TOKENS], B[k + STAMP] = t, u
+
+      local retry, never = -1, 0
+      if deducted < 0 then
+        -- a refund is answered OK whatever the rule, rate 0 too
+      elseif rate == 0 or unit == 0 then
+        never = 1
+      elseif needed > cap then
+        never = 2
+      elseif t + EPSILON < needed then
+        local secs = ceil((needed - t) / (rate / unit) - EPSILON)
+        retry = max(1, secs)
+      end
+      B[k + RETRY], B[k + NEVER] = retry, never
+      if never ~= 0 or retry ~= -1 then
+        all_admit = false
+      end
+    end
+
+    if not here then
+      answers[d] = { -1 }
+      break
+    end
+
+    -- a charge applies whatever the verdict, unless a bucket never refills
+    local applies = all_admit
+    if charge then
+      applies = true
+      for i = 1, n do
+        if B[S * (i - 1) + NEVER] == 1 then applies = false end
+      end
+    end
+
+    if deducted > needed then
+      local available = math.huge
+      for i = 1, n do
+        available = min(available, floor(B[S * (i - 1) + TOKENS] + EPSILON))
+      end
+      deducted = max(needed, min(deducted, available))
+    end
+
+    -- Each bucket is written when the request spends (t at its stamp), or when
+    -- a rejection or a check finds its expiry too short (what is stored, with
+    -- the longer expiry), expiring ms from now: the time until it is full
+    -- again plus the margin; nil (never) when that is longer than MAX_TTL_MS
+    -- or the bucket never refills.
+    local spend = applies and deducted ~= 0
+    for i = 1, n do
+      local k = S * (i - 1)
+      local per_sec = B[k + PER_SEC]
+      local write, wt, wu, ms = false, 0, 0, nil
+      if spend then
+        -- a charge may go into debt; nothing else goes below where the bucket
+        -- is (a refund into a debt repays part of it)
+        local lowest = min(0, B[k + TOKENS])
+        if charge then lowest = -B[k + CAP] end
+        local t = min(B[k + CAP], max(lowest, B[k + TOKENS] - deducted))
+        B[k + TOKENS] = t
+        -- a charge answered OVER_LIMIT waits from where it left the bucket
+        if charge and not all_admit and B[k + NEVER] == 0 then
+          if t + EPSILON < needed then
+            B[k + RETRY] = max(1, ceil((needed - t) / per_sec - EPSILON))
+          else
+            B[k + RETRY] = -1
+          end
+        end
+        -- a bucket of rate 0 (only a refund gets here) never refills: nothing
+        -- of it is worth a key that would never expire
+        if per_sec > 0 then
+          write, wt, wu = true, t, B[k + STAMP]
+          ms = ceil((B[k + CAP] - t) / per_sec * 1000) + margin_ms
+          if ms > MAX_TTL_MS then ms = nil end
+        end
+      else
+        local layout = B[k + LAYOUT]
+        if layout ~= 0 then
+          local want = nil
+          if per_sec > 0 then
+            want = ceil((B[k + CAP] - B[k + TOKENS]) / per_sec * 1000) + margin_ms
+            if want > MAX_TTL_MS then want = nil end
+          end
+          local have = -1
+          if layout == 2 then
+            have = redis.call('PTTL', keys[ka + i])
+          elseif B[k + STORED_EXP] > 0 then
+            have = B[k + STORED_EXP] - now_ms
+          end
+          -- more than the margin short: the rules changed (a rounding
+          -- millisecond must not turn every rejection into a write). What is
+          -- stored stays as it was; only its expiry moves.
+          if have >= 0 and (want == nil or have + margin_ms < want) then
+            if layout == 2 then
+              if want then
+                redis.call('PEXPIRE', keys[ka + i], want)
+              else
+                redis.call('PERSIST', keys[ka + i])
+              end
+            else
+              write, wt, wu, ms = true, B[k + STORED_T], B[k + STORED_U], want
+            end
+          end
+        end
+      end
+      if write then
+        if write_hash then
+          if B[k + LAYOUT] == 1 then redis.call('DEL', keys[ka + i]) end
+          redis.call('HSET', keys[ka + i], 't', string.format('%.17g', wt), 'u', string.format('%d', wu))
+          if ms then
+            redis.call('PEXPIRE', keys[ka + i], ms)
+          else
+            redis.call('PERSIST', keys[ka + i])
+          end
+        elseif ms then
+          redis.call('SET', keys[ka + i], struct.pack('<ddd', wt, wu, now_ms + ms), 'PX', ms)
+        else
+          redis.call('SET', keys[ka + i], struct.pack('<ddd', wt, wu, 0))
         end
       end
     end
-  end
-  if write then
-    if write_hash then
-      if B[k + LAYOUT] == 1 then redis.call('DEL', KEYS[i]) end
-      redis.call('HSET', KEYS[i], 't', string.format('%.17g', wt), 'u', string.format('%d', wu))
-      if ms then
-        redis.call('PEXPIRE', KEYS[i], ms)
-      else
-        redis.call('PERSIST', KEYS[i])
-      end
-    elseif ms then
-      redis.call('SET', KEYS[i], struct.pack('<ddd', wt, wu, now_ms + ms), 'PX', ms)
-    else
-      redis.call('SET', KEYS[i], struct.pack('<ddd', wt, wu, 0))
-    end
-  end
-end
 
-local taken = 0
-if applies and deducted > 0 then taken = deducted end
--- one bucket (most descriptors): the answer's table made at its size
-local out
-if n == 1 then
-  out = { all_admit and 1 or 0, 0, 0, 0, 0, taken }
-else
-  out = { all_admit and 1 or 0 }
+    local taken = 0
+    if applies and deducted > 0 then taken = deducted end
+    -- one bucket (most descriptors): the answer's table made at its size
+    local out
+    if n == 1 then
+      out = { all_admit and 1 or 0, 0, 0, 0, 0, taken }
+    else
+      out = { all_admit and 1 or 0 }
+    end
+    local o = 1
+    for i = 1, n do
+      local k = S * (i - 1)
+      local t = B[k + TOKENS]
+      local remaining = floor(t + EPSILON)
+      if remaining < 0 or B[k + NEVER] == 1 then remaining = 0 end
+      local full_in = 0
+      local missing = B[k + CAP] - t
+      local per_sec = B[k + PER_SEC]
+      if missing > EPSILON and per_sec > 0 then
+        full_in = max(0, ceil(missing / per_sec - EPSILON))
+      end
+      local r = B[k + RETRY]
+      if all_admit then r = -1 end
+      out[o + 1], out[o + 2], out[o + 3], out[o + 4] = remaining, r, full_in, B[k + NEVER]
+      o = o + 4
+    end
+    out[o + 1] = taken
+    if answers == nil then return out end
+    answers[d] = out
+  until true
 end
-local o = 1
-for i = 1, n do
-  local k = S * (i - 1)
-  local t = B[k + TOKENS]
-  local remaining = floor(t + EPSILON)
-  if remaining < 0 or B[k + NEVER] == 1 then remaining = 0 end
-  local full_in = 0
-  local missing = B[k + CAP] - t
-  local per_sec = B[k + PER_SEC]
-  if missing > EPSILON and per_sec > 0 then
-    full_in = max(0, ceil(missing / per_sec - EPSILON))
-  end
-  local r = B[k + RETRY]
-  if all_admit then r = -1 end
-  out[o + 1], out[o + 2], out[o + 3], out[o + 4] = remaining, r, full_in, B[k + NEVER]
-  o = o + 4
-end
-out[o + 1] = taken
-return out
+return answers

@@ -13,6 +13,7 @@
 //! under way: the script did not run) is sent again after a short wait,
 //! within the call's time budget ([`TRYAGAIN_FIRST_WAIT`]).
 
+pub mod batch;
 pub mod memory;
 pub mod nodes;
 pub mod pipe;
@@ -86,6 +87,9 @@ pub struct RedisSettings {
     /// Serving threads ([`crate::serving`]): each gets a connection of its
     /// own to every primary, on its own runtime (0: none).
     pub serving_threads: usize,
+    /// Decisions one script call carries at most (1: each alone;
+    /// [`batch`]).
+    pub batch: usize,
     /// For `rediss://`: the CA that signed the servers' certificates
     /// (default: the system's roots).
     pub ca_file: Option<PathBuf>,
@@ -185,6 +189,7 @@ impl RedisStore {
             config: config.clone(),
             pool_size: settings.pool_size,
             serving_threads: settings.serving_threads,
+            batch: settings.batch,
             command_timeout: settings.timeout,
         };
         let redacted = url::redact(&settings.url);
@@ -228,7 +233,7 @@ impl RedisStore {
             recipe: cluster.is_some().then(|| recipe.clone()),
             cluster,
             routing,
-            script: LuaScript::new(SCRIPT),
+            script: LuaScript::decisions(),
             layout: settings.layout,
             key_prefix: Bytes::from(settings.key_prefix.clone().into_bytes()),
             options: Options {
@@ -342,6 +347,9 @@ impl RedisStore {
         options: &Options,
     ) -> Result<Vec<i64>, RedisError> {
         if let Some(pipes) = &node.pipes {
+            if script.decisions {
+                return pipes.decide(keys, args).await;
+            }
             return pipes.eval(&script.sha, script.body, keys, args).await;
         }
         // boxed: fred's futures are kilobytes, and would make every
@@ -575,6 +583,8 @@ impl RedisStore {
 pub struct LuaScript {
     body: &'static str,
     sha: String,
+    /// `bucket.lua`, whose calls the pipelined connections batch.
+    decisions: bool,
 }
 
 impl LuaScript {
@@ -582,6 +592,15 @@ impl LuaScript {
         Self {
             body,
             sha: sha1_smol::Sha1::from(body).digest().to_string(),
+            decisions: false,
+        }
+    }
+
+    /// `bucket.lua`.
+    fn decisions() -> Self {
+        Self {
+            decisions: true,
+            ..Self::new(SCRIPT)
         }
     }
 }
@@ -787,9 +806,10 @@ impl Store for RedisStore {
             .iter()
             .map(|b| Key::from(self.prefixed(redis_key(hash, &b.key))))
             .collect();
-        let mut args: Vec<Value> = Vec::with_capacity(4 + 3 * descriptor.buckets.len());
+        let mut args: Vec<Value> = Vec::with_capacity(5 + 3 * descriptor.buckets.len());
         // needed() is at most MAX_COST (2^53), so the cast keeps it positive.
         args.extend([
+            Value::Integer(descriptor.buckets.len() as i64),
             Value::Integer(cost.needed() as i64),
             Value::Integer(cost.deducted()),
             Value::Integer(EXPIRY_MARGIN_MS),

@@ -56,6 +56,8 @@ pub struct ClientRecipe {
     /// Serving threads, each with a decision connection of its own to
     /// every primary ([`super::pipe::Pipes`]' lanes).
     pub serving_threads: usize,
+    /// Decisions one script call carries at most ([`super::batch`]).
+    pub batch: usize,
     pub command_timeout: Duration,
 }
 
@@ -127,6 +129,7 @@ impl NodeClients {
                 &target,
                 recipe.pool_size,
                 recipe.serving_threads,
+                recipe.batch,
             ))
         });
         let pool = recipe.pool(config.clone())?;

@@ -18,7 +18,7 @@
 //! limit is its caller's (`RedisStore::run`).
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -32,6 +32,8 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
 
+use super::batch::{self, Decision};
+
 /// Calls waiting to be written, at most; past it a call fails at once
 /// (`Backpressure`) instead of memory growing.
 const MAX_QUEUED: usize = 10_000;
@@ -44,8 +46,47 @@ const MAX_WRITE: usize = 256 * 1024;
 pub type Reply = Result<Vec<i64>, RedisError>;
 
 struct Call {
-    command: Vec<u8>,
+    command: Command,
     answer: oneshot::Sender<Reply>,
+}
+
+/// What a call sends.
+enum Command {
+    /// A whole command, encoded.
+    Whole(Vec<u8>),
+    /// A decision of `bucket.lua`: batched with the others queued beside
+    /// it, unless `alone` (sent again after its batch could not take it).
+    Decision { decision: Decision, alone: bool },
+}
+
+impl Command {
+    fn len(&self) -> usize {
+        match self {
+            Command::Whole(bytes) => bytes.len(),
+            Command::Decision { decision, .. } => decision.bytes() + 64,
+        }
+    }
+}
+
+/// What a write's reply answers, in the order written.
+enum Waiting {
+    One(oneshot::Sender<Reply>),
+    /// A batch's decisions, in their order in the call.
+    Batch(Vec<oneshot::Sender<Reply>>),
+    /// The connection's `SCRIPT LOAD` of the batch script.
+    Load,
+}
+
+/// Whether a connection's server has taken the batch script.
+const BATCH_UNKNOWN: u8 = 0;
+const BATCH_LOADED: u8 = 1;
+const BATCH_REFUSED: u8 = 2;
+
+/// How the reader reads the next reply.
+enum Next {
+    One,
+    Batch(usize),
+    Load,
 }
 
 /// Where to connect, and how.
@@ -111,6 +152,8 @@ const SPILL: usize = 512;
 /// the thread's calls go to the shared connections.
 pub struct Pipes {
     target: Target,
+    /// Decisions one call carries at most (1: each alone).
+    batch: usize,
     pipes: Vec<Pipe>,
     /// One per serving thread, made on that thread's first call.
     lanes: Box<[OnceLock<Pipe>]>,
@@ -118,12 +161,14 @@ pub struct Pipes {
 
 impl Pipes {
     /// `count` connections to `target`, connecting in the background, and
-    /// room for a lane on each of `lanes` serving threads.
-    pub fn connect(target: &Target, count: usize, lanes: usize) -> Self {
+    /// room for a lane on each of `lanes` serving threads; each call of a
+    /// decision carries up to `batch` of them ([`batch`]).
+    pub fn connect(target: &Target, count: usize, lanes: usize, batch: usize) -> Self {
         Self {
             target: target.clone(),
+            batch: batch.max(1),
             pipes: (0..count.max(1))
-                .map(|_| Pipe::connect(target.clone()))
+                .map(|_| Pipe::connect(target.clone(), batch))
                 .collect(),
             lanes: (0..lanes).map(|_| OnceLock::new()).collect(),
         }
@@ -136,7 +181,7 @@ impl Pipes {
     fn pick(&self) -> &Pipe {
         if let Some(lane) = crate::serving::current().and_then(|i| self.lanes.get(i)) {
             // spawned on this thread's runtime: the first call made here
-            let pipe = lane.get_or_init(|| Pipe::connect(self.target.clone()));
+            let pipe = lane.get_or_init(|| Pipe::connect(self.target.clone(), self.batch));
             if pipe.up.load(Ordering::Relaxed) && pipe.waiting() < SPILL {
                 return pipe;
             }
@@ -161,11 +206,34 @@ impl Pipes {
     /// not have the script yet) on the next connection.
     pub async fn eval(&self, sha: &str, body: &str, keys: &[Key], args: &[Value]) -> Reply {
         let pipe = self.pick();
-        match pipe.call(encode_eval("EVALSHA", sha, keys, args)?).await {
+        let command = encode_eval("EVALSHA", sha, keys, args)?;
+        match pipe.call(Command::Whole(command)).await {
             Err(e) if e.details().starts_with("NOSCRIPT") => {
-                pipe.call(encode_eval("EVAL", body, keys, args)?).await
+                pipe.call(Command::Whole(encode_eval("EVAL", body, keys, args)?))
+                    .await
             }
             other => other,
+        }
+    }
+
+    /// Runs `bucket.lua` for one decision (its `keys` and group of `args`),
+    /// in a batch with the decisions queued beside it: sent again alone
+    /// when its batch could not take it, and with `EVAL` when the server
+    /// does not have the script.
+    pub async fn decide(&self, keys: &[Key], args: &[Value]) -> Reply {
+        let pipe = self.pick();
+        let mut alone = false;
+        loop {
+            let decision = Decision::new(keys, args)?;
+            match pipe.call(Command::Decision { decision, alone }).await {
+                Err(e) if batch::is_again_alone(&e) && !alone => alone = true,
+                Err(e) if e.details().starts_with("NOSCRIPT") => {
+                    let body = batch::scripts().single_body;
+                    let command = encode_eval("EVAL", body, keys, args)?;
+                    return pipe.call(Command::Whole(command)).await;
+                }
+                other => return other,
+            }
         }
     }
 
@@ -226,15 +294,15 @@ impl Pipe {
         self.queue.max_capacity() - self.queue.capacity()
     }
 
-    fn connect(target: Target) -> Self {
+    fn connect(target: Target, batch: usize) -> Self {
         let (queue, calls) = mpsc::channel(MAX_QUEUED);
         let up = Arc::new(AtomicBool::new(false));
         let writes = Arc::new(AtomicUsize::new(0));
-        tokio::spawn(drive(target, calls, up.clone(), writes.clone()));
+        tokio::spawn(drive(target, calls, up.clone(), writes.clone(), batch));
         Self { queue, up, writes }
     }
 
-    async fn call(&self, command: Vec<u8>) -> Reply {
+    async fn call(&self, command: Command) -> Reply {
         if !self.up.load(Ordering::Relaxed) {
             return Err(RedisError::new(
                 ErrorKind::IO,
@@ -264,6 +332,7 @@ async fn drive(
     mut calls: mpsc::Receiver<Call>,
     up: Arc<AtomicBool>,
     writes: Arc<AtomicUsize>,
+    batch: usize,
 ) {
     let mut backoff = Duration::ZERO;
     loop {
@@ -271,7 +340,7 @@ async fn drive(
             Ok(stream) => {
                 up.store(true, Ordering::Relaxed);
                 backoff = Duration::ZERO;
-                serve(stream, &mut calls, &writes).await;
+                serve(stream, &mut calls, &writes, batch).await;
             }
             Err(e) => {
                 tracing::debug!(host = %target.host, port = target.port, error = %e, "Redis connect failed")
@@ -370,17 +439,24 @@ async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
 
 /// Writes what is queued and answers what is read, until either side fails
 /// or the queue closes; then answers every call written and not yet
-/// answered with a connection error.
+/// answered with a connection error. The decisions of one write go out in
+/// batches of up to `batch` ([`batch`]).
 async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
     stream: S,
     calls: &mut mpsc::Receiver<Call>,
     writes: &AtomicUsize,
+    batch: usize,
 ) {
     let (mut reader, mut writer) = tokio::io::split(stream);
-    // the calls written, in order, waiting for their replies
-    let pending = parking_lot::Mutex::new(VecDeque::<oneshot::Sender<Reply>>::new());
+    // what the calls written wait for, in order
+    let pending = parking_lot::Mutex::new(VecDeque::<Waiting>::new());
+    // whether this server has the batch script (loaded again after a
+    // NOSCRIPT: a flush, a restart behind a proxy)
+    let script = AtomicU8::new(BATCH_UNKNOWN);
     let write = async {
         let mut buf = Vec::with_capacity(16 * 1024);
+        let mut taken: Vec<Call> = Vec::new();
+        let mut group: Vec<(Decision, oneshot::Sender<Reply>)> = Vec::new();
         while let Some(first) = calls.recv().await {
             // let the requests running beside this one queue their calls
             // too: they go out in this write. Twice: the requests a gRPC
@@ -391,17 +467,40 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
             // as it grows only in the turn after; BENCHMARKS.md)
             tokio::task::yield_now().await;
             tokio::task::yield_now().await;
+            let mut size = first.command.len();
+            taken.push(first);
+            // everything else already queued goes in the same write
+            while size < MAX_WRITE {
+                let Ok(call) = calls.try_recv() else { break };
+                size += call.command.len();
+                taken.push(call);
+            }
             buf.clear();
             {
                 let mut waiting = pending.lock();
-                buf.extend_from_slice(&first.command);
-                waiting.push_back(first.answer);
-                // everything else already queued goes in the same write
-                while buf.len() < MAX_WRITE {
-                    let Ok(call) = calls.try_recv() else { break };
-                    buf.extend_from_slice(&call.command);
-                    waiting.push_back(call.answer);
+                let batching = batch > 1 && script.load(Ordering::Relaxed) != BATCH_REFUSED;
+                for call in taken.drain(..) {
+                    match call.command {
+                        Command::Decision {
+                            decision,
+                            alone: false,
+                        } if batching => {
+                            group.push((decision, call.answer));
+                            if group.len() == batch {
+                                put_group(&mut buf, &mut waiting, &mut group, &script);
+                            }
+                        }
+                        Command::Decision { decision, .. } => {
+                            batch::write_one(&mut buf, &decision);
+                            waiting.push_back(Waiting::One(call.answer));
+                        }
+                        Command::Whole(bytes) => {
+                            buf.extend_from_slice(&bytes);
+                            waiting.push_back(Waiting::One(call.answer));
+                        }
+                    }
                 }
+                put_group(&mut buf, &mut waiting, &mut group, &script);
             }
             writes.fetch_add(1, Ordering::Relaxed);
             if let Err(e) = async {
@@ -428,19 +527,61 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
                     "Redis closed the connection",
                 ));
             }
-            loop {
-                let reply = match next_reply(&mut buf) {
-                    Ok(Some(reply)) => reply,
-                    Ok(None) => break,
-                    Err(e) => return Err(e),
+            while !buf.is_empty() {
+                // what the next reply answers decides how it is read
+                let next = match pending.lock().front() {
+                    None => {
+                        return Err(RedisError::new(
+                            ErrorKind::Protocol,
+                            "a Redis reply that no call was waiting for",
+                        ))
+                    }
+                    Some(Waiting::One(_)) => Next::One,
+                    Some(Waiting::Batch(answers)) => Next::Batch(answers.len()),
+                    Some(Waiting::Load) => Next::Load,
                 };
-                let Some(answer) = pending.lock().pop_front() else {
-                    return Err(RedisError::new(
-                        ErrorKind::Protocol,
-                        "a Redis reply that no call was waiting for",
-                    ));
-                };
-                let _ = answer.send(reply);
+                match next {
+                    Next::One => {
+                        let Some(reply) = next_reply(&mut buf)? else {
+                            break;
+                        };
+                        if let Some(Waiting::One(answer)) = pending.lock().pop_front() {
+                            let _ = answer.send(reply);
+                        }
+                    }
+                    Next::Load => {
+                        let Some(loaded) = batch::next_load(&mut buf)? else {
+                            break;
+                        };
+                        pending.lock().pop_front();
+                        if !loaded {
+                            tracing::info!("Redis refused the batch script (Redis 7 runs it): decisions go one per call");
+                            script.store(BATCH_REFUSED, Ordering::Relaxed);
+                        }
+                    }
+                    Next::Batch(count) => {
+                        let Some(replies) = batch::next_answers(&mut buf, count)? else {
+                            break;
+                        };
+                        if replies
+                            .first()
+                            .is_some_and(|r| r.as_ref().is_err_and(batch::is_noscript))
+                        {
+                            // flushed: loaded again before the next batch
+                            let _ = script.compare_exchange(
+                                BATCH_LOADED,
+                                BATCH_UNKNOWN,
+                                Ordering::Relaxed,
+                                Ordering::Relaxed,
+                            );
+                        }
+                        if let Some(Waiting::Batch(answers)) = pending.lock().pop_front() {
+                            for (answer, reply) in answers.into_iter().zip(replies) {
+                                let _ = answer.send(reply);
+                            }
+                        }
+                    }
+                }
             }
             if buf.capacity() - buf.len() < 4096 {
                 buf.reserve(16 * 1024);
@@ -454,9 +595,49 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
     if let Err(e) = ended {
         tracing::debug!(error = %e, "Redis connection ended");
     }
-    for answer in std::mem::take(&mut *pending.lock()) {
-        let _ = answer.send(Err(lost()));
+    for waiting in std::mem::take(&mut *pending.lock()) {
+        match waiting {
+            Waiting::One(answer) => {
+                let _ = answer.send(Err(lost()));
+            }
+            Waiting::Batch(answers) => {
+                for answer in answers {
+                    let _ = answer.send(Err(lost()));
+                }
+            }
+            Waiting::Load => {}
+        }
     }
+}
+
+/// Writes the decisions in `group` as one call (preceded by the batch
+/// script's load, the first time), or alone when there is one, and empties
+/// it.
+fn put_group(
+    buf: &mut Vec<u8>,
+    waiting: &mut VecDeque<Waiting>,
+    group: &mut Vec<(Decision, oneshot::Sender<Reply>)>,
+    script: &AtomicU8,
+) {
+    match group.len() {
+        0 => return,
+        1 => {
+            let (decision, answer) = group.remove(0);
+            batch::write_one(buf, &decision);
+            waiting.push_back(Waiting::One(answer));
+            return;
+        }
+        _ => {}
+    }
+    if script.load(Ordering::Relaxed) == BATCH_UNKNOWN {
+        // ahead of the batch on the same connection: run first
+        batch::write_load(buf);
+        waiting.push_back(Waiting::Load);
+        script.store(BATCH_LOADED, Ordering::Relaxed);
+    }
+    let (decisions, answers): (Vec<Decision>, Vec<_>) = group.drain(..).unzip();
+    batch::write_batch(buf, &decisions);
+    waiting.push_back(Waiting::Batch(answers));
 }
 
 /// A call written on a connection that failed before its reply came.
@@ -472,7 +653,7 @@ fn lost() -> RedisError {
 /// directly (a generic RESP parser builds a frame per element first, a
 /// third of the reader's time); anything else goes through
 /// [`decode_bytes_mut`] and [`reply_of`].
-fn next_reply(buf: &mut BytesMut) -> Result<Option<Reply>, RedisError> {
+pub(super) fn next_reply(buf: &mut BytesMut) -> Result<Option<Reply>, RedisError> {
     match integers(buf) {
         Some(Some((values, used))) => {
             let _ = buf.split_to(used);
@@ -487,39 +668,40 @@ fn next_reply(buf: &mut BytesMut) -> Result<Option<Reply>, RedisError> {
     }
 }
 
+/// A decimal ending in `\r\n` at `at`: the number and where the next
+/// line starts; `Some(None)` when the line is not all there yet.
+pub(super) fn line(buf: &[u8], at: usize) -> Option<Option<(i64, usize)>> {
+    let rest = buf.get(at..)?;
+    let (negative, digits) = match rest.first() {
+        None => return Some(None),
+        Some(b'-') => (true, &rest[1..]),
+        Some(_) => (false, rest),
+    };
+    let mut n: i64 = 0;
+    for (i, &b) in digits.iter().enumerate() {
+        match b {
+            b'0'..=b'9' if i < 18 => n = n * 10 + i64::from(b - b'0'),
+            b'\r' if i > 0 => {
+                return match digits.get(i + 1) {
+                    None => Some(None),
+                    Some(b'\n') => {
+                        let end = at + usize::from(negative) + i + 2;
+                        Some(Some((if negative { -n } else { n }, end)))
+                    }
+                    Some(_) => None,
+                };
+            }
+            // longer than 18 digits, or not a number: the generic path
+            _ => return None,
+        }
+    }
+    Some(None)
+}
+
 /// `*<n>\r\n` and `n` times `:<i64>\r\n` at the start of `buf`: the
 /// integers and the bytes they took; `Some(None)` when `buf` holds only the
 /// start of such an array; `None` for anything else.
-fn integers(buf: &[u8]) -> Option<Option<(Vec<i64>, usize)>> {
-    /// A decimal ending in `\r\n` at `at`: the number and where the next
-    /// line starts; `Some(None)` when the line is not all there yet.
-    fn line(buf: &[u8], at: usize) -> Option<Option<(i64, usize)>> {
-        let rest = buf.get(at..)?;
-        let (negative, digits) = match rest.first() {
-            None => return Some(None),
-            Some(b'-') => (true, &rest[1..]),
-            Some(_) => (false, rest),
-        };
-        let mut n: i64 = 0;
-        for (i, &b) in digits.iter().enumerate() {
-            match b {
-                b'0'..=b'9' if i < 18 => n = n * 10 + i64::from(b - b'0'),
-                b'\r' if i > 0 => {
-                    return match digits.get(i + 1) {
-                        None => Some(None),
-                        Some(b'\n') => {
-                            let end = at + usize::from(negative) + i + 2;
-                            Some(Some((if negative { -n } else { n }, end)))
-                        }
-                        Some(_) => None,
-                    };
-                }
-                // longer than 18 digits, or not a number: the generic path
-                _ => return None,
-            }
-        }
-        Some(None)
-    }
+pub(super) fn integers(buf: &[u8]) -> Option<Option<(Vec<i64>, usize)>> {
     match buf.first() {
         None => return Some(None),
         Some(b'*') => {}
@@ -624,21 +806,21 @@ fn encode<'a>(parts: impl ExactSizeIterator<Item = &'a [u8]>) -> Vec<u8> {
 }
 
 /// `<kind><n>\r\n`.
-fn put_header(out: &mut Vec<u8>, kind: u8, n: usize) {
+pub(super) fn put_header(out: &mut Vec<u8>, kind: u8, n: usize) {
     out.push(kind);
     out.extend_from_slice(decimal(n as i64, &mut [0; 20]));
     out.extend_from_slice(b"\r\n");
 }
 
 /// `$<len>\r\n<bytes>\r\n`.
-fn put_bulk(out: &mut Vec<u8>, bytes: &[u8]) {
+pub(super) fn put_bulk(out: &mut Vec<u8>, bytes: &[u8]) {
     put_header(out, b'$', bytes.len());
     out.extend_from_slice(bytes);
     out.extend_from_slice(b"\r\n");
 }
 
 /// `i` in decimal, in `buf`.
-fn decimal(i: i64, buf: &mut [u8; 20]) -> &[u8] {
+pub(super) fn decimal(i: i64, buf: &mut [u8; 20]) -> &[u8] {
     let mut n = i.unsigned_abs();
     let mut at = buf.len();
     loop {
@@ -884,7 +1066,7 @@ mod wire_tests {
     #[tokio::test(flavor = "current_thread")]
     async fn concurrent_calls_share_writes_and_are_answered_in_order() {
         let (port, reads) = stand_in(None).await;
-        let pipes = Arc::new(Pipes::connect(&target(port), 1, 0));
+        let pipes = Arc::new(Pipes::connect(&target(port), 1, 0, 1));
         pipes.wait(Duration::from_secs(2)).await;
         assert!(pipes.connected());
         let calls: Vec<_> = (0..200)
@@ -915,7 +1097,7 @@ mod wire_tests {
     #[tokio::test(flavor = "current_thread")]
     async fn calls_fill_the_first_connection_and_spill_over_when_it_is_behind() {
         let port = answering_everyone().await;
-        let pipes = Arc::new(Pipes::connect(&target(port), 3, 0));
+        let pipes = Arc::new(Pipes::connect(&target(port), 3, 0, 1));
         pipes.wait(Duration::from_secs(2)).await;
         let burst = |n: usize| {
             let calls: Vec<_> = (0..n)
@@ -964,7 +1146,7 @@ mod wire_tests {
             .expect("main runtime");
         let pipes = main.block_on(async {
             let port = answering_everyone().await;
-            let pipes = Arc::new(Pipes::connect(&target(port), 2, 1));
+            let pipes = Arc::new(Pipes::connect(&target(port), 2, 1, 1));
             pipes.wait(Duration::from_secs(2)).await;
             pipes
         });
@@ -1033,7 +1215,7 @@ mod wire_tests {
     async fn a_lost_connection_fails_the_calls_in_flight_once_then_reconnects() {
         // the server reads 5 commands and closes without answering
         let (port, _) = stand_in(Some(5)).await;
-        let pipes = Arc::new(Pipes::connect(&target(port), 1, 0));
+        let pipes = Arc::new(Pipes::connect(&target(port), 1, 0, 1));
         pipes.wait(Duration::from_secs(2)).await;
         let calls: Vec<_> = (0..5)
             .map(|_| {
@@ -1057,7 +1239,7 @@ mod wire_tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let port = listener.local_addr().expect("addr").port();
         drop(listener);
-        let pipes = Pipes::connect(&target(port), 1, 0);
+        let pipes = Pipes::connect(&target(port), 1, 0, 1);
         let e = pipes.eval("sha", "body", &[], &[]).await.expect_err("down");
         assert_eq!(*e.kind(), ErrorKind::IO);
         // answered without being queued (not waiting for a connection)
