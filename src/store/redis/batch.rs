@@ -21,7 +21,7 @@ use fred::bytes::BytesMut;
 use fred::error::{Error as RedisError, ErrorKind};
 use fred::types::{Key, Value};
 
-use super::pipe::{decimal, integers, line, next_reply, put_bulk, put_header, Reply};
+use super::pipe::{decimal, integers, line, next_reply, put_arg, put_bulk, put_header, Reply};
 
 /// Decisions one call carries at most, unless configured
 /// (`--redis-batch`): at about 10 µs of Redis per decision, a batch holds
@@ -78,17 +78,7 @@ impl Decision {
         }
         let mut encoded_args = Vec::with_capacity(args.len() * 16);
         for a in args {
-            match a {
-                Value::Integer(i) => put_bulk(&mut encoded_args, decimal(*i, &mut [0; 20])),
-                Value::String(s) => put_bulk(&mut encoded_args, s.as_bytes()),
-                Value::Bytes(b) => put_bulk(&mut encoded_args, b),
-                other => {
-                    return Err(RedisError::new(
-                        ErrorKind::InvalidArgument,
-                        format!("a script argument of an unsupported type: {other:?}"),
-                    ))
-                }
-            }
+            put_arg(&mut encoded_args, a)?;
         }
         Ok(Self {
             keys: encoded_keys,

@@ -780,19 +780,26 @@ fn encode_eval(
         put_bulk(&mut out, k.as_bytes());
     }
     for a in args {
-        match a {
-            Value::Integer(i) => put_bulk(&mut out, decimal(*i, &mut [0; 20])),
-            Value::String(s) => put_bulk(&mut out, s.as_bytes()),
-            Value::Bytes(b) => put_bulk(&mut out, b),
-            other => {
-                return Err(RedisError::new(
-                    ErrorKind::InvalidArgument,
-                    format!("a script argument of an unsupported type: {other:?}"),
-                ))
-            }
-        }
+        put_arg(&mut out, a)?;
     }
     Ok(out)
+}
+
+/// A script argument as a bulk string: an integer in decimal, a string or
+/// bytes as they are.
+pub(super) fn put_arg(out: &mut Vec<u8>, arg: &Value) -> Result<(), RedisError> {
+    match arg {
+        Value::Integer(i) => put_bulk(out, decimal(*i, &mut [0; 20])),
+        Value::String(s) => put_bulk(out, s.as_bytes()),
+        Value::Bytes(b) => put_bulk(out, b),
+        other => {
+            return Err(RedisError::new(
+                ErrorKind::InvalidArgument,
+                format!("a script argument of an unsupported type: {other:?}"),
+            ))
+        }
+    }
+    Ok(())
 }
 
 /// RESP: an array of bulk strings.
