@@ -3,7 +3,7 @@
 //! `bucket.lua`, each decided as if alone (see the script's header), so
 //! that Redis pays a command's fixed cost (reading it, setting the script
 //! up, the reply) once per batch instead of once per decision
-//! (BENCHMARKS.md, "Decisions batched into one script call").
+//! (BENCHMARKS.md, "decisions batched into one script call").
 //!
 //! A batch declares only its first decision's keys (a call may declare one
 //! slot), so it runs as `#!lua flags=allow-cross-slot-keys`: Redis 7. A
