@@ -312,7 +312,7 @@ async fn store_and_client(redis: &RedisServer, layout: BucketLayout) -> (RedisSt
         timeout: std::time::Duration::from_secs(2),
         pool_size: 1,
         serving_threads: 0,
-        batch: tokenbucket_rls::store::redis::batch::DEFAULT_MAX,
+        batch: Some(tokenbucket_rls::store::redis::batch::DEFAULT_MAX),
         ca_file: None,
         client_cert: None,
         layout,

@@ -45,6 +45,16 @@ async fn start(url: &str, rules: &tempfile::TempDir) -> RunningServer {
     common::start_on_redis(url, rules, Duration::from_millis(500)).await
 }
 
+/// As [`start`], with `--redis-batch 16` (a single-server URL's default
+/// is one decision per call).
+async fn start_batched(url: &str, rules: &tempfile::TempDir) -> RunningServer {
+    let mut args = common::redis_args(url, rules, Duration::from_millis(500));
+    args.redis_batch = Some(16);
+    tokenbucket_rls::server::start(&args)
+        .await
+        .expect("server starts")
+}
+
 async fn call(
     c: &mut RateLimitServiceClient<Channel>,
     entries: &[(&str, &str)],
@@ -578,7 +588,7 @@ async fn a_server_refusing_the_batch_script_gets_each_decision_alone() {
         .cli(&["ACL", "SETUSER", "rls", "on", ">s3cret", "~rls:*", "+@all", "-script"])
         .contains("OK"));
     let rules = rules_dir(RULES);
-    let s = start(
+    let s = start_batched(
         &format!("redis://rls:s3cret@127.0.0.1:{}", redis.port),
         &rules,
     )
@@ -622,7 +632,7 @@ async fn admitted_at_once(s: &RunningServer, entries: &[(&str, &str)], each: usi
 async fn batches_recover_from_a_script_cache_flush() {
     let redis = RedisServer::standalone();
     let rules = rules_dir(RULES);
-    let s = start(&redis.url(), &rules).await;
+    let s = start_batched(&redis.url(), &rules).await;
     let entries = [("hot", "flushed")];
     let mut admitted = admitted_at_once(&s, &entries, 5).await;
     let loads = |redis: &RedisServer| {
@@ -634,6 +644,27 @@ async fn batches_recover_from_a_script_cache_flush() {
     admitted += admitted_at_once(&s, &entries, 5).await;
     assert_eq!(admitted, 200, "300 calls on a bucket of 200");
     assert!(loads(&redis) > first, "the batch script was loaded again");
+    s.shutdown().await.expect("stop");
+}
+
+/// A single-server URL may be a proxy that shards keys itself and would
+/// route a batch by its first key: unless `--redis-batch` says otherwise,
+/// its decisions go one per call.
+#[tokio::test]
+async fn a_single_server_url_gets_one_decision_per_call_by_default() {
+    let redis = RedisServer::standalone();
+    let rules = rules_dir(RULES);
+    let s = start(&redis.url(), &rules).await;
+    assert_eq!(admitted_at_once(&s, &[("hot", "single")], 10).await, 200);
+    let stats = redis.cli(&["INFO", "commandstats"]);
+    assert_eq!(
+        common::redis::command_calls(&stats, "script|load"),
+        0,
+        "{stats}"
+    );
+    let calls = common::redis::command_calls(&stats, "evalsha")
+        + common::redis::command_calls(&stats, "eval");
+    assert!(calls >= 300, "one call per decision: {calls}\n{stats}");
     s.shutdown().await.expect("stop");
 }
 

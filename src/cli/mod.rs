@@ -130,9 +130,11 @@ pub struct ServeArgs {
     /// Decisions one Redis script call carries at most: the decisions queued
     /// for one primary when its connection writes go out together in one
     /// call, each decided as if alone (Redis 7; Redis 6 gets one per call).
-    /// 1: one per call.
-    #[arg(long, env = "RLS_REDIS_BATCH", default_value_t = crate::store::redis::batch::DEFAULT_MAX, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=crate::store::redis::batch::MAX as u64))]
-    pub redis_batch: usize,
+    /// Default: 16 with a Redis Cluster URL, whose primaries refuse keys of
+    /// slots they do not hold; 1 (one per call) with a single-server URL,
+    /// which may be a proxy that shards keys itself.
+    #[arg(long, env = "RLS_REDIS_BATCH", value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=crate::store::redis::batch::MAX as u64))]
+    pub redis_batch: Option<usize>,
     /// Most buckets the memory store holds; past it, the buckets whose loss
     /// costs least are evicted (README, "Limits on state").
     #[arg(long, env = "RLS_MAX_BUCKETS", default_value_t = crate::store::memory::DEFAULT_MAX_BUCKETS, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]

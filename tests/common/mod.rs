@@ -40,7 +40,7 @@ pub fn serve_args(config: PathBuf) -> ServeArgs {
         redis_url: None,
         redis_timeout: std::time::Duration::from_millis(500),
         redis_pool_size: 4,
-        redis_batch: tokenbucket_rls::store::redis::batch::DEFAULT_MAX,
+        redis_batch: None,
         redis_ca_file: None,
         redis_client_cert: None,
         redis_client_key: None,
@@ -96,14 +96,19 @@ pub async fn start_on_redis(
     rules: &tempfile::TempDir,
     timeout: std::time::Duration,
 ) -> tokenbucket_rls::server::RunningServer {
+    tokenbucket_rls::server::start(&redis_args(url, rules, timeout))
+        .await
+        .expect("server starts")
+}
+
+/// What [`start_on_redis`] starts with, to change before starting.
+pub fn redis_args(url: &str, rules: &tempfile::TempDir, timeout: std::time::Duration) -> ServeArgs {
     let mut args = serve_args(rules.path().to_path_buf());
     args.store = StoreKind::Redis;
     args.redis_url = Some(url.to_string());
     args.redis_timeout = timeout;
     args.failure_mode = FailureMode::Closed;
-    tokenbucket_rls::server::start(&args)
-        .await
-        .expect("server starts")
+    args
 }
 
 /// A gRPC client of `server`.

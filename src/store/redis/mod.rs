@@ -88,8 +88,11 @@ pub struct RedisSettings {
     /// own to every primary, on its own runtime (0: none).
     pub serving_threads: usize,
     /// Decisions one script call carries at most (1: each alone;
-    /// [`batch`]).
-    pub batch: usize,
+    /// [`batch`]); `None`: [`batch::DEFAULT_MAX`] on a Redis Cluster, 1 on
+    /// a single server (it may be a proxy sharding keys itself, which would
+    /// route a batch by its first key; a cluster's primaries refuse keys
+    /// of slots they do not hold).
+    pub batch: Option<usize>,
     /// For `rediss://`: the CA that signed the servers' certificates
     /// (default: the system's roots).
     pub ca_file: Option<PathBuf>,
@@ -189,7 +192,10 @@ impl RedisStore {
             config: config.clone(),
             pool_size: settings.pool_size,
             serving_threads: settings.serving_threads,
-            batch: settings.batch,
+            batch: settings.batch.unwrap_or(match config.server {
+                ServerConfig::Clustered { .. } => batch::DEFAULT_MAX,
+                _ => 1,
+            }),
             command_timeout: settings.timeout,
         };
         let redacted = url::redact(&settings.url);
