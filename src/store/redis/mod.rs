@@ -11,7 +11,9 @@
 //! deducted: the caller's failure policy answers instead. A call answered
 //! `TRYAGAIN` (its keys are split between two nodes by a slot migration
 //! under way: the script did not run) is sent again after a short wait,
-//! within the call's time budget ([`TRYAGAIN_FIRST_WAIT`]).
+//! within the call's time budget ([`TRYAGAIN_FIRST_WAIT`]). The decisions
+//! queued for one primary at one moment share one call ([`batch`]), each
+//! decided as if alone.
 
 pub mod batch;
 pub mod memory;
