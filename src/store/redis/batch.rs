@@ -203,15 +203,12 @@ pub fn next_answers(buf: &mut BytesMut, count: usize) -> Result<Option<Vec<Reply
 /// What each decision of a batch answered `e` as a whole gets: sent again
 /// alone when the server ran nothing, else `e` (some may have spent).
 fn answers_to_failed_batch(e: &RedisError, count: usize) -> Vec<Reply> {
-    (0..count)
-        .map(|_| {
-            if ran_nothing(e) {
-                Err(again_alone(e.details()))
-            } else {
-                Err(e.clone())
-            }
-        })
-        .collect()
+    let answer = if ran_nothing(e) {
+        again_alone(e.details())
+    } else {
+        e.clone()
+    };
+    vec![Err(answer); count]
 }
 
 /// Whether a call answered `e` was refused before it ran: a redirection, a
@@ -249,8 +246,9 @@ pub fn is_again_alone(e: &RedisError) -> bool {
 
 /// Whether `e` says the server lacks the script (a batch's: load it again).
 pub fn is_noscript(e: &RedisError) -> bool {
-    e.details().starts_with("NOSCRIPT")
-        || e.details().starts_with(&format!("{AGAIN_ALONE} NOSCRIPT"))
+    e.details()
+        .strip_prefix(AGAIN_ALONE)
+        .is_some_and(|why| why.trim_start().starts_with("NOSCRIPT"))
 }
 
 fn protocol(what: &str) -> RedisError {

@@ -606,9 +606,11 @@ impl LuaScript {
 
     /// `bucket.lua`.
     fn decisions() -> Self {
+        let scripts = batch::scripts();
         Self {
+            body: scripts.single_body,
+            sha: scripts.single_sha.clone(),
             decisions: true,
-            ..Self::new(SCRIPT)
         }
     }
 }

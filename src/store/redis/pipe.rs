@@ -164,9 +164,10 @@ impl Pipes {
     /// room for a lane on each of `lanes` serving threads; each call of a
     /// decision carries up to `batch` of them ([`batch`]).
     pub fn connect(target: &Target, count: usize, lanes: usize, batch: usize) -> Self {
+        let batch = batch.max(1);
         Self {
             target: target.clone(),
-            batch: batch.max(1),
+            batch,
             pipes: (0..count.max(1))
                 .map(|_| Pipe::connect(target.clone(), batch))
                 .collect(),
