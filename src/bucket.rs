@@ -9,7 +9,9 @@
 //! tokens back, never beyond B. A charge (usage accounting, a rule's
 //! `overdraft`) is never refused: it deducts `c` even from a bucket that
 //! does not hold it, down to `-B` at most (a debt the refill repays), and is
-//! answered as a spend would be, with the wait counted from after it.
+//! answered as a spend would be, with the wait counted from after it. A
+//! charge never raises a balance: one already below `-B` (a reload lowered
+//! B) stays where it is.
 //!
 //! This file is the one Rust copy of the arithmetic; `store/redis/bucket.lua`
 //! is the other, and the shared case table in `tests/bucket_cases.rs` checks
@@ -50,7 +52,7 @@ pub enum Cost {
     /// cheaper than charged); always answered OK, never above B.
     Refund(u64),
     /// Charge usage on an `overdraft` rule: always deducted, down to `-B`
-    /// at most; answered OK when the buckets held it, else OVER_LIMIT with
+    /// at most (a balance already below it stays); answered OK when the buckets held it, else OVER_LIMIT with
     /// the time until they hold it again (after this charge).
     Charge(u64),
     /// Take a lease: admitted when `needed` tokens are there, and then takes
@@ -266,10 +268,12 @@ pub fn decide(
     if applies {
         for (state, p) in refilled.iter_mut().zip(params) {
             let capacity = p.capacity as f64;
-            // a charge may go into debt; nothing else goes below where the
-            // bucket is (a refund into a debt repays part of it)
+            // a charge may go into debt, down to -B, and never raises a
+            // balance already below that (a reload lowered B); nothing else
+            // goes below where the bucket is (a refund into a debt repays
+            // part of it)
             let floor = if charge {
-                -capacity
+                (-capacity).min(state.tokens)
             } else {
                 state.tokens.min(0.0)
             };
@@ -375,6 +379,27 @@ mod tests {
         let (s3, o) = one(p, Some(s), SEC, Cost::Refund(150));
         assert!(o.admitted);
         assert_eq!(s3.tokens, -850.0);
+    }
+
+    /// A reload lowered B from 100 to 10 while the bucket owed 98: the next
+    /// charge adds to the debt instead of forgiving all of it below -10.
+    #[test]
+    fn a_charge_never_raises_a_balance_below_minus_the_burst() {
+        let lowered = BucketParams {
+            capacity: 10,
+            tokens_per_unit: 10,
+            unit_secs: 60,
+        };
+        let owing = BucketState {
+            tokens: -98.0,
+            updated_micros: SEC,
+        };
+        let (s, o) = one(lowered, Some(owing), SEC, Cost::Charge(1));
+        assert!(!o.admitted);
+        assert_eq!(s.tokens, -98.0, "not forgiven down to -10");
+        assert_eq!(o.taken, 1);
+        let (s, _) = one(lowered, Some(s), SEC, Cost::Refund(5));
+        assert_eq!(s.tokens, -93.0, "a refund still repays");
     }
 
     #[test]

@@ -2,7 +2,8 @@
 
 use std::process::ExitCode;
 
-use clap::Parser;
+use clap::parser::ValueSource;
+use clap::{CommandFactory, FromArgMatches};
 use tokenbucket_rls::cli::{ratelimit_env, Cli, Command};
 use tokenbucket_rls::quota::{expired_behavior, rule_notes, Policy};
 use tokenbucket_rls::rules::{self, LoadOptions};
@@ -24,12 +25,36 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    // the variables set from theirs, to name theirs in an error
+    let mut translated = Vec::new();
     for (name, value) in &from_ratelimit.settings {
         if std::env::var_os(name).is_none() {
             std::env::set_var(name, value);
+            translated.push(*name);
         }
     }
-    let cli = Cli::parse();
+    let matches = match Cli::command().try_get_matches() {
+        Ok(m) => m,
+        Err(e) => {
+            if let Some(text) = ratelimit_env::name_their_variable(&e, &translated, &env) {
+                eprintln!("error: {text}");
+                return ExitCode::FAILURE;
+            }
+            e.exit()
+        }
+    };
+    let mut cli = match Cli::from_arg_matches(&matches) {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
+    // flags win: an explicit --config over CONFIG_TYPE=GRPC_XDS_SOTW
+    let xds_from_theirs = translated.contains(&"RLS_XDS_SERVER")
+        && matches.value_source("xds_server") != Some(ValueSource::CommandLine);
+    let config_flag = matches.value_source("config") == Some(ValueSource::CommandLine);
+    let xds_overruled = xds_from_theirs && config_flag;
+    if xds_overruled {
+        cli.serve.xds_server = None;
+    }
     match cli.command {
         Some(Command::CheckConfig {
             path,
@@ -47,6 +72,12 @@ fn main() -> ExitCode {
             let result = runtime.block_on(async {
                 let _tracing =
                     tracing::init(cli.serve.log_format, cli.serve.otlp_endpoint.as_deref())?;
+                if xds_overruled {
+                    ::tracing::info!(
+                        config = %cli.serve.config.display(),
+                        "--config given: rules come from it, not over xDS (CONFIG_TYPE=GRPC_XDS_SOTW in the environment)"
+                    );
+                }
                 if !from_ratelimit.unused.is_empty() {
                     ::tracing::info!(
                         settings = %from_ratelimit.unused.join("; "),

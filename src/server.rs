@@ -124,6 +124,9 @@ pub async fn start(args: &ServeArgs) -> Result<RunningServer> {
         usage_domains: DomainPatterns::new(&args.usage_domains),
     };
     let xds = args.xds_settings();
+    if let Some(settings) = &xds {
+        settings.check()?;
+    }
     let loaded = match &xds {
         // rules come with the first snapshot
         Some(_) => rules::load_sources(Vec::new(), opts.clone())

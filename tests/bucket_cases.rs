@@ -252,6 +252,13 @@ fn cases() -> Vec<Case> {
             cost: Cost::Charge(250),
         },
         Case {
+            // a reload lowered the burst from 100 to 10 while the bucket
+            // owed 98: a charge never raises a balance, so the debt stays
+            name: "charge after the burst was lowered below the debt keeps the debt",
+            buckets: vec![(p(10, 10, 60), Some((-98.0, 0)))],
+            cost: Cost::Charge(1),
+        },
+        Case {
             name: "check in debt waits until the debt is repaid",
             buckets: vec![(p(1000, 1000, 60), Some((-200.0, 0)))],
             cost: Cost::Check,

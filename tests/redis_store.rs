@@ -877,3 +877,230 @@ async fn a_key_prefix_on_a_cluster() {
         "{keys:?}"
     );
 }
+
+/// Rules with descriptors of 1, 16 and 64 limits beside a plain one, each
+/// limit a burst of 60 a day.
+fn wide_rules() -> String {
+    let mut yaml = String::from(
+        "domain: d\ndescriptors:\n  - key: plain\n    failure_mode: closed\n    rate_limit: {unit: day, requests_per_unit: 1, burst: 60}\n",
+    );
+    for n in [1, 16, 64] {
+        yaml.push_str(&format!(
+            "  - key: w{n}\n    failure_mode: closed\n    limits:\n"
+        ));
+        for i in 0..n {
+            yaml.push_str(&format!(
+                "      - {{unit: day, requests_per_unit: 1, burst: {}, name: l{i}}}\n",
+                60 + i
+            ));
+        }
+    }
+    yaml
+}
+
+/// A descriptor of many limits answers more integers than a short answer
+/// (4 a limit, and 2): batched beside single-limit descriptors on a
+/// cluster, each is read whole. Before, an answer of more than 64 integers
+/// was taken for a protocol error: the connection dropped and every
+/// decision on it was answered by its `closed` failure mode.
+#[tokio::test]
+async fn descriptors_of_many_limits_share_batches_with_single_ones() {
+    let cluster = RedisCluster::start();
+    let rules = rules_dir(&wide_rules());
+    let s = start(&cluster.url(), &rules).await;
+    let kinds = ["plain", "w1", "w16", "w64"];
+    let before: u64 = cluster
+        .nodes
+        .iter()
+        .map(|n| common::redis::command_calls(&n.cli(&["INFO", "commandstats"]), "evalsha"))
+        .sum();
+    let mut clients = Vec::new();
+    for _ in 0..30 {
+        clients.push(client(&s).await);
+    }
+    // 30 clients, each asking every kind 3 times: 90 calls a kind, at once
+    let per_client =
+        futures::future::join_all(clients.iter_mut().enumerate().map(|(n, c)| async move {
+            let mut admitted = [0usize; 4];
+            for round in 0..12 {
+                let k = (n + round) % 4;
+                let r = call(c, &[(kinds[k], "v")])
+                    .await
+                    .unwrap_or_else(|e| panic!("{} answered {e:?}", kinds[k]));
+                if r.overall_code == Code::Ok as i32 {
+                    admitted[k] += 1;
+                }
+            }
+            admitted
+        }))
+        .await;
+    let mut admitted = [0usize; 4];
+    for a in per_client {
+        for k in 0..4 {
+            admitted[k] += a[k];
+        }
+    }
+    assert_eq!(admitted, [60; 4], "each kind's burst exactly, {kinds:?}");
+    let calls: u64 = cluster
+        .nodes
+        .iter()
+        .map(|n| common::redis::command_calls(&n.cli(&["INFO", "commandstats"]), "evalsha"))
+        .sum::<u64>()
+        - before;
+    assert!(
+        calls < 360,
+        "360 decisions went out in {calls} calls: batched"
+    );
+    // the widest descriptor's buckets each paid for the 60 admitted
+    let raw = raw_client(&cluster.url()).await;
+    for i in 0..64u32 {
+        let key = key_of(&[("w64", "v")], &format!("l{i}"));
+        let (tokens, _) = stored_bucket(&raw, &key).await.expect("stored");
+        assert!(
+            (tokens - f64::from(i)).abs() < 0.01,
+            "limit l{i} (burst {}) holds {tokens}",
+            60 + i
+        );
+    }
+    s.shutdown().await.expect("stop");
+}
+
+/// A TCP proxy in front of one Redis node that, on the first connection
+/// to send `ASKING`, swallows every reply from then on and closes the
+/// connection a moment later: the reply to a call that ran is lost.
+/// Counts the `ASKING`s it saw.
+async fn ask_reply_dropper(to: u16) -> (u16, Arc<AtomicUsize>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let askings = Arc::new(AtomicUsize::new(0));
+    let counted = askings.clone();
+    tokio::spawn(async move {
+        let armed = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        while let Ok((client, _)) = listener.accept().await {
+            let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", to)).await else {
+                continue;
+            };
+            let (mut cr, mut cw) = client.into_split();
+            let (mut sr, mut sw) = server.into_split();
+            let swallow = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let (armed, askings, swallowing) = (armed.clone(), counted.clone(), swallow.clone());
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 64 * 1024];
+                while let Ok(n) = cr.read(&mut buf).await {
+                    if n == 0 {
+                        break;
+                    }
+                    let seen = buf[..n].windows(6).filter(|w| w == b"ASKING").count();
+                    askings.fetch_add(seen, Ordering::SeqCst);
+                    if seen > 0 && armed.swap(false, Ordering::SeqCst) {
+                        swallowing.store(true, Ordering::SeqCst);
+                    }
+                    if sw.write_all(&buf[..n]).await.is_err() {
+                        break;
+                    }
+                    if swallowing.load(Ordering::SeqCst) {
+                        // the call runs; its reply never comes back
+                        tokio::time::sleep(Duration::from_millis(300)).await;
+                        break;
+                    }
+                }
+            });
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 64 * 1024];
+                while let Ok(n) = sr.read(&mut buf).await {
+                    if n == 0 || swallow.load(Ordering::SeqCst) {
+                        break;
+                    }
+                    if cw.write_all(&buf[..n]).await.is_err() {
+                        break;
+                    }
+                }
+                // both directions end: the service sees the connection close
+                drop(cw);
+            });
+        }
+    });
+    (port, askings)
+}
+
+/// A decision redirected by `ASK` to the node importing its slot, whose
+/// reply is lost with its connection after the script ran, is answered
+/// by its failure mode and never sent again: one request, one token.
+/// Before, the `ASKING` call went through fred with its default options,
+/// which sent it again on a new connection (98 of 100 left).
+#[tokio::test]
+async fn a_decision_lost_after_ask_is_never_sent_again() {
+    let cluster = RedisCluster::start();
+    let entries = [("moving", "asked")];
+    let slot = fred::util::redis_keyslot(&key_of(&entries, "0"));
+    let src = cluster.owner_of_slot(slot);
+    let dst = cluster.other_primary(src);
+    let (src_id, dst_id) = (cluster.node_id(src), cluster.node_id(dst));
+    // the importing node announces the proxy's port: the ASK names it
+    let dst_port = cluster.nodes[dst].port;
+    let (proxy, askings) = ask_reply_dropper(dst_port).await;
+    let bus = (dst_port + 10_000).to_string();
+    assert!(cluster.nodes[dst]
+        .cli(&["CONFIG", "SET", "cluster-announce-bus-port", &bus])
+        .contains("OK"));
+    assert!(cluster.nodes[dst]
+        .cli(&["CONFIG", "SET", "cluster-announce-port", &proxy.to_string()])
+        .contains("OK"));
+    let announced = format!("127.0.0.1:{proxy}@");
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !cluster.nodes[src]
+        .cli(&["CLUSTER", "NODES"])
+        .lines()
+        .any(|l| l.starts_with(&dst_id) && l.contains(&announced))
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the new port never reached the source"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let rules = rules_dir(RULES);
+    let s = start(&cluster.url(), &rules).await;
+    let slot_s = slot.to_string();
+    assert!(cluster.nodes[dst]
+        .cli(&["CLUSTER", "SETSLOT", &slot_s, "IMPORTING", &src_id])
+        .contains("OK"));
+    assert!(cluster.nodes[src]
+        .cli(&["CLUSTER", "SETSLOT", &slot_s, "MIGRATING", &dst_id])
+        .contains("OK"));
+    let mut c = client(&s).await;
+    // the importing node has the script (else its reply, lost, would
+    // have been NOSCRIPT: nothing ran)
+    let on_dst = (0..10_000)
+        .map(|i| [("moving", &*Box::leak(format!("d{i}").into_boxed_str()))])
+        .find(|e| cluster.owner_of_slot(fred::util::redis_keyslot(&key_of(e, "0"))) == dst)
+        .expect("a value on the importing node");
+    let warm = call(&mut c, &on_dst).await.expect("decided");
+    assert_eq!(warm.overall_code, Code::Ok as i32);
+    // the key is on neither node: the source answers ASK
+    let first = call(&mut c, &entries).await;
+    assert!(
+        !matches!(&first, Ok(r) if r.overall_code == Code::Ok as i32),
+        "a decision whose reply was lost is answered by the failure mode: {first:?}"
+    );
+    // let a resend, if any, happen before counting
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(askings.load(Ordering::SeqCst), 1, "ASKING sent once");
+    for p in [src, dst] {
+        assert!(cluster.nodes[p]
+            .cli(&["CLUSTER", "SETSLOT", &slot_s, "NODE", &dst_id])
+            .contains("OK"));
+    }
+    let raw = raw_client(&cluster.url()).await;
+    let (tokens, _) = stored_bucket(&raw, &key_of(&entries, "0"))
+        .await
+        .expect("the decision ran once on the importing node");
+    assert!(
+        (tokens - 99.0).abs() < 0.01,
+        "one request took one token: {tokens} of 100 left"
+    );
+    s.shutdown().await.expect("stop");
+}

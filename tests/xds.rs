@@ -14,7 +14,7 @@ use common::{descriptor, request, rules_dir, sample, serve_args};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::ratelimit::config::ratelimit::v3::RateLimitUnit;
-use tokenbucket_rls::rules::xds::TYPE_URL;
+use tokenbucket_rls::rules::xds::{RESOURCE_TYPE_URL, TYPE_URL};
 use tonic::transport::{Certificate, Identity, ServerTlsConfig};
 
 #[tokio::test]
@@ -409,4 +409,359 @@ fn envoy_gateway_example_env() -> Vec<(String, String)> {
             )
         })
         .collect()
+}
+
+/// An mTLS ADS server on a free port, with its CA and a client
+/// certificate: (server, port, ca, client cert, client key, dir).
+async fn mtls_ads() -> (
+    AdsServer,
+    u16,
+    common::tls::Ca,
+    std::path::PathBuf,
+    std::path::PathBuf,
+    tempfile::TempDir,
+) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca = common::tls::Ca::new(dir.path(), "xds");
+    let (server_pem, server_key) = ca.issue("xds-server", true);
+    let (client_pem, client_key) = ca.issue("rls-client", false);
+    let read = |p: &std::path::Path| std::fs::read(p).expect("read");
+    let tls = ServerTlsConfig::new()
+        .identity(Identity::from_pem(read(&server_pem), read(&server_key)))
+        .client_ca_root(Certificate::from_pem(read(&ca.pem())));
+    let port = common::free_port();
+    let ads = AdsServer::start(SocketAddr::from(([127, 0, 0, 1], port)), tls).await;
+    (ads, port, ca, client_pem, client_key, dir)
+}
+
+fn any_of(type_url: &str, value: Vec<u8>) -> envoy_types::pb::google::protobuf::Any {
+    envoy_types::pb::google::protobuf::Any {
+        type_url: type_url.into(),
+        value,
+    }
+}
+
+/// A resource wrapped in `envoy.service.discovery.v3.Resource`, as
+/// go-control-plane sends one with a TTL; `None`: a heartbeat.
+fn wrapped(
+    name: &str,
+    config: Option<&envoy_types::pb::ratelimit::config::ratelimit::v3::RateLimitConfig>,
+) -> envoy_types::pb::google::protobuf::Any {
+    use prost::Message;
+    let resource = envoy_types::pb::envoy::service::discovery::v3::Resource {
+        name: name.into(),
+        version: "1".into(),
+        resource: config.map(|c| any_of(TYPE_URL, c.encode_to_vec())),
+        ttl: Some(envoy_types::pb::google::protobuf::Duration {
+            seconds: 30,
+            nanos: 0,
+        }),
+        ..Default::default()
+    };
+    any_of(RESOURCE_TYPE_URL, resource.encode_to_vec())
+}
+
+fn response(
+    version: &str,
+    nonce: &str,
+    type_url: &str,
+    resources: Vec<envoy_types::pb::google::protobuf::Any>,
+) -> envoy_types::pb::envoy::service::discovery::v3::DiscoveryResponse {
+    envoy_types::pb::envoy::service::discovery::v3::DiscoveryResponse {
+        version_info: version.into(),
+        resources,
+        type_url: type_url.into(),
+        nonce: nonce.into(),
+        ..Default::default()
+    }
+}
+
+/// Resources wrapped in `Resource` are unwrapped (before, they were
+/// dropped and the empty rest ACKed: every limit vanished); a TTL
+/// heartbeat keeps its config; a resource of another type, or a response
+/// of another type, is NACKed and the rules in force keep limiting.
+#[tokio::test]
+async fn wrapped_resources_are_taken_and_foreign_ones_nacked() {
+    let (mut ads, port, ca, client_pem, client_key, _dir) = mtls_ads().await;
+    let unused = rules_dir("domain: unused\ndescriptors: []\n");
+    let mut args = serve_args(unused.path().to_path_buf());
+    args.xds_server = Some(format!("https://localhost:{port}"));
+    args.xds_ca_file = Some(ca.pem());
+    args.xds_client_cert = Some(client_pem);
+    args.xds_client_key = Some(client_key);
+    let s = tokenbucket_rls::server::start(&args)
+        .await
+        .expect("server starts");
+    ads.next_request().await;
+    let config = eg_config(&[("rule-0-match-0", 2)], RateLimitUnit::Minute);
+    let ack = ads
+        .push(response(
+            "v1",
+            "n1",
+            TYPE_URL,
+            vec![wrapped(&config.name, Some(&config))],
+        ))
+        .await;
+    assert_eq!(
+        (ack.version_info.as_str(), ack.error_detail),
+        ("v1", None),
+        "a wrapped config is taken"
+    );
+    let c = RateLimitServiceClient::connect(format!("http://{}", s.grpc_addr))
+        .await
+        .expect("connect");
+    let call = |value: &'static str| {
+        let mut c = c.clone();
+        async move {
+            c.should_rate_limit(request(
+                "default/eg/http",
+                vec![descriptor(&[
+                    ("first-route", "first-route"),
+                    ("rule-0-match-0", value),
+                ])],
+            ))
+            .await
+            .expect("decided")
+            .into_inner()
+            .overall_code
+        }
+    };
+    let (ok, over) = (Code::Ok as i32, Code::OverLimit as i32);
+    let mut codes = Vec::new();
+    for _ in 0..3 {
+        codes.push(call("rule-0-match-0").await);
+    }
+    assert_eq!(codes, [ok, ok, over], "the wrapped rule limits");
+
+    // a heartbeat: the config keeps its body
+    let ack = ads
+        .push(response(
+            "v2",
+            "n2",
+            TYPE_URL,
+            vec![wrapped(&config.name, None)],
+        ))
+        .await;
+    assert_eq!((ack.version_info.as_str(), ack.error_detail), ("v2", None));
+    assert_eq!(call("rule-0-match-0").await, over, "still limits");
+
+    // a resource of another type beside ours: NACKed, v2 keeps serving
+    use prost::Message;
+    let nack = ads
+        .push(response(
+            "v3",
+            "n3",
+            TYPE_URL,
+            vec![
+                any_of(TYPE_URL, config.encode_to_vec()),
+                any_of(
+                    "type.googleapis.com/envoy.config.cluster.v3.Cluster",
+                    vec![10, 3, b'a', b'b', b'c'],
+                ),
+            ],
+        ))
+        .await;
+    assert_eq!(nack.version_info, "v2");
+    let detail = nack.error_detail.expect("a NACK").message;
+    assert!(
+        detail.contains("envoy.config.cluster.v3.Cluster"),
+        "{detail}"
+    );
+    assert_eq!(call("rule-0-match-0").await, over, "v2 still limits");
+
+    // a response of another type: NACKed
+    let nack = ads
+        .push(response(
+            "v4",
+            "n4",
+            "type.googleapis.com/envoy.config.listener.v3.Listener",
+            vec![],
+        ))
+        .await;
+    assert_eq!(nack.version_info, "v2");
+    let detail = nack.error_detail.expect("a NACK").message;
+    assert!(detail.contains("Listener"), "{detail}");
+    assert_eq!(call("rule-0-match-0").await, over, "v2 still limits");
+    let text = s.metrics.render();
+    assert_eq!(
+        sample(&text, "rls_config_reloads_total{result=\"error\"}"),
+        Some(2.0)
+    );
+    ads.stop().await;
+    s.shutdown().await.expect("stop");
+}
+
+/// A config of about `bytes` bytes: descriptors with long values.
+fn config_of_size(
+    bytes: usize,
+) -> envoy_types::pb::ratelimit::config::ratelimit::v3::RateLimitConfig {
+    let mut config = eg_config(&[("rule-0-match-0", 2)], RateLimitUnit::Minute);
+    let template = config.descriptors[0].descriptors[0].clone();
+    let pad = "x".repeat(1000);
+    for i in 0..bytes / 1020 {
+        let mut d = template.clone();
+        d.value = format!("{i}-{pad}");
+        config.descriptors[0].descriptors.push(d);
+    }
+    config
+}
+
+/// `--xds-max-message-size` is honoured: a 5 MiB snapshot (over gRPC's
+/// default 4 MiB, which was the only size taken) is ACKed under a limit
+/// of 6 MiB; a 7 MiB one is not taken: the stream fails and is opened
+/// again with the version in force.
+#[tokio::test]
+async fn snapshots_up_to_the_configured_size_are_taken() {
+    let (mut ads, port, ca, client_pem, client_key, _dir) = mtls_ads().await;
+    let unused = rules_dir("domain: unused\ndescriptors: []\n");
+    let mut args = serve_args(unused.path().to_path_buf());
+    args.xds_server = Some(format!("https://localhost:{port}"));
+    args.xds_ca_file = Some(ca.pem());
+    args.xds_client_cert = Some(client_pem);
+    args.xds_client_key = Some(client_key);
+    args.xds_max_message_size = 6 * 1024 * 1024;
+    let s = tokenbucket_rls::server::start(&args)
+        .await
+        .expect("server starts");
+    ads.next_request().await;
+    let ack = ads
+        .snapshot("big", "n1", &[config_of_size(5 * 1024 * 1024)])
+        .await;
+    assert_eq!(
+        (ack.version_info.as_str(), ack.error_detail),
+        ("big", None),
+        "5 MiB under a limit of 6 MiB"
+    );
+    use prost::Message;
+    let huge = config_of_size(7 * 1024 * 1024);
+    let next = ads
+        .push_then_next(response(
+            "huge",
+            "n2",
+            TYPE_URL,
+            vec![any_of(TYPE_URL, huge.encode_to_vec())],
+        ))
+        .await;
+    assert_eq!(
+        (next.version_info.as_str(), next.response_nonce.as_str()),
+        ("big", ""),
+        "not taken: a new stream, with the version in force"
+    );
+    ads.stop().await;
+    s.shutdown().await.expect("stop");
+}
+
+/// TLS files with a plaintext `--xds-server` would be ignored (rules over
+/// plaintext): refused at start, naming them.
+#[tokio::test]
+async fn tls_files_with_a_plaintext_xds_url_are_refused() {
+    let unused = rules_dir("domain: unused\ndescriptors: []\n");
+    let mut args = serve_args(unused.path().to_path_buf());
+    args.xds_server = Some("http://127.0.0.1:18000".into());
+    args.xds_ca_file = Some("/tmp/ca.pem".into());
+    let e = tokenbucket_rls::server::start(&args)
+        .await
+        .err()
+        .expect("refused");
+    let text = format!("{e:#}");
+    assert!(
+        text.contains("--xds-ca-file") && text.contains("http://"),
+        "{text}"
+    );
+    args.xds_ca_file = None;
+    args.xds_server = Some("grpc://127.0.0.1:18000".into());
+    let e = tokenbucket_rls::server::start(&args)
+        .await
+        .err()
+        .expect("refused");
+    assert!(format!("{e:#}").contains("https://"), "{e:#}");
+}
+
+/// envoyproxy/ratelimit's `CONFIG_GRPC_XDS_SERVER_USE_TLS=true` with an
+/// `http://` server URL: TLS all the same (before, the rules came over
+/// plaintext and nothing was logged; against this mTLS server, never).
+/// And an explicit `--config` wins over `CONFIG_TYPE=GRPC_XDS_SOTW` in
+/// the environment: flags win.
+#[tokio::test]
+async fn the_binary_honours_use_tls_and_a_config_flag() {
+    let (mut ads, port, ca, client_pem, client_key, _dir) = mtls_ads().await;
+    let p = |path: &std::path::Path| path.display().to_string();
+    let http = common::free_port();
+    let grpc = common::free_port();
+    let env = [
+        ("CONFIG_TYPE", "GRPC_XDS_SOTW".to_string()),
+        (
+            "CONFIG_GRPC_XDS_SERVER_URL",
+            format!("http://localhost:{port}"),
+        ),
+        ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true".into()),
+        ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", p(&client_pem)),
+        ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", p(&client_key)),
+        ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", p(&ca.pem())),
+        ("HOST", "127.0.0.1".into()),
+        ("PORT", http.to_string()),
+        ("GRPC_HOST", "127.0.0.1".into()),
+        ("GRPC_PORT", grpc.to_string()),
+    ];
+    let child = common::binary_without_rls_env()
+        .envs(env.clone())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start");
+    let _child = common::ChildGuard(child);
+    let first = ads.next_request().await;
+    assert_eq!(first.type_url, TYPE_URL, "reached over TLS");
+    let ack = ads
+        .snapshot(
+            "1",
+            "a",
+            &[eg_config(&[("rule-0-match-0", 2)], RateLimitUnit::Minute)],
+        )
+        .await;
+    assert_eq!((ack.version_info.as_str(), ack.error_detail), ("1", None));
+    drop(_child);
+    ads.stop().await;
+
+    // the same environment and --config: rules from the flag's directory
+    let rules = rules_dir(
+        "domain: flag\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 1}\n",
+    );
+    let (http, grpc) = (common::free_port(), common::free_port());
+    let child = common::binary_without_rls_env()
+        .envs(env)
+        .env("PORT", http.to_string())
+        .env("GRPC_PORT", grpc.to_string())
+        .arg("--config")
+        .arg(rules.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start");
+    let _child = common::ChildGuard(child);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let probe = reqwest::get(format!("http://127.0.0.1:{http}/readyz")).await;
+        if probe.is_ok_and(|r| r.status().is_success()) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never ready: the rules of --config were not loaded"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut c = RateLimitServiceClient::connect(format!("http://127.0.0.1:{grpc}"))
+        .await
+        .expect("connect");
+    let mut codes = Vec::new();
+    for _ in 0..2 {
+        let r = c
+            .should_rate_limit(request("flag", vec![descriptor(&[("k", "v")])]))
+            .await
+            .expect("decided")
+            .into_inner();
+        codes.push(r.overall_code);
+    }
+    assert_eq!(codes, [Code::Ok as i32, Code::OverLimit as i32]);
 }

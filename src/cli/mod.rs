@@ -15,7 +15,13 @@ use crate::telemetry::tracing::LogFormat;
 #[command(
     name = "tokenbucket-rls",
     version,
-    about = "Envoy rate-limit service with token buckets"
+    about = "Envoy rate-limit service with token buckets",
+    after_help = "Every flag has an RLS_* environment variable (shown as [env: ...]). \
+envoyproxy/ratelimit's environment (REDIS_URL, CONFIG_TYPE, USE_STATSD, ...) is read too, \
+as the RLS_* variables it maps to: flags win over RLS_* variables, which win over it. \
+A variable of its that this service cannot honour stops the start, naming it; one that \
+changes nothing here is named in the start-up log. See the README's \
+\"Replacing envoyproxy/ratelimit in Envoy Gateway or Istio\"."
 )]
 #[command(args_conflicts_with_subcommands = true)]
 pub struct Cli {
@@ -281,6 +287,10 @@ pub struct ServeArgs {
     pub xds_backoff: Duration,
     #[arg(long, env = "RLS_XDS_MAX_BACKOFF", value_parser = humantime::parse_duration, default_value = "30s")]
     pub xds_max_backoff: Duration,
+    /// The largest xDS snapshot taken, in bytes (one gRPC message); a
+    /// larger one fails the stream, logged at error level.
+    #[arg(long, env = "RLS_XDS_MAX_MESSAGE_SIZE", default_value_t = crate::rules::xds::DEFAULT_MAX_MESSAGE_SIZE)]
+    pub xds_max_message_size: usize,
     /// Log lines as text or JSON (level from RUST_LOG, default info).
     #[arg(long, env = "RLS_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,
@@ -311,6 +321,7 @@ impl ServeArgs {
                 .zip(self.xds_client_key.clone()),
             backoff: self.xds_backoff,
             max_backoff: self.xds_max_backoff.max(self.xds_backoff),
+            max_message_size: self.xds_max_message_size,
         })
     }
 

@@ -169,7 +169,10 @@ pub fn translate(env: &BTreeMap<String, String>) -> Result<Translated, String> {
     if xds {
         let tls = on("CONFIG_GRPC_XDS_SERVER_USE_TLS");
         let server = get("CONFIG_GRPC_XDS_SERVER_URL").unwrap_or("localhost:18000");
-        let url = if server.contains("://") {
+        let url = if let Some(rest) = server.strip_prefix("http://").filter(|_| tls) {
+            // USE_TLS is honoured whatever the scheme says
+            format!("https://{rest}")
+        } else if server.contains("://") {
             server.to_string()
         } else if tls {
             format!("https://{server}")
@@ -195,6 +198,10 @@ pub fn translate(env: &BTreeMap<String, String>) -> Result<Translated, String> {
                 "RLS_XDS_HEADERS",
             ),
             ("CONFIG_GRPC_XDS_SERVER_TLS_SAN", "RLS_XDS_SERVER_NAME"),
+            (
+                "XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES",
+                "RLS_XDS_MAX_MESSAGE_SIZE",
+            ),
         ] {
             if let Some(v) = get(theirs) {
                 set(ours, v.to_string());
@@ -225,7 +232,7 @@ pub fn translate(env: &BTreeMap<String, String>) -> Result<Translated, String> {
         ),
         (
             "USE_DOG_STATSD",
-            "metrics are Prometheus text on HOST:PORT /metrics",
+            "DogStatsD tags are not sent: plain statsd (USE_STATSD=true) or Prometheus (USE_PROMETHEUS=true, or /metrics on HOST:PORT)",
         ),
         (
             "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
@@ -353,11 +360,11 @@ pub fn translate(env: &BTreeMap<String, String>) -> Result<Translated, String> {
                 "Redis is reached over TCP only (REDIS_SOCKET_TYPE=tcp)",
             ));
         }
-        let kind = get("REDIS_TYPE").unwrap_or("single").to_ascii_lowercase();
-        let cluster = match kind.as_str() {
-            "single" => false,
-            "cluster" => true,
-            other => {
+        let kind = get("REDIS_TYPE").map(str::to_ascii_lowercase);
+        let mut cluster = match kind.as_deref() {
+            None | Some("single") => false,
+            Some("cluster") => true,
+            Some(other) => {
                 return Err(refused(
                     "REDIS_TYPE",
                     other,
@@ -365,25 +372,65 @@ pub fn translate(env: &BTreeMap<String, String>) -> Result<Translated, String> {
                 ))
             }
         };
-        let tls = on("REDIS_TLS");
-        let url = if url.contains("://") {
-            url.to_string()
-        } else {
-            let scheme = match (cluster, tls) {
-                (false, false) => "redis",
-                (false, true) => "rediss",
-                (true, false) => "redis-cluster",
-                (true, true) => "rediss-cluster",
+        let mut tls = on("REDIS_TLS");
+        // a URL with a scheme: REDIS_TYPE, REDIS_TLS and REDIS_AUTH apply to
+        // it too, or the start is refused naming the conflict
+        let (mut hosts, mut has_auth) = (url, false);
+        if let Some((scheme, rest)) = url.split_once("://") {
+            let (scheme_tls, scheme_cluster) = match scheme {
+                "redis" => (false, false),
+                "rediss" => (true, false),
+                "redis-cluster" => (false, true),
+                "rediss-cluster" => (true, true),
+                other => {
+                    return Err(refused(
+                        "REDIS_URL",
+                        &crate::store::redis::url::redact(url),
+                        &format!("the scheme {other}:// is not redis://, rediss://, redis-cluster:// or rediss-cluster:// (or give host:port)"),
+                    ))
+                }
             };
-            let auth = match get("REDIS_AUTH") {
-                None => String::new(),
-                Some(a) => match a.split_once(':') {
-                    Some((user, password)) => format!("{}:{}@", userinfo(user), userinfo(password)),
-                    None => format!(":{}@", userinfo(a)),
-                },
-            };
-            format!("{scheme}://{auth}{url}")
+            // redis:// is also what one writes for a cluster's seed node
+            if kind.as_deref() == Some("single") && scheme_cluster {
+                return Err(refused(
+                    "REDIS_TYPE",
+                    get("REDIS_TYPE").unwrap_or_default(),
+                    &format!("REDIS_URL's scheme {scheme}:// says otherwise"),
+                ));
+            }
+            if get("REDIS_TLS").is_some() && !tls && scheme_tls {
+                return Err(refused(
+                    "REDIS_TLS",
+                    get("REDIS_TLS").unwrap_or_default(),
+                    &format!("REDIS_URL's scheme {scheme}:// is TLS"),
+                ));
+            }
+            cluster |= scheme_cluster;
+            tls |= scheme_tls;
+            hosts = rest;
+            has_auth = rest.contains('@');
+        }
+        let scheme = match (cluster, tls) {
+            (false, false) => "redis",
+            (false, true) => "rediss",
+            (true, false) => "redis-cluster",
+            (true, true) => "rediss-cluster",
         };
+        let auth = match get("REDIS_AUTH") {
+            None => String::new(),
+            Some(_) if has_auth => {
+                return Err(refused(
+                    "REDIS_AUTH",
+                    "***",
+                    "REDIS_URL carries its own user:password@; give one of them",
+                ))
+            }
+            Some(a) => match a.split_once(':') {
+                Some((user, password)) => format!("{}:{}@", userinfo(user), userinfo(password)),
+                None => format!(":{}@", userinfo(a)),
+            },
+        };
+        let url = format!("{scheme}://{auth}{hosts}");
         set("RLS_STORE", "redis".into());
         set("RLS_REDIS_URL", url);
         if let Some(size) = get("REDIS_POOL_SIZE") {
@@ -501,7 +548,6 @@ pub fn translate(env: &BTreeMap<String, String>) -> Result<Translated, String> {
                 "XDS_CLIENT_BACKOFF_RANDOM_FACTOR" | "XDS_CLIENT_BACKOFF_JITTER" => {
                     "the wait doubles without jitter"
                 }
-                "XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES" => "the client takes gRPC's default size",
                 _ => continue,
             };
             out.unused.push(format!("{name}: {why}"));
@@ -536,3 +582,74 @@ pub fn translate(env: &BTreeMap<String, String>) -> Result<Translated, String> {
 
 #[cfg(test)]
 mod tests;
+
+/// Which of envoyproxy/ratelimit's variables each of ours is made from,
+/// where a value could be refused by our flag's parser.
+const ORIGINS: &[(&str, &[&str])] = &[
+    ("RLS_REDIS_TIMEOUT", &["REDIS_TIMEOUT"]),
+    ("RLS_REDIS_POOL_SIZE", &["REDIS_POOL_SIZE"]),
+    (
+        "RLS_REDIS_URL",
+        &["REDIS_URL", "REDIS_AUTH", "REDIS_TYPE", "REDIS_TLS"],
+    ),
+    ("RLS_REDIS_KEY_PREFIX", &["CACHE_KEY_PREFIX"]),
+    ("RLS_XDS_SERVER", &["CONFIG_GRPC_XDS_SERVER_URL"]),
+    ("RLS_XDS_BACKOFF", &["XDS_CLIENT_BACKOFF_INITIAL_INTERVAL"]),
+    ("RLS_XDS_MAX_BACKOFF", &["XDS_CLIENT_BACKOFF_MAX_INTERVAL"]),
+    (
+        "RLS_XDS_MAX_MESSAGE_SIZE",
+        &["XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES"],
+    ),
+    ("RLS_XDS_NODE_METADATA", &["CONFIG_GRPC_XDS_NODE_METADATA"]),
+    (
+        "RLS_XDS_HEADERS",
+        &["CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS"],
+    ),
+    ("RLS_STATSD_ADDR", &["STATSD_HOST", "STATSD_PORT"]),
+    ("RLS_STATSD_FLUSH_INTERVAL", &["STATS_FLUSH_INTERVAL"]),
+    ("RLS_NEAR_LIMIT_RATIO", &["NEAR_LIMIT_RATIO"]),
+    ("RLS_ADMIN_ADDR", &["HOST", "PORT"]),
+    ("RLS_GRPC_ADDR", &["GRPC_HOST", "GRPC_PORT"]),
+    ("RLS_PROMETHEUS_ADDR", &["PROMETHEUS_ADDR"]),
+    ("RLS_OTLP_ENDPOINT", &["OTEL_EXPORTER_OTLP_ENDPOINT"]),
+];
+
+/// A command-line error about a value that came from envoyproxy/ratelimit's
+/// environment (`translated`: our variables set from theirs), told with
+/// the variable the user set: `REDIS_TIMEOUT=10: …`. `None` for any other
+/// error (clap's own text names the flag or variable the user set).
+pub fn name_their_variable(
+    e: &clap::Error,
+    translated: &[&str],
+    env: &BTreeMap<String, String>,
+) -> Option<String> {
+    let arg = e.get(clap::error::ContextKind::InvalidArg)?.to_string();
+    let flag = arg.split_whitespace().next()?.strip_prefix("--")?;
+    let ours = format!("RLS_{}", flag.replace('-', "_").to_ascii_uppercase());
+    if !translated.contains(&ours.as_str()) {
+        return None;
+    }
+    let theirs: Vec<String> = ORIGINS
+        .iter()
+        .find(|(name, _)| *name == ours)
+        .map(|(_, theirs)| *theirs)
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|name| env.get(*name).map(|v| format!("{name}={v}")))
+        .collect();
+    let why = e
+        .to_string()
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .trim_start_matches("error: ")
+        .to_string();
+    let source = if theirs.is_empty() {
+        "envoyproxy/ratelimit's environment".to_string()
+    } else {
+        theirs.join(", ")
+    };
+    Some(format!(
+        "{source} (envoyproxy/ratelimit's environment, read as --{flag}): {why}"
+    ))
+}

@@ -6,6 +6,15 @@
 //! invalid one is NACKed with the errors and the rules in force keep
 //! serving. The stream is opened again after a failure, with a backoff.
 //!
+//! A resource may come as a `RateLimitConfig`, or wrapped in an
+//! `envoy.service.discovery.v3.Resource` (go-control-plane wraps resources
+//! that have a TTL); a wrapper without a body (a TTL heartbeat) keeps the
+//! config of that name from the snapshot in force. The TTL itself is not
+//! enforced: a config stays until a snapshot leaves it out. A resource of
+//! any other type, or a response whose `type_url` is not ours, is NACKed.
+//! A snapshot larger than `--xds-max-message-size` cannot be read: the
+//! stream fails, and the log says why at error level.
+//!
 //! [`rule_set`] is pure (the conversion and validation); [`run`] is the
 //! client.
 
@@ -15,9 +24,11 @@ use std::time::Duration;
 
 use envoy_types::pb::envoy::config::core::v3::Node;
 use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
-use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
+use envoy_types::pb::envoy::service::discovery::v3::{
+    DiscoveryRequest, DiscoveryResponse, Resource,
+};
 use envoy_types::pb::google::protobuf::value::Kind;
-use envoy_types::pb::google::protobuf::{Struct, Value};
+use envoy_types::pb::google::protobuf::{Any, Struct, Value};
 use envoy_types::pb::google::rpc::Status as RpcStatus;
 use envoy_types::pb::ratelimit::config::ratelimit::v3::{
     RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitUnit,
@@ -34,6 +45,14 @@ use crate::telemetry::Metrics;
 
 /// The resource type envoyproxy/ratelimit subscribes to.
 pub const TYPE_URL: &str = "type.googleapis.com/ratelimit.config.ratelimit.v3.RateLimitConfig";
+
+/// The wrapper a resource may come in (go-control-plane: one with a TTL).
+pub const RESOURCE_TYPE_URL: &str = "type.googleapis.com/envoy.service.discovery.v3.Resource";
+
+/// gRPC's default largest message, and ours unless configured
+/// (`--xds-max-message-size`, envoyproxy/ratelimit's
+/// `XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES`).
+pub const DEFAULT_MAX_MESSAGE_SIZE: usize = 4 * 1024 * 1024;
 
 /// Where the rules come from, and how to reach it.
 #[derive(Debug, Clone)]
@@ -52,6 +71,47 @@ pub struct XdsSettings {
     /// The first wait after a failed stream; doubles up to `max_backoff`.
     pub backoff: Duration,
     pub max_backoff: Duration,
+    /// The largest snapshot (one gRPC message) taken, in bytes.
+    pub max_message_size: usize,
+}
+
+impl XdsSettings {
+    /// Refuses what would not be honoured: a scheme other than `http://`
+    /// or `https://`, and TLS settings with a plaintext `http://` URL
+    /// (they would be ignored, and the rules come over plaintext).
+    pub fn check(&self) -> anyhow::Result<()> {
+        let tls = self.server.starts_with("https://");
+        if !tls && !self.server.starts_with("http://") {
+            anyhow::bail!(
+                "--xds-server {}: give http://HOST:PORT, or https://HOST:PORT for TLS",
+                self.server
+            );
+        }
+        if !tls {
+            let given: Vec<&str> = [
+                (self.ca_file.is_some(), "--xds-ca-file"),
+                (
+                    self.client_cert.is_some(),
+                    "--xds-client-cert/--xds-client-key",
+                ),
+                (self.server_name.is_some(), "--xds-server-name"),
+            ]
+            .into_iter()
+            .filter_map(|(set, name)| set.then_some(name))
+            .collect();
+            if !given.is_empty() {
+                anyhow::bail!(
+                    "--xds-server {}: {} given for a plaintext URL; use https:// (or CONFIG_GRPC_XDS_SERVER_USE_TLS=true), or leave them out",
+                    self.server,
+                    given.join(", ")
+                );
+            }
+        }
+        if self.max_message_size == 0 {
+            anyhow::bail!("--xds-max-message-size 0: give a size in bytes above 0");
+        }
+        Ok(())
+    }
 }
 
 fn unit_name(unit: i32) -> Option<&'static str> {
@@ -196,18 +256,32 @@ pub async fn run(
         }),
         ..Default::default()
     };
-    // the version in force, sent with every request
+    // the version in force, sent with every request, and its configs by
+    // name (a TTL heartbeat keeps one)
     let mut version = String::new();
+    let mut in_force = InForce::default();
     let mut backoff = settings.backoff;
     loop {
         let before = version.clone();
-        match stream_once(&settings, &node, &opts, &rules, &metrics, &mut version).await {
+        let stream = XdsStream {
+            settings: &settings,
+            node: &node,
+            opts: &opts,
+            rules: &rules,
+            metrics: &metrics,
+        };
+        match stream.run(&mut version, &mut in_force).await {
             Ok(()) => {
                 tracing::info!(server = %settings.server, "xDS stream ended; opening it again")
             }
-            Err(e) => {
-                tracing::warn!(server = %settings.server, error = %e, "xDS stream failed; the rules in force keep serving")
-            }
+            Err(e) => match e.downcast_ref::<tonic::Status>() {
+                Some(status) if status.code() == tonic::Code::OutOfRange => {
+                    tracing::error!(server = %settings.server, limit = settings.max_message_size, error = %status.message(), "xDS snapshot refused: larger than --xds-max-message-size (XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES); the rules in force keep serving")
+                }
+                _ => {
+                    tracing::warn!(server = %settings.server, error = %e, "xDS stream failed; the rules in force keep serving")
+                }
+            },
         }
         if version != before {
             backoff = settings.backoff;
@@ -217,65 +291,139 @@ pub async fn run(
     }
 }
 
-async fn stream_once(
-    settings: &XdsSettings,
-    node: &Node,
-    opts: &LoadOptions,
-    rules: &SharedRules,
-    metrics: &Metrics,
-    version: &mut String,
-) -> anyhow::Result<()> {
-    let mut client = AggregatedDiscoveryServiceClient::new(channel(settings).await?);
-    let (tx, rx) = mpsc::channel::<DiscoveryRequest>(4);
-    tx.send(request(node, version, "", None)).await?;
-    let outbound =
-        futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|m| (m, rx)) });
-    let mut call = tonic::Request::new(outbound);
-    for (name, value) in &settings.headers {
-        let key = tonic::metadata::MetadataKey::from_bytes(name.to_ascii_lowercase().as_bytes())?;
-        call.metadata_mut().insert(key, value.parse()?);
-    }
-    let mut responses = client.stream_aggregated_resources(call).await?.into_inner();
-    while let Some(response) = responses.next().await {
-        let response: DiscoveryResponse = response?;
-        let answer = match apply(&response, opts, rules, metrics) {
-            Ok(()) => {
-                *version = response.version_info.clone();
-                None
-            }
-            Err(errors) => Some(errors),
-        };
-        tx.send(request(node, version, &response.nonce, answer))
-            .await?;
-    }
-    Ok(())
+/// The requests sent on `rx`, as the stream's outbound half.
+fn outbound(
+    rx: mpsc::Receiver<DiscoveryRequest>,
+) -> impl futures::Stream<Item = DiscoveryRequest> + Send + 'static {
+    futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|m| (m, rx)) })
 }
 
-/// Validates a snapshot and swaps it in, as a reload; the errors otherwise.
+/// The configs of the snapshot in force, by name.
+type InForce = std::collections::HashMap<String, RateLimitConfig>;
+
+/// What one stream works with.
+struct XdsStream<'a> {
+    settings: &'a XdsSettings,
+    node: &'a Node,
+    opts: &'a LoadOptions,
+    rules: &'a SharedRules,
+    metrics: &'a Metrics,
+}
+
+impl XdsStream<'_> {
+    /// Opens the stream and applies (ACKs) or NACKs each snapshot until it
+    /// ends or fails.
+    async fn run(&self, version: &mut String, in_force: &mut InForce) -> anyhow::Result<()> {
+        let Self {
+            settings,
+            node,
+            opts,
+            rules,
+            metrics,
+        } = self;
+        let mut client = AggregatedDiscoveryServiceClient::new(channel(settings).await?)
+            .max_decoding_message_size(settings.max_message_size);
+        let (tx, rx) = mpsc::channel::<DiscoveryRequest>(4);
+        tx.send(request(node, version, "", None)).await?;
+        let mut call = tonic::Request::new(outbound(rx));
+        for (name, value) in &settings.headers {
+            let key =
+                tonic::metadata::MetadataKey::from_bytes(name.to_ascii_lowercase().as_bytes())?;
+            call.metadata_mut().insert(key, value.parse()?);
+        }
+        let mut responses = client.stream_aggregated_resources(call).await?.into_inner();
+        while let Some(response) = responses.next().await {
+            let response: DiscoveryResponse = response?;
+            let answer = match apply(&response, in_force, opts, rules, metrics) {
+                Ok(configs) => {
+                    *version = response.version_info.clone();
+                    *in_force = configs;
+                    None
+                }
+                Err(errors) => Some(errors),
+            };
+            tx.send(request(node, version, &response.nonce, answer))
+                .await?;
+        }
+        Ok(())
+    }
+}
+
+/// The configs of a response: each resource a `RateLimitConfig`, or one
+/// wrapped in a `Resource` (without a body: the one of that name in
+/// force); anything else is an error naming it.
+fn configs_of(
+    response: &DiscoveryResponse,
+    in_force: &InForce,
+) -> Result<Vec<RateLimitConfig>, String> {
+    if !response.type_url.is_empty() && response.type_url != TYPE_URL {
+        return Err(format!(
+            "the response's type_url {} is not {TYPE_URL}",
+            response.type_url
+        ));
+    }
+    let decode = |any: &Any, i: usize| -> Result<RateLimitConfig, String> {
+        if any.type_url != TYPE_URL {
+            return Err(format!(
+                "resource #{i} is a {}, not a {TYPE_URL}",
+                if any.type_url.is_empty() {
+                    "resource without a type_url"
+                } else {
+                    &any.type_url
+                }
+            ));
+        }
+        RateLimitConfig::decode(any.value.as_slice())
+            .map_err(|e| format!("resource #{i} is not a RateLimitConfig: {e}"))
+    };
+    response
+        .resources
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            if r.type_url != RESOURCE_TYPE_URL {
+                return decode(r, i);
+            }
+            let wrapper = Resource::decode(r.value.as_slice())
+                .map_err(|e| format!("resource #{i} is not a Resource: {e}"))?;
+            match &wrapper.resource {
+                Some(any) => decode(any, i),
+                // a TTL heartbeat: the config keeps its body
+                None => in_force.get(&wrapper.name).cloned().ok_or_else(|| {
+                    format!(
+                        "resource #{i} ({}) has no body, and no config of that name is in force",
+                        wrapper.name
+                    )
+                }),
+            }
+        })
+        .collect()
+}
+
+/// Validates a snapshot and swaps it in, as a reload: its configs by name;
+/// the errors otherwise.
 fn apply(
     response: &DiscoveryResponse,
+    in_force: &InForce,
     opts: &LoadOptions,
     rules: &SharedRules,
     metrics: &Metrics,
-) -> Result<(), String> {
+) -> Result<InForce, String> {
     let current = rules.load().generation();
-    let configs: Result<Vec<RateLimitConfig>, String> = response
-        .resources
-        .iter()
-        .filter(|r| r.type_url == TYPE_URL)
-        .map(|r| {
-            RateLimitConfig::decode(r.value.as_slice())
-                .map_err(|e| format!("a resource that is not a RateLimitConfig: {e}"))
-        })
-        .collect();
-    match configs.and_then(|c| rule_set(&c, opts.clone()).map_err(|e| e.to_string())) {
-        Ok(set) => {
+    let configs = configs_of(response, in_force);
+    let set = configs.and_then(|c| {
+        rule_set(&c, opts.clone())
+            .map(|set| (set, c))
+            .map_err(|e| e.to_string())
+    });
+    match set {
+        Ok((set, configs)) => {
             let generation = current + 1;
             let domains = set.domains().count();
             rules.store(Arc::new(set.with_generation(generation)));
             metrics.config_reload(true, generation);
             tracing::info!(generation, domains, version = %response.version_info, "rules from xDS applied");
-            Ok(())
+            Ok(configs.into_iter().map(|c| (c.name.clone(), c)).collect())
         }
         Err(errors) => {
             metrics.config_reload(false, current);

@@ -154,6 +154,26 @@ impl AdsServer {
         }
     }
 
+    /// Pushes `response` as it is, and returns the client's answer to
+    /// its nonce.
+    pub async fn push(&mut self, response: DiscoveryResponse) -> DiscoveryRequest {
+        let nonce = response.nonce.clone();
+        self.push.send(Ok(response)).expect("stream open");
+        loop {
+            let r = self.next_request().await;
+            if r.response_nonce == nonce {
+                return r;
+            }
+        }
+    }
+
+    /// Pushes `response` and returns the next request the client sends,
+    /// whatever it answers.
+    pub async fn push_then_next(&mut self, response: DiscoveryResponse) -> DiscoveryRequest {
+        self.push.send(Ok(response)).expect("stream open");
+        self.next_request().await
+    }
+
     pub async fn stop(mut self) {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());

@@ -113,6 +113,46 @@ fn redis_forms() {
         "redis://rls:pw@r:6379"
     );
     assert_eq!(url(&[("REDIS_URL", "redis://x:1")]), "redis://x:1");
+    // a URL with a scheme takes REDIS_AUTH, REDIS_TLS and REDIS_TYPE too
+    // (they were dropped: NOAUTH on every call, or plaintext)
+    assert_eq!(
+        url(&[("REDIS_URL", "redis://x:1"), ("REDIS_AUTH", "pw")]),
+        "redis://:pw@x:1"
+    );
+    assert_eq!(
+        url(&[("REDIS_URL", "redis://x:1"), ("REDIS_TLS", "true")]),
+        "rediss://x:1"
+    );
+    assert_eq!(
+        url(&[("REDIS_URL", "redis://a:1,b:2"), ("REDIS_TYPE", "cluster")]),
+        "redis-cluster://a:1,b:2"
+    );
+    assert_eq!(
+        url(&[("REDIS_URL", "rediss-cluster://u:p@a:1")]),
+        "rediss-cluster://u:p@a:1"
+    );
+    for (pairs, named) in [
+        (
+            vec![("REDIS_URL", "redis://u:p@x:1"), ("REDIS_AUTH", "pw")],
+            "REDIS_AUTH=***",
+        ),
+        (
+            vec![("REDIS_URL", "rediss://x:1"), ("REDIS_TLS", "false")],
+            "REDIS_TLS=false",
+        ),
+        (
+            vec![
+                ("REDIS_URL", "redis-cluster://x:1"),
+                ("REDIS_TYPE", "single"),
+            ],
+            "REDIS_TYPE=single",
+        ),
+        (vec![("REDIS_URL", "http://x:1")], "REDIS_URL=http://x:1"),
+    ] {
+        let e = translate(&env(&pairs)).expect_err("a conflict");
+        assert!(e.contains(named), "{pairs:?}: {e}");
+        assert!(!e.contains("pw"), "no password in {e}");
+    }
     let t = translate(&env(&[
         ("REDIS_URL", "r:6379"),
         ("REDIS_POOL_SIZE", "10"),

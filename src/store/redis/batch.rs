@@ -21,7 +21,11 @@ use fred::bytes::BytesMut;
 use fred::error::{Error as RedisError, ErrorKind};
 use fred::types::{Key, Value};
 
-use super::pipe::{decimal, integers, line, next_reply, put_arg, put_bulk, put_header, Reply};
+use redis_protocol::resp2::decode::decode;
+
+use super::pipe::{
+    decimal, integers, line, next_reply, put_arg, put_bulk, put_header, reply_of, Reply,
+};
 
 /// Decisions one call carries at most, unless configured
 /// (`--redis-batch`): at about 10 µs of Redis per decision, a batch holds
@@ -184,7 +188,15 @@ pub fn next_answers(buf: &mut BytesMut, count: usize) -> Result<Option<Vec<Reply
             return Ok(None);
         };
         match integers(rest) {
-            None => return Err(protocol("an answer in a batch's reply")),
+            // not an array of short integers: read it whole, whatever it is
+            None => match decode(rest) {
+                Ok(Some((frame, used))) => {
+                    answers.push(reply_of(frame.into_bytes_frame()));
+                    at += used;
+                }
+                Ok(None) => return Ok(None),
+                Err(e) => return Err(protocol(&format!("an answer in a batch's reply: {e}"))),
+            },
             Some(None) => return Ok(None),
             Some(Some((values, used))) => {
                 answers.push(if values == [-1] {
@@ -319,6 +331,46 @@ mod tests {
             next_answers(&mut buf, 3).is_err(),
             "a count that is not the batch's"
         );
+    }
+
+    /// Answers of any length (a descriptor of 16 or 64 limits answers 66 or
+    /// 258 integers) beside short ones, and one that is not all short
+    /// integers, are read whole however the reply is cut.
+    #[test]
+    fn long_answers_in_a_batch_are_read_whole() {
+        let answer = |n: usize| -> (Vec<i64>, String) {
+            let values: Vec<i64> = (0..n as i64).collect();
+            let wire = values.iter().fold(format!("*{n}\r\n"), |mut w, v| {
+                w.push_str(&format!(":{v}\r\n"));
+                w
+            });
+            (values, wire)
+        };
+        let parts = [answer(6), answer(66), answer(258), answer(6)];
+        let mut wire = format!("*{}\r\n", parts.len() + 1);
+        for (_, w) in &parts {
+            wire.push_str(w);
+        }
+        // an integer of 19 digits, past the short reader
+        wire.push_str("*2\r\n:1\r\n:1234567890123456789\r\n");
+        let wire = wire.into_bytes();
+        for cut in 0..wire.len() {
+            let mut buf = BytesMut::from(&wire[..cut]);
+            assert!(
+                next_answers(&mut buf, 5).expect("valid").is_none(),
+                "cut at {cut}"
+            );
+            buf.extend_from_slice(&wire[cut..]);
+            let answers = next_answers(&mut buf, 5).expect("valid").expect("whole");
+            assert!(buf.is_empty());
+            for (a, (values, _)) in answers.iter().zip(&parts) {
+                assert_eq!(a.as_ref().expect("answer"), values);
+            }
+            assert_eq!(
+                answers[4].as_ref().expect("answer"),
+                &vec![1, 1_234_567_890_123_456_789]
+            );
+        }
     }
 
     /// A batch refused whole before it ran is sent again alone; one that

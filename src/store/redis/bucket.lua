@@ -18,7 +18,8 @@
 --             rolling upgrade: instances of both versions read it), else
 --             the packed one; + 2 for a charge (a rule's `overdraft`):
 --             deducted whatever the verdict (not on a rate of 0), down to
---             -capacity at most, its wait counted from after it
+--             -capacity at most (a balance already below it stays), its
+--             wait counted from after it
 --   then per bucket: capacity, tokens_per_unit, unit_secs
 --   then, for each decision after the first, its n keys.
 -- KEYS holds the first decision's keys, declared, so that the server checks
@@ -189,10 +190,12 @@ while a <= nargs do
       local per_sec = B[k + PER_SEC]
       local write, wt, wu, ms = false, 0, 0, nil
       if spend then
-        -- a charge may go into debt; nothing else goes below where the bucket
-        -- is (a refund into a debt repays part of it)
+        -- a charge may go into debt, down to -capacity, and never raises a
+        -- balance already below that (a reload lowered the burst); nothing
+        -- else goes below where the bucket is (a refund into a debt repays
+        -- part of it)
         local lowest = min(0, B[k + TOKENS])
-        if charge then lowest = -B[k + CAP] end
+        if charge then lowest = min(-B[k + CAP], B[k + TOKENS]) end
         local t = min(B[k + CAP], max(lowest, B[k + TOKENS] - deducted))
         B[k + TOKENS] = t
         -- a charge answered OVER_LIMIT waits from where it left the bucket

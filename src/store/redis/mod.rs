@@ -455,7 +455,7 @@ impl RedisStore {
         for _ in 0..=MAX_REDIRECTIONS {
             let result = if asking {
                 // boxed, as fred's calls in run_on: rare, and large
-                Box::pin(self.run_asking(script, &node.pool, keys, args)).await
+                Box::pin(self.run_asking(script, &node, keys, args, options)).await
             } else {
                 self.run_on(script, &node, keys, args, options).await
             };
@@ -481,19 +481,31 @@ impl RedisStore {
         ))
     }
 
-    /// Runs `script` after `ASKING` on one connection of `pool` (the node
-    /// importing the slot serves that one command for it).
+    /// Runs `script` after `ASKING` on one connection of `node` (the node
+    /// importing the slot serves that one command for it): on its own
+    /// connections, or through fred with the decision's `options`. Either
+    /// way a call that may have run is never sent again: a connection lost
+    /// with it in flight answers an error (before, fred's default options
+    /// sent it again, and one request was charged twice).
     async fn run_asking(
         &self,
         script: &LuaScript,
-        pool: &Pool,
+        node: &NodeClients,
         keys: &[Key],
         args: &[Value],
+        options: &Options,
     ) -> Result<Vec<i64>, RedisError> {
-        let client = pool.next();
+        if let Some(pipes) = &node.pipes {
+            return pipes
+                .eval_asking(&script.sha, script.body, keys, args)
+                .await;
+        }
+        let client = node.pool.next();
         let send = |full: bool| async move {
             let pipeline = client.pipeline();
-            let _: () = pipeline
+            // fail_fast, the attempts: as every decision's call
+            let queue = pipeline.with_options(options);
+            let _: () = queue
                 .custom(fred::cmd!("ASKING"), Vec::<Value>::new())
                 .await?;
             // EVALSHA|EVAL <sha|body> <numkeys> <keys…> <args…>
@@ -514,7 +526,7 @@ impl RedisStore {
             } else {
                 fred::cmd!("EVALSHA")
             };
-            let _: () = pipeline.custom(command, call).await?;
+            let _: () = queue.custom(command, call).await?;
             let mut replies = pipeline.try_all::<Value>().await;
             replies
                 .pop()

@@ -54,6 +54,10 @@ struct Call {
 enum Command {
     /// A whole command, encoded.
     Whole(Vec<u8>),
+    /// A whole command, encoded, sent right after `ASKING` (the node
+    /// importing a slot serves the next command for it): the two written
+    /// together, `ASKING`'s reply read and dropped.
+    Asking(Vec<u8>),
     /// A decision of `bucket.lua`: batched with the others queued beside
     /// it, unless `alone` (sent again after its batch could not take it).
     Decision { decision: Decision, alone: bool },
@@ -62,7 +66,7 @@ enum Command {
 impl Command {
     fn len(&self) -> usize {
         match self {
-            Command::Whole(bytes) => bytes.len(),
+            Command::Whole(bytes) | Command::Asking(bytes) => bytes.len(),
             Command::Decision { decision, .. } => decision.bytes() + 64,
         }
     }
@@ -75,6 +79,8 @@ enum Waiting {
     Batch(Vec<oneshot::Sender<Reply>>),
     /// The connection's `SCRIPT LOAD` of the batch script.
     Load,
+    /// `ASKING`'s reply, read and dropped.
+    Asking,
 }
 
 /// Whether a connection's server has taken the batch script.
@@ -85,6 +91,7 @@ const BATCH_REFUSED: u8 = 2;
 /// How the reader reads the next reply.
 enum Next {
     One,
+    Asking,
     Batch(usize),
     Load,
 }
@@ -211,6 +218,22 @@ impl Pipes {
         match pipe.call(Command::Whole(command)).await {
             Err(e) if e.details().starts_with("NOSCRIPT") => {
                 pipe.call(Command::Whole(encode_eval("EVAL", body, keys, args)?))
+                    .await
+            }
+            other => other,
+        }
+    }
+
+    /// Runs `EVALSHA sha keys args` (or `EVAL body …`, as [`Pipes::eval`])
+    /// after `ASKING`, on the next connection: where an `ASK` redirection
+    /// sent it. Never sent again once written: a connection lost with it
+    /// in flight answers an error, as every call here.
+    pub async fn eval_asking(&self, sha: &str, body: &str, keys: &[Key], args: &[Value]) -> Reply {
+        let pipe = self.pick();
+        let command = encode_eval("EVALSHA", sha, keys, args)?;
+        match pipe.call(Command::Asking(command)).await {
+            Err(e) if e.details().starts_with("NOSCRIPT") => {
+                pipe.call(Command::Asking(encode_eval("EVAL", body, keys, args)?))
                     .await
             }
             other => other,
@@ -499,6 +522,12 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
                             buf.extend_from_slice(&bytes);
                             waiting.push_back(Waiting::One(call.answer));
                         }
+                        Command::Asking(bytes) => {
+                            buf.extend_from_slice(ASKING);
+                            waiting.push_back(Waiting::Asking);
+                            buf.extend_from_slice(&bytes);
+                            waiting.push_back(Waiting::One(call.answer));
+                        }
                     }
                 }
                 put_group(&mut buf, &mut waiting, &mut group, &script);
@@ -540,6 +569,7 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
                     Some(Waiting::One(_)) => Next::One,
                     Some(Waiting::Batch(answers)) => Next::Batch(answers.len()),
                     Some(Waiting::Load) => Next::Load,
+                    Some(Waiting::Asking) => Next::Asking,
                 };
                 match next {
                     Next::One => {
@@ -549,6 +579,13 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
                         if let Some(Waiting::One(answer)) = pending.lock().pop_front() {
                             let _ = answer.send(reply);
                         }
+                    }
+                    Next::Asking => {
+                        // `+OK`; an error here shows in the command's reply
+                        let Some(_) = next_reply(&mut buf)? else {
+                            break;
+                        };
+                        pending.lock().pop_front();
                     }
                     Next::Load => {
                         let Some(loaded) = batch::next_load(&mut buf)? else {
@@ -606,7 +643,7 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
                     let _ = answer.send(Err(lost()));
                 }
             }
-            Waiting::Load => {}
+            Waiting::Load | Waiting::Asking => {}
         }
     }
 }
@@ -640,6 +677,9 @@ fn put_group(
     batch::write_batch(buf, &decisions);
     waiting.push_back(Waiting::Batch(answers));
 }
+
+/// `ASKING`, encoded.
+const ASKING: &[u8] = b"*1\r\n$6\r\nASKING\r\n";
 
 /// A call written on a connection that failed before its reply came.
 fn lost() -> RedisError {
@@ -711,10 +751,12 @@ pub(super) fn integers(buf: &[u8]) -> Option<Option<(Vec<i64>, usize)>> {
     let Some((count, mut at)) = line(buf, 1)? else {
         return Some(None);
     };
-    if !(0..=64).contains(&count) {
+    // any length (a descriptor of many limits answers 4 integers a limit),
+    // not a null array; room for a usual answer at first
+    let Ok(count) = usize::try_from(count) else {
         return None;
-    }
-    let mut values = Vec::with_capacity(count as usize);
+    };
+    let mut values = Vec::with_capacity(count.min(64));
     for _ in 0..count {
         match buf.get(at) {
             None => return Some(None),
@@ -732,7 +774,7 @@ pub(super) fn integers(buf: &[u8]) -> Option<Option<(Vec<i64>, usize)>> {
 
 /// A script's reply: an array of integers, or the server's error (`MOVED`
 /// and `ASK` as cluster errors, the rest with the server's text).
-fn reply_of(frame: BytesFrame) -> Reply {
+pub(super) fn reply_of(frame: BytesFrame) -> Reply {
     match frame {
         BytesFrame::Array(items) => items
             .into_iter()
