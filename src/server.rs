@@ -108,13 +108,15 @@ fn legacy_header_names(names: &[String]) -> Result<LegacyHeaderNames> {
     }
 }
 
-/// `--statsd-addr` (HOST:PORT, a name resolved once at start).
-async fn statsd_target(addr: &str) -> Result<std::net::SocketAddr> {
-    tokio::net::lookup_host(addr)
-        .await
-        .with_context(|| format!("--statsd-addr {addr}: cannot resolve it"))?
-        .next()
-        .with_context(|| format!("--statsd-addr {addr}: no address"))
+/// `--statsd-addr` checked as HOST:PORT; the name is resolved at each
+/// flush ([`statsd::flush_every`]), so one that does not resolve yet does
+/// not stop the start.
+fn statsd_target(addr: &str) -> Result<String> {
+    let port = addr.rsplit_once(':').map(|(_, port)| port.parse::<u16>());
+    match port {
+        Some(Ok(_)) => Ok(addr.to_string()),
+        _ => anyhow::bail!("--statsd-addr {addr}: give HOST:PORT, e.g. localhost:8125"),
+    }
 }
 
 /// Loads the rules and starts serving on the configured addresses (port 0 picks one).
@@ -142,14 +144,18 @@ pub async fn start(args: &ServeArgs) -> Result<RunningServer> {
     let metrics = Arc::new(Metrics::new());
     let statsd = match &args.statsd_addr {
         None => None,
-        Some(addr) => Some(statsd_target(addr).await?),
+        Some(addr) => Some(statsd_target(addr)?),
     };
-    let statsd_counters = statsd.map(|_| Arc::new(StatsdCounters::default()));
+    let statsd_counters = statsd.as_ref().map(|_| Arc::new(StatsdCounters::default()));
     metrics.enable_ratelimit_stats(
         args.ratelimit_metrics,
         statsd_counters.clone(),
         args.near_limit_ratio,
     );
+    if let (Some(stats), None) = (metrics.ratelimit_stats(), &xds) {
+        // the rules loaded at start (over xDS: with the first snapshot)
+        stats.config_load(true);
+    }
     if let (Some(target), Some(counters)) = (statsd, statsd_counters) {
         tracing::info!(%target, every = ?args.statsd_flush_interval, "statsd on");
         let errors = metrics.statsd_send_errors();

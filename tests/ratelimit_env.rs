@@ -312,3 +312,83 @@ async fn statsd_gets_the_stats_under_envoyproxy_ratelimits_names() {
     );
     drop(child);
 }
+
+/// `REDIS_URL` with a scheme and `REDIS_AUTH` (before, the password was
+/// dropped: NOAUTH on every call, answered OK, silently); and a Redis
+/// outage answered as envoyproxy/ratelimit answers it: an error, for
+/// Envoy's `failure_mode_deny` to decide (before, OK: every request
+/// admitted whatever Envoy was told to do).
+#[tokio::test]
+async fn redis_url_with_a_scheme_takes_redis_auth_and_an_outage_is_an_error() {
+    let mut redis = RedisServer::standalone();
+    assert!(redis
+        .cli(&["CONFIG", "SET", "requirepass", "s3cret"])
+        .contains("OK"));
+    let rules = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        rules.path().join("config.yaml"),
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: day, requests_per_unit: 2}\n",
+    )
+    .expect("write");
+    let (grpc, admin, prom) = (free_port(), free_port(), free_port());
+    let child = common::binary_without_rls_env()
+        .env("REDIS_SOCKET_TYPE", "tcp")
+        .env("REDIS_URL", format!("redis://127.0.0.1:{}", redis.port))
+        .env("REDIS_AUTH", "s3cret")
+        .env("RUNTIME_ROOT", rules.path())
+        .env("RUNTIME_SUBDIRECTORY", ".")
+        .env("RUNTIME_APPDIRECTORY", ".")
+        .env("HOST", "127.0.0.1")
+        .env("PORT", admin.to_string())
+        .env("GRPC_HOST", "127.0.0.1")
+        .env("GRPC_PORT", grpc.to_string())
+        .env("USE_PROMETHEUS", "true")
+        .env("PROMETHEUS_ADDR", format!("127.0.0.1:{prom}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start");
+    let _child = ChildGuard(child);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut c = loop {
+        if let Ok(c) = RateLimitServiceClient::connect(format!("http://127.0.0.1:{grpc}")).await {
+            break c;
+        }
+        assert!(Instant::now() < deadline, "never served");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let mut codes = Vec::new();
+    for _ in 0..3 {
+        let r = c
+            .should_rate_limit(request("d", vec![descriptor(&[("k", "v")])]))
+            .await
+            .expect("decided")
+            .into_inner();
+        codes.push(r.overall_code);
+    }
+    assert_eq!(
+        codes,
+        [Code::Ok as i32, Code::Ok as i32, Code::OverLimit as i32],
+        "decided in Redis, authenticated"
+    );
+    redis.kill();
+    let e = c
+        .should_rate_limit(request("d", vec![descriptor(&[("k", "w")])]))
+        .await
+        .expect_err("Redis is down: an error, for Envoy to decide");
+    assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}");
+    let text = reqwest::get(format!("http://127.0.0.1:{prom}/metrics"))
+        .await
+        .expect("scrape")
+        .text()
+        .await
+        .expect("text");
+    assert_eq!(
+        common::sample(
+            &text,
+            "ratelimit_service_should_rate_limit_error{err_type=\"redis_error\"}"
+        ),
+        Some(1.0),
+        "{text}"
+    );
+}

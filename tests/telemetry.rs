@@ -671,6 +671,49 @@ descriptors:
     assert_eq!(n("near_limit", "tenant_acme", "user"), 6.0);
     assert_eq!(n("over_limit", "shadow", ""), 1.0);
     assert_eq!(n("shadow_mode", "shadow", ""), 1.0);
+    // the service-wide ones of its mapping (Envoy Gateway's dashboard)
+    let exact = |name: &str| sample(&text, name).unwrap_or(-1.0);
+    assert_eq!(
+        exact("ratelimit_service_total_requests{grpc_method=\"ShouldRateLimit\"}"),
+        6.0,
+        "{text}"
+    );
+    assert_eq!(
+        exact("ratelimit_service_response_time_seconds_count{grpc_method=\"ShouldRateLimit\"}"),
+        6.0
+    );
+    assert_eq!(exact("ratelimit_service_config_load_success"), 1.0);
+    assert_eq!(exact("ratelimit_service_config_load_error"), 0.0);
+    let mut invalid = c.clone();
+    invalid
+        .should_rate_limit(request("eg", vec![]))
+        .await
+        .expect_err("no descriptors");
+    // a hits_addend near 2^64 saturates the counters instead of wrapping
+    // (2 + 2^64 - 2 wrapped to 0)
+    let mut huge = descriptor(&[("PATH", "/productpage")]);
+    huge.hits_addend = Some(envoy_types::pb::google::protobuf::UInt64Value {
+        value: u64::MAX - 1,
+    });
+    c.clone()
+        .should_rate_limit(request("eg", vec![huge]))
+        .await
+        .expect("decided");
+    let text = s.metrics.render();
+    assert_eq!(
+        sample(
+            &text,
+            "ratelimit_service_should_rate_limit_error{err_type=\"service_error\"}"
+        ),
+        Some(1.0),
+        "{text}"
+    );
+    let total = sample(
+        &text,
+        "ratelimit_service_rate_limit_total_hits{domain=\"eg\",key1=\"PATH_/productpage\",key2=\"\"}",
+    )
+    .unwrap_or(0.0);
+    assert!(total >= 1.8e19, "saturated, not wrapped: {total}");
     // ours are there too, on both addresses
     assert!(text.contains("rls_decisions_total"));
     assert!(s
@@ -678,4 +721,124 @@ descriptors:
         .render()
         .contains("ratelimit_service_rate_limit_total_hits"));
     s.shutdown().await.expect("stop");
+}
+
+/// envoyproxy/ratelimit's tracing switches, in the binary: with
+/// TRACING_ENABLED=false no span is sent whatever
+/// OTEL_EXPORTER_OTLP_ENDPOINT says (before, they were); with true,
+/// TRACING_EXPORTER_PROTOCOL=grpc and a bare host:port, they arrive
+/// (before, none did).
+#[tokio::test]
+async fn tracing_enabled_decides_whether_spans_are_sent() {
+    let collector = Collector::default();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let otlp = listener.local_addr().expect("addr");
+    let svc = TraceServiceServer::new(collector.clone());
+    tokio::spawn(async move {
+        let _ = tonic::transport::Server::builder()
+            .add_service(svc)
+            .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener))
+            .await;
+    });
+    let dir = rules_dir(RULES);
+    let run = |tracing: &[(&str, String)]| {
+        let (grpc, admin) = (free_port(), free_port());
+        let child = ChildGuard(
+            common::binary_without_rls_env()
+                .arg("--config")
+                .arg(dir.path())
+                .args(["--grpc-addr", &format!("127.0.0.1:{grpc}")])
+                .args(["--admin-addr", &format!("127.0.0.1:{admin}")])
+                .envs(tracing.iter().map(|(k, v)| (k.to_string(), v.clone())))
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("start"),
+        );
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(20);
+            let mut client = loop {
+                if let Ok(c) =
+                    RateLimitServiceClient::connect(format!("http://127.0.0.1:{grpc}")).await
+                {
+                    break c;
+                }
+                assert!(Instant::now() < deadline, "service never started");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            };
+            for _ in 0..3 {
+                client
+                    .should_rate_limit(request("d", vec![descriptor(&[("user", "t")])]))
+                    .await
+                    .expect("answered");
+            }
+            child
+        }
+    };
+    let off = run(&[
+        ("TRACING_ENABLED", "false".into()),
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", format!("http://{otlp}")),
+    ])
+    .await;
+    // a batch goes out within a second; and at exit, flushed
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    drop(off.terminate());
+    assert_eq!(collector.spans.lock().len(), 0, "TRACING_ENABLED=false");
+
+    let on = run(&[
+        ("TRACING_ENABLED", "true".into()),
+        ("TRACING_EXPORTER_PROTOCOL", "grpc".into()),
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", otlp.to_string()),
+    ])
+    .await;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !collector
+        .spans
+        .lock()
+        .iter()
+        .any(|s| s.name == "ShouldRateLimit")
+    {
+        assert!(Instant::now() < deadline, "spans never arrived");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    drop(on);
+}
+
+/// A statsd host that does not resolve (yet) does not stop the start, as
+/// envoyproxy/ratelimit's UDP sink does not: the service serves, and each
+/// flush's packets are dropped and counted until it resolves.
+#[tokio::test]
+async fn a_statsd_host_that_does_not_resolve_does_not_stop_the_start() {
+    let rules = rules_dir(RULES);
+    let mut args = serve_args(rules.path().to_path_buf());
+    args.statsd_addr = Some("statsd.does-not-exist.invalid:8125".into());
+    args.statsd_flush_interval = Duration::from_millis(50);
+    let s = server::start(&args).await.expect("starts all the same");
+    let mut c = RateLimitServiceClient::connect(format!("http://{}", s.grpc_addr))
+        .await
+        .expect("connect");
+    let r = c
+        .should_rate_limit(request("d", vec![descriptor(&[("user", "a")])]))
+        .await
+        .expect("decided")
+        .into_inner();
+    assert_eq!(r.overall_code, 1);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let dropped = sample(&s.metrics.render(), "rls_statsd_send_errors_total").unwrap_or(0.0);
+        if dropped >= 1.0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the dropped packet was never counted"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    s.shutdown().await.expect("stop");
+    args.statsd_addr = Some("no-port".into());
+    let e = server::start(&args).await.err().expect("refused");
+    assert!(format!("{e:#}").contains("HOST:PORT"), "{e:#}");
 }

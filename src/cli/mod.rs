@@ -217,8 +217,11 @@ pub struct ServeArgs {
     /// PEM CA: clients must present a certificate it signed (mTLS).
     #[arg(long, env = "RLS_TLS_CLIENT_CA", requires = "tls_cert")]
     pub tls_client_ca: Option<PathBuf>,
-    /// OTLP/gRPC collector for traces, e.g. http://127.0.0.1:4317 (none: tracing off).
-    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
+    /// OTLP/gRPC collector for traces, e.g. http://127.0.0.1:4317 (none:
+    /// tracing off). OpenTelemetry's OTEL_EXPORTER_OTLP_ENDPOINT is read as
+    /// its default, unless envoyproxy/ratelimit's TRACING_ENABLED says
+    /// otherwise.
+    #[arg(long, env = "RLS_OTLP_ENDPOINT")]
     pub otlp_endpoint: Option<String>,
     /// Also count envoyproxy/ratelimit's statistics under its Prometheus
     /// names (ratelimit_service_rate_limit_*{domain, key1, key2}).

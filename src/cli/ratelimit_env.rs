@@ -132,6 +132,16 @@ fn refused(name: &str, value: &str, why: &str) -> String {
     )
 }
 
+/// An OTLP endpoint as a URL: `host:port` (which OpenTelemetry's Go
+/// exporter takes) gets `http://`.
+fn otlp_url(endpoint: &str) -> String {
+    if endpoint.contains("://") {
+        endpoint.to_string()
+    } else {
+        format!("http://{endpoint}")
+    }
+}
+
 /// Percent-encodes what may not stand in a URL's user information.
 fn userinfo(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
@@ -433,6 +443,10 @@ pub fn translate(env: &BTreeMap<String, String>) -> Result<Translated, String> {
         let url = format!("{scheme}://{auth}{hosts}");
         set("RLS_STORE", "redis".into());
         set("RLS_REDIS_URL", url);
+        // as envoyproxy/ratelimit: a store failure is answered with an
+        // error, and Envoy decides (`failure_mode_deny`); a rule's own
+        // `failure_mode` still wins
+        set("RLS_FAILURE_MODE", "closed".into());
         if let Some(size) = get("REDIS_POOL_SIZE") {
             set("RLS_REDIS_POOL_SIZE", size.to_string());
         }
@@ -500,27 +514,36 @@ pub fn translate(env: &BTreeMap<String, String>) -> Result<Translated, String> {
         set("RLS_RESPONSE_HEADERS_FORMAT", "legacy".into());
     }
 
-    // traces
-    if on("TRACING_ENABLED") {
-        if let Some(p) =
-            get("TRACING_EXPORTER_PROTOCOL").filter(|p| !p.eq_ignore_ascii_case("grpc"))
-        {
-            return Err(refused(
-                "TRACING_EXPORTER_PROTOCOL",
-                p,
-                "traces are exported over OTLP/gRPC only",
-            ));
+    // traces: envoyproxy/ratelimit's TRACING_ENABLED decides where it is
+    // set; elsewhere OpenTelemetry's own variable turns them on
+    let endpoint = get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT").or(get("OTEL_EXPORTER_OTLP_ENDPOINT"));
+    match get("TRACING_ENABLED") {
+        Some(_) if on("TRACING_ENABLED") => {
+            // its default protocol is OTLP/HTTP; ours is OTLP/gRPC only
+            let protocol = get("TRACING_EXPORTER_PROTOCOL").unwrap_or("http");
+            if !protocol.eq_ignore_ascii_case("grpc") {
+                return Err(refused(
+                    "TRACING_EXPORTER_PROTOCOL",
+                    protocol,
+                    "traces are exported over OTLP/gRPC only (its default is http): set TRACING_EXPORTER_PROTOCOL=grpc and point OTEL_EXPORTER_OTLP_ENDPOINT at the collector's gRPC port (4317)",
+                ));
+            }
+            let Some(endpoint) = endpoint else {
+                return Err(refused(
+                    "TRACING_ENABLED",
+                    "true",
+                    "needs OTEL_EXPORTER_OTLP_ENDPOINT",
+                ));
+            };
+            set("RLS_OTLP_ENDPOINT", otlp_url(endpoint));
         }
-        let Some(endpoint) =
-            get("OTEL_EXPORTER_OTLP_ENDPOINT").or(get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
-        else {
-            return Err(refused(
-                "TRACING_ENABLED",
-                "true",
-                "needs OTEL_EXPORTER_OTLP_ENDPOINT",
-            ));
-        };
-        set("RLS_OTLP_ENDPOINT", endpoint.to_string());
+        // TRACING_ENABLED=false: off, whatever the endpoint says
+        Some(_) => {}
+        None => {
+            if let Some(endpoint) = endpoint {
+                set("RLS_OTLP_ENDPOINT", otlp_url(endpoint));
+            }
+        }
     }
 
     // the rest: accepted, and named
@@ -540,6 +563,22 @@ pub fn translate(env: &BTreeMap<String, String>) -> Result<Translated, String> {
             });
         // with tracing on, its settings are read above or take defaults
         if name.starts_with("TRACING_") && on("TRACING_ENABLED") {
+            let why = match name.as_str() {
+                "TRACING_ENABLED" | "TRACING_EXPORTER_PROTOCOL" => continue,
+                "TRACING_SAMPLING_RATE" => "every call is traced (sample in the collector)",
+                _ => "spans carry service.name tokenbucket-rls",
+            };
+            out.unused.push(format!("{name}: {why}"));
+            continue;
+        }
+        if name.starts_with("OTEL_EXPORTER_OTLP_")
+            && get("TRACING_ENABLED").is_some()
+            && !on("TRACING_ENABLED")
+        {
+            out.unused.push(format!(
+                "{name}: tracing is off (TRACING_ENABLED={})",
+                get("TRACING_ENABLED").unwrap_or_default()
+            ));
             continue;
         }
         // with xDS on, its settings are read above

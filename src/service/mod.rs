@@ -19,6 +19,7 @@ use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use crate::limiter::{Limiter, Verdict};
 use crate::rules::RuleSet;
+use crate::telemetry::ratelimit_stats::CallError;
 use crate::telemetry::tracing::{remote_context, SPAN_TARGET};
 use crate::telemetry::Metrics;
 pub use response::{LegacyHeaderNames, ResponseOptions};
@@ -122,7 +123,15 @@ impl RateLimitService for RateLimitGrpc {
             };
             span.record("overall_code", code);
         }
-        self.metrics.observe_call(started.elapsed().as_secs_f64());
+        let seconds = started.elapsed().as_secs_f64();
+        self.metrics.observe_call(seconds);
+        if let Some(stats) = self.metrics.ratelimit_stats() {
+            let error = result.as_ref().err().map(|status| match status.code() {
+                tonic::Code::InvalidArgument => CallError::Service,
+                _ => CallError::Store,
+            });
+            stats.call("ShouldRateLimit", seconds, error);
+        }
         result.map(Response::new)
     }
 }

@@ -700,6 +700,9 @@ impl Metrics {
         self.config_reloads
             .with_label_values(&[if ok { "ok" } else { "error" }])
             .inc();
+        if let Some(stats) = self.ratelimit.get() {
+            stats.config_load(ok);
+        }
         self.set_generation(generation);
     }
 

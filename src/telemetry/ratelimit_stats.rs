@@ -7,10 +7,18 @@
 //! elements of the rule's descriptor path (`key_value` or `key`) and `key2`
 //! is empty for a path of one. On with `--ratelimit-metrics` (or
 //! envoyproxy/ratelimit's `USE_PROMETHEUS=true`), beside our `rls_*`.
+//!
+//! With them, the service-wide ones of the same mapping (Envoy Gateway's
+//! dashboard reads them): `ratelimit_service_total_requests{grpc_method}`,
+//! `ratelimit_service_response_time_seconds{grpc_method}`,
+//! `ratelimit_service_should_rate_limit_error{err_type}` (`redis_error`: the
+//! store failed and the answer was an error; `service_error`: a request
+//! refused as invalid), `ratelimit_service_config_load_success` and
+//! `_error`. Counters saturate instead of wrapping.
 
 use std::sync::Arc;
 
-use prometheus::{IntCounterVec, Opts, Registry};
+use prometheus::{HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Opts, Registry};
 
 use super::statsd::{StatsdCounters, STAT_NAMES};
 use crate::bucket::Cost;
@@ -25,6 +33,91 @@ pub struct RatelimitStats {
     /// A decision within the limit counts as near it once more than this
     /// fraction of the burst is spent (`NEAR_LIMIT_RATIO`, 0.8 there).
     near_ratio: f64,
+    /// The service-wide counters, with the Prometheus ones.
+    service: Option<ServiceStats>,
+}
+
+/// envoyproxy/ratelimit's service-wide statistics, under its names.
+struct ServiceStats {
+    requests: IntCounterVec,
+    response_time: HistogramVec,
+    errors: IntCounterVec,
+    config_success: IntCounter,
+    config_error: IntCounter,
+}
+
+/// Why a call was answered with an error, as envoyproxy/ratelimit's
+/// `err_type` says it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallError {
+    /// The store failed (`redis_error`).
+    Store,
+    /// The request was refused (`service_error`).
+    Service,
+}
+
+impl CallError {
+    fn label(self) -> &'static str {
+        match self {
+            CallError::Store => "redis_error",
+            CallError::Service => "service_error",
+        }
+    }
+}
+
+/// Adds `n` to `c`, stopping at the largest count instead of wrapping.
+fn add_saturating(c: &IntCounter, n: u64) {
+    c.inc_by(n.min(u64::MAX - c.get()));
+}
+
+impl ServiceStats {
+    fn new(registry: &Registry) -> prometheus::Result<Self> {
+        let requests = IntCounterVec::new(
+            Opts::new(
+                "ratelimit_service_total_requests",
+                "Calls served, by gRPC method (envoyproxy/ratelimit's name)",
+            ),
+            &["grpc_method"],
+        )?;
+        let response_time = HistogramVec::new(
+            HistogramOpts::new(
+                "ratelimit_service_response_time_seconds",
+                "Time to answer a call, by gRPC method (envoyproxy/ratelimit's name)",
+            )
+            .buckets(vec![
+                0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+                1.0,
+            ]),
+            &["grpc_method"],
+        )?;
+        let errors = IntCounterVec::new(
+            Opts::new(
+                "ratelimit_service_should_rate_limit_error",
+                "Calls answered with an error, by err_type (envoyproxy/ratelimit's name)",
+            ),
+            &["err_type"],
+        )?;
+        let config_success = IntCounter::new(
+            "ratelimit_service_config_load_success",
+            "Rules loaded and swapped in (envoyproxy/ratelimit's name)",
+        )?;
+        let config_error = IntCounter::new(
+            "ratelimit_service_config_load_error",
+            "Rules refused, the previous ones kept (envoyproxy/ratelimit's name)",
+        )?;
+        registry.register(Box::new(requests.clone()))?;
+        registry.register(Box::new(response_time.clone()))?;
+        registry.register(Box::new(errors.clone()))?;
+        registry.register(Box::new(config_success.clone()))?;
+        registry.register(Box::new(config_error.clone()))?;
+        Ok(Self {
+            requests,
+            response_time,
+            errors,
+            config_success,
+            config_error,
+        })
+    }
 }
 
 /// Which of [`STAT_NAMES`] a verdict counts in (`None`: none).
@@ -55,6 +148,10 @@ impl RatelimitStats {
             registry.register(Box::new(c.clone()))?;
             Ok(c)
         };
+        let service = match prometheus {
+            false => None,
+            true => Some(ServiceStats::new(registry)?),
+        };
         let prometheus = match prometheus {
             false => None,
             true => Some([
@@ -84,7 +181,33 @@ impl RatelimitStats {
             prometheus,
             statsd,
             near_ratio,
+            service,
         })
+    }
+
+    /// One call of `method` answered in `seconds`, with an error or not.
+    pub fn call(&self, method: &str, seconds: f64, error: Option<CallError>) {
+        let Some(s) = &self.service else { return };
+        add_saturating(&s.requests.with_label_values(&[method]), 1);
+        s.response_time
+            .with_label_values(&[method])
+            .observe(seconds);
+        if let Some(e) = error {
+            add_saturating(&s.errors.with_label_values(&[e.label()]), 1);
+        }
+    }
+
+    /// Rules loaded (`ok`) or refused.
+    pub fn config_load(&self, ok: bool) {
+        let Some(s) = &self.service else { return };
+        add_saturating(
+            if ok {
+                &s.config_success
+            } else {
+                &s.config_error
+            },
+            1,
+        );
     }
 
     /// Counts one request's decisions, each with what it cost.
@@ -109,7 +232,7 @@ impl RatelimitStats {
                 let labels = [domain, key1, key2];
                 for (c, on) in counters.iter().zip(which) {
                     if on {
-                        c.with_label_values(&labels).inc_by(hits);
+                        add_saturating(&c.with_label_values(&labels), hits);
                     }
                 }
             }

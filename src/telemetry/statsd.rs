@@ -49,7 +49,8 @@ impl StatsdCounters {
         };
         for (count, on) in counts.iter_mut().zip(which) {
             if on {
-                *count += hits;
+                // saturating, as the limiter does (`hits_addend` near 2^64)
+                *count = count.saturating_add(hits);
             }
         }
     }
@@ -106,27 +107,55 @@ pub fn packets(lines: &[String], max: usize) -> Vec<String> {
     out
 }
 
-/// Sends what `counters` gathered to `target` every `interval`, until the
-/// process ends.
+/// Sends what `counters` gathered to `target` (`HOST:PORT`) every
+/// `interval`, until the process ends. The name is resolved at each flush,
+/// as a UDP sink does: while it does not resolve (DNS not ready yet, a
+/// collector not deployed yet), that flush's packets are dropped, counted
+/// in `send_errors` and logged once, and the service serves on.
 pub async fn flush_every(
     counters: std::sync::Arc<StatsdCounters>,
-    target: SocketAddr,
+    target: String,
     interval: Duration,
     send_errors: prometheus::IntCounter,
 ) -> anyhow::Result<()> {
-    let bind: SocketAddr = if target.is_ipv4() {
-        ([0, 0, 0, 0], 0).into()
-    } else {
-        (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
-    };
-    let socket = tokio::net::UdpSocket::bind(bind).await?;
+    let mut socket: Option<(tokio::net::UdpSocket, bool)> = None;
+    let mut unresolved = false;
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await;
     loop {
         tick.tick().await;
-        for packet in packets(&counters.drain_lines(), MAX_PACKET) {
-            if let Err(e) = socket.send_to(packet.as_bytes(), target).await {
+        let packets = packets(&counters.drain_lines(), MAX_PACKET);
+        if packets.is_empty() {
+            continue;
+        }
+        let resolved = tokio::net::lookup_host(target.as_str())
+            .await
+            .ok()
+            .and_then(|mut addrs| addrs.next());
+        let Some(addr) = resolved else {
+            send_errors.inc_by(packets.len() as u64);
+            if !unresolved {
+                tracing::warn!(%target, "statsd host does not resolve: stats dropped until it does");
+                unresolved = true;
+            }
+            continue;
+        };
+        if unresolved {
+            tracing::info!(%target, %addr, "statsd host resolves again");
+            unresolved = false;
+        }
+        if socket.as_ref().is_none_or(|(_, v4)| *v4 != addr.is_ipv4()) {
+            let bind: SocketAddr = if addr.is_ipv4() {
+                ([0, 0, 0, 0], 0).into()
+            } else {
+                (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
+            };
+            socket = Some((tokio::net::UdpSocket::bind(bind).await?, addr.is_ipv4()));
+        }
+        let Some((udp, _)) = &socket else { continue };
+        for packet in packets {
+            if let Err(e) = udp.send_to(packet.as_bytes(), addr).await {
                 send_errors.inc();
                 tracing::debug!(%target, error = %e, "statsd packet not sent");
             }

@@ -395,3 +395,55 @@ fn response_header_names() {
         Some("legacy")
     );
 }
+
+/// TRACING_ENABLED decides: true sends spans to the OTLP endpoint (a bare
+/// host:port made a URL; OTLP/HTTP, its default protocol, refused by
+/// name), false keeps them off whatever OTEL_EXPORTER_OTLP_ENDPOINT says;
+/// unset, OpenTelemetry's own variable turns them on.
+#[test]
+fn tracing_follows_tracing_enabled() {
+    let endpoint = |pairs: &[(&str, &str)]| {
+        setting(
+            &translate(&env(pairs)).expect("translated"),
+            "RLS_OTLP_ENDPOINT",
+        )
+    };
+    assert_eq!(
+        endpoint(&[
+            ("TRACING_ENABLED", "true"),
+            ("TRACING_EXPORTER_PROTOCOL", "grpc"),
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "collector:4317"),
+        ])
+        .as_deref(),
+        Some("http://collector:4317")
+    );
+    assert_eq!(
+        endpoint(&[
+            ("TRACING_ENABLED", "false"),
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4317"),
+        ]),
+        None
+    );
+    let off = translate(&env(&[
+        ("TRACING_ENABLED", "false"),
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4317"),
+    ]))
+    .expect("translated");
+    assert!(
+        off.unused
+            .iter()
+            .any(|u| u.starts_with("OTEL_EXPORTER_OTLP_ENDPOINT: tracing is off")),
+        "{:?}",
+        off.unused
+    );
+    assert_eq!(
+        endpoint(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4317")]).as_deref(),
+        Some("http://collector:4317")
+    );
+    let e = translate(&env(&[
+        ("TRACING_ENABLED", "true"),
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "collector:4318"),
+    ]))
+    .expect_err("http is its default protocol");
+    assert!(e.contains("TRACING_EXPORTER_PROTOCOL=http"), "{e}");
+}
