@@ -7,7 +7,9 @@
 //! rate `r`), [`NEWCOMER_RESERVE`] is held back for Envoys that are about
 //! to join; the rest is split so that every Envoy gets at least
 //! [`FLOOR_FRACTION`] of an equal share (a quiet or new Envoy is never
-//! starved) and the remainder in proportion to demand.
+//! starved) and the remainder in proportion to demand; and at least one
+//! whole token of burst where the budget holds one for each (less is sent
+//! as DENY_ALL).
 //!
 //! **Never over the budget, also while shares move.** Envoy replaces its
 //! assignment when a different one arrives, but the server cannot know
@@ -229,7 +231,7 @@ impl<E: Clone + Eq> Allocation<E> {
         let assignable = self.budget.scaled(1.0 - NEWCOMER_RESERVE);
         let floor = FLOOR_FRACTION / n;
         let total_demand: f64 = active.iter().map(|(_, d)| d).sum();
-        active
+        let mut targets: Vec<(usize, Budget)> = active
             .into_iter()
             .map(|(i, d)| {
                 let weight = if total_demand > 0.0 {
@@ -241,7 +243,30 @@ impl<E: Clone + Eq> Allocation<E> {
                 let part = floor + (1.0 - FLOOR_FRACTION) * weight;
                 (i, assignable.scaled(part))
             })
-            .collect()
+            .collect();
+        // a share of less than a whole token is no share (DENY_ALL on the
+        // wire): each member gets one where the budget holds one for each,
+        // taken from the larger shares in proportion (Σ unchanged)
+        let least = (assignable.burst / n).min(1.0);
+        let short: f64 = targets
+            .iter()
+            .map(|(_, t)| (least - t.burst).max(0.0))
+            .sum();
+        let spare: f64 = targets
+            .iter()
+            .map(|(_, t)| (t.burst - least).max(0.0))
+            .sum();
+        if short > 0.0 && spare > 0.0 {
+            let keep = (1.0 - short / spare).max(0.0);
+            for (_, t) in &mut targets {
+                t.burst = if t.burst <= least {
+                    least
+                } else {
+                    least + (t.burst - least) * keep
+                };
+            }
+        }
+        targets
     }
 
     /// The assignments to send now, each live for `ttl_micros`: for every

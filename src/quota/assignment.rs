@@ -66,9 +66,10 @@ pub fn moved(before: Sent, now: Sent) -> bool {
     }
 }
 
-pub fn action(key: &BucketKey, what: Sent, ttl_micros: u64) -> BucketAction {
+pub fn action(key: &BucketKey, what: Sent, ttl_micros: u64, exact: bool) -> BucketAction {
     let strategy = match what {
         Sent::Blanket(rule) => Strategy::BlanketRule(rule as i32),
+        Sent::Share(share) if exact => region_token_bucket(share),
         Sent::Share(share) => token_bucket(share),
     };
     BucketAction {
@@ -111,9 +112,78 @@ pub fn token_bucket(share: Budget) -> Strategy {
     })
 }
 
+/// The seconds a region's share is refilled over: its rate said as whole
+/// tokens per this many seconds loses less than a token an hour.
+const REGION_FILL_SECS: u64 = 3600;
+
+/// A share as a region's token bucket: a region (our own client) refills
+/// continuously at `tokens_per_fill / fill_interval`, so the rate is sent
+/// per hour, rounded down (2.25/s is 8,100 an hour, where Envoy's rounding
+/// gives 2/s), and the burst in whole tokens. Less than one token: DENY_ALL.
+pub fn region_token_bucket(share: Budget) -> Strategy {
+    let max_tokens = share.burst.floor().min(f64::from(u32::MAX)) as u32;
+    let per_fill = (share.rate * REGION_FILL_SECS as f64).floor();
+    if per_fill > f64::from(u32::MAX) {
+        // over a million a second: a second's worth is precise enough
+        return token_bucket(share);
+    }
+    if max_tokens == 0 || per_fill < 1.0 {
+        return Strategy::BlanketRule(BlanketRule::DenyAll as i32);
+    }
+    Strategy::TokenBucket(TokenBucket {
+        max_tokens,
+        tokens_per_fill: Some(UInt32Value {
+            value: per_fill as u32,
+        }),
+        fill_interval: Some(duration(REGION_FILL_SECS * 1_000_000)),
+    })
+}
+
 fn duration(micros: u64) -> PbDuration {
     PbDuration {
         seconds: i64::try_from(micros / 1_000_000).unwrap_or(i64::MAX),
         nanos: ((micros % 1_000_000) * 1_000) as i32,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rate_of(strategy: &Strategy) -> f64 {
+        match strategy {
+            Strategy::TokenBucket(tb) => {
+                let per_fill = tb.tokens_per_fill.as_ref().map_or(1, |v| v.value);
+                let secs = tb.fill_interval.as_ref().map_or(1, |d| d.seconds);
+                f64::from(per_fill) / secs as f64
+            }
+            _ => 0.0,
+        }
+    }
+
+    /// A region's share keeps its rate (to a token an hour); Envoy's is
+    /// rounded to whole tokens per whole seconds.
+    #[test]
+    fn a_regions_share_keeps_its_rate() {
+        let share = Budget {
+            burst: 3.6,
+            rate: 2.25,
+        };
+        assert_eq!(rate_of(&token_bucket(share)), 2.0);
+        assert_eq!(rate_of(&region_token_bucket(share)), 2.25);
+        let slow = Budget {
+            burst: 1.0,
+            rate: 0.45,
+        };
+        assert!((rate_of(&region_token_bucket(slow)) - 0.45).abs() < 1.0 / 3600.0);
+        assert!(rate_of(&token_bucket(slow)) < 0.34, "1 every 3 s");
+        let none = Budget {
+            burst: 0.5,
+            rate: 2.0,
+        };
+        assert_eq!(
+            region_token_bucket(none),
+            Strategy::BlanketRule(BlanketRule::DenyAll as i32)
+        );
     }
 }

@@ -963,7 +963,8 @@ impl Quotas {
             let Some(sub) = place.and_then(|i| bucket.subs.get_mut(i)) else {
                 continue;
             };
-            if let Some(a) = offer(sub, key, what, ttl, now_micros) {
+            let exact = self.region_streams.contains(&pair.0);
+            if let Some(a) = offer(sub, key, what, ttl, now_micros, exact) {
                 pending.entry(pair.0).or_default().push(a);
             }
         }
@@ -1016,7 +1017,8 @@ impl Quotas {
                 .subs
                 .iter_mut()
                 .find(|s| s.pair() == (step.stream, step.tag));
-            if let Some(a) = sub.and_then(|sub| offer(sub, &key, what, step.ttl_micros, now_micros))
+            if let Some(a) =
+                sub.and_then(|sub| offer(sub, &key, what, step.ttl_micros, now_micros, false))
             {
                 pending.entry(step.stream).or_default().push(a);
             }
@@ -1170,12 +1172,16 @@ fn unindex(
 /// The action to send `stream` for `key` if `what` moved from what it
 /// was last sent, or a third of the sent one's time to live has passed
 /// (re-sending the same only extends it); records it as sent.
+/// `exact`: the member is a region (our own client), which refills
+/// continuously and takes a share's rate as precisely as whole numbers
+/// can say it; an Envoy gets [`token_bucket`]'s rounding.
 fn offer(
     sub: &mut Subscription,
     key: &BucketKey,
     what: Sent,
     ttl: u64,
     now_micros: u64,
+    exact: bool,
 ) -> Option<BucketAction> {
     // the refresh is due by the life of what Envoy holds: when the
     // cadence was just learnt, the new time to live is longer
@@ -1188,7 +1194,7 @@ fn offer(
     };
     due.then(|| {
         sub.sent = Some((what, now_micros, ttl));
-        action(sub.id(key), what, ttl)
+        action(sub.id(key), what, ttl, exact)
     })
 }
 

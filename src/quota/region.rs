@@ -23,6 +23,17 @@
 //! **Bounded.** At most [`MAX_BUCKETS`] buckets; a bucket idle for
 //! [`IDLE_MICROS`] with no live share is forgotten. A request for a
 //! bucket past the bound is decided at the floor and not reported.
+//!
+//! **Trusting the global tier only so far.** An assignment is cut to the
+//! rule's own burst and rate (a region never spends more than the whole
+//! budget, whatever it is told) and to the longest time to live the global
+//! tier sends ([`crate::quota::MAX_TTL_MICROS`]), so that a share outlives
+//! a vanished tier by at most that; what was cut is counted
+//! ([`RegionShares::take_clamped`]).
+//!
+//! **Reachable** means a stream the global tier took: true at start (a
+//! new region spends its floors at once), false once an attempt fails or a
+//! stream is refused, true again only once an assignment arrives.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -70,6 +81,14 @@ pub fn floor(params: BucketParams, regions: u32) -> BucketParams {
     }
 }
 
+/// Assignments cut to range since the last [`RegionShares::take_clamped`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Clamped {
+    pub burst: u64,
+    pub rate: u64,
+    pub ttl: u64,
+}
+
 /// A live assignment.
 #[derive(Debug, Clone, Copy)]
 struct Assigned {
@@ -85,6 +104,8 @@ struct Entry {
     name: String,
     /// The bucket id reported: the descriptor's entries.
     id: BucketId,
+    /// The rule's own numbers, as of its last request: no share exceeds them.
+    rule: BucketParams,
     share: Option<Assigned>,
     allowed: u64,
     denied: u64,
@@ -133,6 +154,8 @@ pub struct RegionShares {
     last_assignment_micros: AtomicU64,
     /// Requests decided at the floor because [`MAX_BUCKETS`] were held.
     over_bound: AtomicU64,
+    /// Assignments cut to range, not yet taken.
+    clamped: Mutex<Clamped>,
 }
 
 impl RegionShares {
@@ -148,7 +171,13 @@ impl RegionShares {
             reachable: AtomicBool::new(true),
             last_assignment_micros: AtomicU64::new(0),
             over_bound: AtomicU64::new(0),
+            clamped: Mutex::new(Clamped::default()),
         }
+    }
+
+    /// Assignments cut to range since the last call.
+    pub fn take_clamped(&self) -> Clamped {
+        std::mem::take(&mut *self.clamped.lock())
     }
 
     pub fn regions(&self) -> u32 {
@@ -208,6 +237,7 @@ impl RegionShares {
         let share = match buckets.by_tag.get_mut(tag) {
             Some(entry) => {
                 entry.last_request_micros = now_micros;
+                entry.rule = params;
                 entry.share.filter(|a| a.expires_micros > now_micros)
             }
             None if held >= MAX_BUCKETS => {
@@ -229,6 +259,7 @@ impl RegionShares {
                         domain: domain.to_owned(),
                         name,
                         id,
+                        rule: params,
                         share: None,
                         allowed: 0,
                         denied: 0,
@@ -305,10 +336,14 @@ impl RegionShares {
     }
 
     /// The global tier's answer for `domain`: each action sets or drops a
-    /// bucket's share. Returns how many were taken (an id this region does
-    /// not hold is passed over).
+    /// bucket's share, cut to the rule's numbers and the longest time to
+    /// live. Returns how many were taken (an id this region does not hold
+    /// is passed over). An answer means the global tier took this region's
+    /// stream: reachable.
     pub fn apply(&self, domain: &str, actions: &[BucketAction], now_micros: u64) -> usize {
+        self.set_reachable(true);
         let mut taken = 0;
+        let mut clamped = Clamped::default();
         let mut buckets = self.buckets.lock();
         let Buckets { by_tag, by_name } = &mut *buckets;
         for action in actions {
@@ -324,12 +359,17 @@ impl RegionShares {
             };
             match &action.bucket_action {
                 Some(bucket_action::BucketAction::QuotaAssignmentAction(a)) => {
-                    let ttl = a.assignment_time_to_live.as_ref().map_or(0, micros_of);
+                    let mut ttl = a.assignment_time_to_live.as_ref().map_or(0, micros_of);
+                    if ttl > MAX_SHARE_TTL_MICROS {
+                        ttl = MAX_SHARE_TTL_MICROS;
+                        clamped.ttl += 1;
+                    }
                     let params = a
                         .rate_limit_strategy
                         .as_ref()
                         .and_then(|s| s.strategy.as_ref())
-                        .and_then(params_of);
+                        .and_then(params_of)
+                        .map(|p| within_rule(p, entry.rule, &mut clamped));
                     entry.share = params.map(|params| Assigned {
                         params,
                         expires_micros: now_micros.saturating_add(ttl),
@@ -344,6 +384,12 @@ impl RegionShares {
             }
         }
         drop(buckets);
+        if clamped != Clamped::default() {
+            let mut total = self.clamped.lock();
+            total.burst += clamped.burst;
+            total.rate += clamped.rate;
+            total.ttl += clamped.ttl;
+        }
         if taken > 0 {
             self.last_assignment_micros
                 .store(now_micros.max(1), Ordering::Relaxed);
@@ -371,6 +417,29 @@ impl RegionShares {
         }
         totals
     }
+}
+
+/// The longest time to live a share is held: the longest the global tier
+/// sends (and its margin).
+pub const MAX_SHARE_TTL_MICROS: u64 = super::MAX_TTL_MICROS + super::LIVE_MARGIN_MICROS;
+
+/// `share` cut to the rule's burst and rate (counted in `clamped`): a
+/// region never holds more than the whole budget.
+fn within_rule(share: BucketParams, rule: BucketParams, clamped: &mut Clamped) -> BucketParams {
+    let mut out = share;
+    if out.capacity > rule.capacity {
+        out.capacity = rule.capacity;
+        clamped.burst += 1;
+    }
+    // rates compared exactly: a/b > c/d as a·d > c·b
+    let share_rate = u128::from(out.tokens_per_unit) * u128::from(rule.unit_secs.max(1));
+    let rule_rate = u128::from(rule.tokens_per_unit) * u128::from(out.unit_secs.max(1));
+    if share_rate > rule_rate {
+        out.tokens_per_unit = rule.tokens_per_unit;
+        out.unit_secs = rule.unit_secs;
+        clamped.rate += 1;
+    }
+    out
 }
 
 fn micros_of(d: &PbDuration) -> u64 {

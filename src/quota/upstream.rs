@@ -78,32 +78,75 @@ pub async fn run(
     tracing::info!(upstream = %settings.url, region = %settings.region, regions = settings.regions, "global budgets from the global tier");
     let mut tick = tokio::time::interval(REPORT_INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // why the last stream was refused: until an assignment comes, the
+    // global tier is not counted reachable, whatever its health says
+    let mut refused: Option<String> = None;
+    // whether "cannot reach" was logged since the tier last answered
+    let mut unreachable_logged = false;
     loop {
-        let channel = match connect(&settings.url).await {
+        let reached = match connect(&settings.url).await {
+            Ok(channel) => answers(&channel).await.map(|()| channel),
+            Err(e) => Err(e),
+        };
+        let channel = match reached {
             Ok(channel) => channel,
             Err(e) => {
                 shares.set_reachable(false);
                 publish(&shares, &rules, &metrics);
-                tracing::debug!(upstream = %settings.url, error = %e, "global tier not reachable");
+                if !unreachable_logged {
+                    tracing::warn!(upstream = %settings.url, error = %e, "cannot reach the global tier (--quota-upstream); global rules use live shares until they expire, then their failure_mode; trying again every 500 ms");
+                    unreachable_logged = true;
+                }
                 tokio::time::sleep(RETRY).await;
                 continue;
             }
         };
-        if let Err(e) = answers(&channel).await {
-            shares.set_reachable(false);
-            publish(&shares, &rules, &metrics);
-            tracing::debug!(upstream = %settings.url, error = %e, "global tier not answering");
-            tokio::time::sleep(RETRY).await;
-            continue;
+        unreachable_logged = false;
+        if refused.is_none() {
+            shares.set_reachable(true);
+            tracing::info!(upstream = %settings.url, "connected to the global tier");
         }
-        shares.set_reachable(true);
-        tracing::info!(upstream = %settings.url, "connected to the global tier");
-        let error = serve(&settings, channel, &shares, &rules, &metrics, &mut tick).await;
+        let ended = serve(&settings, channel, &shares, &rules, &metrics, &mut tick).await;
         shares.set_reachable(false);
         publish(&shares, &rules, &metrics);
-        tracing::warn!(upstream = %settings.url, %error, "lost the global tier; live shares are kept until they expire, then each global rule's failure_mode applies");
+        if ended.refused {
+            if refused.as_deref() != Some(ended.why.as_str()) {
+                tracing::error!(upstream = %settings.url, error = %ended.why, "the global tier refused this region's stream; global rules use live shares until they expire, then their failure_mode");
+            }
+            refused = Some(ended.why);
+        } else {
+            refused = None;
+            tracing::warn!(upstream = %settings.url, error = %ended.why, "lost the global tier; live shares are kept until they expire, then each global rule's failure_mode applies");
+        }
         tokio::time::sleep(RETRY).await;
     }
+}
+
+/// Why a connection's streams ended, and whether the global tier refused
+/// this region (a status it answers on purpose, not a lost link).
+struct Ended {
+    why: String,
+    refused: bool,
+}
+
+impl Ended {
+    fn lost(why: impl Into<String>) -> Self {
+        Self {
+            why: why.into(),
+            refused: false,
+        }
+    }
+}
+
+/// Whether `status` is the global tier refusing the stream.
+fn is_refusal(status: &tonic::Status) -> bool {
+    matches!(
+        status.code(),
+        tonic::Code::FailedPrecondition
+            | tonic::Code::PermissionDenied
+            | tonic::Code::Unauthenticated
+            | tonic::Code::InvalidArgument
+    )
 }
 
 /// Whether the global tier answers on `channel` (its gRPC health check,
@@ -136,7 +179,7 @@ async fn connect(url: &str) -> anyhow::Result<Channel> {
 /// One domain's stream: its reports' queue, and whether it has ended.
 struct DomainStream {
     reports: mpsc::Sender<RateLimitQuotaUsageReports>,
-    ended: tokio::sync::oneshot::Receiver<String>,
+    ended: tokio::sync::oneshot::Receiver<Ended>,
 }
 
 /// Reports every tick on `channel` until a stream fails; returns why.
@@ -147,20 +190,23 @@ async fn serve(
     rules: &SharedRules,
     metrics: &Arc<Metrics>,
     tick: &mut tokio::time::Interval,
-) -> String {
+) -> Ended {
     let client = RateLimitQuotaServiceClient::new(channel.clone());
     let mut streams: HashMap<String, DomainStream> = HashMap::new();
     loop {
         tick.tick().await;
         for (domain, s) in &mut streams {
-            if let Ok(why) = s.ended.try_recv() {
-                return format!("the stream for domain {domain} ended: {why}");
+            if let Ok(ended) = s.ended.try_recv() {
+                return Ended {
+                    why: format!("the stream for domain {domain} ended: {}", ended.why),
+                    refused: ended.refused,
+                };
             }
         }
         if streams.is_empty() {
             // nothing reported yet: still answering?
             if let Err(e) = answers(&channel).await {
-                return e.to_string();
+                return Ended::lost(e.to_string());
             }
         }
         let reports = shares.take_reports(shares.now_micros());
@@ -169,7 +215,12 @@ async fn serve(
                 Some(s) => s,
                 None => match open(settings, client.clone(), &domain, shares, metrics).await {
                     Ok(s) => streams.entry(domain.clone()).or_insert(s),
-                    Err(e) => return format!("cannot open a stream for domain {domain}: {e}"),
+                    Err(e) => {
+                        return Ended {
+                            refused: e.downcast_ref::<tonic::Status>().is_some_and(is_refusal),
+                            why: format!("cannot open a stream for domain {domain}: {e}"),
+                        }
+                    }
                 },
             };
             let n = usages.len();
@@ -178,7 +229,7 @@ async fn serve(
                 bucket_quota_usages: usages,
             };
             if stream.reports.send(message).await.is_err() {
-                return format!("the stream for domain {domain} closed");
+                return Ended::lost(format!("the stream for domain {domain} closed"));
             }
             metrics.region_reports(n);
         }
@@ -216,8 +267,13 @@ async fn open(
                     let taken = shares.apply(&domain, &answer.bucket_action, now);
                     metrics.region_assignments(taken);
                 }
-                Ok(None) => break "closed by the global tier".to_owned(),
-                Err(status) => break status.to_string(),
+                Ok(None) => break Ended::lost("closed by the global tier"),
+                Err(status) => {
+                    break Ended {
+                        refused: is_refusal(&status),
+                        why: status.to_string(),
+                    }
+                }
             }
         };
         let _ = ended_tx.send(why);
@@ -234,6 +290,7 @@ fn publish(shares: &RegionShares, rules: &SharedRules, metrics: &Metrics) {
         shares.len(),
     );
     metrics.region_fallback("over_bound", shares.take_over_bound());
+    metrics.region_clamped(shares.take_clamped());
     let rules = rules.load();
     let totals = shares.totals(
         |domain, id| {

@@ -376,13 +376,16 @@ impl QuotaHub {
                     };
                     let streams = all.streams_of.entry(member).or_default();
                     streams.retain(|s| *s != stream);
-                    if streams.is_empty() {
+                    let last = streams.is_empty();
+                    if last {
                         all.members.remove(&key);
                         all.streams_of.remove(&member);
-                        Some(member)
-                    } else {
-                        None
                     }
+                    if all.of_stream.is_empty() {
+                        // no region reports now: the next may count anew
+                        all.count = None;
+                    }
+                    last.then_some(member)
                 }
             }
         };
@@ -454,6 +457,7 @@ impl QuotaHub {
 #[derive(Debug, Default)]
 struct Regions {
     /// `--regions` of the first region that reported; others must agree.
+    /// Forgotten when no region stream is open.
     count: Option<u32>,
     /// Per (region, domain): its member of the split.
     members: HashMap<(String, String), StreamId>,

@@ -158,6 +158,7 @@ struct RegionMetrics {
     reachable: IntGauge,
     fallback: IntCounterVec,
     buckets: IntGauge,
+    clamped: IntCounterVec,
 }
 
 impl RegionMetrics {
@@ -172,6 +173,17 @@ impl RegionMetrics {
         .expect("valid metric");
         for mode in ["floor", "closed", "open", "over_bound"] {
             fallback.with_label_values(&[mode]);
+        }
+        let clamped = IntCounterVec::new(
+            Opts::new(
+                "rls_region_assignments_clamped_total",
+                "Assignments from the global tier out of range, cut to what this region's rules allow: part=burst, rate (above the rule's own) or ttl (longer than any the global tier sends)",
+            ),
+            &["part"],
+        )
+        .expect("valid metric");
+        for part in ["burst", "rate", "ttl"] {
+            clamped.with_label_values(&[part]);
         }
         Self {
             share: prometheus::GaugeVec::new(
@@ -204,6 +216,7 @@ impl RegionMetrics {
             )
             .expect("valid metric"),
             fallback,
+            clamped,
             buckets: IntGauge::new(
                 "rls_region_buckets",
                 "Global buckets this region holds (shares and demand)",
@@ -221,6 +234,7 @@ impl RegionMetrics {
             Box::new(self.reachable.clone()),
             Box::new(self.fallback.clone()),
             Box::new(self.buckets.clone()),
+            Box::new(self.clamped.clone()),
         ]
     }
 }
@@ -769,6 +783,15 @@ impl Metrics {
     pub fn region_fallback(&self, mode: &str, n: u64) {
         if n > 0 {
             self.region.fallback.with_label_values(&[mode]).inc_by(n);
+        }
+    }
+
+    /// Assignments cut to range ([`crate::quota::region::Clamped`]).
+    pub fn region_clamped(&self, c: crate::quota::region::Clamped) {
+        for (part, n) in [("burst", c.burst), ("rate", c.rate), ("ttl", c.ttl)] {
+            if n > 0 {
+                self.region.clamped.with_label_values(&[part]).inc_by(n);
+            }
         }
     }
 

@@ -155,3 +155,38 @@ fn no_sequence_of_events_assigns_more_than_the_budget() {
         plan(&mut a, now);
     }
 }
+
+/// A small budget (B = 5) split between a loud member and a quiet one: the
+/// quiet one's share by demand is under a token (0.45, DENY_ALL on the
+/// wire); it gets a whole token, taken from the loud one, Σ unchanged.
+#[test]
+fn every_member_gets_a_whole_token_where_the_budget_holds_one_each() {
+    let mut a = Allocation::new(Budget {
+        burst: 5.0,
+        rate: 5.0,
+    });
+    let mut now = 0;
+    for _ in 0..10 {
+        a.report(&"loud", 1000, 1.0);
+        a.report(&"quiet", 0, 1.0);
+        plan(&mut a, now);
+        now += TTL;
+    }
+    let s = plan(&mut a, now);
+    assert!(close(s["quiet"].burst, 1.0), "{s:?}");
+    assert!(close(s["loud"].burst + s["quiet"].burst, 4.5), "{s:?}");
+    // a budget below a token each: equal parts, nothing made up
+    let mut a = Allocation::new(Budget {
+        burst: 1.0,
+        rate: 1.0,
+    });
+    for _ in 0..10 {
+        a.report(&"loud", 1000, 1.0);
+        a.report(&"quiet", 0, 1.0);
+        plan(&mut a, now);
+        now += TTL;
+    }
+    let s = plan(&mut a, now);
+    assert!(close(s["quiet"].burst, 0.45), "{s:?}");
+    assert!(close(s["loud"].burst, 0.45), "{s:?}");
+}
