@@ -56,6 +56,9 @@ pub struct RunningServer {
     draining: Arc<std::sync::atomic::AtomicBool>,
     stop: watch::Sender<bool>,
     tasks: Vec<JoinHandle<Result<()>>>,
+    /// A region's client of the global tier: ended at shutdown, so that
+    /// the region's streams close with it.
+    upstream: Option<JoinHandle<()>>,
 }
 
 impl RunningServer {
@@ -68,6 +71,9 @@ impl RunningServer {
         // RLQS streams last as long as their Envoy: end them, or draining
         // would wait for them for ever
         self.quota_hub.close_all();
+        if let Some(upstream) = &self.upstream {
+            upstream.abort();
+        }
         for task in self.tasks {
             task.await.context("server task panicked")??;
         }
@@ -235,16 +241,17 @@ pub async fn start(args: &ServeArgs) -> Result<RunningServer> {
         metrics.clone(),
         usize::try_from(args.max_in_flight).unwrap_or(usize::MAX),
     );
+    let mut upstream_task = None;
     if let Some(upstream) = args.upstream_settings() {
         upstream.validate()?;
         let shares = Arc::new(crate::quota::region::RegionShares::new(upstream.regions));
         limiter = limiter.with_regions(shares.clone());
-        tokio::spawn(crate::quota::upstream::run(
+        upstream_task = Some(tokio::spawn(crate::quota::upstream::run(
             upstream,
             shares,
             rules.clone(),
             metrics.clone(),
-        ));
+        )));
     }
     let limiter = Arc::new(limiter);
     let generation = {
@@ -383,6 +390,7 @@ pub async fn start(args: &ServeArgs) -> Result<RunningServer> {
         draining,
         stop,
         tasks,
+        upstream: upstream_task,
     })
 }
 

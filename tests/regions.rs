@@ -654,3 +654,190 @@ async fn a_regions_instances_spend_one_share_in_the_regions_store() {
         assert_eq!(sample(&m, "rls_region_upstream_up"), Some(1.0));
     }
 }
+
+/// A region instance in this process: `name`, one of `regions`, on the
+/// memory store, reporting to the global tier at `tier`.
+async fn region_here(
+    rules: &tempfile::TempDir,
+    tier: std::net::SocketAddr,
+    name: &str,
+    regions: u32,
+) -> tokenbucket_rls::server::RunningServer {
+    let mut args = serve_args(rules.path().to_path_buf());
+    args.quota_upstream = Some(format!("http://{tier}"));
+    args.region = Some(name.to_owned());
+    args.regions = Some(regions);
+    tokenbucket_rls::server::start(&args)
+        .await
+        .expect("region instance")
+}
+
+/// `rls_region_upstream_up` of a region in this process.
+fn upstream_up(s: &tokenbucket_rls::server::RunningServer) -> Option<f64> {
+    sample(&s.metrics.render(), "rls_region_upstream_up")
+}
+
+/// A region refused for counting the regions differently is unreachable
+/// for as long as it is refused (before, its link showed up most of the
+/// time, as each reconnect's health check passed, and a `closed` rule
+/// served floors instead of its failure mode); once the regions that
+/// counted otherwise are gone, the global tier forgets their count and
+/// takes it (before, it remembered the first count until it restarted).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_refused_region_is_unreachable_until_the_global_tier_takes_it() {
+    let rules = rules_dir(RULES);
+    let tier = tokenbucket_rls::server::start(&serve_args(rules.path().to_path_buf()))
+        .await
+        .expect("global tier");
+    let eu = region_here(&rules, tier.grpc_addr, "eu", 2).await;
+    let mut eu_client = RateLimitServiceClient::connect(format!("http://{}", eu.grpc_addr))
+        .await
+        .expect("connect");
+    // eu's stream opens with its first demand
+    let eu_load = tokio::spawn(load(
+        eu_client.clone(),
+        "strict",
+        "k",
+        SLOW,
+        Duration::from_secs(6),
+    ));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while sample(&eu.metrics.render(), "rls_region_assignments_total").unwrap_or(0.0) < 1.0 {
+        assert!(Instant::now() < deadline, "eu never got an assignment");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let us = region_here(&rules, tier.grpc_addr, "us", 3).await;
+    let us_client = RateLimitServiceClient::connect(format!("http://{}", us.grpc_addr))
+        .await
+        .expect("connect");
+    let us_load = tokio::spawn(load(
+        us_client.clone(),
+        "strict",
+        "k",
+        SLOW,
+        Duration::from_secs(12),
+    ));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    // refused once it reported (the gauge reads 0 before anything too)
+    while upstream_up(&us) != Some(0.0)
+        || sample(&us.metrics.render(), "rls_region_reports_total").unwrap_or(0.0) < 1.0
+    {
+        assert!(Instant::now() < deadline, "us was never refused");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // refused: down for as long as it is refused
+    let mut up_samples = 0;
+    for _ in 0..30 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        if upstream_up(&us) == Some(1.0) {
+            up_samples += 1;
+        }
+    }
+    assert_eq!(
+        up_samples,
+        0,
+        "a refused region counted its link up: {}",
+        us.metrics
+            .render()
+            .lines()
+            .filter(|l| l.starts_with("rls_region"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    // eu leaves: the count goes with it, us is taken
+    eu_load.abort();
+    eu.shutdown().await.expect("eu stops");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while upstream_up(&us) != Some(1.0)
+        || sample(&us.metrics.render(), "rls_region_assignments_total").unwrap_or(0.0) < 1.0
+    {
+        assert!(
+            Instant::now() < deadline,
+            "us was never taken once eu left: {}",
+            us.metrics.render()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    us_load.abort();
+    let _ = eu_client
+        .should_rate_limit(request("world", vec![descriptor(&[("strict", "k")])]))
+        .await;
+}
+
+const SMALL_RULES: &str = r#"
+domain: world
+descriptors:
+  - key: small
+    scope: global
+    failure_mode: closed
+    rate_limit: {unit: second, requests_per_unit: 5, burst: 5}
+"#;
+
+/// A small global budget (B = 5, r = 5/s) between a busy region and a
+/// quiet one: the quiet one keeps a usable share (before, its part of the
+/// split was under a token, sent as DENY_ALL: every request OVER_LIMIT
+/// for as long as the busy one was busy), and the two together use most
+/// of r·t (a region's share keeps its rate instead of being rounded down
+/// to whole tokens a second).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_small_budget_leaves_a_quiet_region_a_usable_share() {
+    let rules = rules_dir(SMALL_RULES);
+    let tier = tokenbucket_rls::server::start(&serve_args(rules.path().to_path_buf()))
+        .await
+        .expect("global tier");
+    let busy = region_here(&rules, tier.grpc_addr, "busy", 2).await;
+    let quiet = region_here(&rules, tier.grpc_addr, "quiet", 2).await;
+    let client = |s: &tokenbucket_rls::server::RunningServer| {
+        RateLimitServiceClient::connect(format!("http://{}", s.grpc_addr))
+    };
+    let (b, q) = (
+        client(&busy).await.expect("connect"),
+        client(&quiet).await.expect("connect"),
+    );
+    // warm up: both reporting, shares settled
+    let warm = (
+        tokio::spawn(load(b.clone(), "small", "k", FAST, Duration::from_secs(4))),
+        tokio::spawn(load(
+            q.clone(),
+            "small",
+            "k",
+            Duration::from_millis(500),
+            Duration::from_secs(4),
+        )),
+    );
+    let _ = (warm.0.await, warm.1.await);
+    let secs = 10.0;
+    let started = Instant::now();
+    let run = (
+        tokio::spawn(load(b, "small", "k", FAST, Duration::from_secs(10))),
+        tokio::spawn(load(
+            q,
+            "small",
+            "k",
+            Duration::from_millis(500),
+            Duration::from_secs(10),
+        )),
+    );
+    let (busy_tally, quiet_tally) = (
+        run.0.await.expect("busy load"),
+        run.1.await.expect("quiet load"),
+    );
+    let elapsed = started.elapsed().as_secs_f64().max(secs);
+    let admitted = busy_tally.ok + quiet_tally.ok;
+    let fraction = admitted as f64 / (5.0 * elapsed);
+    eprintln!(
+        "B=5, r=5/s over {elapsed:.1}s: busy {busy_tally:?}, quiet {quiet_tally:?}: {admitted} admitted, {:.0} % of r·t",
+        fraction * 100.0
+    );
+    assert!(
+        admitted as f64 <= 5.0 + 5.0 * elapsed,
+        "over B + r·t: {admitted}"
+    );
+    // the quiet region's share: a token, refilled at about 0.45/s at the
+    // least (its floor of the split); 20 requests, one every 500 ms
+    assert!(
+        quiet_tally.ok >= 3,
+        "the quiet region was starved: {quiet_tally:?}"
+    );
+    assert!(fraction >= 0.75, "{:.0} % of r·t", fraction * 100.0);
+}

@@ -99,6 +99,8 @@ impl Member {
 pub struct Allocation<E> {
     budget: Budget,
     members: Vec<(E, Member)>,
+    /// Part of the budget held back for newcomers ([`NEWCOMER_RESERVE`]).
+    reserve: f64,
 }
 
 impl<E: Clone + Eq> Allocation<E> {
@@ -106,7 +108,15 @@ impl<E: Clone + Eq> Allocation<E> {
         Self {
             budget,
             members: Vec::new(),
+            reserve: NEWCOMER_RESERVE,
         }
+    }
+
+    /// Holds back `reserve` of the budget for newcomers instead of
+    /// [`NEWCOMER_RESERVE`]: none where every member that may join already
+    /// has its part kept out of the budget (regions: their floors).
+    pub fn set_reserve(&mut self, reserve: f64) {
+        self.reserve = reserve.clamp(0.0, 1.0);
     }
 
     fn member(&self, envoy: &E) -> Option<&Member> {
@@ -228,7 +238,7 @@ impl<E: Clone + Eq> Allocation<E> {
         if active.is_empty() {
             return Vec::new();
         }
-        let assignable = self.budget.scaled(1.0 - NEWCOMER_RESERVE);
+        let assignable = self.budget.scaled(1.0 - self.reserve);
         let floor = FLOOR_FRACTION / n;
         let total_demand: f64 = active.iter().map(|(_, d)| d).sum();
         let mut targets: Vec<(usize, Budget)> = active

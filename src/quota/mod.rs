@@ -919,6 +919,15 @@ impl Quotas {
                         share *=
                             f64::from(u32::try_from(reporting).unwrap_or(n).min(n)) / f64::from(n);
                     }
+                    // only regions: a region joining spends the floor kept
+                    // for it outside this split, no newcomer reserve needed
+                    bucket
+                        .allocation
+                        .set_reserve(if reporting == bucket.subs.len() {
+                            0.0
+                        } else {
+                            allocation::NEWCOMER_RESERVE
+                        });
                 }
                 bucket.allocation.set_budget(Budget {
                     burst: budget.burst * share,

@@ -271,3 +271,85 @@ fn state_is_bounded_and_past_the_bound_requests_get_the_floor_unreported() {
     assert_eq!(shares.len(), MAX_BUCKETS);
     assert_eq!(shares.take_over_bound(), 1);
 }
+
+/// A global tier (or anything answering as one) that grants a million a
+/// second for ten years: the share is cut to the rule's B and r, and held
+/// no longer than the longest time to live a global tier sends; each cut
+/// counted. Before, the region took it as it came: 300 of 300 admitted,
+/// and a `closed` rule admitted everything long after the tier vanished.
+#[test]
+fn an_assignment_beyond_the_rule_or_the_longest_ttl_is_cut() {
+    let shares = RegionShares::new(2);
+    let now = 1_000 * S;
+    limit(&shares, FailureMode::Closed, now);
+    let huge = token_bucket(Budget {
+        burst: 1_000_000.0,
+        rate: 1_000_000.0,
+    });
+    let ten_years = 10 * 365 * 24 * 3600;
+    let taken = shares.apply(
+        "d",
+        &[assign(&[("api_key", "a"), ("path", "/x")], huge, ten_years)],
+        now,
+    );
+    assert_eq!(taken, 1);
+    assert_eq!(
+        limit(&shares, FailureMode::Closed, now + S),
+        RegionLimit::Share(RULE),
+        "the rule's own B and r at most"
+    );
+    assert_eq!(
+        shares.take_clamped(),
+        Clamped {
+            burst: 1,
+            rate: 1,
+            ttl: 1
+        }
+    );
+    assert_eq!(shares.take_clamped(), Clamped::default(), "taken once");
+    // the global tier vanished: the share lapses after the longest TTL
+    shares.set_reachable(false);
+    assert_eq!(
+        limit(&shares, FailureMode::Closed, now + MAX_SHARE_TTL_MICROS - 1),
+        RegionLimit::Share(RULE)
+    );
+    assert_eq!(
+        limit(&shares, FailureMode::Closed, now + MAX_SHARE_TTL_MICROS + 1),
+        RegionLimit::Closed
+    );
+    // a share within the rule is taken as it is, slower rates included
+    let within = BucketParams {
+        capacity: 20,
+        tokens_per_unit: 100,
+        unit_secs: 10,
+    };
+    let strategy = Strategy::TokenBucket(envoy_types::pb::envoy::r#type::v3::TokenBucket {
+        max_tokens: 20,
+        tokens_per_fill: Some(envoy_types::pb::google::protobuf::UInt32Value { value: 100 }),
+        fill_interval: Some(PbDuration {
+            seconds: 10,
+            nanos: 0,
+        }),
+    });
+    let later = now + 2 * MAX_SHARE_TTL_MICROS;
+    shares.apply(
+        "d",
+        &[assign(&[("api_key", "a"), ("path", "/x")], strategy, 5)],
+        later,
+    );
+    assert_eq!(
+        limit(&shares, FailureMode::Closed, later + S),
+        RegionLimit::Share(within)
+    );
+    assert_eq!(shares.take_clamped(), Clamped::default());
+}
+
+/// An answer from the global tier means it took this region's stream:
+/// reachable again, even after a refusal left it unreachable.
+#[test]
+fn an_assignment_makes_the_global_tier_reachable() {
+    let shares = RegionShares::new(2);
+    shares.set_reachable(false);
+    shares.apply("d", &[], 5 * S);
+    assert!(shares.reachable());
+}
