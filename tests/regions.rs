@@ -841,3 +841,252 @@ async fn a_small_budget_leaves_a_quiet_region_a_usable_share() {
     );
     assert!(fraction >= 0.75, "{:.0} % of r·t", fraction * 100.0);
 }
+
+/// Something answering as a global tier that grants every bucket it is
+/// told of a million tokens a second, for ten years.
+#[derive(Clone)]
+struct GenerousTier;
+
+type QuotaAnswers = std::pin::Pin<
+    Box<dyn futures::Stream<Item = Result<rlqs::RateLimitQuotaResponse, tonic::Status>> + Send>,
+>;
+
+mod rlqs {
+    pub use envoy_types::pb::envoy::r#type::v3::{
+        rate_limit_strategy::Strategy, RateLimitStrategy, TokenBucket,
+    };
+    pub use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::{
+        bucket_action, BucketAction,
+    };
+    pub use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::{
+        RateLimitQuotaService, RateLimitQuotaServiceServer,
+    };
+    pub use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
+        RateLimitQuotaResponse, RateLimitQuotaUsageReports,
+    };
+    pub use envoy_types::pb::google::protobuf::{Duration, UInt32Value};
+}
+
+/// A million a second for ten years, for each bucket reported.
+fn generous(reports: rlqs::RateLimitQuotaUsageReports) -> rlqs::RateLimitQuotaResponse {
+    use rlqs::*;
+    let bucket_action = reports
+        .bucket_quota_usages
+        .into_iter()
+        .map(|u| BucketAction {
+            bucket_id: u.bucket_id,
+            bucket_action: Some(bucket_action::BucketAction::QuotaAssignmentAction(
+                bucket_action::QuotaAssignmentAction {
+                    assignment_time_to_live: Some(Duration {
+                        seconds: 10 * 365 * 24 * 3600,
+                        nanos: 0,
+                    }),
+                    rate_limit_strategy: Some(RateLimitStrategy {
+                        strategy: Some(Strategy::TokenBucket(TokenBucket {
+                            max_tokens: 1_000_000,
+                            tokens_per_fill: Some(UInt32Value { value: 1_000_000 }),
+                            fill_interval: Some(Duration {
+                                seconds: 1,
+                                nanos: 0,
+                            }),
+                        })),
+                    }),
+                },
+            )),
+        })
+        .collect();
+    RateLimitQuotaResponse { bucket_action }
+}
+
+#[tonic::async_trait]
+impl rlqs::RateLimitQuotaService for GenerousTier {
+    type StreamRateLimitQuotasStream = QuotaAnswers;
+
+    async fn stream_rate_limit_quotas(
+        &self,
+        request: tonic::Request<tonic::Streaming<rlqs::RateLimitQuotaUsageReports>>,
+    ) -> Result<tonic::Response<QuotaAnswers>, tonic::Status> {
+        let answers = futures::stream::unfold(request.into_inner(), |mut inbound| async move {
+            let reports = inbound.message().await.ok().flatten()?;
+            Some((Ok(generous(reports)), inbound))
+        });
+        Ok(tonic::Response::new(Box::pin(answers)))
+    }
+}
+
+/// A region trusts its global tier only so far: told it may spend a
+/// million a second for ten years on a rule of B = 30, r = 30/s, it
+/// spends at most the rule's own (before: 300 of 300 admitted), and
+/// counts the cut.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_region_cuts_what_a_global_tier_grants_to_its_rule() {
+    let rules = rules_dir(
+        "domain: world\ndescriptors:\n  - key: strict\n    scope: global\n    failure_mode: closed\n    rate_limit: {unit: second, requests_per_unit: 30, burst: 30}\n",
+    );
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let tier = listener.local_addr().expect("addr");
+    let (_reporter, health) = tonic_health::server::health_reporter();
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(health)
+            .add_service(rlqs::RateLimitQuotaServiceServer::new(GenerousTier))
+            .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)),
+    );
+    let region = region_here(&rules, tier, "eu", 2).await;
+    let mut c = RateLimitServiceClient::connect(format!("http://{}", region.grpc_addr))
+        .await
+        .expect("connect");
+    let call = |c: &mut RateLimitServiceClient<Channel>| {
+        let mut c = c.clone();
+        async move {
+            c.should_rate_limit(request("world", vec![descriptor(&[("strict", "k")])]))
+                .await
+                .map(|r| r.into_inner().overall_code == Code::Ok as i32)
+                .unwrap_or(false)
+        }
+    };
+    // the first request opens the bucket; then wait for the grant
+    call(&mut c).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while sample(&region.metrics.render(), "rls_region_assignments_total").unwrap_or(0.0) < 1.0 {
+        assert!(Instant::now() < deadline, "no assignment came");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let started = Instant::now();
+    let mut admitted = 0;
+    for _ in 0..300 {
+        admitted += u64::from(call(&mut c).await);
+    }
+    let secs = started.elapsed().as_secs_f64();
+    assert!(
+        admitted as f64 <= 30.0 + 30.0 * secs + 1.0,
+        "{admitted} of 300 in {secs:.2}s on B = 30, r = 30/s"
+    );
+    // counted at the next report (every second)
+    let cut = |text: &str, part: &str| {
+        sample(
+            text,
+            &format!("rls_region_assignments_clamped_total{{part=\"{part}\"}}"),
+        )
+        .unwrap_or(0.0)
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let text = region.metrics.render();
+        if ["burst", "rate", "ttl"]
+            .iter()
+            .all(|p| cut(&text, p) >= 1.0)
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "cuts not counted: {text}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+const SLOW_RULES: &str = r#"
+domain: world
+descriptors:
+  - key: slow
+    scope: global
+    failure_mode: closed
+    rate_limit: {unit: minute, requests_per_unit: 6, burst: 30}
+"#;
+
+/// Calls `entries` on `s` `n` times at once: how many were admitted.
+async fn admitted_now(s: &tokenbucket_rls::server::RunningServer, n: usize) -> u64 {
+    let mut c = RateLimitServiceClient::connect(format!("http://{}", s.grpc_addr))
+        .await
+        .expect("connect");
+    let mut ok = 0;
+    for _ in 0..n {
+        let r = c
+            .should_rate_limit(request("world", vec![descriptor(&[("slow", "k")])]))
+            .await;
+        ok += u64::from(r.is_ok_and(|r| r.into_inner().overall_code == Code::Ok as i32));
+    }
+    ok
+}
+
+/// A region that restarts: on the memory store its buckets start full
+/// again, so it may spend up to its floor (B/N) once more per restart (the
+/// README says so); on the Redis store they are where it left them, and
+/// a restart adds nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_restarted_region_spends_a_fresh_floor_only_on_the_memory_store() {
+    let rules = rules_dir(SLOW_RULES);
+    // B = 30, 6 a minute, N = 2: a floor of 15
+    for redis in [None, Some(RedisServer::standalone())] {
+        let tier = tokenbucket_rls::server::start(&serve_args(rules.path().to_path_buf()))
+            .await
+            .expect("global tier");
+        let start = || {
+            let mut args = serve_args(rules.path().to_path_buf());
+            args.quota_upstream = Some(format!("http://{}", tier.grpc_addr));
+            args.region = Some("eu".into());
+            args.regions = Some(2);
+            if let Some(redis) = &redis {
+                args.store = tokenbucket_rls::cli::StoreKind::Redis;
+                args.redis_url = Some(redis.url());
+            }
+            async move { tokenbucket_rls::server::start(&args).await.expect("region") }
+        };
+        let eu = start().await;
+        let before = admitted_now(&eu, 40).await;
+        assert_eq!(before, 15, "the floor, B/N");
+        eu.shutdown().await.expect("stop");
+        let again = start().await;
+        let after = admitted_now(&again, 40).await;
+        match &redis {
+            None => assert!(after <= 15, "at most a fresh floor: {after}"),
+            Some(_) => assert!(after <= 1, "nothing new on Redis: {after}"),
+        }
+        again.shutdown().await.expect("stop");
+        tier.shutdown().await.expect("stop");
+    }
+}
+
+/// A global tier that restarts knows nothing of the shares it gave: until
+/// each region's first new assignment (about a second here), a region
+/// spends its old share beside the new split. The README's bound for it:
+/// at most one more burst B, plus r for that time; measured here.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_restarted_global_tier_overlaps_old_shares_by_at_most_one_burst() {
+    let rules = rules_dir(RULES);
+    let mut args = serve_args(rules.path().to_path_buf());
+    args.grpc_addr = std::net::SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let tier = tokenbucket_rls::server::start(&args)
+        .await
+        .expect("global tier");
+    let eu = region_here(&rules, args.grpc_addr, "eu", 2).await;
+    let us = region_here(&rules, args.grpc_addr, "us", 2).await;
+    let client = |s: &tokenbucket_rls::server::RunningServer| {
+        RateLimitServiceClient::connect(format!("http://{}", s.grpc_addr))
+    };
+    let (e, u) = (
+        client(&eu).await.expect("connect"),
+        client(&us).await.expect("connect"),
+    );
+    let started = Instant::now();
+    let run = (
+        tokio::spawn(load(e, "api", "k", FAST, Duration::from_secs(9))),
+        tokio::spawn(load(u, "api", "k", FAST, Duration::from_secs(9))),
+    );
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    tier.shutdown().await.expect("stop");
+    let tier = tokenbucket_rls::server::start(&args)
+        .await
+        .expect("global tier again");
+    let tallies = [run.0.await.expect("eu"), run.1.await.expect("us")];
+    let secs = started.elapsed().as_secs_f64();
+    let admitted = total(&tallies);
+    eprintln!(
+        "a global tier restarted after 4 s of {secs:.1} s: {admitted} admitted, B + r·t = {:.0}",
+        B as f64 + R as f64 * secs
+    );
+    assert!(
+        admitted as f64 <= 2.0 * B as f64 + R as f64 * secs,
+        "{admitted} over {secs:.1}s: {tallies:?}"
+    );
+    tier.shutdown().await.expect("stop");
+}

@@ -107,6 +107,12 @@ struct Entry {
     /// The rule's own numbers, as of its last request: no share exceeds them.
     rule: BucketParams,
     share: Option<Assigned>,
+    /// The numbers the last decision was given (share or floor).
+    last: Option<BucketParams>,
+    /// A share that grows is given to decisions at the numbers before it
+    /// until one is admitted (a spend writes the bucket's refill at those
+    /// numbers; a rejection writes nothing): [`RegionShares::apply`].
+    settle: bool,
     allowed: u64,
     denied: u64,
     last_request_micros: u64,
@@ -238,7 +244,25 @@ impl RegionShares {
             Some(entry) => {
                 entry.last_request_micros = now_micros;
                 entry.rule = params;
-                entry.share.filter(|a| a.expires_micros > now_micros)
+                let live = entry.share.filter(|a| a.expires_micros > now_micros);
+                let given = match (live, entry.last) {
+                    // the first decision since the share grew refills at
+                    // the numbers before it: the time before the growth is
+                    // not credited at the new rate
+                    (Some(a), Some(before)) if entry.settle => Some(Assigned {
+                        params: before,
+                        ..a
+                    }),
+                    (live, _) => live,
+                };
+                entry.last = match given {
+                    Some(a) => Some(a.params),
+                    None if self.reachable() || mode == FailureMode::Local => {
+                        Some(floor(params, self.regions))
+                    }
+                    None => None,
+                };
+                given
             }
             None if held >= MAX_BUCKETS => {
                 self.over_bound.fetch_add(1, Ordering::Relaxed);
@@ -261,6 +285,8 @@ impl RegionShares {
                         id,
                         rule: params,
                         share: None,
+                        last: Some(floor(params, self.regions)),
+                        settle: false,
                         allowed: 0,
                         denied: 0,
                         last_request_micros: now_micros,
@@ -287,6 +313,7 @@ impl RegionShares {
         if let Some(entry) = self.buckets.lock().by_tag.get_mut(tag) {
             if admitted {
                 entry.allowed += 1;
+                entry.settle = false;
             } else {
                 entry.denied += 1;
             }
@@ -370,6 +397,12 @@ impl RegionShares {
                         .and_then(|s| s.strategy.as_ref())
                         .and_then(params_of)
                         .map(|p| within_rule(p, entry.rule, &mut clamped));
+                    // grown beyond what the bucket was last decided with:
+                    // settle once at the old numbers
+                    entry.settle = match (params, entry.last) {
+                        (Some(new), Some(before)) => grows(before, new),
+                        _ => false,
+                    };
                     entry.share = params.map(|params| Assigned {
                         params,
                         expires_micros: now_micros.saturating_add(ttl),
@@ -422,6 +455,14 @@ impl RegionShares {
 /// The longest time to live a share is held: the longest the global tier
 /// sends (and its margin).
 pub const MAX_SHARE_TTL_MICROS: u64 = super::MAX_TTL_MICROS + super::LIVE_MARGIN_MICROS;
+
+/// Whether `after` holds more tokens or refills faster than `before`.
+fn grows(before: BucketParams, after: BucketParams) -> bool {
+    let rate = |p: BucketParams| {
+        u128::from(p.tokens_per_unit) * 1_000_000 / u128::from(p.unit_secs.max(1))
+    };
+    after.capacity > before.capacity || rate(after) > rate(before)
+}
 
 /// `share` cut to the rule's burst and rate (counted in `clamped`): a
 /// region never holds more than the whole budget.

@@ -328,6 +328,23 @@ fn compile_scope(
         );
         ok = false;
     }
+    // a region names a bucket to the global tier by an RLQS bucket id, a
+    // map of key to value: a key twice on the path would be one entry, and
+    // two descriptors would collapse into one bucket
+    let mut seen: Vec<&str> = Vec::with_capacity(scope.keys.len());
+    for key in &scope.keys {
+        if seen.contains(&key.as_str()) {
+            scope.error(
+                errors,
+                format!(
+                    "`scope: global` on a path where the key '{key}' comes twice: the global tier names a bucket by a map of key to value, where two values of '{key}' would be one; rename one of the keys"
+                ),
+            );
+            ok = false;
+            break;
+        }
+        seen.push(key);
+    }
     ok.then_some(true)
 }
 

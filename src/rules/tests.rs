@@ -357,6 +357,13 @@ fn bad_max_values_are_named() {
         assert!(e.contains(expected), "for {rule}: {e}");
         assert!(e.contains("rules.yaml"), "{e}");
     }
+    // a key twice on a global rule's path: two descriptors (k=a, k=b) and
+    // (k=c, k=b) would be one RLQS bucket id {k: b}
+    let e = errors(
+        "domain: d\ndescriptors:\n  - key: k\n    descriptors:\n      - key: k\n        scope: global\n        rate_limit: {unit: second, requests_per_unit: 5}\n",
+    );
+    assert!(e.contains("the key 'k' comes twice"), "{e}");
+    assert!(e.contains("rules.yaml"), "{e}");
 }
 
 #[test]
@@ -401,6 +408,13 @@ fn bad_leases_are_named() {
         assert!(e.contains(expected), "for {rule}: {e}");
         assert!(e.contains("rules.yaml"), "{e}");
     }
+    // a key twice on a global rule's path: two descriptors (k=a, k=b) and
+    // (k=c, k=b) would be one RLQS bucket id {k: b}
+    let e = errors(
+        "domain: d\ndescriptors:\n  - key: k\n    descriptors:\n      - key: k\n        scope: global\n        rate_limit: {unit: second, requests_per_unit: 5}\n",
+    );
+    assert!(e.contains("the key 'k' comes twice"), "{e}");
+    assert!(e.contains("rules.yaml"), "{e}");
 }
 
 /// An RLQS bucket id reaches the rule `ShouldRateLimit` reaches with the
@@ -557,4 +571,11 @@ descriptors:
         assert!(e.contains(expected), "for {rule}: {e}");
         assert!(e.contains("rules.yaml"), "{e}");
     }
+    // a key twice on a global rule's path: two descriptors (k=a, k=b) and
+    // (k=c, k=b) would be one RLQS bucket id {k: b}
+    let e = errors(
+        "domain: d\ndescriptors:\n  - key: k\n    descriptors:\n      - key: k\n        scope: global\n        rate_limit: {unit: second, requests_per_unit: 5}\n",
+    );
+    assert!(e.contains("the key 'k' comes twice"), "{e}");
+    assert!(e.contains("rules.yaml"), "{e}");
 }

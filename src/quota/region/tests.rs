@@ -110,6 +110,13 @@ fn an_assignment_is_kept_until_it_expires_even_when_cut_off() {
         tokens_per_unit: 20,
         unit_secs: 1,
     });
+    // one decision settles at the floor (the share grew past it), then
+    // the share
+    assert_eq!(
+        limit(&shares, FailureMode::Closed, 3 * S),
+        RegionLimit::Share(floor(RULE, 3))
+    );
+    shares.record(b"tag-a", true);
     assert_eq!(limit(&shares, FailureMode::Closed, 3 * S), assigned);
     shares.set_reachable(false);
     assert_eq!(limit(&shares, FailureMode::Closed, 5 * S - 1), assigned);
@@ -293,6 +300,9 @@ fn an_assignment_beyond_the_rule_or_the_longest_ttl_is_cut() {
         now,
     );
     assert_eq!(taken, 1);
+    // (decisions settle at the floor until one is admitted)
+    limit(&shares, FailureMode::Closed, now + S);
+    shares.record(b"tag-a", true);
     assert_eq!(
         limit(&shares, FailureMode::Closed, now + S),
         RegionLimit::Share(RULE),
@@ -352,4 +362,66 @@ fn an_assignment_makes_the_global_tier_reachable() {
     shares.set_reachable(false);
     shares.apply("d", &[], 5 * S);
     assert!(shares.reachable());
+}
+
+/// A share that grows is given to one decision at the numbers before it:
+/// that decision refills the time since the last one at the old rate, so
+/// the time before the growth is never credited at the new rate (before:
+/// a bucket idle for a while refilled at the new rate from its last
+/// decision, up to the new burst). Then the new numbers.
+#[test]
+fn a_share_that_grows_settles_once_at_the_numbers_before_it() {
+    let shares = RegionShares::new(2);
+    shares.set_reachable(true);
+    let pairs = [("api_key", "a"), ("path", "/x")];
+    let small = BucketParams {
+        capacity: 10,
+        tokens_per_unit: 5,
+        unit_secs: 1,
+    };
+    let big = BucketParams {
+        capacity: 40,
+        tokens_per_unit: 20,
+        unit_secs: 1,
+    };
+    let strategy = |p: BucketParams| {
+        token_bucket(Budget {
+            burst: p.capacity as f64,
+            rate: p.tokens_per_unit as f64,
+        })
+    };
+    let floor_of = floor(RULE, 2);
+    assert_eq!(
+        limit(&shares, FailureMode::Local, S),
+        RegionLimit::Floor(floor_of)
+    );
+    // the first share, below the floor the bucket was decided with: at once
+    shares.apply("d", &[assign(&pairs, strategy(small), 10)], 2 * S);
+    assert_eq!(
+        limit(&shares, FailureMode::Local, 3 * S),
+        RegionLimit::Share(small)
+    );
+    // it grows: decisions at the small numbers until one is admitted (its
+    // spend writes the refill at those numbers), then the big ones
+    shares.apply("d", &[assign(&pairs, strategy(big), 10)], 4 * S);
+    assert_eq!(
+        limit(&shares, FailureMode::Local, 6 * S),
+        RegionLimit::Share(small)
+    );
+    shares.record(b"tag-a", false);
+    assert_eq!(
+        limit(&shares, FailureMode::Local, 6 * S),
+        RegionLimit::Share(small)
+    );
+    shares.record(b"tag-a", true);
+    assert_eq!(
+        limit(&shares, FailureMode::Local, 6 * S),
+        RegionLimit::Share(big)
+    );
+    // it shrinks: at once
+    shares.apply("d", &[assign(&pairs, strategy(small), 10)], 7 * S);
+    assert_eq!(
+        limit(&shares, FailureMode::Local, 7 * S),
+        RegionLimit::Share(small)
+    );
 }
