@@ -156,3 +156,27 @@ fn text_logs_written_to_a_pipe_carry_no_colour_codes() {
         "ANSI escapes in a pipe: {stderr:?}"
     );
 }
+
+/// Redis unreachable at start: the log says why in words (the name does
+/// not resolve, or the port refused), not a failed `CONFIG` command, and
+/// the service serves at once on its failure policies instead of waiting
+/// seconds for a connection that cannot come.
+#[test]
+fn redis_unreachable_at_start_is_named_and_does_not_hold_the_start() {
+    let refused_port = free_port().to_string();
+    for (url, said) in [
+        (
+            format!("redis://127.0.0.1:{refused_port}"),
+            "refused the connection",
+        ),
+        (
+            "redis://no-such-host.invalid:6379".to_string(),
+            "the name does not resolve",
+        ),
+    ] {
+        let stderr = stderr_of_a_run(&["--store", "redis", "--redis-url", &url]);
+        assert!(stderr.contains(said), "{url}: {stderr}");
+        assert!(!stderr.contains("CONFIG"), "{url}: {stderr}");
+        assert!(!stderr.contains("maxmemory-policy"), "{url}: {stderr}");
+    }
+}

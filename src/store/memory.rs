@@ -133,24 +133,32 @@ impl Use {
 
 /// A bucket that rejected within this many seconds counts as throttling
 /// its client, and is evicted last.
-pub const REJECTED_RECENTLY_SECS: u8 = 120;
+pub const REJECTED_RECENTLY_SECS: u32 = 120;
 
-/// When a bucket last rejected a request: the clock's second (mod 256).
+/// When a bucket last rejected a request: the clock's whole second plus
+/// one (0: never). A second kept in a `u8` wrapped every 256 s, so that a
+/// bucket that rejected once ranked as "rejected recently" for 121 of
+/// every 256 s, for ever; a `u32` wraps after 136 years.
 #[derive(Debug, Clone, Copy, Default)]
-struct Rejected {
-    ever: bool,
-    secs: u8,
-}
+struct Rejected(u32);
 
 impl Rejected {
     fn set(&mut self, now_micros: u64) {
-        self.ever = true;
-        self.secs = secs(now_micros);
+        self.0 = whole_secs(now_micros).saturating_add(1);
     }
 
     fn recently(self, now_micros: u64) -> bool {
-        self.ever && secs(now_micros).wrapping_sub(self.secs) <= REJECTED_RECENTLY_SECS
+        self.0 != 0
+            && whole_secs(now_micros)
+                .saturating_add(1)
+                .saturating_sub(self.0)
+                <= REJECTED_RECENTLY_SECS
     }
+}
+
+/// The clock's whole second (136 years before it stops counting).
+fn whole_secs(micros: u64) -> u32 {
+    u32::try_from(micros / 1_000_000).unwrap_or(u32::MAX)
 }
 
 /// The clock's whole second by which a bucket is full, rounded up;
@@ -172,8 +180,8 @@ impl FullAt {
     }
 }
 
-/// The clock's whole second, as kept in [`Rejected`] (wrapping: only
-/// differences below 256 s are read).
+/// The clock's whole second, as kept in [`Use`] (wrapping: only
+/// differences of a second or two are read).
 fn secs(micros: u64) -> u8 {
     (micros / 1_000_000) as u8
 }
@@ -610,6 +618,24 @@ mod tests {
     #[test]
     fn an_entry_is_40_bytes() {
         assert_eq!(std::mem::size_of::<Entry>(), 40);
+    }
+
+    /// A bucket that rejected once ranks as throttling for 120 s, and then
+    /// never again (with a second kept mod 256 it did for 121 of every
+    /// 256 s).
+    #[test]
+    fn a_rejection_is_recent_for_120_seconds_only() {
+        let s = 1_000_000;
+        let at = 1_000 * s;
+        let mut r = Rejected::default();
+        assert!(!r.recently(at));
+        r.set(at);
+        assert!(r.recently(at));
+        assert!(r.recently(at + 120 * s));
+        assert!(!r.recently(at + 121 * s));
+        for later in [256, 300, 512, 10_000] {
+            assert!(!r.recently(at + later * s), "{later} s later");
+        }
     }
 
     #[test]

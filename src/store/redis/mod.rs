@@ -201,6 +201,17 @@ impl RedisStore {
             command_timeout: settings.timeout,
         };
         let redacted = url::redact(&settings.url);
+        // a look first: a name that does not resolve or a port that refuses
+        // is said as such, and the start does not wait seconds for it
+        let reached = reach(&config.server).await;
+        if let Err(why) = &reached {
+            tracing::warn!(url = %redacted, "Redis not reachable at start-up ({why}); failure policies answer until it is, and the connection is retried in the background");
+        }
+        let wait = if reached.is_ok() {
+            Duration::from_secs(5)
+        } else {
+            Duration::ZERO
+        };
         let (cluster, routing) = match &config.server {
             ServerConfig::Clustered { .. } => {
                 // one connection per primary is plenty for redirections
@@ -210,9 +221,10 @@ impl RedisStore {
                 }
                 .pool(config.clone())?;
                 cluster.connect();
-                let connected =
-                    tokio::time::timeout(Duration::from_secs(5), cluster.wait_for_connect()).await;
-                log_connect(&redacted, connected);
+                if reached.is_ok() {
+                    let connected = tokio::time::timeout(wait, cluster.wait_for_connect()).await;
+                    log_connect(&redacted, connected);
+                }
                 let routing = nodes::reread(cluster.next(), &Routing::default(), &recipe)
                     .await
                     .map(|(routing, _)| routing)
@@ -225,11 +237,12 @@ impl RedisStore {
                     _ => "redis".to_string(),
                 });
                 let clients = NodeClients::connect(&recipe, config.clone())?;
-                let connected =
-                    tokio::time::timeout(Duration::from_secs(5), clients.pool.wait_for_connect())
-                        .await;
-                log_connect(&redacted, connected);
-                clients.wait(Duration::from_secs(2)).await;
+                if reached.is_ok() {
+                    let connected =
+                        tokio::time::timeout(wait, clients.pool.wait_for_connect()).await;
+                    log_connect(&redacted, connected);
+                    clients.wait(Duration::from_secs(2)).await;
+                }
                 (None, Routing::single(name, clients))
             }
         };
@@ -263,7 +276,9 @@ impl RedisStore {
             status: Arc::default(),
             metrics: None,
         };
-        store.check_eviction_policy().await;
+        if reached.is_ok() {
+            store.check_eviction_policy().await;
+        }
         Ok(store)
     }
 
@@ -668,6 +683,42 @@ fn redirect_of(e: &RedisError) -> Option<Redirect> {
         "ASK" => Some(Redirect::Ask(addr.to_string())),
         _ => None,
     }
+}
+
+/// Whether any server of `server` takes a TCP connection within a second;
+/// else why not, in words: its name does not resolve, it refuses, or it
+/// does not answer.
+async fn reach(server: &ServerConfig) -> Result<(), String> {
+    let servers: Vec<(String, u16)> = match server {
+        ServerConfig::Centralized { server } => vec![(server.host.to_string(), server.port)],
+        ServerConfig::Clustered { hosts, .. } => {
+            hosts.iter().map(|h| (h.host.to_string(), h.port)).collect()
+        }
+        _ => return Ok(()),
+    };
+    let mut why = Vec::new();
+    for (host, port) in servers {
+        let addrs = match tokio::net::lookup_host((host.as_str(), port)).await {
+            Ok(addrs) => addrs.collect::<Vec<_>>(),
+            Err(e) => {
+                why.push(format!("{host}:{port}: the name does not resolve ({e})"));
+                continue;
+            }
+        };
+        for addr in addrs {
+            match tokio::time::timeout(Duration::from_secs(1), tokio::net::TcpStream::connect(addr))
+                .await
+            {
+                Ok(Ok(_)) => return Ok(()),
+                Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+                    why.push(format!("{host}:{port} ({addr}) refused the connection"))
+                }
+                Ok(Err(e)) => why.push(format!("{host}:{port} ({addr}): {e}")),
+                Err(_) => why.push(format!("{host}:{port} ({addr}) did not answer within 1 s")),
+            }
+        }
+    }
+    Err(why.join("; "))
 }
 
 fn log_connect<E: std::fmt::Display>(
