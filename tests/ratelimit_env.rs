@@ -392,3 +392,26 @@ async fn redis_url_with_a_scheme_takes_redis_auth_and_an_outage_is_an_error() {
         "{text}"
     );
 }
+
+/// A value of one of its variables that our flag cannot read is reported
+/// under the variable the user set (before: under our flag's name only),
+/// and `--help` says that its environment is read.
+#[test]
+fn a_bad_value_names_the_variable_the_user_set() {
+    let out = common::binary_without_rls_env()
+        .env("REDIS_URL", "127.0.0.1:1")
+        .env("REDIS_TIMEOUT", "10")
+        .env("RLS_CONFIG", concat!(env!("CARGO_MANIFEST_DIR"), "/config"))
+        .output()
+        .expect("run");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("REDIS_TIMEOUT=10"), "{stderr}");
+    assert!(stderr.contains("--redis-timeout"), "{stderr}");
+    let help = common::binary_without_rls_env()
+        .arg("--help")
+        .output()
+        .expect("run");
+    let help = String::from_utf8_lossy(&help.stdout);
+    assert!(help.contains("envoyproxy/ratelimit's environment"), "{help}");
+}
