@@ -413,5 +413,8 @@ fn a_bad_value_names_the_variable_the_user_set() {
         .output()
         .expect("run");
     let help = String::from_utf8_lossy(&help.stdout);
-    assert!(help.contains("envoyproxy/ratelimit's environment"), "{help}");
+    assert!(
+        help.contains("envoyproxy/ratelimit's environment"),
+        "{help}"
+    );
 }

@@ -1038,7 +1038,7 @@ async fn a_decision_lost_after_ask_is_never_sent_again() {
     let slot = fred::util::redis_keyslot(&key_of(&entries, "0"));
     let src = cluster.owner_of_slot(slot);
     let dst = cluster.other_primary(src);
-    let (src_id, dst_id) = (cluster.node_id(src), cluster.node_id(dst));
+    let dst_id = cluster.node_id(dst);
     // the importing node announces the proxy's port: the ASK names it
     let dst_port = cluster.nodes[dst].port;
     let (proxy, askings) = ask_reply_dropper(dst_port).await;
@@ -1065,12 +1065,7 @@ async fn a_decision_lost_after_ask_is_never_sent_again() {
     let rules = rules_dir(RULES);
     let s = start(&cluster.url(), &rules).await;
     let slot_s = slot.to_string();
-    assert!(cluster.nodes[dst]
-        .cli(&["CLUSTER", "SETSLOT", &slot_s, "IMPORTING", &src_id])
-        .contains("OK"));
-    assert!(cluster.nodes[src]
-        .cli(&["CLUSTER", "SETSLOT", &slot_s, "MIGRATING", &dst_id])
-        .contains("OK"));
+    assert_eq!(begin_migration(&cluster, slot), (src, dst));
     let mut c = client(&s).await;
     // the importing node has the script (else its reply, lost, would
     // have been NOSCRIPT: nothing ran)

@@ -329,6 +329,25 @@ struct Collector {
     spans: Arc<parking_lot::Mutex<Vec<Span>>>,
 }
 
+impl Collector {
+    /// A collector serving on a loopback port: it, and its address.
+    async fn start() -> (Self, SocketAddr) {
+        let collector = Collector::default();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let svc = TraceServiceServer::new(collector.clone());
+        tokio::spawn(async move {
+            let _ = tonic::transport::Server::builder()
+                .add_service(svc)
+                .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener))
+                .await;
+        });
+        (collector, addr)
+    }
+}
+
 #[tonic::async_trait]
 impl TraceService for Collector {
     async fn export(
@@ -347,18 +366,7 @@ impl TraceService for Collector {
 
 #[tokio::test]
 async fn spans_reach_an_otlp_collector_and_continue_the_callers_trace() {
-    let collector = Collector::default();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let otlp = listener.local_addr().expect("addr");
-    let svc = TraceServiceServer::new(collector.clone());
-    tokio::spawn(async move {
-        let _ = tonic::transport::Server::builder()
-            .add_service(svc)
-            .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener))
-            .await;
-    });
+    let (collector, otlp) = Collector::start().await;
 
     let dir = rules_dir(RULES);
     let (grpc, admin) = (free_port(), free_port());
@@ -730,18 +738,7 @@ descriptors:
 /// (before, none did).
 #[tokio::test]
 async fn tracing_enabled_decides_whether_spans_are_sent() {
-    let collector = Collector::default();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let otlp = listener.local_addr().expect("addr");
-    let svc = TraceServiceServer::new(collector.clone());
-    tokio::spawn(async move {
-        let _ = tonic::transport::Server::builder()
-            .add_service(svc)
-            .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener))
-            .await;
-    });
+    let (collector, otlp) = Collector::start().await;
     let dir = rules_dir(RULES);
     let run = |tracing: &[(&str, String)]| {
         let (grpc, admin) = (free_port(), free_port());

@@ -19,29 +19,18 @@ use tonic::transport::{Certificate, Identity, ServerTlsConfig};
 
 #[tokio::test]
 async fn rules_over_xds_with_mtls_ack_nack_update_and_reconnect() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let ca = common::tls::Ca::new(dir.path(), "xds");
-    let (server_pem, server_key) = ca.issue("xds-server", true);
-    let (client_pem, client_key) = ca.issue("rls-client", false);
-    let read = |p: &std::path::Path| std::fs::read(p).expect("read");
-    let tls = ServerTlsConfig::new()
-        .identity(Identity::from_pem(read(&server_pem), read(&server_key)))
-        .client_ca_root(Certificate::from_pem(read(&ca.pem())));
-    let port = common::free_port();
+    let m = mtls_ads().await;
+    let (mut args, _unused) = xds_args(&m);
+    let MtlsAds {
+        mut ads, port, tls, ..
+    } = m;
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
-    let mut ads = AdsServer::start(addr, tls.clone()).await;
-
-    let unused = rules_dir("domain: unused\ndescriptors: []\n");
-    let mut args = serve_args(unused.path().to_path_buf());
     // by address, the certificate checked for the name it carries
     args.xds_server = Some(format!("https://127.0.0.1:{port}"));
     args.xds_server_name = Some("localhost".into());
     args.xds_node_id = "envoy-ratelimit".into();
     args.xds_node_metadata = tokenbucket_rls::cli::Pairs(vec![("cluster".into(), "eg".into())]);
     args.xds_headers = tokenbucket_rls::cli::Pairs(vec![("x-tenant".into(), "eg".into())]);
-    args.xds_ca_file = Some(ca.pem());
-    args.xds_client_cert = Some(client_pem.clone());
-    args.xds_client_key = Some(client_key.clone());
     let s = tokenbucket_rls::server::start(&args)
         .await
         .expect("server starts");
@@ -194,19 +183,12 @@ async fn rules_over_xds_with_mtls_ack_nack_update_and_reconnect() {
 /// come: the service stays not ready and says why in its log.
 #[tokio::test]
 async fn an_xds_server_that_refuses_the_client_leaves_it_not_ready() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let ca = common::tls::Ca::new(dir.path(), "xds");
-    let (server_pem, server_key) = ca.issue("xds-server", true);
-    let read = |p: &std::path::Path| std::fs::read(p).expect("read");
-    let tls = ServerTlsConfig::new()
-        .identity(Identity::from_pem(read(&server_pem), read(&server_key)))
-        .client_ca_root(Certificate::from_pem(read(&ca.pem())));
-    let port = common::free_port();
-    let ads = AdsServer::start(SocketAddr::from(([127, 0, 0, 1], port)), tls).await;
-    let unused = rules_dir("domain: unused\ndescriptors: []\n");
-    let mut args = serve_args(unused.path().to_path_buf());
-    args.xds_server = Some(format!("https://localhost:{port}"));
-    args.xds_ca_file = Some(ca.pem());
+    let m = mtls_ads().await;
+    let (mut args, _unused) = xds_args(&m);
+    // no client certificate
+    args.xds_client_cert = None;
+    args.xds_client_key = None;
+    let ads = m.ads;
     let s = tokenbucket_rls::server::start(&args)
         .await
         .expect("server starts");
@@ -411,16 +393,18 @@ fn envoy_gateway_example_env() -> Vec<(String, String)> {
         .collect()
 }
 
-/// An mTLS ADS server on a free port, with its CA and a client
-/// certificate: (server, port, ca, client cert, client key, dir).
-async fn mtls_ads() -> (
-    AdsServer,
-    u16,
-    common::tls::Ca,
-    std::path::PathBuf,
-    std::path::PathBuf,
-    tempfile::TempDir,
-) {
+/// An mTLS ADS server on a free port, with what a client needs to reach it.
+struct MtlsAds {
+    ads: AdsServer,
+    port: u16,
+    ca: common::tls::Ca,
+    client_pem: std::path::PathBuf,
+    client_key: std::path::PathBuf,
+    tls: ServerTlsConfig,
+    _dir: tempfile::TempDir,
+}
+
+async fn mtls_ads() -> MtlsAds {
     let dir = tempfile::tempdir().expect("tempdir");
     let ca = common::tls::Ca::new(dir.path(), "xds");
     let (server_pem, server_key) = ca.issue("xds-server", true);
@@ -430,8 +414,28 @@ async fn mtls_ads() -> (
         .identity(Identity::from_pem(read(&server_pem), read(&server_key)))
         .client_ca_root(Certificate::from_pem(read(&ca.pem())));
     let port = common::free_port();
-    let ads = AdsServer::start(SocketAddr::from(([127, 0, 0, 1], port)), tls).await;
-    (ads, port, ca, client_pem, client_key, dir)
+    let ads = AdsServer::start(SocketAddr::from(([127, 0, 0, 1], port)), tls.clone()).await;
+    MtlsAds {
+        ads,
+        port,
+        ca,
+        client_pem,
+        client_key,
+        tls,
+        _dir: dir,
+    }
+}
+
+/// Server arguments taking the rules from `m` with its client
+/// certificate (the rules directory holds none that matter).
+fn xds_args(m: &MtlsAds) -> (tokenbucket_rls::cli::ServeArgs, tempfile::TempDir) {
+    let unused = rules_dir("domain: unused\ndescriptors: []\n");
+    let mut args = serve_args(unused.path().to_path_buf());
+    args.xds_server = Some(format!("https://localhost:{}", m.port));
+    args.xds_ca_file = Some(m.ca.pem());
+    args.xds_client_cert = Some(m.client_pem.clone());
+    args.xds_client_key = Some(m.client_key.clone());
+    (args, unused)
 }
 
 fn any_of(type_url: &str, value: Vec<u8>) -> envoy_types::pb::google::protobuf::Any {
@@ -482,13 +486,9 @@ fn response(
 /// of another type, is NACKed and the rules in force keep limiting.
 #[tokio::test]
 async fn wrapped_resources_are_taken_and_foreign_ones_nacked() {
-    let (mut ads, port, ca, client_pem, client_key, _dir) = mtls_ads().await;
-    let unused = rules_dir("domain: unused\ndescriptors: []\n");
-    let mut args = serve_args(unused.path().to_path_buf());
-    args.xds_server = Some(format!("https://localhost:{port}"));
-    args.xds_ca_file = Some(ca.pem());
-    args.xds_client_cert = Some(client_pem);
-    args.xds_client_key = Some(client_key);
+    let m = mtls_ads().await;
+    let (args, _unused) = xds_args(&m);
+    let mut ads = m.ads;
     let s = tokenbucket_rls::server::start(&args)
         .await
         .expect("server starts");
@@ -612,13 +612,9 @@ fn config_of_size(
 /// again with the version in force.
 #[tokio::test]
 async fn snapshots_up_to_the_configured_size_are_taken() {
-    let (mut ads, port, ca, client_pem, client_key, _dir) = mtls_ads().await;
-    let unused = rules_dir("domain: unused\ndescriptors: []\n");
-    let mut args = serve_args(unused.path().to_path_buf());
-    args.xds_server = Some(format!("https://localhost:{port}"));
-    args.xds_ca_file = Some(ca.pem());
-    args.xds_client_cert = Some(client_pem);
-    args.xds_client_key = Some(client_key);
+    let m = mtls_ads().await;
+    let (mut args, _unused) = xds_args(&m);
+    let mut ads = m.ads;
     args.xds_max_message_size = 6 * 1024 * 1024;
     let s = tokenbucket_rls::server::start(&args)
         .await
@@ -684,7 +680,15 @@ async fn tls_files_with_a_plaintext_xds_url_are_refused() {
 /// the environment: flags win.
 #[tokio::test]
 async fn the_binary_honours_use_tls_and_a_config_flag() {
-    let (mut ads, port, ca, client_pem, client_key, _dir) = mtls_ads().await;
+    let MtlsAds {
+        mut ads,
+        port,
+        ca,
+        client_pem,
+        client_key,
+        _dir,
+        ..
+    } = mtls_ads().await;
     let p = |path: &std::path::Path| path.display().to_string();
     let http = common::free_port();
     let grpc = common::free_port();
