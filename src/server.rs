@@ -302,8 +302,11 @@ pub async fn start(args: &ServeArgs) -> Result<RunningServer> {
     let rls = RateLimitServiceServer::new(service).max_decoding_message_size(MAX_REQUEST_BYTES);
     let quota_hub = QuotaHub::new(rules.clone(), metrics.clone(), args.instances, quota_ledger)?;
     quota_hub.spawn_ticker();
-    let rlqs = RateLimitQuotaServiceServer::new(RateLimitQuotaGrpc::new(quota_hub.clone()))
-        .max_decoding_message_size(MAX_REQUEST_BYTES);
+    let rlqs = RateLimitQuotaServiceServer::new(
+        RateLimitQuotaGrpc::new(quota_hub.clone())
+            .with_region_certificates(args.tls_cert.is_some() && args.tls_client_ca.is_some()),
+    )
+    .max_decoding_message_size(MAX_REQUEST_BYTES);
     let router = move || {
         tonic::transport::Server::builder()
             .max_concurrent_streams(Some(MAX_STREAMS_PER_CONNECTION))

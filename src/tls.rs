@@ -5,6 +5,9 @@
 //! a rotated Kubernetes secret), a new configuration is built and used for new
 //! connections; a change that does not load is logged and the previous
 //! configuration keeps serving.
+//!
+//! A region proves its name with its client certificate: a DNS SAN
+//! `<region>.regions.<domain>` ([`names_region`]).
 
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
@@ -78,6 +81,9 @@ impl ReloadingTls {
                         Ok(Ok(stream)) => {
                             let _ = tx.send(Ok(stream)).await;
                         }
+                        Ok(Err(e)) if refused_certificate(&e) => {
+                            tracing::warn!(%peer, error = %e, "TLS handshake refused: the client's certificate is not accepted (expired, not yet valid, or not signed by --tls-client-ca)")
+                        }
                         Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
                         Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
                     }
@@ -113,6 +119,37 @@ impl ReloadingTls {
             }
         });
     }
+}
+
+/// Whether a handshake failed on the peer's certificate.
+fn refused_certificate(e: &std::io::Error) -> bool {
+    e.get_ref()
+        .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+        .is_some_and(|e| {
+            matches!(
+                e,
+                rustls::Error::InvalidCertificate(_) | rustls::Error::NoCertificatesPresented
+            )
+        })
+}
+
+/// Whether the client certificate `chain` (its first, the end entity's)
+/// names region `region`: a DNS subject alternative name
+/// `<region>.regions.<domain>` (any domain, compared without case), as
+/// README "Several regions" says to issue them.
+pub fn names_region(chain: &[CertificateDer<'_>], region: &str) -> bool {
+    let Some(leaf) = chain.first() else {
+        return false;
+    };
+    let Ok(cert) = webpki::EndEntityCert::try_from(leaf) else {
+        return false;
+    };
+    let prefix = format!("{}.regions.", region.to_ascii_lowercase());
+    cert.valid_dns_names().any(|name| {
+        let name = name.to_ascii_lowercase();
+        name.strip_prefix(&prefix)
+            .is_some_and(|domain| !domain.is_empty() && !domain.starts_with('.'))
+    })
 }
 
 fn fingerprint(files: &TlsFiles) -> u64 {

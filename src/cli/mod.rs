@@ -265,7 +265,8 @@ pub struct ServeArgs {
     pub xds_ca_file: Option<PathBuf>,
     /// This instance is a region: `scope: global` rules spend the share of
     /// their global budget that the global tier at this URL (another
-    /// tokenbucket-rls's gRPC port, http://HOST:PORT) gives this region.
+    /// tokenbucket-rls's gRPC port, http://HOST:PORT, or https:// for TLS)
+    /// gives this region.
     #[arg(long, env = "RLS_QUOTA_UPSTREAM", requires_all = ["region", "regions"])]
     pub quota_upstream: Option<String>,
     /// This region's name, the same on all of its instances (with --quota-upstream).
@@ -275,6 +276,27 @@ pub struct ServeArgs {
     /// cut off, a region falls back to B/N and r/N (with --quota-upstream).
     #[arg(long, env = "RLS_REGIONS", requires = "quota_upstream", value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub regions: Option<u32>,
+    /// PEM CA of the global tier's certificate (an https:// --quota-upstream).
+    #[arg(long, env = "RLS_QUOTA_UPSTREAM_CA_FILE", requires = "quota_upstream")]
+    pub quota_upstream_ca_file: Option<PathBuf>,
+    /// PEM client certificate this region shows the global tier (naming the
+    /// region: DNS SAN <region>.regions.<domain>), with
+    /// --quota-upstream-client-key. Read again when it changes on disk.
+    #[arg(long, env = "RLS_QUOTA_UPSTREAM_CLIENT_CERT", requires_all = ["quota_upstream", "quota_upstream_client_key"])]
+    pub quota_upstream_client_cert: Option<PathBuf>,
+    #[arg(
+        long,
+        env = "RLS_QUOTA_UPSTREAM_CLIENT_KEY",
+        requires = "quota_upstream_client_cert"
+    )]
+    pub quota_upstream_client_key: Option<PathBuf>,
+    /// The name the global tier's certificate must carry, when not the URL's host.
+    #[arg(
+        long,
+        env = "RLS_QUOTA_UPSTREAM_SERVER_NAME",
+        requires = "quota_upstream"
+    )]
+    pub quota_upstream_server_name: Option<String>,
     /// PEM client certificate for the xDS server (mTLS), with --xds-client-key.
     #[arg(long, env = "RLS_XDS_CLIENT_CERT", requires = "xds_client_key")]
     pub xds_client_cert: Option<PathBuf>,
@@ -307,6 +329,14 @@ impl ServeArgs {
             url: self.quota_upstream.clone()?,
             region: self.region.clone().unwrap_or_default(),
             regions: self.regions.unwrap_or(1),
+            tls: crate::quota::upstream::UpstreamTls {
+                ca_file: self.quota_upstream_ca_file.clone(),
+                client_cert: self
+                    .quota_upstream_client_cert
+                    .clone()
+                    .zip(self.quota_upstream_client_key.clone()),
+                server_name: self.quota_upstream_server_name.clone(),
+            },
         })
     }
 

@@ -11,6 +11,13 @@
 //! hangs (a frozen process, a link that drops packets) counts as cut off,
 //! as one that refuses connections does; it is made again at once, then
 //! every [`RETRY`] until it answers.
+//!
+//! Over TLS (`https://`), the global tier's certificate is checked against
+//! `--quota-upstream-ca-file` for the URL's host (or
+//! `--quota-upstream-server-name`), and the region shows its own client
+//! certificate, which names it (README "Several regions"). The files are
+//! read at each connection, and a connection is made again when they change
+//! on disk, so a renewed certificate is used without a restart.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -19,7 +26,7 @@ use std::time::Duration;
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_client::RateLimitQuotaServiceClient;
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::RateLimitQuotaUsageReports;
 use tokio::sync::mpsc;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
 use super::policy::rule_label;
 use super::region::RegionShares;
@@ -32,24 +39,96 @@ pub const REPORT_INTERVAL: Duration = Duration::from_secs(1);
 /// Wait between attempts to reach a global tier that does not answer.
 pub const RETRY: Duration = Duration::from_millis(500);
 
-/// `--quota-upstream`, `--region`, `--regions`.
+/// `--quota-upstream`, `--region`, `--regions`, and TLS.
 #[derive(Debug, Clone)]
 pub struct UpstreamSettings {
-    /// `http://host:port` of the global tier's gRPC port.
+    /// `http://host:port` of the global tier's gRPC port, or `https://`.
     pub url: String,
     pub region: String,
     pub regions: u32,
+    pub tls: UpstreamTls,
+}
+
+/// `--quota-upstream-ca-file`, `-client-cert`/`-client-key`, `-server-name`.
+#[derive(Debug, Clone, Default)]
+pub struct UpstreamTls {
+    pub ca_file: Option<std::path::PathBuf>,
+    pub client_cert: Option<(std::path::PathBuf, std::path::PathBuf)>,
+    pub server_name: Option<String>,
+}
+
+impl UpstreamTls {
+    fn given(&self) -> Vec<&'static str> {
+        [
+            (self.ca_file.is_some(), "--quota-upstream-ca-file"),
+            (
+                self.client_cert.is_some(),
+                "--quota-upstream-client-cert/--quota-upstream-client-key",
+            ),
+            (self.server_name.is_some(), "--quota-upstream-server-name"),
+        ]
+        .into_iter()
+        .filter_map(|(set, name)| set.then_some(name))
+        .collect()
+    }
+
+    /// The client's TLS configuration, its files read now.
+    fn config(&self) -> anyhow::Result<ClientTlsConfig> {
+        let mut tls = ClientTlsConfig::new();
+        if let Some(ca) = &self.ca_file {
+            let pem = std::fs::read(ca)
+                .map_err(|e| anyhow::anyhow!("--quota-upstream-ca-file {}: {e}", ca.display()))?;
+            tls = tls.ca_certificate(Certificate::from_pem(pem));
+        }
+        if let Some((cert, key)) = &self.client_cert {
+            let read = |p: &std::path::Path| {
+                std::fs::read(p).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))
+            };
+            tls = tls.identity(Identity::from_pem(read(cert)?, read(key)?));
+        }
+        if let Some(name) = &self.server_name {
+            tls = tls.domain_name(name.clone());
+        }
+        Ok(tls)
+    }
+
+    /// The files' contents, hashed: a change means a renewed certificate.
+    fn fingerprint(&self) -> u64 {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        let files = self
+            .ca_file
+            .iter()
+            .chain(self.client_cert.iter().flat_map(|(c, k)| [c, k]));
+        for path in files {
+            std::fs::read(path).ok().hash(&mut h);
+        }
+        h.finish()
+    }
 }
 
 impl UpstreamSettings {
     /// Checks what can be checked before start: a URL this client can
-    /// reach, a region name that fits a gRPC header.
+    /// reach, TLS files only with TLS (and readable), a region name that
+    /// fits a gRPC header.
     pub fn validate(&self) -> anyhow::Result<()> {
-        if !self.url.starts_with("http://") {
+        let tls = self.url.starts_with("https://");
+        if !tls && !self.url.starts_with("http://") {
             anyhow::bail!(
-                "--quota-upstream {}: give the global tier's gRPC address as http://HOST:PORT (TLS to the global tier is not supported yet)",
+                "--quota-upstream {}: give the global tier's gRPC address as http://HOST:PORT, or https://HOST:PORT for TLS",
                 self.url
             );
+        }
+        let given = self.tls.given();
+        if !tls && !given.is_empty() {
+            anyhow::bail!(
+                "--quota-upstream {}: {} given for a plaintext URL; use https://, or leave them out",
+                self.url,
+                given.join(", ")
+            );
+        }
+        if tls {
+            self.tls.config()?;
         }
         Endpoint::from_shared(self.url.clone())
             .map_err(|e| anyhow::anyhow!("--quota-upstream {}: {e}", self.url))?;
@@ -76,6 +155,7 @@ pub async fn run(
     metrics: Arc<Metrics>,
 ) {
     tracing::info!(upstream = %settings.url, region = %settings.region, regions = settings.regions, "global budgets from the global tier");
+    let tls = settings.url.starts_with("https://");
     let mut tick = tokio::time::interval(REPORT_INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // why the last stream was refused: until an assignment comes, the
@@ -84,7 +164,7 @@ pub async fn run(
     // whether "cannot reach" was logged since the tier last answered
     let mut unreachable_logged = false;
     loop {
-        let reached = match connect(&settings.url).await {
+        let reached = match connect(&settings.url, tls.then_some(&settings.tls)).await {
             Ok(channel) => answers(&channel).await.map(|()| channel),
             Err(e) => Err(e),
         };
@@ -165,8 +245,12 @@ async fn answers(channel: &Channel) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn connect(url: &str) -> anyhow::Result<Channel> {
-    Ok(Endpoint::from_shared(url.to_owned())?
+async fn connect(url: &str, tls: Option<&UpstreamTls>) -> anyhow::Result<Channel> {
+    let mut endpoint = Endpoint::from_shared(url.to_owned())?;
+    if let Some(tls) = tls {
+        endpoint = endpoint.tls_config(tls.config()?)?;
+    }
+    Ok(endpoint
         .connect_timeout(Duration::from_secs(1))
         .tcp_nodelay(true)
         .http2_keep_alive_interval(Duration::from_secs(1))
@@ -193,8 +277,12 @@ async fn serve(
 ) -> Ended {
     let client = RateLimitQuotaServiceClient::new(channel.clone());
     let mut streams: HashMap<String, DomainStream> = HashMap::new();
+    let files = settings.tls.fingerprint();
     loop {
         tick.tick().await;
+        if settings.tls.fingerprint() != files {
+            return Ended::lost("the TLS files changed on disk: connecting again with them");
+        }
         for (domain, s) in &mut streams {
             if let Ok(ended) = s.ended.try_recv() {
                 return Ended {
@@ -304,4 +392,50 @@ fn publish(shares: &RegionShares, rules: &SharedRules, metrics: &Metrics) {
         now,
     );
     metrics.region_shares(&totals);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(url: &str, tls: UpstreamTls) -> UpstreamSettings {
+        UpstreamSettings {
+            url: url.into(),
+            region: "eu".into(),
+            regions: 2,
+            tls,
+        }
+    }
+
+    /// TLS files with a plaintext URL would be ignored: refused, named; an
+    /// https:// URL's files must be readable at start.
+    #[test]
+    fn tls_settings_need_an_https_url_and_files_that_read() {
+        let ca = UpstreamTls {
+            ca_file: Some("/no/such/ca.pem".into()),
+            ..UpstreamTls::default()
+        };
+        let e = settings("http://tier:8081", ca.clone())
+            .validate()
+            .expect_err("plaintext with a CA");
+        assert!(e.to_string().contains("--quota-upstream-ca-file"), "{e}");
+        let e = settings("https://tier:8081", ca)
+            .validate()
+            .expect_err("a CA that does not read");
+        assert!(e.to_string().contains("/no/such/ca.pem"), "{e}");
+        let named = UpstreamTls {
+            server_name: Some("tier.example.com".into()),
+            ..UpstreamTls::default()
+        };
+        assert!(settings("http://tier:8081", named.clone())
+            .validate()
+            .is_err());
+        assert!(settings("https://tier:8081", named).validate().is_ok());
+        assert!(settings("grpc://tier:8081", UpstreamTls::default())
+            .validate()
+            .is_err());
+        assert!(settings("http://tier:8081", UpstreamTls::default())
+            .validate()
+            .is_ok());
+    }
 }

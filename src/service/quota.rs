@@ -227,6 +227,7 @@ impl QuotaHub {
             return Ok(stream);
         };
         if self.instances > 1 {
+            self.metrics.region_refused("instances");
             return Err(Status::failed_precondition(
                 "this global tier splits each budget with other instances (--instances above 1); regions need one global-tier instance (README, \"Several regions\")",
             ));
@@ -234,9 +235,10 @@ impl QuotaHub {
         let mut all = self.regions.lock();
         match all.count {
             Some(n) if n != *regions => {
+                self.metrics.region_refused("count");
                 return Err(Status::failed_precondition(format!(
                     "region {name} says --regions {regions}, but the regions already reporting here said {n}; every region must be started with the same --regions"
-                )))
+                )));
             }
             _ => all.count = Some(*regions),
         }
@@ -539,11 +541,45 @@ fn random_replica() -> u32 {
 /// The gRPC service.
 pub struct RateLimitQuotaGrpc {
     hub: Arc<QuotaHub>,
+    /// Clients show certificates (`--tls-client-ca`): a region's must name
+    /// it ([`crate::tls::names_region`]).
+    regions_by_certificate: bool,
 }
 
 impl RateLimitQuotaGrpc {
     pub fn new(hub: Arc<QuotaHub>) -> Self {
-        Self { hub }
+        Self {
+            hub,
+            regions_by_certificate: false,
+        }
+    }
+
+    /// Takes a region's stream only from a client whose certificate names
+    /// that region (on a port that requires client certificates).
+    pub fn with_region_certificates(mut self, required: bool) -> Self {
+        self.regions_by_certificate = required;
+        self
+    }
+
+    /// Refuses a region that its client certificate does not name.
+    fn check_region<T>(&self, caller: &Caller, request: &Request<T>) -> Result<(), Status> {
+        let Caller::Region { name, .. } = caller else {
+            return Ok(());
+        };
+        if !self.regions_by_certificate {
+            return Ok(());
+        }
+        let named = request
+            .peer_certs()
+            .is_some_and(|chain| crate::tls::names_region(&chain, name));
+        if named {
+            return Ok(());
+        }
+        self.hub.metrics.region_refused("certificate");
+        tracing::warn!(region = %name, peer = ?request.remote_addr(), "region stream refused: its client certificate does not name the region");
+        Err(Status::permission_denied(format!(
+            "region {name}: the client certificate does not name this region (it needs a DNS subject alternative name {name}.regions.<domain>)"
+        )))
     }
 }
 
@@ -556,6 +592,7 @@ impl RateLimitQuotaService for RateLimitQuotaGrpc {
         request: Request<Streaming<RateLimitQuotaUsageReports>>,
     ) -> Result<Response<Self::StreamRateLimitQuotasStream>, Status> {
         let caller = caller_of(request.metadata())?;
+        self.check_region(&caller, &request)?;
         let mut inbound = request.into_inner();
         let (id, mut outbound) = self.hub.open();
         let hub = self.hub.clone();

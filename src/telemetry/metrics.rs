@@ -159,6 +159,7 @@ struct RegionMetrics {
     fallback: IntCounterVec,
     buckets: IntGauge,
     clamped: IntCounterVec,
+    refused: IntCounterVec,
 }
 
 impl RegionMetrics {
@@ -184,6 +185,17 @@ impl RegionMetrics {
         .expect("valid metric");
         for part in ["burst", "rate", "ttl"] {
             clamped.with_label_values(&[part]);
+        }
+        let refused = IntCounterVec::new(
+            Opts::new(
+                "rls_region_streams_refused_total",
+                "Region streams this global tier refused, by why: certificate (its client certificate names no such region), count (another --regions), instances (this global tier has --instances above 1)",
+            ),
+            &["reason"],
+        )
+        .expect("valid metric");
+        for reason in ["certificate", "count", "instances"] {
+            refused.with_label_values(&[reason]);
         }
         Self {
             share: prometheus::GaugeVec::new(
@@ -217,6 +229,7 @@ impl RegionMetrics {
             .expect("valid metric"),
             fallback,
             clamped,
+            refused,
             buckets: IntGauge::new(
                 "rls_region_buckets",
                 "Global buckets this region holds (shares and demand)",
@@ -235,6 +248,7 @@ impl RegionMetrics {
             Box::new(self.fallback.clone()),
             Box::new(self.buckets.clone()),
             Box::new(self.clamped.clone()),
+            Box::new(self.refused.clone()),
         ]
     }
 }
@@ -793,6 +807,11 @@ impl Metrics {
                 self.region.clamped.with_label_values(&[part]).inc_by(n);
             }
         }
+    }
+
+    /// A region stream refused on the global tier, and why.
+    pub fn region_refused(&self, reason: &str) {
+        self.region.refused.with_label_values(&[reason]).inc();
     }
 
     pub fn region_reports(&self, n: usize) {

@@ -60,6 +60,21 @@ impl Ca {
         } else {
             "extendedKeyUsage=clientAuth\n"
         };
+        self.issue_with(leaf, ext, "2")
+    }
+
+    /// Issues a client certificate naming `region` as README "Several
+    /// regions" says (DNS SAN `<region>.regions.test`), valid for `days`
+    /// ("0": expired a second after it is made).
+    pub fn issue_region(&self, leaf: &str, region: &str, days: &str) -> (PathBuf, PathBuf) {
+        let ext =
+            format!("subjectAltName=DNS:{region}.regions.test\nextendedKeyUsage=clientAuth\n");
+        self.issue_with(leaf, &ext, days)
+    }
+
+    /// Issues `<leaf>.pem` / `<leaf>.key` with the extensions `ext`, valid
+    /// for `days`.
+    pub fn issue_with(&self, leaf: &str, ext: &str, days: &str) -> (PathBuf, PathBuf) {
         std::fs::write(self.dir.join(format!("{leaf}.ext")), ext).expect("ext file");
         openssl(
             &self.dir,
@@ -89,7 +104,7 @@ impl Ca {
                 &format!("{}-ca.key", self.name),
                 "-CAcreateserial",
                 "-days",
-                "2",
+                days,
                 "-out",
                 &format!("{leaf}.pem"),
                 "-extfile",
