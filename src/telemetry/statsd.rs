@@ -189,6 +189,22 @@ mod tests {
         assert!(c.drain_lines().is_empty(), "sent once");
     }
 
+    /// `hits_addend` near 2^64 saturates the count instead of wrapping.
+    #[test]
+    fn counts_saturate() {
+        let c = StatsdCounters::default();
+        let ok = [true, true, false, false, false];
+        c.add("edge", "k", ok, 2);
+        c.add("edge", "k", ok, u64::MAX - 1);
+        assert_eq!(
+            c.drain_lines()[0],
+            format!(
+                "ratelimit.service.rate_limit.edge.k.total_hits:{}|c",
+                u64::MAX
+            )
+        );
+    }
+
     #[test]
     fn packets_stay_under_the_limit() {
         let lines: Vec<String> = (0..100).map(|i| format!("stat.{i}:1|c")).collect();
