@@ -504,6 +504,11 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
                 let mut waiting = pending.lock();
                 let batching = batch > 1 && script.load(Ordering::Relaxed) != BATCH_REFUSED;
                 for call in taken.drain(..) {
+                    if call.answer.is_closed() {
+                        // its caller is gone (its deadline passed, and the
+                        // failure mode answered): never written, never spent
+                        continue;
+                    }
                     match call.command {
                         Command::Decision {
                             decision,
@@ -1142,6 +1147,26 @@ mod wire_tests {
         assert!(writes <= 2, "200 calls took {writes} writes");
         let reads = reads.load(Ordering::Relaxed);
         assert!(reads <= 10, "200 calls reached the server in {reads} reads");
+    }
+
+    /// A call whose caller has gone before it was written (its deadline
+    /// passed: the failure mode answered) is never written, so it cannot
+    /// spend: the next call is the server's first command.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_call_whose_caller_is_gone_is_not_written() {
+        let (port, _) = stand_in(None).await;
+        let pipes = Arc::new(Pipes::connect(&target(port), 1, 0, 1));
+        pipes.wait(Duration::from_secs(2)).await;
+        let keys = [Key::from("k")];
+        // queued, then given up on before the writer's turn
+        let mut gone = Box::pin(pipes.eval("sha", "body", &keys, &[]));
+        assert!(futures::poll!(&mut gone).is_pending(), "queued");
+        drop(gone);
+        let answer = pipes
+            .eval("sha", "body", &keys, &[])
+            .await
+            .expect("answered");
+        assert_eq!(answer, [1], "the server's first command");
     }
 
     #[tokio::test(flavor = "current_thread")]
