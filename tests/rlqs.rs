@@ -347,6 +347,79 @@ async fn a_stream_ends_with_its_connection_and_its_backlog_is_bounded() {
     server.shutdown().await.expect("stop");
 }
 
+/// Envoys that report and never read what they are sent (#43 item 2):
+/// what waits for each is the newest action per bucket, at most 2 MiB a
+/// stream (before: up to 16 messages of up to 1 MiB each, 9–16 MiB a
+/// frozen client), shown by `rls_quota_outbox_bytes`; it is all given back
+/// when they go; a reading Envoy beside them is served all along.
+#[tokio::test]
+async fn envoys_that_do_not_read_hold_a_bounded_outbox() {
+    let rules = rules_dir(RULES);
+    let server = serve(&rules).await;
+    // the frozen Envoys on a runtime of their own, so that ending it closes
+    // their connections (as processes that exit do)
+    let addr = server.grpc_addr;
+    let (go, gone) = std::sync::mpsc::channel::<()>();
+    let frozen = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        runtime.block_on(async {
+            let usages: Vec<BucketQuotaUsage> = (0..15_000)
+                .map(|i| usage(&[("tenant", "acme"), ("api_key", &format!("k{i}"))], 1, 1))
+                .collect();
+            let mut envoys = Vec::new();
+            for _ in 0..8 {
+                envoys.push(Envoy::connect(addr).await);
+            }
+            // report every 200 ms, never read, until told to go
+            for _ in 0..100 {
+                for envoy in &envoys {
+                    envoy.send("edge", usages.clone());
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                if gone.try_recv().is_ok() {
+                    break;
+                }
+            }
+        });
+        runtime.shutdown_background();
+    });
+    let mut reader = Envoy::connect(server.grpc_addr).await;
+    let outbox = || sample(&server.metrics.render(), "rls_quota_outbox_bytes").unwrap_or(0.0);
+    let mut most: f64 = 0.0;
+    let mut served = 0;
+    for _ in 0..20 {
+        reader.report("edge", &[("tenant", "acme"), ("api_key", "reader")], 1, 1);
+        if reader
+            .latest("reader", Duration::from_millis(200))
+            .await
+            .is_some()
+        {
+            served += 1;
+        }
+        most = most.max(outbox());
+    }
+    let _ = go.send(());
+    frozen.join().expect("frozen Envoys' thread");
+    eprintln!("at most {most} bytes waiting for 8 Envoys that do not read");
+    assert!(most > 0.0, "assignments did wait");
+    assert!(
+        most <= 8.0 * 2.0 * 1024.0 * 1024.0 + 64.0 * 1024.0,
+        "{most} bytes waiting"
+    );
+    assert!(served >= 1, "the reading Envoy was served");
+    let streams = || sample(&server.metrics.render(), "rls_quota_streams");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while (outbox() > 0.0 || streams() != Some(1.0)) && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(streams(), Some(1.0), "the frozen Envoys' streams ended");
+    assert!(outbox() <= 64.0 * 1024.0, "given back: {} bytes", outbox());
+    server.shutdown().await.expect("stop");
+}
+
 #[tokio::test]
 async fn a_stream_whose_first_report_has_no_domain_is_refused() {
     let rules = rules_dir(RULES);

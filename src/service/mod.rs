@@ -3,6 +3,7 @@
 //! Reads the request ([`request`]), takes the current rules snapshot, lets
 //! the [`Limiter`] decide, and builds the answer ([`response`]).
 
+pub mod mailbox;
 pub mod quota;
 pub mod request;
 pub mod response;

@@ -28,9 +28,9 @@ use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
 };
 use futures::{Stream, StreamExt};
 use parking_lot::Mutex;
-use tokio::sync::mpsc;
 use tonic::{Request, Response, Status, Streaming};
 
+use super::mailbox::{Mailbox, Reply};
 use super::SharedRules;
 use crate::clock::{Clock, MonotonicClock};
 use crate::quota::ledger::{Member, QuotaLedger};
@@ -40,17 +40,17 @@ use crate::telemetry::Metrics;
 
 /// How often every bucket is re-planned without a report.
 pub const TICK: Duration = Duration::from_secs(1);
-/// Messages waiting for one Envoy to read them, at most; further ones are
-/// dropped (`rls_quota_dropped_total{reason="outbox_full"}`): what Envoy
-/// holds then expires, and the split counts it as live until it does.
-pub const OUTBOX_MESSAGES: usize = 16;
+/// RLQS streams open at once, at most; one more is refused with
+/// RESOURCE_EXHAUSTED (`rls_quota_dropped_total{reason="stream_limit"}`).
+/// What waits for each is bounded by [`super::mailbox`]: an action past
+/// its bounds is dropped (`reason="outbox_full"`): what Envoy holds then
+/// expires, and the split counts it as live until it does.
+pub const MAX_STREAMS: usize = 50_000;
 /// Ledger steps in flight at once, per batch (the Redis client pipelines
 /// them; a batch is at most one step per (stream, bucket)).
 pub const LEDGER_CALLS: usize = 256;
 /// Buckets a tick looks at before it lets waiting reports in.
 pub const TICK_CHUNK: usize = 2048;
-
-type Reply = Result<RateLimitQuotaResponse, Status>;
 
 /// gRPC metadata a regional instance opens its streams with: its region's
 /// name, and how many regions share the global budgets (`--region`,
@@ -74,7 +74,9 @@ pub struct QuotaHub {
     clock: MonotonicClock,
     quotas: Mutex<Quotas>,
     /// Each open stream's outbox and domain (its metric label, once known).
-    streams: Mutex<HashMap<StreamId, (mpsc::Sender<Reply>, String)>>,
+    streams: Mutex<HashMap<StreamId, (Arc<Mailbox>, String)>>,
+    /// Bytes waiting in every stream's outbox.
+    outbox_bytes: Arc<std::sync::atomic::AtomicUsize>,
     /// Regions: per (region, domain), the member the split knows and the
     /// streams of the region's instances that report for it.
     regions: Mutex<Regions>,
@@ -113,6 +115,7 @@ impl QuotaHub {
             clock: MonotonicClock::new(),
             quotas: Mutex::new(quotas),
             streams: Mutex::new(HashMap::new()),
+            outbox_bytes: Arc::default(),
             regions: Mutex::new(Regions::default()),
             next_stream: AtomicU64::new(1),
             closing,
@@ -201,17 +204,36 @@ impl QuotaHub {
         self.send(out);
     }
 
-    /// A new stream's outbox (on the serving thread: no more than that).
-    fn open(&self) -> (StreamId, mpsc::Receiver<Reply>) {
+    /// A new stream's outbox (on the serving thread: no more than that);
+    /// refused past [`MAX_STREAMS`].
+    fn open(&self) -> Result<(StreamId, Arc<Mailbox>), Status> {
         let id = self.next_stream.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = mpsc::channel(OUTBOX_MESSAGES);
+        let mailbox = Arc::new(Mailbox::new(self.outbox_bytes.clone()));
         let open = {
             let mut streams = self.streams.lock();
-            streams.insert(id, (tx, String::new()));
+            if streams.len() >= MAX_STREAMS {
+                drop(streams);
+                self.metrics.quota_dropped("stream_limit", 1);
+                return Err(Status::resource_exhausted(format!(
+                    "this instance holds {MAX_STREAMS} RLQS streams already; try another"
+                )));
+            }
+            streams.insert(id, (mailbox.clone(), String::new()));
             streams.len()
         };
         self.metrics.quota_streams(open);
-        (id, rx)
+        Ok((id, mailbox))
+    }
+
+    /// Queues `response`'s actions in `mailbox`, counting what was queued
+    /// for `domain` and what was dropped.
+    fn put(&self, mailbox: &Mailbox, domain: &str, response: RateLimitQuotaResponse) {
+        let put = mailbox.put(response.bucket_action, self.clock.now_micros());
+        self.metrics.quota_assignments(domain, put.queued);
+        self.metrics
+            .quota_dropped("outbox_full", put.dropped as u64);
+        self.metrics
+            .quota_outbox_bytes(self.outbox_bytes.load(Ordering::Relaxed));
     }
 
     /// The member of the split a stream reports as: itself for an Envoy;
@@ -352,20 +374,21 @@ impl QuotaHub {
                 .collect();
             self.send_to_streams(copies);
         }
-        let Some((tx, domain)) = self.streams.lock().get(&reporter).cloned() else {
+        let Some((mailbox, domain)) = self.streams.lock().get(&reporter).cloned() else {
             return;
         };
         for (_, response) in own {
-            self.metrics
-                .quota_assignments(&domain, response.bucket_action.len());
-            if tx.send(Ok(response)).await.is_err() {
-                return;
-            }
+            self.put(&mailbox, &domain, response);
         }
+        mailbox.wait_for_room().await;
     }
 
     async fn close(&self, stream: StreamId) {
-        self.streams.lock().remove(&stream);
+        if let Some((mailbox, _)) = self.streams.lock().remove(&stream) {
+            mailbox.close();
+        }
+        self.metrics
+            .quota_outbox_bytes(self.outbox_bytes.load(Ordering::Relaxed));
         self.metrics.quota_streams(self.streams.lock().len());
         // a region's instance: its member goes when its last instance does
         let member = {
@@ -428,16 +451,8 @@ impl QuotaHub {
         let streams = self.streams.lock();
         for (id, response) in out {
             tracing::debug!(stream = id, ?response, "RLQS assignment");
-            if let Some((tx, domain)) = streams.get(&id) {
-                self.metrics
-                    .quota_assignments(domain, response.bucket_action.len());
-                match tx.try_send(Ok(response)) {
-                    Err(mpsc::error::TrySendError::Full(_)) => {
-                        self.metrics.quota_dropped("outbox_full", 1);
-                    }
-                    // a closed receiver: the stream is going; close() follows
-                    Err(mpsc::error::TrySendError::Closed(_)) | Ok(()) => {}
-                }
+            if let Some((mailbox, domain)) = streams.get(&id) {
+                self.put(mailbox, domain, response);
             }
         }
     }
@@ -446,7 +461,14 @@ impl QuotaHub {
     /// stream close and reconnects to another instance.
     pub fn close_all(&self) {
         self.closing.send_replace(true);
-        self.streams.lock().clear();
+        for (_, (mailbox, _)) in self.streams.lock().drain() {
+            mailbox.close();
+        }
+    }
+
+    /// Bytes waiting in every stream's outbox.
+    pub fn outbox_bytes(&self) -> usize {
+        self.outbox_bytes.load(Ordering::Relaxed)
     }
 
     /// Streams open now.
@@ -538,6 +560,16 @@ fn random_replica() -> u32 {
     h.finish() as u32
 }
 
+/// A stream's outbox, closed when the response stream that writes it is
+/// dropped.
+struct ClosesOnDrop(Arc<Mailbox>);
+
+impl Drop for ClosesOnDrop {
+    fn drop(&mut self) {
+        self.0.close();
+    }
+}
+
 /// The gRPC service.
 pub struct RateLimitQuotaGrpc {
     hub: Arc<QuotaHub>,
@@ -594,7 +626,7 @@ impl RateLimitQuotaService for RateLimitQuotaGrpc {
         let caller = caller_of(request.metadata())?;
         self.check_region(&caller, &request)?;
         let mut inbound = request.into_inner();
-        let (id, mut outbound) = self.hub.open();
+        let (id, outbound) = self.hub.open()?;
         let hub = self.hub.clone();
         let mut closing = hub.closing.subscribe();
         // read, decoded and handled on the RLQS thread, not this one
@@ -622,8 +654,8 @@ impl RateLimitQuotaService for RateLimitQuotaGrpc {
                         };
                         if let Err(status) = result {
                             tracing::debug!(stream = id, %status, "RLQS stream refused");
-                            if let Some((tx, _)) = hub.streams.lock().get(&id) {
-                                let _ = tx.try_send(Err(status));
+                            if let Some((mailbox, _)) = hub.streams.lock().get(&id) {
+                                mailbox.fail(status);
                             }
                             break;
                         }
@@ -637,7 +669,16 @@ impl RateLimitQuotaService for RateLimitQuotaGrpc {
             }
             hub.close(id).await;
         });
-        let replies = futures::stream::poll_fn(move |cx| outbound.poll_recv(cx));
+        let hub = self.hub.clone();
+        // dropped with the response stream (the client went): the outbox
+        // closes, and a reader waiting for room in it moves on to see the end
+        let writer = ClosesOnDrop(outbound);
+        let replies = futures::stream::unfold((writer, hub), |(writer, hub)| async move {
+            let now = || hub.clock.now_micros();
+            let expired = |n: usize| hub.metrics.quota_dropped("expired_waiting", n as u64);
+            let next = writer.0.next(now, expired).await;
+            next.map(|reply| (reply, (writer, hub)))
+        });
         Ok(Response::new(Box::pin(replies)))
     }
 }

@@ -77,6 +77,7 @@ struct QuotaMetrics {
     assignments: IntCounterVec,
     dropped: IntCounterVec,
     busy: prometheus::CounterVec,
+    outbox_bytes: IntGauge,
 }
 
 impl QuotaMetrics {
@@ -87,12 +88,18 @@ impl QuotaMetrics {
         let dropped = IntCounterVec::new(
             Opts::new(
                 "rls_quota_dropped_total",
-                "RLQS: bucket reports not taken (invalid: no or an empty bucket_id; bucket_limit: over the buckets one stream or the instance may hold) and messages not written (outbox_full: the Envoy does not read its stream)",
+                "RLQS: bucket reports not taken (invalid: no or an empty bucket_id; bucket_limit: over the buckets one stream or the instance may hold), streams refused (stream_limit: too many open), and assignments not written (outbox_full: past a stream's or all streams' outbox bound; expired_waiting: its time to live passed while its Envoy did not read)",
             ),
             &["reason"],
         )
         .expect("valid metric");
-        for reason in ["invalid", "bucket_limit", "outbox_full"] {
+        for reason in [
+            "invalid",
+            "bucket_limit",
+            "outbox_full",
+            "expired_waiting",
+            "stream_limit",
+        ] {
             dropped.with_label_values(&[reason]);
         }
         Self {
@@ -119,6 +126,11 @@ impl QuotaMetrics {
                 "RLQS bucket assignments sent (new shares, refreshes, blanket rules)",
             ),
             dropped,
+            outbox_bytes: IntGauge::new(
+                "rls_quota_outbox_bytes",
+                "RLQS: bytes of assignments waiting for their Envoys to read them, all streams together",
+            )
+            .expect("valid metric"),
             busy: {
                 let busy = prometheus::CounterVec::new(
                     Opts::new(
@@ -143,6 +155,7 @@ impl QuotaMetrics {
             Box::new(self.share.clone()),
             Box::new(self.reports.clone()),
             Box::new(self.dropped.clone()),
+            Box::new(self.outbox_bytes.clone()),
             Box::new(self.assignments.clone()),
         ]
     }
@@ -900,6 +913,12 @@ impl Metrics {
             .busy
             .with_label_values(&[work])
             .inc_by(spent.as_secs_f64());
+    }
+
+    pub fn quota_outbox_bytes(&self, bytes: usize) {
+        self.quota
+            .outbox_bytes
+            .set(i64::try_from(bytes).unwrap_or(i64::MAX));
     }
 
     pub fn quota_dropped(&self, reason: &str, n: u64) {
