@@ -22,7 +22,11 @@
 //! rejected a request in the last [`REJECTED_RECENTLY_SECS`] (a throttled
 //! client) only after every other. So a flood of new values, each missing a
 //! few tokens, never resets a throttled or drained client while a cheaper
-//! bucket exists.
+//! bucket exists. And when only throttled clients' buckets are left to
+//! evict, none is: a new value is then decided against its rule's overflow
+//! bucket (one per rule and shard, shared by every value that found no
+//! room), so a flood whose own buckets are throttled too limits itself
+//! instead of handing a throttled client its tokens back.
 //! One pass (a sort of the shard by that rank) per eighth of a shard:
 //! amortised O(log n) per insert, under the shard's own lock only.
 
@@ -209,11 +213,12 @@ struct ShardState {
 }
 
 impl ShardState {
-    /// Keeps the buckets `keep` says to keep, counting what goes.
-    fn retain(&mut self, mut keep: impl FnMut(&Entry) -> bool) {
+    /// Keeps the buckets `keep` says to keep (told each one's key),
+    /// counting what goes.
+    fn retain(&mut self, mut keep: impl FnMut(&[u8], &Entry) -> bool) {
         let mut freed = 0;
         self.buckets.retain(|k, e| {
-            let kept = keep(e);
+            let kept = keep(k, e);
             if !kept {
                 freed += bucket_bytes(k);
             }
@@ -296,10 +301,32 @@ impl<C: Clock> MemoryStore<C> {
         let params: Vec<_> = descriptor.buckets.iter().map(|b| b.params).collect();
         let mut shard = self.shard(&descriptor.tag).lock();
         let now = self.clock.now_micros();
-        let states: Vec<Option<BucketState>> = descriptor
+        let byte_cap = self.shard_cap * BYTES_PER_BUCKET;
+        let caps = (self.shard_cap, byte_cap);
+        let mut evicted = Vec::new();
+        // where each bucket is kept: its own key, or, for a new one in a
+        // shard where only throttled clients' buckets could make room, its
+        // rule's overflow bucket
+        let keys: Vec<Vec<u8>> = descriptor
             .buckets
             .iter()
-            .map(|b| shard.buckets.get(b.key.as_slice()).map(|e| e.state))
+            .map(|b| {
+                if shard.buckets.contains_key(b.key.as_slice()) {
+                    return b.key.clone();
+                }
+                let incoming = bucket_bytes(&b.key);
+                let full =
+                    shard.buckets.len() >= self.shard_cap || shard.bytes + incoming > byte_cap;
+                if !full || make_room(&mut shard, caps, incoming, now, &mut evicted, true) {
+                    b.key.clone()
+                } else {
+                    overflow_key(b.rule)
+                }
+            })
+            .collect();
+        let states: Vec<Option<BucketState>> = keys
+            .iter()
+            .map(|k| shard.buckets.get(k.as_slice()).map(|e| e.state))
             .collect();
         let (new_states, outcomes) = bucket::decide(&params, &states, now, cost);
         // Only an admitted request that spends (or refunds), or a charge,
@@ -313,8 +340,8 @@ impl<C: Clock> MemoryStore<C> {
             // Nothing to store, but a reload may have lowered the rate since
             // the bucket was written: it is full later now, not at the time
             // its old numbers gave (the Lua script lengthens the TTL alike).
-            for ((b, p), o) in descriptor.buckets.iter().zip(&params).zip(&outcomes) {
-                if let Some(e) = shard.buckets.get_mut(b.key.as_slice()) {
+            for ((key, p), o) in keys.iter().zip(&params).zip(&outcomes) {
+                if let Some(e) = shard.buckets.get_mut(key.as_slice()) {
                     e.full_at = e.full_at.max(FullAt::of(p.full_at_micros(&e.state)));
                     e.capacity = p.capacity as f32;
                     e.rate = p.rate_per_sec() as f32;
@@ -325,16 +352,21 @@ impl<C: Clock> MemoryStore<C> {
                 }
             }
         }
-        let mut evicted = Vec::new();
         if writes {
-            for ((b, state), p) in descriptor.buckets.iter().zip(new_states).zip(&params) {
+            for (((b, key), state), p) in descriptor
+                .buckets
+                .iter()
+                .zip(&keys)
+                .zip(new_states)
+                .zip(&params)
+            {
                 if p.rate_per_sec() <= 0.0 {
                     // rate 0 (only a refund gets here): never refills,
                     // nothing of it is worth keeping
                     continue;
                 }
                 let full_at = FullAt::of(p.full_at_micros(&state));
-                match shard.buckets.get_mut(b.key.as_slice()) {
+                match shard.buckets.get_mut(key.as_slice()) {
                     Some(e) => {
                         e.state = state;
                         e.full_at = full_at;
@@ -345,18 +377,17 @@ impl<C: Clock> MemoryStore<C> {
                     }
                     None => {
                         let entry = Entry::new(state, p, b.rule, now);
-                        let incoming = bucket_bytes(&b.key);
-                        let byte_cap = self.shard_cap * BYTES_PER_BUCKET;
-                        if shard.buckets.len() >= self.shard_cap
-                            || shard.bytes + incoming > byte_cap
+                        let incoming = bucket_bytes(key);
+                        // a rule's overflow bucket takes nobody's place: a
+                        // shard holds one per rule beyond its share
+                        if (shard.buckets.len() >= self.shard_cap
+                            || shard.bytes + incoming > byte_cap)
+                            && !key.starts_with(OVERFLOW_PREFIX)
                         {
-                            let caps = (self.shard_cap, byte_cap);
-                            make_room(&mut shard, caps, incoming, now, &mut evicted);
+                            make_room(&mut shard, caps, incoming, now, &mut evicted, false);
                         }
                         shard.bytes += incoming;
-                        shard
-                            .buckets
-                            .insert(b.key.clone().into_boxed_slice(), entry);
+                        shard.buckets.insert(key.clone().into_boxed_slice(), entry);
                     }
                 }
             }
@@ -386,7 +417,7 @@ impl<C: Clock> MemoryStore<C> {
         for shard in self.shards.iter() {
             let mut shard = shard.lock();
             let before = shard.buckets.len();
-            shard.retain(|e| !e.full_at.passed(now));
+            shard.retain(|_, e| !e.full_at.passed(now));
             dropped += before - shard.buckets.len();
             let buckets = &mut shard.buckets;
             if buckets.capacity() > 64 && buckets.capacity() > buckets.len() * 4 {
@@ -406,48 +437,75 @@ impl<C: Clock> MemoryStore<C> {
     }
 }
 
+/// What an overflow bucket's key starts with: never a request's (those
+/// are text).
+const OVERFLOW_PREFIX: &[u8] = b"\xffoverflow:";
+
+/// The key of `rule`'s overflow bucket in a shard.
+fn overflow_key(rule: RuleId) -> Vec<u8> {
+    let mut key = OVERFLOW_PREFIX.to_vec();
+    key.extend_from_slice(&(rule.index() as u64).to_le_bytes());
+    key
+}
+
 /// Makes room in a shard at one of its caps (buckets, bytes) for a bucket
 /// of `incoming` bytes: drops those full already, and if that does not
 /// leave an eighth of both caps free, the cheapest others (see the
-/// module's doc) until it does. Evicted buckets' rules go to `evicted`.
+/// module's doc) until it does; with `spare_throttled`, never a bucket that
+/// rejected recently. Whether there is room now. Evicted buckets' rules go
+/// to `evicted`.
 fn make_room(
     shard: &mut ShardState,
     (cap, byte_cap): (usize, usize),
     incoming: usize,
     now: u64,
     evicted: &mut Vec<RuleId>,
-) {
+    spare_throttled: bool,
+) -> bool {
     let target = cap - (cap / 8).max(1);
     let byte_target = byte_cap - byte_cap / 8;
-    shard.retain(|e| !e.full_at.passed(now));
+    shard.retain(|_, e| !e.full_at.passed(now));
     let need_count = shard.buckets.len().saturating_sub(target);
     let need_bytes = (shard.bytes + incoming).saturating_sub(byte_target);
     if need_count == 0 && need_bytes == 0 {
-        return;
+        return true;
     }
     // Order of eviction: see the module's doc. Take the cheapest until both
     // are freed, then drop everything cheaper than the last one taken and as
     // many of its equals as were taken.
     let rank = |e: &Entry| e.eviction_rank(now);
+    // an overflow bucket is never evicted (one per rule: evicting it would
+    // refund every value that shares it); swept once full like any other
     let mut ranks: Vec<((bool, bool, u32), usize)> = shard
         .buckets
         .iter()
+        .filter(|(k, _)| !k.starts_with(OVERFLOW_PREFIX))
         .map(|(k, e)| (rank(e), bucket_bytes(k)))
         .collect();
     ranks.sort_unstable_by_key(|r| r.0);
     let (mut taken, mut freed) = (0, 0);
-    for (_, bytes) in &ranks {
+    for (rank, bytes) in &ranks {
         if taken >= need_count && freed >= need_bytes {
+            break;
+        }
+        if spare_throttled && rank.0 {
+            // the rest rejected recently: spared
             break;
         }
         taken += 1;
         freed += bytes;
     }
+    let room = taken >= need_count && freed >= need_bytes
+        // what a bucket's removal at the caps needs, at the least
+        || (shard.buckets.len() - taken < cap && shard.bytes - freed + incoming <= byte_cap);
     let Some(&(last, _)) = taken.checked_sub(1).and_then(|i| ranks.get(i)) else {
-        return;
+        return room;
     };
     let mut equal_quota = ranks[..taken].iter().filter(|r| r.0 == last).count();
-    shard.retain(|e| {
+    shard.retain(|k, e| {
+        if k.starts_with(OVERFLOW_PREFIX) {
+            return true;
+        }
         let r = rank(e);
         let drop = r < last || (r == last && equal_quota > 0);
         if drop {
@@ -458,6 +516,7 @@ fn make_room(
         }
         !drop
     });
+    room
 }
 
 impl<C: Clock> MemoryStore<C> {
@@ -660,7 +719,7 @@ mod tests {
         let mut evicted = Vec::new();
         // cap 24: one pass frees an eighth, down to 21
         let mut state = ShardState::from(shard);
-        make_room(&mut state, (24, usize::MAX), 0, now, &mut evicted);
+        make_room(&mut state, (24, usize::MAX), 0, now, &mut evicted, false);
         let shard = state.buckets;
         assert_eq!(shard.len(), 21);
         assert_eq!(evicted, vec![a, a, a], "the three missing fewest tokens");
@@ -681,7 +740,7 @@ mod tests {
             .collect();
         evicted.clear();
         let mut state = ShardState::from(shard);
-        make_room(&mut state, (8, usize::MAX), 0, now, &mut evicted);
+        make_room(&mut state, (8, usize::MAX), 0, now, &mut evicted, false);
         assert_eq!(evicted, vec![a]);
         // a rejection long ago no longer protects
         let old = now - (u64::from(REJECTED_RECENTLY_SECS) + 5) * 1_000_000;
@@ -694,7 +753,7 @@ mod tests {
         .collect();
         evicted.clear();
         let mut state = ShardState::from(shard);
-        make_room(&mut state, (2, usize::MAX), 0, now, &mut evicted);
+        make_room(&mut state, (2, usize::MAX), 0, now, &mut evicted, false);
         assert_eq!(evicted, vec![a]);
     }
 
@@ -740,6 +799,53 @@ mod tests {
         );
         spend(&mut answers);
         assert_eq!(answers, "AAAAArrrrrrrrrrr");
+    }
+
+    /// The second audit's case (#43 item 4): the flood's users each drain
+    /// their bucket and are refused once, so their buckets are throttled
+    /// too. Alice's is never evicted for them (before: it was, among
+    /// equals, and she was admitted again with 4 left); new values that
+    /// find only throttled buckets to evict share their rule's overflow
+    /// bucket, which limits the flood as one client.
+    #[test]
+    fn a_flood_that_is_throttled_too_never_hands_a_throttled_client_its_budget_back() {
+        let clock = ManualClock::new(1_000_000);
+        let store = MemoryStore::with_cap(clock.clone(), 1024, None);
+        let login = |user: &str| DescriptorBuckets {
+            tag: user.as_bytes().to_vec(),
+            buckets: vec![BucketRef {
+                key: user.as_bytes().to_vec(),
+                rule: RuleId::of("auth", "login"),
+                params: BucketParams {
+                    capacity: 5,
+                    tokens_per_unit: 1,
+                    unit_secs: 3600,
+                },
+            }],
+        };
+        let alice = login("alice");
+        for _ in 0..6 {
+            store.decide_now(&alice, Cost::Spend(1));
+        }
+        assert!(!store.decide_now(&alice, Cost::Spend(1))[0].admitted);
+        let mut flood_admitted = 0;
+        for i in 0..3_000 {
+            let user = login(&format!("user{i}"));
+            for _ in 0..6 {
+                flood_admitted += usize::from(store.decide_now(&user, Cost::Spend(1))[0].admitted);
+            }
+            clock.advance_secs_f64(0.0005);
+        }
+        assert!(
+            !store.decide_now(&alice, Cost::Spend(1))[0].admitted,
+            "alice was handed her budget back"
+        );
+        eprintln!("the flood's 3,000 users, 6 calls each: {flood_admitted} admitted");
+        // beyond the cap: at most one overflow bucket per shard (one rule)
+        assert!(store.len() <= store.max_buckets() + store.shards.len());
+        // 3,000 users of 5 tokens each would be 15,000: the overflow
+        // buckets (one per shard) held the flood to far less
+        assert!(flood_admitted < 15_000, "{flood_admitted} admitted");
     }
 
     #[test]
