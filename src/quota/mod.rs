@@ -776,23 +776,37 @@ impl Quotas {
     /// rule again, and members whose bucket id now spends another bucket
     /// (a `share_threshold` added or taken away) leave it: their next
     /// report joins that one, and what they were sent stays reserved here
-    /// until it expires.
+    /// until it expires, and is carried into the bucket they move to,
+    /// reserved there as well until then (Envoy enforces it for that id
+    /// until its new assignment comes): the first to report there cannot
+    /// take what another still enforces.
     fn reload(&mut self, key: &Arc<BucketKey>, rules: &RuleSet, now_micros: u64) {
         let Some(bucket) = self.buckets.get(key) else {
             return;
         };
         let own_moved = key.shared == 0 && shared_key(rules, key).is_some();
-        let moved: Vec<(StreamId, Arc<BucketKey>)> = bucket
+        // (stream, the id it reports, what it was last sent: share, when, ttl)
+        type Moved = (StreamId, Arc<BucketKey>, Option<(Sent, u64, u64)>);
+        let moved: Vec<Moved> = bucket
             .subs
             .iter()
             .filter(|sub| match &sub.id {
                 Some(id) => shared_key(rules, id).as_ref() != Some(&**key),
                 None => own_moved,
             })
-            .map(|sub| (sub.stream, sub.id.clone().unwrap_or_else(|| key.clone())))
+            .map(|sub| {
+                let id = sub.id.clone().unwrap_or_else(|| key.clone());
+                (sub.stream, id, sub.sent)
+            })
             .collect();
-        for (stream, id) in moved {
+        for (stream, id, sent) in moved {
             self.unsubscribe(key, stream, &id, now_micros);
+            if let Some((Sent::Share(share), at, ttl)) = sent {
+                let until = at.saturating_add(ttl).saturating_add(LIVE_MARGIN_MICROS);
+                if until > now_micros {
+                    self.carry(rules, stream, &id, share, until);
+                }
+            }
         }
         let Some(bucket) = self.buckets.get_mut(key) else {
             return;
@@ -807,6 +821,45 @@ impl Quotas {
         bucket.rule =
             rule_label(rules, &probe.domain, &probe.pairs).map(|l| intern(&mut self.labels, l));
         bucket.generation = rules.generation();
+    }
+
+    /// Reserves `share`, live until `until` for `stream`'s bucket id `id`,
+    /// in the bucket `id` spends under `rules` (made if need be, within
+    /// [`MAX_KEY_BYTES`]): a member of its own that reports nothing, gone
+    /// once the share expires. Not with a shared ledger (its records are
+    /// per replica and bucket).
+    fn carry(
+        &mut self,
+        rules: &RuleSet,
+        stream: StreamId,
+        id: &Arc<BucketKey>,
+        share: Budget,
+        until: u64,
+    ) {
+        let target = shared_key(rules, id).unwrap_or_else(|| BucketKey::clone(id));
+        let key = match self.buckets.get_key_value(&target) {
+            Some((key, _)) => key.clone(),
+            None if self.key_bytes + target.bytes() > MAX_KEY_BYTES => return,
+            None => {
+                self.key_bytes += target.bytes();
+                Arc::new(target)
+            }
+        };
+        let shared = self.shared;
+        let bucket = self
+            .buckets
+            .entry(key.clone())
+            .or_insert_with(|| Box::new(new_bucket(rules, id, &mut self.labels)));
+        if bucket.ledger_splits(shared) || !matches!(bucket.policy, Policy::Shared(_)) {
+            return;
+        }
+        // a member of its own per carried id (a stream may carry several
+        // into one shared bucket: each is enforced)
+        let tag = u64::MAX - (hash_of(id) >> 1);
+        bucket.allocation.seed(&(stream, tag), share, until);
+        // looked at by then (and forgotten once nothing it holds lives)
+        bucket.due_micros = bucket.due_micros.min(until);
+        queue(&mut self.due, &key, bucket);
     }
 
     /// Looks at one bucket: quiet members leave it, idle ones are told to
@@ -1052,6 +1105,12 @@ fn valid_id(id: &BucketId) -> bool {
 
 /// A bucket seen for the first time, for bucket id `id` (its own, or the
 /// first of a shared one's).
+/// A bucket id's hash, for a carried grant's member tag.
+fn hash_of(id: &BucketKey) -> u64 {
+    use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
+    BuildHasherDefault::<DefaultHasher>::default().hash_one(id)
+}
+
 fn new_bucket(rules: &RuleSet, id: &BucketKey, labels: &mut HashSet<Arc<str>>) -> Bucket {
     Bucket {
         policy: Policy::of(rules, &id.domain, &id.pairs),

@@ -199,6 +199,55 @@ fn a_reload_moves_ids_in_and_out_of_the_shared_bucket() {
     assert_eq!((q.buckets(), q.pairs(), q.key_bytes), (0, 0, 0));
 }
 
+/// The second audit's case (#43 item 5): two Envoys split the shared
+/// bucket of `/api/*` for the same id; a reload takes `share_threshold`
+/// away, so the id spends a bucket of its own. The first Envoy to report
+/// there must not take what the other still enforces from the shared
+/// bucket's assignment (before: 9 of 10, beside the other's 4, for 4 s).
+#[test]
+fn a_moving_pairs_live_grant_is_carried_into_its_new_bucket() {
+    let shared = rules(SHARED);
+    let own = rules(NOT_SHARED).with_generation(2);
+    let mut q = Quotas::default();
+    let mut sent: Vec<(u64, Outbox)> = Vec::new();
+    let mut now = SEC;
+    // a minute of reports every 5 s: the two converge on halves
+    for _ in 0..12 {
+        for stream in [1, 2] {
+            let out = q
+                .report(stream, "edge", &paths(&["/api/a"]), &shared, now)
+                .expect("report");
+            sent.push((now, out));
+        }
+        sent.push((now + SEC, q.tick(&shared, now + SEC)));
+        now += 5 * SEC;
+    }
+    let before = live(&sent, now);
+    assert!(before[&(2, "/api/a".to_string())].0 >= 3, "{before:?}");
+    // the reload, then envoy 1 reports first in the id's own bucket
+    sent.push((now, q.tick(&own, now)));
+    let out = q
+        .report(1, "edge", &paths(&["/api/a"]), &own, now + SEC / 10)
+        .expect("report");
+    sent.push((now + SEC / 10, out));
+    for at in [now + SEC / 10, now + SEC, now + 3 * SEC] {
+        let s = live(&sent, at);
+        let (burst, rate) = sum(&s, "/api/a");
+        assert!(burst <= 10 && rate <= 10.0 + 1e-9, "at {at}: {s:?}");
+    }
+    // once the carried grant has expired, envoy 1 may have most of it
+    for t in 1..=20 {
+        let at = now + t * SEC;
+        let out = q
+            .report(1, "edge", &paths(&["/api/a"]), &own, at)
+            .expect("report");
+        sent.push((at, out));
+        sent.push((at, q.tick(&own, at)));
+    }
+    let s = live(&sent, now + 20 * SEC);
+    assert!(s[&(1, "/api/a".to_string())].0 >= 8, "{s:?}");
+}
+
 /// With a shared ledger, each (stream, id) of the shared bucket is its own
 /// member of one record: the ledger splits the budget between them.
 #[test]
