@@ -764,24 +764,13 @@ async fn a_refused_region_is_unreachable_until_the_global_tier_takes_it() {
         .await;
 }
 
-const SMALL_RULES: &str = r#"
-domain: world
-descriptors:
-  - key: small
-    scope: global
-    failure_mode: closed
-    rate_limit: {unit: second, requests_per_unit: 5, burst: 5}
-"#;
-
-/// A small global budget (B = 5, r = 5/s) between a busy region and a
-/// quiet one: the quiet one keeps a usable share (before, its part of the
-/// split was under a token, sent as DENY_ALL: every request OVER_LIMIT
-/// for as long as the busy one was busy), and the two together use most
-/// of r·t (a region's share keeps its rate instead of being rounded down
-/// to whole tokens a second).
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_small_budget_leaves_a_quiet_region_a_usable_share() {
-    let rules = rules_dir(SMALL_RULES);
+/// A busy region (a call every 5 ms) and a quiet one (every 500 ms) on one
+/// global rule of burst `b` and `r` a second, failing closed; 4 s of
+/// warm-up, then 10 s counted: what each was admitted, and the seconds.
+async fn small_budget(b: u64, r: u64) -> (Tally, Tally, f64) {
+    let rules = rules_dir(&format!(
+        "domain: world\ndescriptors:\n  - key: small\n    scope: global\n    failure_mode: closed\n    rate_limit: {{unit: second, requests_per_unit: {r}, burst: {b}}}\n"
+    ));
     let tier = tokenbucket_rls::server::start(&serve_args(rules.path().to_path_buf()))
         .await
         .expect("global tier");
@@ -790,56 +779,65 @@ async fn a_small_budget_leaves_a_quiet_region_a_usable_share() {
     let client = |s: &tokenbucket_rls::server::RunningServer| {
         RateLimitServiceClient::connect(format!("http://{}", s.grpc_addr))
     };
-    let (b, q) = (
+    let (bc, qc) = (
         client(&busy).await.expect("connect"),
         client(&quiet).await.expect("connect"),
     );
-    // warm up: both reporting, shares settled
+    let quietly = Duration::from_millis(500);
     let warm = (
-        tokio::spawn(load(b.clone(), "small", "k", FAST, Duration::from_secs(4))),
+        tokio::spawn(load(bc.clone(), "small", "k", FAST, Duration::from_secs(4))),
         tokio::spawn(load(
-            q.clone(),
+            qc.clone(),
             "small",
             "k",
-            Duration::from_millis(500),
+            quietly,
             Duration::from_secs(4),
         )),
     );
     let _ = (warm.0.await, warm.1.await);
-    let secs = 10.0;
     let started = Instant::now();
     let run = (
-        tokio::spawn(load(b, "small", "k", FAST, Duration::from_secs(10))),
-        tokio::spawn(load(
-            q,
-            "small",
-            "k",
-            Duration::from_millis(500),
-            Duration::from_secs(10),
-        )),
+        tokio::spawn(load(bc, "small", "k", FAST, Duration::from_secs(10))),
+        tokio::spawn(load(qc, "small", "k", quietly, Duration::from_secs(10))),
     );
-    let (busy_tally, quiet_tally) = (
+    let tallies = (
         run.0.await.expect("busy load"),
         run.1.await.expect("quiet load"),
     );
-    let elapsed = started.elapsed().as_secs_f64().max(secs);
-    let admitted = busy_tally.ok + quiet_tally.ok;
-    let fraction = admitted as f64 / (5.0 * elapsed);
+    let elapsed = started.elapsed().as_secs_f64().max(10.0);
+    let admitted = tallies.0.ok + tallies.1.ok;
     eprintln!(
-        "B=5, r=5/s over {elapsed:.1}s: busy {busy_tally:?}, quiet {quiet_tally:?}: {admitted} admitted, {:.0} % of r·t",
-        fraction * 100.0
+        "B={b}, r={r}/s over {elapsed:.1}s: busy {:?}, quiet {:?}: {admitted} admitted, {:.0} % of r·t",
+        tallies.0,
+        tallies.1,
+        admitted as f64 * 100.0 / (r as f64 * elapsed)
     );
     assert!(
-        admitted as f64 <= 5.0 + 5.0 * elapsed,
+        admitted as f64 <= b as f64 + r as f64 * elapsed,
         "over B + r·t: {admitted}"
     );
+    (tallies.0, tallies.1, elapsed)
+}
+
+/// A small global budget (B = 5, r = 5/s) between a busy region and a
+/// quiet one: the quiet one keeps a usable share (before, its part of the
+/// split was under a token, sent as DENY_ALL: every request OVER_LIMIT
+/// for as long as the busy one was busy), and the two together use most
+/// of r·t (a region's share keeps its rate instead of being rounded down
+/// to whole tokens a second). And B = 1 (fewer tokens than regions): the
+/// token goes to the busy region (before: both were sent half a token,
+/// DENY_ALL, and the world admitted nothing).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_small_budget_leaves_a_quiet_region_a_usable_share() {
+    let (busy, quiet, secs) = small_budget(5, 5).await;
     // the quiet region's share: a token, refilled at about 0.45/s at the
     // least (its floor of the split); 20 requests, one every 500 ms
-    assert!(
-        quiet_tally.ok >= 3,
-        "the quiet region was starved: {quiet_tally:?}"
-    );
+    assert!(quiet.ok >= 3, "the quiet region was starved: {quiet:?}");
+    let fraction = (busy.ok + quiet.ok) as f64 / (5.0 * secs);
     assert!(fraction >= 0.75, "{:.0} % of r·t", fraction * 100.0);
+    let (busy, quiet, secs) = small_budget(1, 1).await;
+    let fraction = (busy.ok + quiet.ok) as f64 / secs;
+    assert!(fraction >= 0.6, "B = 1: {:.0} % of r·t", fraction * 100.0);
 }
 
 /// Something answering as a global tier that grants every bucket it is

@@ -241,6 +241,7 @@ impl<E: Clone + Eq> Allocation<E> {
         let assignable = self.budget.scaled(1.0 - self.reserve);
         let floor = FLOOR_FRACTION / n;
         let total_demand: f64 = active.iter().map(|(_, d)| d).sum();
+        let demands: Vec<f64> = active.iter().map(|(_, d)| *d).collect();
         let mut targets: Vec<(usize, Budget)> = active
             .into_iter()
             .map(|(i, d)| {
@@ -276,6 +277,7 @@ impl<E: Clone + Eq> Allocation<E> {
                 };
             }
         }
+        whole_tokens(&mut targets, &demands);
         targets
     }
 
@@ -351,6 +353,35 @@ impl<E: Clone + Eq> Allocation<E> {
     /// The share last sent to `envoy`, if it has a live one.
     pub fn current(&self, envoy: &E) -> Option<Budget> {
         self.member(envoy).and_then(Member::current)
+    }
+}
+
+/// Rounds the targets' bursts to whole tokens (what is sent: a share's
+/// burst goes out rounded down), handing the tokens the fractions add up
+/// to, one each, to the largest fractions (the busier member first on a
+/// tie): Σ never grows, and a budget of fewer tokens than members still
+/// gives someone a usable token instead of everyone DENY_ALL.
+fn whole_tokens(targets: &mut [(usize, Budget)], demands: &[f64]) {
+    const EPS: f64 = 1e-9;
+    let total: f64 = targets.iter().map(|(_, t)| t.burst).sum();
+    let whole: f64 = targets.iter().map(|(_, t)| (t.burst + EPS).floor()).sum();
+    let mut left = (total - whole + EPS).floor();
+    let mut order: Vec<usize> = (0..targets.len()).collect();
+    let fraction = |t: &Budget| t.burst + EPS - (t.burst + EPS).floor();
+    order.sort_by(|&a, &b| {
+        fraction(&targets[b].1)
+            .total_cmp(&fraction(&targets[a].1))
+            .then(demands[b].total_cmp(&demands[a]))
+    });
+    for (_, t) in targets.iter_mut() {
+        t.burst = (t.burst + EPS).floor();
+    }
+    for i in order {
+        if left < 1.0 {
+            break;
+        }
+        targets[i].1.burst += 1.0;
+        left -= 1.0;
     }
 }
 

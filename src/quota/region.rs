@@ -111,8 +111,9 @@ struct Entry {
     last: Option<BucketParams>,
     /// A share that grows is given to decisions at the numbers before it
     /// until one is admitted (a spend writes the bucket's refill at those
-    /// numbers; a rejection writes nothing): [`RegionShares::apply`].
-    settle: bool,
+    /// numbers; a rejection writes nothing), for at most [`SETTLE_MICROS`]:
+    /// until then ([`RegionShares::apply`]).
+    settle: Option<u64>,
     allowed: u64,
     denied: u64,
     last_request_micros: u64,
@@ -246,13 +247,17 @@ impl RegionShares {
                 entry.rule = params;
                 let live = entry.share.filter(|a| a.expires_micros > now_micros);
                 let given = match (live, entry.last) {
-                    // the first decision since the share grew refills at
-                    // the numbers before it: the time before the growth is
-                    // not credited at the new rate
-                    (Some(a), Some(before)) if entry.settle => Some(Assigned {
-                        params: before,
-                        ..a
-                    }),
+                    // a decision soon after the share grew refills at the
+                    // numbers before it: the time before the growth is not
+                    // credited at the new rate
+                    (Some(a), Some(before))
+                        if entry.settle.is_some_and(|until| now_micros < until) =>
+                    {
+                        Some(Assigned {
+                            params: before,
+                            ..a
+                        })
+                    }
                     (live, _) => live,
                 };
                 entry.last = match given {
@@ -286,7 +291,7 @@ impl RegionShares {
                         rule: params,
                         share: None,
                         last: Some(floor(params, self.regions)),
-                        settle: false,
+                        settle: None,
                         allowed: 0,
                         denied: 0,
                         last_request_micros: now_micros,
@@ -313,7 +318,7 @@ impl RegionShares {
         if let Some(entry) = self.buckets.lock().by_tag.get_mut(tag) {
             if admitted {
                 entry.allowed += 1;
-                entry.settle = false;
+                entry.settle = None;
             } else {
                 entry.denied += 1;
             }
@@ -398,10 +403,16 @@ impl RegionShares {
                         .and_then(params_of)
                         .map(|p| within_rule(p, entry.rule, &mut clamped));
                     // grown beyond what the bucket was last decided with:
-                    // settle once at the old numbers
+                    // settle at the old numbers, where they can admit at all
                     entry.settle = match (params, entry.last) {
-                        (Some(new), Some(before)) => grows(before, new),
-                        _ => false,
+                        (Some(new), Some(before))
+                            if before.capacity > 0
+                                && before.tokens_per_unit > 0
+                                && grows(before, new) =>
+                        {
+                            Some(now_micros.saturating_add(SETTLE_MICROS))
+                        }
+                        _ => None,
                     };
                     entry.share = params.map(|params| Assigned {
                         params,
@@ -455,6 +466,10 @@ impl RegionShares {
 /// The longest time to live a share is held: the longest the global tier
 /// sends (and its margin).
 pub const MAX_SHARE_TTL_MICROS: u64 = super::MAX_TTL_MICROS + super::LIVE_MARGIN_MICROS;
+
+/// How long a share that grew is given at the numbers before it, at most
+/// (a decision admitted ends it sooner).
+pub const SETTLE_MICROS: u64 = 2_000_000;
 
 /// Whether `after` holds more tokens or refills faster than `before`.
 fn grows(before: BucketParams, after: BucketParams) -> bool {

@@ -405,17 +405,17 @@ fn a_share_that_grows_settles_once_at_the_numbers_before_it() {
     // spend writes the refill at those numbers), then the big ones
     shares.apply("d", &[assign(&pairs, strategy(big), 10)], 4 * S);
     assert_eq!(
-        limit(&shares, FailureMode::Local, 6 * S),
+        limit(&shares, FailureMode::Local, 5 * S),
         RegionLimit::Share(small)
     );
     shares.record(b"tag-a", false);
     assert_eq!(
-        limit(&shares, FailureMode::Local, 6 * S),
+        limit(&shares, FailureMode::Local, 5 * S),
         RegionLimit::Share(small)
     );
     shares.record(b"tag-a", true);
     assert_eq!(
-        limit(&shares, FailureMode::Local, 6 * S),
+        limit(&shares, FailureMode::Local, 5 * S),
         RegionLimit::Share(big)
     );
     // it shrinks: at once
@@ -423,5 +423,46 @@ fn a_share_that_grows_settles_once_at_the_numbers_before_it() {
     assert_eq!(
         limit(&shares, FailureMode::Local, 7 * S),
         RegionLimit::Share(small)
+    );
+}
+
+/// Settling ends after [`SETTLE_MICROS`] even when nothing was admitted, and
+/// never starts from numbers that cannot admit (a DENY_ALL share: settling
+/// at it would refuse every request for good).
+#[test]
+fn settling_is_bounded_and_never_at_numbers_that_cannot_admit() {
+    let shares = RegionShares::new(2);
+    shares.set_reachable(true);
+    let pairs = [("api_key", "a"), ("path", "/x")];
+    let share = |burst: f64, rate: f64| token_bucket(Budget { burst, rate });
+    let floor_of = floor(RULE, 2);
+    assert_eq!(
+        limit(&shares, FailureMode::Local, S),
+        RegionLimit::Floor(floor_of)
+    );
+    let big = BucketParams {
+        capacity: 80,
+        tokens_per_unit: 25,
+        unit_secs: 1,
+    };
+    shares.apply("d", &[assign(&pairs, share(80.0, 25.0), 10)], 2 * S);
+    assert_eq!(
+        limit(&shares, FailureMode::Local, 2 * S),
+        RegionLimit::Share(floor_of),
+        "settling"
+    );
+    shares.record(b"tag-a", false);
+    assert_eq!(
+        limit(&shares, FailureMode::Local, 2 * S + SETTLE_MICROS),
+        RegionLimit::Share(big),
+        "settled by time"
+    );
+    // DENY_ALL, then a share: no settling at DENY_ALL's numbers
+    shares.apply("d", &[assign(&pairs, share(0.0, 0.0), 10)], 5 * S);
+    limit(&shares, FailureMode::Local, 5 * S);
+    shares.apply("d", &[assign(&pairs, share(80.0, 25.0), 10)], 6 * S);
+    assert_eq!(
+        limit(&shares, FailureMode::Local, 6 * S),
+        RegionLimit::Share(big)
     );
 }
