@@ -18,7 +18,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::redis::RedisServer;
-use common::{descriptor, free_port, request, rules_dir, sample, serve_args, ChildGuard};
+use common::{
+    descriptor, free_port, listening, request, rules_dir, sample, serve_args, ChildGuard,
+};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use tokio::net::{TcpListener, TcpStream};
@@ -127,17 +129,6 @@ struct World {
     links: Vec<Link>,
     clients: Vec<RateLimitServiceClient<Channel>>,
     _rules: tempfile::TempDir,
-}
-
-/// Waits until something listens on `port` (a process just started).
-async fn listening(port: u16) {
-    for _ in 0..400 {
-        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("nothing listens on {port}");
 }
 
 async fn world() -> World {

@@ -12,7 +12,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use common::tls::Ca;
-use common::{descriptor, free_port, request, rules_dir, sample, ChildGuard};
+use common::{descriptor, free_port, listening, request, rules_dir, sample, ChildGuard};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 
 const RULES: &str = r#"
@@ -23,17 +23,6 @@ descriptors:
     failure_mode: local
     rate_limit: {unit: second, requests_per_unit: 30, burst: 60}
 "#;
-
-/// Waits until something listens on `port`.
-async fn listening(port: u16) {
-    for _ in 0..400 {
-        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("nothing listens on {port}");
-}
 
 async fn metrics(admin: u16) -> String {
     reqwest::get(format!("http://127.0.0.1:{admin}/metrics"))

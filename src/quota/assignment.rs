@@ -139,7 +139,16 @@ pub fn region_token_bucket(share: Budget) -> Strategy {
     })
 }
 
-fn duration(micros: u64) -> PbDuration {
+/// A protobuf duration's microseconds (negative parts as none).
+pub fn micros_of(d: &PbDuration) -> u64 {
+    u64::try_from(d.seconds)
+        .unwrap_or(0)
+        .saturating_mul(1_000_000)
+        .saturating_add(u64::try_from(d.nanos).unwrap_or(0) / 1000)
+}
+
+/// Microseconds as a protobuf duration.
+pub fn duration(micros: u64) -> PbDuration {
     PbDuration {
         seconds: i64::try_from(micros / 1_000_000).unwrap_or(i64::MAX),
         nanos: ((micros % 1_000_000) * 1_000) as i32,

@@ -46,6 +46,7 @@ use envoy_types::pb::envoy::service::rate_limit_quota::v3::BucketId;
 use envoy_types::pb::google::protobuf::Duration as PbDuration;
 use parking_lot::Mutex;
 
+use super::assignment::micros_of;
 use crate::bucket::BucketParams;
 use crate::clock::{Clock, MonotonicClock};
 use crate::rules::FailureMode;
@@ -496,13 +497,6 @@ fn within_rule(share: BucketParams, rule: BucketParams, clamped: &mut Clamped) -
         clamped.rate += 1;
     }
     out
-}
-
-fn micros_of(d: &PbDuration) -> u64 {
-    u64::try_from(d.seconds)
-        .unwrap_or(0)
-        .saturating_mul(1_000_000)
-        .saturating_add(u64::try_from(d.nanos).unwrap_or(0) / 1000)
 }
 
 /// A strategy as bucket numbers: a token bucket as it is (whole tokens,

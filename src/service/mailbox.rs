@@ -22,13 +22,12 @@ use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_resp
     bucket_action, BucketAction,
 };
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::RateLimitQuotaResponse;
-use envoy_types::pb::google::protobuf::Duration as PbDuration;
 use parking_lot::Mutex;
 use prost::Message;
 use tokio::sync::Notify;
 use tonic::Status;
 
-use crate::quota::assignment::MAX_MESSAGE_BYTES;
+use crate::quota::assignment::{duration, micros_of, MAX_MESSAGE_BYTES};
 
 /// Bytes of actions one stream may have waiting (encoded).
 pub const MAX_STREAM_BYTES: usize = 2 * 1024 * 1024;
@@ -90,20 +89,6 @@ fn bucket_name(action: &BucketAction) -> String {
         name.push('\u{1f}');
     }
     name
-}
-
-fn micros_of(d: &PbDuration) -> u64 {
-    u64::try_from(d.seconds)
-        .unwrap_or(0)
-        .saturating_mul(1_000_000)
-        .saturating_add(u64::try_from(d.nanos).unwrap_or(0) / 1000)
-}
-
-fn duration(micros: u64) -> PbDuration {
-    PbDuration {
-        seconds: i64::try_from(micros / 1_000_000).unwrap_or(i64::MAX),
-        nanos: ((micros % 1_000_000) * 1_000) as i32,
-    }
 }
 
 impl Mailbox {
@@ -280,6 +265,7 @@ impl Drop for Mailbox {
 mod tests {
     use super::*;
     use envoy_types::pb::envoy::service::rate_limit_quota::v3::BucketId;
+    use envoy_types::pb::google::protobuf::Duration as PbDuration;
 
     const S: u64 = 1_000_000;
 

@@ -758,17 +758,9 @@ mod tests {
         assert_eq!(evicted, vec![a]);
     }
 
-    /// The audit's case: a rule of 1/hour, burst 5; alice spends her five
-    /// and is rejected three times; 3 s later a flood of new values fills
-    /// the store many times over. She gets nothing more: her drained,
-    /// rejecting bucket is never the one evicted (it was: idle buckets went
-    /// first, and hers was idle for 3 s).
-    #[test]
-    fn a_flood_of_new_values_never_hands_a_throttled_client_its_budget_back() {
-        let clock = ManualClock::new(1_000_000);
-        let (counted, sink) = counting();
-        let store = MemoryStore::with_cap(clock.clone(), 1024, Some(sink));
-        let login = |user: &str| DescriptorBuckets {
+    /// A login rule's bucket for `user`: 1 an hour, burst 5.
+    fn login(user: &str) -> DescriptorBuckets {
+        DescriptorBuckets {
             tag: user.as_bytes().to_vec(),
             buckets: vec![BucketRef {
                 key: user.as_bytes().to_vec(),
@@ -779,7 +771,19 @@ mod tests {
                     unit_secs: 3600,
                 },
             }],
-        };
+        }
+    }
+
+    /// The audit's case: a rule of 1/hour, burst 5; alice spends her five
+    /// and is rejected three times; 3 s later a flood of new values fills
+    /// the store many times over. She gets nothing more: her drained,
+    /// rejecting bucket is never the one evicted (it was: idle buckets went
+    /// first, and hers was idle for 3 s).
+    #[test]
+    fn a_flood_of_new_values_never_hands_a_throttled_client_its_budget_back() {
+        let clock = ManualClock::new(1_000_000);
+        let (counted, sink) = counting();
+        let store = MemoryStore::with_cap(clock.clone(), 1024, Some(sink));
         let alice = login("alice");
         let mut answers = String::new();
         let spend = |answers: &mut String| {
@@ -812,18 +816,6 @@ mod tests {
     fn a_flood_that_is_throttled_too_never_hands_a_throttled_client_its_budget_back() {
         let clock = ManualClock::new(1_000_000);
         let store = MemoryStore::with_cap(clock.clone(), 1024, None);
-        let login = |user: &str| DescriptorBuckets {
-            tag: user.as_bytes().to_vec(),
-            buckets: vec![BucketRef {
-                key: user.as_bytes().to_vec(),
-                rule: RuleId::of("auth", "login"),
-                params: BucketParams {
-                    capacity: 5,
-                    tokens_per_unit: 1,
-                    unit_secs: 3600,
-                },
-            }],
-        };
         let alice = login("alice");
         for _ in 0..6 {
             store.decide_now(&alice, Cost::Spend(1));

@@ -198,3 +198,15 @@ pub fn binary_without_rls_env() -> std::process::Command {
     }
     command
 }
+
+/// Waits until something listens on `port` on loopback (a process just
+/// started), for at most 20 s.
+pub async fn listening(port: u16) {
+    for _ in 0..400 {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    panic!("nothing listens on {port}");
+}
