@@ -29,8 +29,9 @@ use tonic::Status;
 
 use crate::quota::assignment::{duration, micros_of, MAX_MESSAGE_BYTES};
 
-/// Bytes of actions one stream may have waiting (encoded).
-pub const MAX_STREAM_BYTES: usize = 2 * 1024 * 1024;
+/// Bytes of actions one stream may have waiting (encoded): one plan for
+/// the most buckets a stream holds (20,000) with long ids fits.
+pub const MAX_STREAM_BYTES: usize = 8 * 1024 * 1024;
 /// Bytes of actions all streams together may have waiting.
 pub const MAX_TOTAL_BYTES: usize = 256 * 1024 * 1024;
 
@@ -341,7 +342,7 @@ mod tests {
         let total = Arc::new(AtomicUsize::new(0));
         let m = Mailbox::new(total.clone());
         let mut dropped = 0;
-        for i in 0..100_000 {
+        for i in 0..300_000 {
             dropped += m.put(vec![assign(&format!("key-{i}"), 5, 15)], S).dropped;
         }
         assert!(m.bytes() <= MAX_STREAM_BYTES);
