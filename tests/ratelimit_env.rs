@@ -105,19 +105,11 @@ async fn started_with_istios_sample_environment() {
     let child = ChildGuard(child);
 
     // envoyproxy/ratelimit's probe path answers once the rules are loaded
-    let http = reqwest::Client::new();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let probe = http
-            .get(format!("http://127.0.0.1:{admin}/healthcheck"))
-            .send()
-            .await;
-        if probe.is_ok_and(|r| r.status().is_success()) {
-            break;
-        }
-        assert!(Instant::now() < deadline, "never healthy");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    common::until_ok(
+        &format!("http://127.0.0.1:{admin}/healthcheck"),
+        "never healthy",
+    )
+    .await;
 
     let c = RateLimitServiceClient::connect(format!("http://127.0.0.1:{grpc}"))
         .await

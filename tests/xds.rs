@@ -285,15 +285,11 @@ async fn the_binary_with_envoy_gateways_environment() {
     let _child = common::ChildGuard(child);
 
     // ready before any rules (Envoy Gateway starts it before any policy)
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let probe = reqwest::get(format!("http://127.0.0.1:{http}/healthcheck")).await;
-        if probe.is_ok_and(|r| r.status().is_success()) {
-            break;
-        }
-        assert!(std::time::Instant::now() < deadline, "never healthy");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    common::until_ok(
+        &format!("http://127.0.0.1:{http}/healthcheck"),
+        "never healthy",
+    )
+    .await;
     let first = ads.next_request().await;
     assert_eq!(first.node.map(|n| n.id), Some("envoy-ratelimit".into()));
     let ack = ads
@@ -743,18 +739,11 @@ async fn the_binary_honours_use_tls_and_a_config_flag() {
         .spawn()
         .expect("start");
     let _child = common::ChildGuard(child);
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let probe = reqwest::get(format!("http://127.0.0.1:{http}/readyz")).await;
-        if probe.is_ok_and(|r| r.status().is_success()) {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "never ready: the rules of --config were not loaded"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    common::until_ok(
+        &format!("http://127.0.0.1:{http}/readyz"),
+        "never ready: the rules of --config were not loaded",
+    )
+    .await;
     let mut c = RateLimitServiceClient::connect(format!("http://127.0.0.1:{grpc}"))
         .await
         .expect("connect");

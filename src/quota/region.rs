@@ -472,12 +472,16 @@ pub const MAX_SHARE_TTL_MICROS: u64 = super::MAX_TTL_MICROS + super::LIVE_MARGIN
 /// (a decision admitted ends it sooner).
 pub const SETTLE_MICROS: u64 = 2_000_000;
 
+/// Whether `a` refills faster than `b` (compared exactly: x/y > z/w as
+/// x·w > z·y).
+fn faster(a: BucketParams, b: BucketParams) -> bool {
+    u128::from(a.tokens_per_unit) * u128::from(b.unit_secs.max(1))
+        > u128::from(b.tokens_per_unit) * u128::from(a.unit_secs.max(1))
+}
+
 /// Whether `after` holds more tokens or refills faster than `before`.
 fn grows(before: BucketParams, after: BucketParams) -> bool {
-    let rate = |p: BucketParams| {
-        u128::from(p.tokens_per_unit) * 1_000_000 / u128::from(p.unit_secs.max(1))
-    };
-    after.capacity > before.capacity || rate(after) > rate(before)
+    after.capacity > before.capacity || faster(after, before)
 }
 
 /// `share` cut to the rule's burst and rate (counted in `clamped`): a
@@ -488,10 +492,7 @@ fn within_rule(share: BucketParams, rule: BucketParams, clamped: &mut Clamped) -
         out.capacity = rule.capacity;
         clamped.burst += 1;
     }
-    // rates compared exactly: a/b > c/d as a·d > c·b
-    let share_rate = u128::from(out.tokens_per_unit) * u128::from(rule.unit_secs.max(1));
-    let rule_rate = u128::from(rule.tokens_per_unit) * u128::from(out.unit_secs.max(1));
-    if share_rate > rule_rate {
+    if faster(out, rule) {
         out.tokens_per_unit = rule.tokens_per_unit;
         out.unit_secs = rule.unit_secs;
         clamped.rate += 1;

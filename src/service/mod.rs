@@ -20,7 +20,6 @@ use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use crate::limiter::{Limiter, Verdict};
 use crate::rules::RuleSet;
-use crate::telemetry::ratelimit_stats::CallError;
 use crate::telemetry::tracing::{remote_context, SPAN_TARGET};
 use crate::telemetry::Metrics;
 pub use response::{LegacyHeaderNames, ResponseOptions};
@@ -127,10 +126,7 @@ impl RateLimitService for RateLimitGrpc {
         let seconds = started.elapsed().as_secs_f64();
         self.metrics.observe_call(seconds);
         if let Some(stats) = self.metrics.ratelimit_stats() {
-            let error = result.as_ref().err().map(|status| match status.code() {
-                tonic::Code::InvalidArgument => CallError::Service,
-                _ => CallError::Store,
-            });
+            let error = result.as_ref().err().map(Status::code);
             stats.call("ShouldRateLimit", seconds, error);
         }
         result.map(Response::new)

@@ -46,22 +46,13 @@ struct ServiceStats {
     config_error: IntCounter,
 }
 
-/// Why a call was answered with an error, as envoyproxy/ratelimit's
-/// `err_type` says it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CallError {
-    /// The store failed (`redis_error`).
-    Store,
-    /// The request was refused (`service_error`).
-    Service,
-}
-
-impl CallError {
-    fn label(self) -> &'static str {
-        match self {
-            CallError::Store => "redis_error",
-            CallError::Service => "service_error",
-        }
+/// envoyproxy/ratelimit's `err_type` of a call answered with `code`: a
+/// request refused as invalid is `service_error`, anything else the store
+/// failing (`redis_error`).
+fn err_type(code: tonic::Code) -> &'static str {
+    match code {
+        tonic::Code::InvalidArgument => "service_error",
+        _ => "redis_error",
     }
 }
 
@@ -185,15 +176,16 @@ impl RatelimitStats {
         })
     }
 
-    /// One call of `method` answered in `seconds`, with an error or not.
-    pub fn call(&self, method: &str, seconds: f64, error: Option<CallError>) {
+    /// One call of `method` answered in `seconds`, with an error (its gRPC
+    /// code) or not.
+    pub fn call(&self, method: &str, seconds: f64, error: Option<tonic::Code>) {
         let Some(s) = &self.service else { return };
         add_saturating(&s.requests.with_label_values(&[method]), 1);
         s.response_time
             .with_label_values(&[method])
             .observe(seconds);
         if let Some(e) = error {
-            add_saturating(&s.errors.with_label_values(&[e.label()]), 1);
+            add_saturating(&s.errors.with_label_values(&[err_type(e)]), 1);
         }
     }
 

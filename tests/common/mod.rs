@@ -199,6 +199,20 @@ pub fn binary_without_rls_env() -> std::process::Command {
     command
 }
 
+/// Waits until `url` answers a 2xx (a process's probe path), for at most
+/// 30 s; `what` says what never happened.
+pub async fn until_ok(url: &str, what: &str) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let probe = reqwest::get(url).await;
+        if probe.is_ok_and(|r| r.status().is_success()) {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "{what}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
 /// Waits until something listens on `port` on loopback (a process just
 /// started), for at most 20 s.
 pub async fn listening(port: u16) {

@@ -161,18 +161,22 @@ fn no_sequence_of_events_assigns_more_than_the_budget() {
 /// wire); it gets a whole token, taken from the loud one, Σ unchanged.
 #[test]
 fn every_member_gets_a_whole_token_where_the_budget_holds_one_each() {
+    // a loud member and a quiet one, settled over ten times to live
+    let settled = |a: &mut Allocation<&'static str>| {
+        let mut now = 0;
+        for _ in 0..10 {
+            a.report(&"loud", 1000, 1.0);
+            a.report(&"quiet", 0, 1.0);
+            plan(a, now);
+            now += TTL;
+        }
+        plan(a, now)
+    };
     let mut a = Allocation::new(Budget {
         burst: 5.0,
         rate: 5.0,
     });
-    let mut now = 0;
-    for _ in 0..10 {
-        a.report(&"loud", 1000, 1.0);
-        a.report(&"quiet", 0, 1.0);
-        plan(&mut a, now);
-        now += TTL;
-    }
-    let s = plan(&mut a, now);
+    let s = settled(&mut a);
     assert!(close(s["quiet"].burst, 1.0), "{s:?}");
     // whole tokens: 4 of the 4.5 assignable (the half token is no token)
     assert!(close(s["loud"].burst + s["quiet"].burst, 4.0), "{s:?}");
@@ -184,13 +188,7 @@ fn every_member_gets_a_whole_token_where_the_budget_holds_one_each() {
         rate: 1.0,
     });
     a.set_reserve(0.0);
-    for _ in 0..10 {
-        a.report(&"loud", 1000, 1.0);
-        a.report(&"quiet", 0, 1.0);
-        plan(&mut a, now);
-        now += TTL;
-    }
-    let s = plan(&mut a, now);
+    let s = settled(&mut a);
     // in whole tokens: the one token goes to the busier member
     assert!(close(s["loud"].burst, 1.0), "{s:?}");
     assert!(close(s["quiet"].burst, 0.0), "{s:?}");

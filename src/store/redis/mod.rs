@@ -19,6 +19,7 @@ pub mod batch;
 pub mod memory;
 pub mod nodes;
 pub mod pipe;
+mod reach;
 pub mod url;
 
 use std::path::PathBuf;
@@ -203,7 +204,7 @@ impl RedisStore {
         let redacted = url::redact(&settings.url);
         // a look first: a name that does not resolve or a port that refuses
         // is said as such, and the start does not wait seconds for it
-        let reached = reach(&config.server).await;
+        let reached = reach::reach(&config.server).await;
         if let Err(why) = &reached {
             tracing::warn!(url = %redacted, "Redis not reachable at start-up ({why}); failure policies answer until it is, and the connection is retried in the background");
         }
@@ -223,7 +224,7 @@ impl RedisStore {
                 cluster.connect();
                 if reached.is_ok() {
                     let connected = tokio::time::timeout(wait, cluster.wait_for_connect()).await;
-                    log_connect(&redacted, connected);
+                    reach::log_connect(&redacted, connected);
                 }
                 let routing = nodes::reread(cluster.next(), &Routing::default(), &recipe)
                     .await
@@ -240,7 +241,7 @@ impl RedisStore {
                 if reached.is_ok() {
                     let connected =
                         tokio::time::timeout(wait, clients.pool.wait_for_connect()).await;
-                    log_connect(&redacted, connected);
+                    reach::log_connect(&redacted, connected);
                     clients.wait(Duration::from_secs(2)).await;
                 }
                 (None, Routing::single(name, clients))
@@ -682,57 +683,6 @@ fn redirect_of(e: &RedisError) -> Option<Redirect> {
         "MOVED" => Some(Redirect::Moved(addr.to_string())),
         "ASK" => Some(Redirect::Ask(addr.to_string())),
         _ => None,
-    }
-}
-
-/// Whether any server of `server` takes a TCP connection within a second;
-/// else why not, in words: its name does not resolve, it refuses, or it
-/// does not answer.
-async fn reach(server: &ServerConfig) -> Result<(), String> {
-    let servers: Vec<(String, u16)> = match server {
-        ServerConfig::Centralized { server } => vec![(server.host.to_string(), server.port)],
-        ServerConfig::Clustered { hosts, .. } => {
-            hosts.iter().map(|h| (h.host.to_string(), h.port)).collect()
-        }
-        _ => return Ok(()),
-    };
-    let mut why = Vec::new();
-    for (host, port) in servers {
-        let addrs = match tokio::net::lookup_host((host.as_str(), port)).await {
-            Ok(addrs) => addrs.collect::<Vec<_>>(),
-            Err(e) => {
-                why.push(format!("{host}:{port}: the name does not resolve ({e})"));
-                continue;
-            }
-        };
-        for addr in addrs {
-            match tokio::time::timeout(Duration::from_secs(1), tokio::net::TcpStream::connect(addr))
-                .await
-            {
-                Ok(Ok(_)) => return Ok(()),
-                Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
-                    why.push(format!("{host}:{port} ({addr}) refused the connection"))
-                }
-                Ok(Err(e)) => why.push(format!("{host}:{port} ({addr}): {e}")),
-                Err(_) => why.push(format!("{host}:{port} ({addr}) did not answer within 1 s")),
-            }
-        }
-    }
-    Err(why.join("; "))
-}
-
-fn log_connect<E: std::fmt::Display>(
-    url: &str,
-    connected: Result<Result<(), E>, tokio::time::error::Elapsed>,
-) {
-    match connected {
-        Ok(Ok(())) => tracing::info!(url = %url, "connected to Redis"),
-        Ok(Err(e)) => {
-            tracing::warn!(url = %url, error = %e, "Redis not reachable at start-up; failure policies answer until it is")
-        }
-        Err(_) => {
-            tracing::warn!(url = %url, "Redis not reachable within 5 s at start-up; failure policies answer until it is")
-        }
     }
 }
 
