@@ -473,7 +473,7 @@ async fn two_instances_each_split_half_of_the_budget() {
 async fn the_ledger_script_and_its_rust_copy_agree() {
     use fred::prelude::*;
     use tokenbucket_rls::quota::allocation::Budget;
-    use tokenbucket_rls::quota::ledger::{Ledger, Member, StepArgs};
+    use tokenbucket_rls::quota::ledger::{Demand, Ledger, Member, StepArgs};
     use tokenbucket_rls::quota::redis_ledger::{ledger_key, script_args, SCRIPT};
     use tokenbucket_rls::quota::BucketKey;
 
@@ -487,13 +487,7 @@ async fn the_ledger_script_and_its_rust_copy_agree() {
         pairs: vec![("api_key".into(), "k1".into())],
         shared: 0,
     });
-    let members: Vec<Member> = (1..=4)
-        .map(|i| Member {
-            replica: i % 2,
-            stream: u64::from(i),
-            tag: 0,
-        })
-        .collect();
+    let members: Vec<Member> = (1..=4).map(|replica| Member { replica }).collect();
     let mut seed: u64 = 0x2545_f491_4f6c_dd1d;
     let mut next = move |n: u64| {
         seed ^= seed << 13;
@@ -505,7 +499,11 @@ async fn the_ledger_script_and_its_rust_copy_agree() {
     let (mut shared, mut partial, mut left) = (0, 0, 0);
     for i in 0..300 {
         let member = members[next(4) as usize];
-        let demand = (next(6) != 0).then(|| next(1_000) as f64 + 0.5);
+        let pairs = 1 + next(5) as u32;
+        let demand = (next(6) != 0).then(|| Demand {
+            per_sec: next(1_000) as f64 + 0.5,
+            pairs,
+        });
         let mut args = StepArgs::new(
             demand,
             Budget {
@@ -535,7 +533,8 @@ async fn the_ledger_script_and_its_rust_copy_agree() {
         }
         if demand.is_none() {
             left += 1;
-        } else if reply[2] >= 2 {
+        } else if reply[2] > i64::from(pairs) {
+            // another replica's Envoys are active too
             shared += 1;
             if reply[1] < 90_000 * 2 / 10 {
                 partial += 1;
@@ -547,6 +546,45 @@ async fn the_ledger_script_and_its_rust_copy_agree() {
         shared > 50 && partial > 10 && left > 20,
         "{shared} {partial} {left}"
     );
+    // a record of eight numbers (one Envoy's, from before replicas summed
+    // theirs) still counts, as one Envoy: a rolling upgrade keeps the bound
+    let old = ledger_key(&BucketKey {
+        domain: "edge".into(),
+        pairs: vec![("api_key".into(), "old".into())],
+        shared: 0,
+    });
+    let (secs, micros): (String, String) = client
+        .eval("return redis.call('TIME')", Vec::<String>::new(), Vec::<String>::new())
+        .await
+        .expect("TIME");
+    let now_ms = secs.parse::<f64>().expect("secs") * 1000.0
+        + (micros.parse::<f64>().expect("micros") / 1000.0).floor();
+    let record: Vec<u8> = [0.0, now_ms, 150_000.0, 75_000.0, now_ms + 60_000.0, 0.0, 0.0, 0.0]
+        .iter()
+        .flat_map(|x: &f64| x.to_le_bytes())
+        .collect();
+    let _: () = client
+        .hset(old.clone(), ("7:1", record))
+        .await
+        .expect("HSET");
+    let demand = Some(Demand {
+        per_sec: 10.0,
+        pairs: 2,
+    });
+    let args = StepArgs::new(
+        demand,
+        Budget {
+            burst: 200.0,
+            rate: 100.0,
+        },
+        1_000,
+    );
+    let reply: Vec<i64> = client
+        .eval(SCRIPT, vec![old], script_args(Member { replica: 9 }, args))
+        .await
+        .expect("script");
+    assert_eq!(reply[2], 3, "{reply:?}");
+    assert_eq!((reply[0], reply[1]), (50_000, 25_000), "{reply:?}");
 }
 
 /// Two replicas on one Redis Cluster, one Envoy stream on each, 900 and

@@ -20,6 +20,13 @@
 //! is the bound, checked by the tests at every step). Shrinking is
 //! immediate; growing waits until the shrunk Envoys' old assignments expire
 //! (one time to live), except into the reserve and any unreserved part.
+//!
+//! **Departed Envoys.** An Envoy that leaves (its stream closed, or it
+//! fell quiet) keeps enforcing what it was sent until that expires, so its
+//! assignments stay reserved; but it is no longer a member: what all the
+//! departed hold is one [`Envelope`] per split, a sum per second of expiry
+//! (at most [`ENVELOPE_SLOTS`] entries however many came and went), so
+//! churn costs a split neither memory nor planning work beyond that.
 
 /// Part of the budget held back for Envoys that are about to join, so a
 /// newcomer has a share at once even while the others' assignments live.
@@ -66,6 +73,78 @@ impl Budget {
     }
 }
 
+/// What Envoys that left a split still hold: Σ of their reservations, by
+/// when they expire (those expiring within a second of each other in one
+/// entry, kept until the later: a little longer, never shorter), oldest
+/// first.
+#[derive(Debug, Clone, Default)]
+pub struct Envelope {
+    slots: Vec<(u64, Budget)>,
+}
+
+/// Entries of an [`Envelope`] at most: more than the seconds of the longest
+/// time to live and its margin.
+pub const ENVELOPE_SLOTS: usize = 64;
+
+impl Envelope {
+    /// Adds `share`, live until `expires_micros`: into an entry that
+    /// expires less than a second later, or one that expires less than a
+    /// second earlier (which then lives until `expires_micros`), else as an
+    /// entry of its own. So entries are a second apart when made: at most
+    /// one per second of the longest time to live (and never more than
+    /// [`ENVELOPE_SLOTS`]: then the latest takes it).
+    fn add(&mut self, share: Budget, expires_micros: u64) {
+        const SECOND: u64 = 1_000_000;
+        let at = self.slots.partition_point(|(e, _)| *e < expires_micros);
+        let slot = if self
+            .slots
+            .get(at)
+            .is_some_and(|(e, _)| e - expires_micros < SECOND)
+        {
+            Some(at)
+        } else if at > 0 && expires_micros - self.slots[at - 1].0 < SECOND {
+            self.slots[at - 1].0 = expires_micros;
+            Some(at - 1)
+        } else if self.slots.len() >= ENVELOPE_SLOTS {
+            let last = self.slots.len() - 1;
+            self.slots[last].0 = self.slots[last].0.max(expires_micros);
+            Some(last)
+        } else {
+            self.slots.insert(at, (expires_micros, share));
+            None
+        };
+        if let Some(i) = slot {
+            let b = &mut self.slots[i].1;
+            b.burst += share.burst;
+            b.rate += share.rate;
+        }
+    }
+
+    fn expire(&mut self, now_micros: u64) {
+        self.slots.retain(|(at, _)| *at > now_micros);
+    }
+
+    /// Σ still live at `now_micros`.
+    pub fn reserved(&self, now_micros: u64) -> Budget {
+        self.slots
+            .iter()
+            .filter(|(at, _)| *at > now_micros)
+            .fold(Budget::ZERO, |a, (_, b)| Budget {
+                burst: a.burst + b.burst,
+                rate: a.rate + b.rate,
+            })
+    }
+
+    /// Whether nothing is held.
+    pub fn is_empty(&self) -> bool {
+        self.slots.is_empty()
+    }
+
+    fn next_expiry(&self) -> Option<u64> {
+        self.slots.first().map(|(at, _)| *at)
+    }
+}
+
 /// An assignment sent to one Envoy, live until `expires_micros`.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Grant {
@@ -101,6 +180,8 @@ pub struct Allocation<E> {
     members: Vec<(E, Member)>,
     /// Part of the budget held back for newcomers ([`NEWCOMER_RESERVE`]).
     reserve: f64,
+    /// What departed members still hold.
+    departed: Envelope,
 }
 
 impl<E: Clone + Eq> Allocation<E> {
@@ -109,6 +190,7 @@ impl<E: Clone + Eq> Allocation<E> {
             budget,
             members: Vec::new(),
             reserve: NEWCOMER_RESERVE,
+            departed: Envelope::default(),
         }
     }
 
@@ -144,6 +226,7 @@ impl<E: Clone + Eq> Allocation<E> {
         self.members
             .iter()
             .flat_map(|(_, m)| m.live.iter().map(|g| g.expires_micros))
+            .chain(self.departed.next_expiry())
             .min()
     }
 
@@ -184,12 +267,31 @@ impl<E: Clone + Eq> Allocation<E> {
     }
 
     /// Forgets an Envoy (its stream closed, or it stopped reporting). What
-    /// it was sent stays reserved until it expires, like any assignment.
+    /// it was sent stays reserved until it expires, in the [`Envelope`] of
+    /// the departed: the largest share it holds until the last expiry.
     pub fn leave(&mut self, envoy: &E, now_micros: u64) {
         self.expire(now_micros);
-        if let Some((_, m)) = self.members.iter_mut().find(|(e, _)| e == envoy) {
-            m.demand = None;
+        let Some(at) = self.members.iter().position(|(e, _)| e == envoy) else {
+            return;
+        };
+        let (_, member) = self.members.swap_remove(at);
+        if let Some(until) = member.live.iter().map(|g| g.expires_micros).max() {
+            self.departed.add(member.reserved(), until);
         }
+    }
+
+    /// What the departed still hold (see [`Envelope`]).
+    pub fn departed(&self) -> &Envelope {
+        &self.departed
+    }
+
+    /// Σ of the members' smoothed demand (requests per second), and how
+    /// many members have one.
+    pub fn demand(&self) -> (f64, usize) {
+        self.members
+            .iter()
+            .filter_map(|(_, m)| m.demand)
+            .fold((0.0, 0), |(sum, n), d| (sum + d, n + 1))
     }
 
     /// Envoys taking part (reported and not left).
@@ -200,9 +302,10 @@ impl<E: Clone + Eq> Allocation<E> {
             .count()
     }
 
-    /// Σ over Envoys of the largest share each may still enforce: never
-    /// above the budget.
+    /// Σ over Envoys of the largest share each may still enforce, the
+    /// departed included: never above the budget.
     pub fn reserved(&self, now_micros: u64) -> Budget {
+        let departed = self.departed.reserved(now_micros);
         self.members
             .iter()
             .map(|(_, m)| {
@@ -211,13 +314,14 @@ impl<E: Clone + Eq> Allocation<E> {
                     .filter(|g| g.expires_micros > now_micros)
                     .fold(Budget::ZERO, |r, g| r.max(g.share))
             })
-            .fold(Budget::ZERO, |a, b| Budget {
+            .fold(departed, |a, b| Budget {
                 burst: a.burst + b.burst,
                 rate: a.rate + b.rate,
             })
     }
 
     fn expire(&mut self, now_micros: u64) {
+        self.departed.expire(now_micros);
         for (_, m) in &mut self.members {
             m.live.retain(|g| g.expires_micros > now_micros);
         }
@@ -286,9 +390,17 @@ impl<E: Clone + Eq> Allocation<E> {
     /// nobody reserves. An Envoy whose share is unchanged gets it again (the
     /// resend extends its life). Records what it returns as sent.
     pub fn plan(&mut self, now_micros: u64, ttl_micros: u64) -> Vec<(E, Budget)> {
+        self.plan_each(now_micros, |_| ttl_micros)
+    }
+
+    /// [`Allocation::plan`], each Envoy's assignment live for `ttl_of` it.
+    pub fn plan_each(
+        &mut self,
+        now_micros: u64,
+        ttl_of: impl Fn(&E) -> u64,
+    ) -> Vec<(E, Budget)> {
         self.expire(now_micros);
         let targets = self.targets();
-        let expires_micros = now_micros.saturating_add(ttl_micros);
         // Shrinking is always safe; growing only into unreserved budget,
         // counting the shrunk Envoys' live assignments as reserved.
         let reserved = self.reserved(now_micros);
@@ -326,6 +438,7 @@ impl<E: Clone + Eq> Allocation<E> {
         let mut out = Vec::with_capacity(targets.len());
         for ((i, target), want) in targets.into_iter().zip(wants) {
             let (e, member) = &mut self.members[i];
+            let expires_micros = now_micros.saturating_add(ttl_of(e));
             let have = member.reserved();
             let share = Budget {
                 burst: target.burst.min(have.burst + want.burst * fill.burst),

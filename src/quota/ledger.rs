@@ -1,18 +1,27 @@
 //! Splitting a bucket between Envoys that report to different replicas: the
 //! shared ledger. Each bucket's record (in Redis: one hash, one field per
-//! member) holds every member's smoothed demand, when it last stepped, and
-//! the assignments it may still enforce. A member is one Envoy stream on one
-//! replica. Each replica steps its own members (on every report and every
-//! second); one step, atomic on the record, updates the caller's demand and
-//! returns its share, so every replica computes shares from the same demand.
+//! member) holds every member's smoothed demand, how many Envoys (pairs) it
+//! sums, when it last stepped, and the share it may still hand out. A
+//! member is one replica: it steps the bucket (when an Envoy joins, and
+//! every second), summing its own Envoys' demand, and splits the share it
+//! gets between them itself ([`super::allocation`], the share as its
+//! budget). One step, atomic on the record, updates the caller's demand
+//! and returns its share, so every replica computes shares from the same
+//! demand.
+//!
+//! **Cost.** A step reads every member's record: it costs the replicas
+//! splitting a bucket, not the Envoys reporting it, and a bucket is stepped
+//! about once a second per replica however many Envoys report it.
 //!
 //! **Bound.** A step gives the caller at most what the other members do not
-//! reserve (their live assignments: each member keeps its current one and the
-//! largest of the earlier ones still live), so Σ of what Envoys may enforce
-//! stays ≤ the budget across replicas, whatever the order of steps.
-//! **Shares.** As in [`super::allocation`]: [`NEWCOMER_RESERVE`] held back,
-//! the rest split with a floor of [`FLOOR_FRACTION`] of an equal share and
-//! the remainder by demand among the members active now (stepped within
+//! reserve (their live shares: each member keeps its current one and the
+//! largest of the earlier ones still live), so Σ of the replicas' shares
+//! stays ≤ the budget, whatever the order of steps; each replica keeps Σ
+//! of what its Envoys may enforce within the largest of its live shares.
+//! **Shares.** As in [`super::allocation`], counted in Envoys: [`NEWCOMER_RESERVE`]
+//! held back, the rest split with a floor of [`FLOOR_FRACTION`] of an equal
+//! share per Envoy and the remainder by demand among the Envoys of the
+//! members active now (stepped within
 //! [`STALE_MS`]: a replica that died stops counting after that, while its
 //! assignments stay reserved until they expire). A share within
 //! [`super::RESEND_THRESHOLD`] of the live one is kept as it is, so that
@@ -40,7 +49,7 @@ pub const STALE_MS: i64 = 5_000;
 pub struct Shared {
     /// The caller's share (zero when it left).
     pub share: Budget,
-    /// Active members, the caller included.
+    /// Envoys (pairs) of the active members, the caller's included.
     pub members: u32,
     /// Σ of every member's live reservations after the step.
     pub reserved: Budget,
@@ -50,35 +59,37 @@ pub struct Shared {
 #[async_trait]
 pub trait QuotaLedger: Send + Sync + 'static {
     /// Steps `member` of `key`: records its `demand` (`None`: it leaves,
-    /// keeping what it was sent reserved until that expires) and returns its
+    /// keeping its shares reserved until they expire) and returns its
     /// share of `budget`, live for `ttl_ms`.
     async fn step(
         &self,
         key: &BucketKey,
         member: Member,
-        demand: Option<f64>,
+        demand: Option<Demand>,
         budget: Budget,
         ttl_ms: i64,
     ) -> Result<Shared, StoreError>;
 }
 
-/// A member: a replica (random at start), one of its streams, and in a
-/// `share_threshold` bucket which of the stream's bucket ids (its
-/// [`super::Pair`] tag; 0 in a bucket id's own bucket).
+/// A replica's demand for a bucket: Σ of its Envoys' smoothed requests per
+/// second, and how many Envoys (pairs) that is (at least one).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Demand {
+    pub per_sec: f64,
+    pub pairs: u32,
+}
+
+/// A member: a replica (random at start).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Member {
     pub replica: u32,
-    pub stream: u64,
-    pub tag: u64,
 }
 
 impl Member {
-    /// Its field in the record: `replica:stream`, and `:tag` when it has one.
+    /// Its field in the record: `r<replica>` (a record's fields of
+    /// `replica:stream`, one per Envoy, are older replicas' and count too).
     pub fn field(&self) -> String {
-        match self.tag {
-            0 => format!("{}:{}", self.replica, self.stream),
-            tag => format!("{}:{}:{tag}", self.replica, self.stream),
-        }
+        format!("r{}", self.replica)
     }
 }
 
@@ -92,23 +103,26 @@ pub struct StepArgs {
     pub ttl_ms: i64,
     /// [`STALE_MS`] but in tests.
     pub stale_ms: i64,
+    /// The Envoys the demand sums (0 when leaving).
+    pub pairs: i64,
 }
 
 impl StepArgs {
-    pub fn new(demand: Option<f64>, budget: Budget, ttl_ms: i64) -> Self {
+    pub fn new(demand: Option<Demand>, budget: Budget, ttl_ms: i64) -> Self {
         let milli = |x: f64| (x * 1000.0).floor().clamp(0.0, 1e15) as i64;
         Self {
-            demand: demand.map_or(-1, milli),
+            demand: demand.map_or(-1, |d| milli(d.per_sec)),
             burst: milli(budget.burst),
             rate: milli(budget.rate),
             ttl_ms,
             stale_ms: STALE_MS,
+            pairs: demand.map_or(0, |d| i64::from(d.pairs.max(1))),
         }
     }
 
-    /// `[demand, burst, rate, ttl, stale, floor ‰, reserve ‰, threshold ‰]`:
-    /// the script's ARGV after the member.
-    pub fn argv(&self) -> [i64; 8] {
+    /// `[demand, burst, rate, ttl, stale, floor ‰, reserve ‰, threshold ‰,
+    /// pairs]`: the script's ARGV after the member.
+    pub fn argv(&self) -> [i64; 9] {
         [
             self.demand,
             self.burst,
@@ -118,6 +132,7 @@ impl StepArgs {
             (FLOOR_FRACTION * 1000.0).round() as i64,
             (NEWCOMER_RESERVE * 1000.0).round() as i64,
             (RESEND_THRESHOLD * 1000.0).round() as i64,
+            self.pairs,
         ]
     }
 }
@@ -156,6 +171,8 @@ struct Record {
     /// The largest earlier assignments still live, and the latest expiry
     /// among them.
     earlier: (f64, f64, f64),
+    /// The Envoys its demand sums.
+    pairs: f64,
 }
 
 impl Record {
@@ -204,7 +221,7 @@ impl Ledger {
             let active = rec.demand >= 0.0 && now - rec.seen <= stale;
             if active {
                 total += rec.demand;
-                n += 1.0;
+                n += rec.pairs;
             }
             if !active && rec.current.2 <= now && rec.earlier.2 <= now {
                 gone.push(field.clone());
@@ -218,11 +235,16 @@ impl Ledger {
             self.members.remove(&field);
         }
         let (mut share_b, mut share_r) = (0.0, 0.0);
+        let my_pairs = args.pairs as f64;
         if demand >= 0.0 {
-            n += 1.0;
+            n += my_pairs;
             total += demand;
-            let weight = if total > 0.0 { demand / total } else { 1.0 / n };
-            let part = floor_fraction / n + (1.0 - floor_fraction) * weight;
+            let weight = if total > 0.0 {
+                demand / total
+            } else {
+                my_pairs / n
+            };
+            let part = floor_fraction * my_pairs / n + (1.0 - floor_fraction) * weight;
             let target_b = budget_b * (1.0 - reserve) * part;
             let target_r = budget_r * (1.0 - reserve) * part;
             share_b = f64::min(target_b, f64::max(0.0, budget_b - others_b));
@@ -254,6 +276,7 @@ impl Ledger {
         }
         mine.demand = demand;
         mine.seen = now;
+        mine.pairs = my_pairs;
         let (mb, mr) = mine.reserved(now);
         self.members.insert(member.to_owned(), mine);
         [
@@ -293,7 +316,7 @@ impl<C: crate::clock::Clock + Send + Sync + 'static> QuotaLedger for MemoryLedge
         &self,
         key: &BucketKey,
         member: Member,
-        demand: Option<f64>,
+        demand: Option<Demand>,
         budget: Budget,
         ttl_ms: i64,
     ) -> Result<Shared, StoreError> {

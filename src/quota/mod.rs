@@ -160,11 +160,6 @@ struct Subscription {
     sent: Option<(Sent, u64, u64)>,
     /// Since when every report said no requests; `None` while it has some.
     idle_since_micros: Option<u64>,
-    /// Smoothed requests per second (for a shared ledger; the local split
-    /// keeps its own).
-    demand: Option<f64>,
-    /// When a ledger step was last queued for it.
-    stepped_micros: u64,
 }
 
 impl Subscription {
@@ -177,8 +172,6 @@ impl Subscription {
             interval_micros: 0,
             sent: None,
             idle_since_micros: None,
-            demand: None,
-            stepped_micros: 0,
         }
     }
 
@@ -195,6 +188,14 @@ impl Subscription {
     fn id<'a>(&'a self, key: &'a BucketKey) -> &'a BucketKey {
         self.id.as_deref().unwrap_or(key)
     }
+
+    /// How long what it is sent lives: three of its own report intervals
+    /// (see [`ttl_micros`]). A newcomer's, before its cadence is known, is
+    /// the shortest: refreshed every tick while it stays, and what it was
+    /// given stops counting soon after it goes.
+    fn ttl_micros(&self) -> u64 {
+        ttl_micros(self.interval_micros)
+    }
 }
 
 /// Never: a time later than any.
@@ -208,9 +209,18 @@ struct Bucket {
     rule: Option<Arc<str>>,
     generation: u64,
     allocation: Allocation<Pair>,
-    /// With a shared ledger: Σ reserved by all replicas' Envoys, as the
-    /// last step saw it.
+    /// With a shared ledger: Σ reserved by all replicas, as the last step
+    /// saw it.
     shared_reserved: Budget,
+    /// With a shared ledger: this replica's share of the bucket, as the
+    /// last step answered, and until when the ledger surely keeps it
+    /// reserved (what is assigned from it must expire by then).
+    ledger_share: Option<(Budget, u64)>,
+    /// With a shared ledger: when a step was last queued, and whether this
+    /// replica takes part in the record (a leaving step is queued once,
+    /// when its last Envoy goes).
+    stepped_micros: u64,
+    in_ledger: bool,
     /// The streams reporting it (few per bucket: a vector, not a map).
     subs: Vec<Subscription>,
     /// When it must next be looked at without a report: a member falls
@@ -228,6 +238,8 @@ struct Bucket {
     /// global tier whose Envoys' buckets a shared ledger splits (the
     /// regions all report to one global-tier instance).
     regional: bool,
+    /// Counted in [`Quotas::held`].
+    held: bool,
 }
 
 impl Bucket {
@@ -311,13 +323,19 @@ pub struct Quotas {
     /// budget among its own Envoys, so N of them never assign more than
     /// the budget together. 0 is taken as 1. Not used with a shared ledger.
     instances: u32,
-    /// Whether a shared ledger splits the budgets ([`ledger`]): then
-    /// Shared buckets are not planned here but queued as [`Step`]s, and
-    /// [`Quotas::granted`] takes the ledger's answers.
+    /// Whether a shared ledger splits the budgets between replicas
+    /// ([`ledger`]): then each Shared bucket queues a [`Step`] (when an
+    /// Envoy joins it, and every [`SHARED_REFRESH_MICROS`]), and
+    /// [`Quotas::granted`] takes the ledger's answer: this replica's share,
+    /// which its own split divides between its Envoys.
     shared: bool,
-    /// Queued ledger steps, one per (pair, bucket): a newer one replaces
-    /// an older one not taken yet, so the queue never outgrows the pairs.
-    steps: HashMap<(Pair, BucketKey), Step>,
+    /// Queued ledger steps, one per bucket: a newer one replaces an older
+    /// one not taken yet, so the queue never outgrows the buckets.
+    steps: HashMap<BucketKey, Step>,
+    /// Buckets whose split holds what departed Envoys were sent (its
+    /// [`allocation::Envelope`]) while no Envoy reports them: each counts
+    /// as a pair against [`MAX_SUBSCRIPTIONS`].
+    held: usize,
     /// Bucket reports not taken since the last [`Quotas::take_dropped`]:
     /// (invalid, over a limit).
     dropped: (u64, u64),
@@ -337,17 +355,17 @@ pub struct Quotas {
     region_parts: HashMap<(Pair, Arc<BucketKey>), Vec<RegionPart>>,
 }
 
-/// A step of the shared ledger to take for one stream and bucket: its
-/// demand (`None`: it leaves the bucket) and the bucket's budget.
+/// A step of the shared ledger to take for this replica and one bucket:
+/// its Envoys' demand (`None`: the last of them left) and the bucket's
+/// budget; the share is kept reserved `ttl_micros` from when the ledger
+/// takes the step (which is after `at_micros`, when it was queued).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Step {
-    pub stream: StreamId,
-    /// The [`Pair`] tag of the stream's bucket id (0 in its own bucket).
-    pub tag: u64,
     pub key: BucketKey,
-    pub demand: Option<f64>,
+    pub demand: Option<ledger::Demand>,
     pub budget: Budget,
     pub ttl_micros: u64,
+    pub at_micros: u64,
 }
 
 /// Messages to write, per stream.
@@ -409,6 +427,12 @@ impl Quotas {
         self.pairs
     }
 
+    /// Buckets that only hold what departed Envoys were sent (counted as
+    /// pairs against [`MAX_SUBSCRIPTIONS`]).
+    pub fn held(&self) -> usize {
+        self.held
+    }
+
     /// One message of usage reports from `stream`. The first message names
     /// the domain; later ones are in it whatever they say. Costs the
     /// buckets in it and their members, nothing else.
@@ -465,7 +489,7 @@ impl Quotas {
             let (id, key) = match entry.buckets.get_key_value(&id) {
                 Some((id, shared)) => (id.clone(), shared.clone().unwrap_or_else(|| id.clone())),
                 None if entry.buckets.len() >= MAX_BUCKETS_PER_STREAM
-                    || self.pairs >= MAX_SUBSCRIPTIONS =>
+                    || self.pairs + self.held >= MAX_SUBSCRIPTIONS =>
                 {
                     self.dropped.1 += 1;
                     continue;
@@ -570,8 +594,6 @@ impl Quotas {
                 parts.retain(|p| now_micros.saturating_sub(p.2) <= PART_QUIET_MICROS);
                 let demand = parts.iter().map(|p| p.1).sum();
                 bucket.allocation.set_demand(&pair, demand);
-            } else if self.shared {
-                sub.demand = Some(smoothed(sub.demand, requests, elapsed_secs));
             } else {
                 let pair = sub.pair();
                 bucket.allocation.report(&pair, requests, elapsed_secs);
@@ -587,11 +609,7 @@ impl Quotas {
                 continue;
             };
             let next = bucket.planned_micros.saturating_add(COALESCE_MICROS);
-            if !fresh
-                && bucket.planned_micros > 0
-                && now_micros < next
-                && !bucket.ledger_splits(self.shared)
-            {
+            if !fresh && bucket.planned_micros > 0 && now_micros < next {
                 // planned a moment ago: once more when the moment is over
                 bucket.due_micros = bucket.due_micros.min(next);
                 queue(&mut self.due, key, bucket);
@@ -678,8 +696,7 @@ impl Quotas {
         if let Some(s) = self.streams.get_mut(&sub.stream) {
             s.buckets.remove(sub.id(key));
         }
-        let shared = bucket.ledger_splits(self.shared);
-        leave(bucket, &mut self.steps, shared, sub.pair(), key, now_micros);
+        bucket.allocation.leave(&sub.pair(), now_micros);
         Some(sub)
     }
 
@@ -826,8 +843,8 @@ impl Quotas {
     /// Reserves `share`, live until `until` for `stream`'s bucket id `id`,
     /// in the bucket `id` spends under `rules` (made if need be, within
     /// [`MAX_KEY_BYTES`]): a member of its own that reports nothing, gone
-    /// once the share expires. Not with a shared ledger (its records are
-    /// per replica and bucket).
+    /// once the share expires (with a shared ledger, within this replica's
+    /// share there).
     fn carry(
         &mut self,
         rules: &RuleSet,
@@ -845,12 +862,11 @@ impl Quotas {
                 Arc::new(target)
             }
         };
-        let shared = self.shared;
         let bucket = self
             .buckets
             .entry(key.clone())
             .or_insert_with(|| Box::new(new_bucket(rules, id, &mut self.labels)));
-        if bucket.ledger_splits(shared) || !matches!(bucket.policy, Policy::Shared(_)) {
+        if !matches!(bucket.policy, Policy::Shared(_)) {
             return;
         }
         // a member of its own per carried id (a stream may carry several
@@ -922,41 +938,73 @@ impl Quotas {
                 });
             }
         }
+        // a tick moves on past now; after a report, a tick at the same
+        // time does what the report left (an idle member's abandon)
+        let after = if reporter.is_some() {
+            now_micros
+        } else {
+            now_micros + 1
+        };
+        if let Some(bucket) = self.buckets.get_mut(key) {
+            if let (Policy::Shared(budget), true) =
+                (bucket.policy, bucket.ledger_splits(self.shared))
+            {
+                if step_if_due(bucket, &mut self.steps, key, budget, now_micros) {
+                    // the answer splits the new share ([`Quotas::granted`])
+                    bucket.due_micros = next_due(bucket, true, after);
+                    queue(&mut self.due, key, bucket);
+                    return;
+                }
+            }
+        }
+        self.assign(key, now_micros, after, pending);
+    }
+
+    /// Splits `key`'s budget between its members and adds what each must be
+    /// sent to `pending` (see [`Quotas::plan`]); then queues the bucket for
+    /// when it is next due (`after` at the earliest), or forgets it when
+    /// nobody holds it and nothing it assigned lives. With a shared ledger,
+    /// the budget split is this replica's last share, and what is assigned
+    /// from it expires before the ledger stops reserving it.
+    fn assign(&mut self, key: &Arc<BucketKey>, now_micros: u64, after: u64, pending: &mut Pending) {
         let Some(bucket) = self.buckets.get_mut(key) else {
             return;
         };
-        // the bucket's time to live: the slowest reporter's
-        let interval = bucket
-            .subs
-            .iter()
-            .map(|sub| sub.interval_micros)
-            .max()
-            .unwrap_or(0);
-        let ttl = ttl_micros(interval);
         let shared = bucket.ledger_splits(self.shared);
+        // what each member is sent lives by its own cadence; with a shared
+        // ledger, never beyond what the ledger keeps reserved
+        let cover = match bucket.ledger_share {
+            Some((_, until)) if shared => whole_seconds(
+                until
+                    .saturating_sub(now_micros)
+                    .saturating_sub(LIVE_MARGIN_MICROS),
+            ),
+            _ => NEVER,
+        };
+        let ttl_of = |sub: &Subscription| sub.ttl_micros().min(cover);
         let planned: Vec<(Pair, Sent)> = match bucket.policy {
-            Policy::Shared(budget) if shared => {
-                for sub in &mut bucket.subs {
-                    let due = Some(sub.stream) == reporter
-                        || now_micros.saturating_sub(sub.stepped_micros) >= SHARED_REFRESH_MICROS;
-                    if !due {
-                        continue;
-                    }
-                    sub.stepped_micros = now_micros;
-                    self.steps.insert(
-                        (sub.pair(), BucketKey::clone(key)),
-                        Step {
-                            stream: sub.stream,
-                            tag: sub.tag,
-                            key: BucketKey::clone(key),
-                            demand: Some(sub.demand.unwrap_or(0.0)),
-                            budget,
-                            ttl_micros: ttl,
-                        },
-                    );
+            Policy::Shared(_) if shared => match bucket.ledger_share {
+                // nothing to split yet, or no time left to assign it in:
+                // what the members hold stands until the next answer
+                Some((share, _)) if cover >= 1_000_000 => {
+                    // the ledger holds the reserve for newcomers back from
+                    // every replica's share: an Envoy joining here steps
+                    // at once, and this replica's share grows into it
+                    bucket.allocation.set_reserve(0.0);
+                    bucket.allocation.set_budget(share);
+                    let ttls = member_ttls(&bucket.subs, ttl_of);
+                    bucket
+                        .allocation
+                        .plan_each(now_micros, |pair| {
+                            ttls.get(pair).copied().unwrap_or(MIN_TTL_MICROS)
+                                + LIVE_MARGIN_MICROS
+                        })
+                        .into_iter()
+                        .map(|(s, share)| (s, Sent::Share(share)))
+                        .collect()
                 }
-                Vec::new()
-            }
+                _ => Vec::new(),
+            },
             Policy::Shared(budget) => {
                 let mut share = 1.0 / f64::from(self.instances.max(1));
                 if !self.region_streams.is_empty() {
@@ -986,9 +1034,12 @@ impl Quotas {
                     burst: budget.burst * share,
                     rate: budget.rate * share,
                 });
+                let ttls = member_ttls(&bucket.subs, ttl_of);
                 bucket
                     .allocation
-                    .plan(now_micros, ttl + LIVE_MARGIN_MICROS)
+                    .plan_each(now_micros, |pair| {
+                        ttls.get(pair).copied().unwrap_or(MIN_TTL_MICROS) + LIVE_MARGIN_MICROS
+                    })
                     .into_iter()
                     .map(|(s, share)| (s, Sent::Share(share)))
                     .collect()
@@ -1026,36 +1077,44 @@ impl Quotas {
                 continue;
             };
             let exact = self.region_streams.contains(&pair.0);
+            let ttl = ttl_of(sub);
             if let Some(a) = offer(sub, key, what, ttl, now_micros, exact) {
                 pending.entry(pair.0).or_default().push(a);
             }
         }
         bucket.planned_micros = now_micros;
+        let holds = bucket.subs.is_empty() && !bucket.allocation.departed().is_empty();
+        if holds != bucket.held {
+            bucket.held = holds;
+            if holds {
+                self.held += 1;
+            } else {
+                self.held -= 1;
+            }
+        }
         let forget = bucket.subs.is_empty()
-            && (shared
-                || (bucket.allocation.members() == 0
-                    && bucket.allocation.reserved(now_micros).rate <= 0.0));
+            && !bucket.in_ledger
+            && bucket.allocation.members() == 0
+            && bucket.allocation.reserved(now_micros).rate <= 0.0
+            && bucket.allocation.reserved(now_micros).burst <= 0.0;
         if forget {
+            if bucket.held {
+                self.held -= 1;
+            }
             unindex(&mut self.shares, key, bucket);
             self.buckets.remove(key);
             self.key_bytes -= key.bytes();
             return;
         }
         index(&mut self.shares, key, bucket, shared, now_micros);
-        // a tick moves on past now; after a report, a tick at the same
-        // time does what the report left (an idle member's abandon)
-        let after = if reporter.is_some() {
-            now_micros
-        } else {
-            now_micros + 1
-        };
-        bucket.due_micros = next_due(bucket, shared, ttl, after);
+        bucket.due_micros = next_due(bucket, shared, after);
         queue(&mut self.due, key, bucket);
     }
 
-    /// The shared ledger's answers to [`Quotas::take_steps`]: what each
-    /// stream must be sent (as [`Quotas::plan`] decides for a local
-    /// split). A step whose stream or bucket has gone since is dropped.
+    /// The shared ledger's answers to [`Quotas::take_steps`]: this
+    /// replica's share of each bucket, split between its Envoys at once
+    /// (what each must be sent, as [`Quotas::plan`] decides). An answer for
+    /// a bucket that has gone since is dropped.
     pub fn granted(&mut self, answers: Vec<(Step, Shared)>, now_micros: u64) -> Outbox {
         let mut pending = Pending::new();
         for (step, shared) in answers {
@@ -1070,23 +1129,16 @@ impl Quotas {
                 continue;
             };
             bucket.shared_reserved = shared.reserved;
-            index(&mut self.shares, &key, bucket, self.shared, now_micros);
-            if step.demand.is_none() {
+            if step.demand.is_none() || !bucket.in_ledger {
+                index(&mut self.shares, &key, bucket, self.shared, now_micros);
                 continue;
             }
-            let what = Sent::Share(shared.share);
-            let sub = bucket
-                .subs
-                .iter_mut()
-                .find(|s| s.pair() == (step.stream, step.tag));
-            if let Some(a) =
-                sub.and_then(|sub| offer(sub, &key, what, step.ttl_micros, now_micros, false))
-            {
-                pending.entry(step.stream).or_default().push(a);
+            let until = step.at_micros.saturating_add(step.ttl_micros);
+            // an answer older than the one in hand changes nothing
+            if bucket.ledger_share.is_none_or(|(_, u)| u <= until) {
+                bucket.ledger_share = Some((shared.share, until));
             }
-            let due = next_due(bucket, true, step.ttl_micros, now_micros);
-            bucket.due_micros = bucket.due_micros.min(due);
-            queue(&mut self.due, &key, bucket);
+            self.assign(&key, now_micros, now_micros, &mut pending);
         }
         outbox(pending)
     }
@@ -1118,12 +1170,16 @@ fn new_bucket(rules: &RuleSet, id: &BucketKey, labels: &mut HashSet<Arc<str>>) -
         generation: rules.generation(),
         allocation: Allocation::new(Budget::ZERO),
         shared_reserved: Budget::ZERO,
+        ledger_share: None,
+        stepped_micros: 0,
+        in_ledger: false,
         subs: Vec::new(),
         due_micros: NEVER,
         queued_micros: NEVER,
         fraction: None,
         planned_micros: 0,
         regional: false,
+        held: false,
     }
 }
 
@@ -1148,11 +1204,13 @@ fn queue(due: &mut BinaryHeap<Due>, key: &Arc<BucketKey>, bucket: &mut Bucket) {
 }
 
 /// When `bucket` must next be looked at without a report: `after` at the
-/// earliest.
-fn next_due(bucket: &Bucket, shared: bool, ttl_micros: u64, after: u64) -> u64 {
+/// earliest. With a shared ledger, a Shared bucket an Envoy reports is
+/// stepped every [`SHARED_REFRESH_MICROS`].
+fn next_due(bucket: &Bucket, shared: bool, after: u64) -> u64 {
     let mut due = bucket.allocation.next_expiry().unwrap_or(NEVER);
-    // with a shared ledger, Shared buckets are refreshed by their steps
-    let stepped = shared && matches!(bucket.policy, Policy::Shared(_));
+    if shared && matches!(bucket.policy, Policy::Shared(_)) && !bucket.subs.is_empty() {
+        due = due.min(bucket.stepped_micros.saturating_add(SHARED_REFRESH_MICROS));
+    }
     for sub in &bucket.subs {
         let quiet = sub
             .last_report_micros
@@ -1162,17 +1220,81 @@ fn next_due(bucket: &Bucket, shared: bool, ttl_micros: u64, after: u64) -> u64 {
         if let Some(t) = sub.idle_since_micros {
             due = due.min(t.saturating_add(ABANDON_AFTER_MICROS));
         }
-        match sub.sent {
-            _ if stepped => {
-                due = due.min(sub.stepped_micros.saturating_add(SHARED_REFRESH_MICROS));
-            }
-            Some((_, at, sent_ttl)) => {
-                due = due.min(at.saturating_add(ttl_micros.min(sent_ttl) / TTL_INTERVALS));
-            }
-            None => {}
+        if let Some((_, at, sent_ttl)) = sub.sent {
+            due = due.min(at.saturating_add(sub.ttl_micros().min(sent_ttl) / TTL_INTERVALS));
         }
     }
     due.max(after)
+}
+
+/// Queues a ledger step for `bucket` (this replica's Envoys' demand, or
+/// its leaving when the last has gone) if one is due: an Envoy is waiting
+/// for its first assignment, or [`SHARED_REFRESH_MICROS`] have passed.
+/// True if it queued one.
+fn step_if_due(
+    bucket: &mut Bucket,
+    steps: &mut HashMap<BucketKey, Step>,
+    key: &BucketKey,
+    budget: Budget,
+    now_micros: u64,
+) -> bool {
+    let demand = if bucket.subs.is_empty() {
+        if !bucket.in_ledger {
+            return false;
+        }
+        bucket.in_ledger = false;
+        bucket.ledger_share = None;
+        None
+    } else {
+        let waiting = bucket.subs.iter().any(|s| s.sent.is_none());
+        let refresh = now_micros.saturating_sub(bucket.stepped_micros) >= SHARED_REFRESH_MICROS;
+        if !(waiting || refresh || !bucket.in_ledger) {
+            return false;
+        }
+        bucket.in_ledger = true;
+        let (per_sec, pairs) = bucket.allocation.demand();
+        Some(ledger::Demand {
+            per_sec,
+            pairs: u32::try_from(pairs.max(bucket.subs.len()).max(1)).unwrap_or(u32::MAX),
+        })
+    };
+    bucket.stepped_micros = now_micros;
+    // reserved in the ledger as long as the longest-lived member's, with
+    // its margin and a second for the answer to come back in (what is
+    // assigned from it lives whole seconds)
+    let ttl = bucket
+        .subs
+        .iter()
+        .map(Subscription::ttl_micros)
+        .max()
+        .unwrap_or(MIN_TTL_MICROS);
+    steps.insert(
+        key.clone(),
+        Step {
+            key: key.clone(),
+            demand,
+            budget,
+            ttl_micros: ttl
+                .saturating_add(LIVE_MARGIN_MICROS)
+                .saturating_add(1_000_000),
+            at_micros: now_micros,
+        },
+    );
+    true
+}
+
+/// Each member's time to live, by its pair (a map where there are many).
+fn member_ttls(
+    subs: &[Subscription],
+    ttl_of: impl Fn(&Subscription) -> u64,
+) -> HashMap<Pair, u64> {
+    subs.iter().map(|sub| (sub.pair(), ttl_of(sub))).collect()
+}
+
+/// `micros` rounded down to whole seconds (what Envoy keeps of a time to
+/// live).
+fn whole_seconds(micros: u64) -> u64 {
+    micros / 1_000_000 * 1_000_000
 }
 
 /// Records `bucket`'s assigned fraction in `shares` (see [`Quotas::shares`]).
@@ -1264,34 +1386,6 @@ fn offer(
         sub.sent = Some((what, now_micros, ttl));
         action(sub.id(key), what, ttl, exact)
     })
-}
-
-/// `stream` leaves `key`'s split: locally, or with a shared ledger by a
-/// leaving step (its assignments stay reserved until they expire).
-fn leave(
-    bucket: &mut Bucket,
-    steps: &mut HashMap<(Pair, BucketKey), Step>,
-    shared: bool,
-    pair: Pair,
-    key: &BucketKey,
-    now_micros: u64,
-) {
-    match bucket.policy {
-        Policy::Shared(budget) if shared => {
-            steps.insert(
-                (pair, key.clone()),
-                Step {
-                    stream: pair.0,
-                    tag: pair.1,
-                    key: key.clone(),
-                    demand: None,
-                    budget,
-                    ttl_micros: 0,
-                },
-            );
-        }
-        _ => bucket.allocation.leave(&pair, now_micros),
-    }
 }
 
 /// How long a stream may be quiet about a bucket before it leaves it:

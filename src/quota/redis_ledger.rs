@@ -9,7 +9,7 @@ use fred::bytes::Bytes;
 use fred::prelude::Value;
 
 use super::allocation::Budget;
-use super::ledger::{shared_from_reply, Member, QuotaLedger, Shared, StepArgs};
+use super::ledger::{shared_from_reply, Demand, Member, QuotaLedger, Shared, StepArgs};
 use super::BucketKey;
 use crate::limiter::key::put;
 use crate::store::redis::{redis_key, tag_hash, LuaScript, RedisStore};
@@ -56,7 +56,7 @@ pub fn ledger_key(key: &BucketKey) -> Bytes {
 
 /// The script's ARGV for one step.
 pub fn script_args(member: Member, args: StepArgs) -> Vec<Value> {
-    let mut out = Vec::with_capacity(9);
+    let mut out = Vec::with_capacity(10);
     out.push(Value::from(member.field()));
     out.extend(args.argv().into_iter().map(Value::Integer));
     out
@@ -68,7 +68,7 @@ impl QuotaLedger for RedisLedger {
         &self,
         key: &BucketKey,
         member: Member,
-        demand: Option<f64>,
+        demand: Option<Demand>,
         budget: Budget,
         ttl_ms: i64,
     ) -> Result<Shared, StoreError> {

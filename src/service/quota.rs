@@ -34,7 +34,7 @@ use super::mailbox::{Mailbox, Reply};
 use super::SharedRules;
 use crate::clock::{Clock, MonotonicClock};
 use crate::quota::ledger::{Member, QuotaLedger};
-use crate::quota::{outbox, Outbox, Pending, Quotas, Step, StreamId, LIVE_MARGIN_MICROS};
+use crate::quota::{outbox, Outbox, Pending, Quotas, Step, StreamId};
 use crate::telemetry::tracing::SPAN_TARGET;
 use crate::telemetry::Metrics;
 
@@ -47,7 +47,8 @@ pub const TICK: Duration = Duration::from_secs(1);
 /// expires, and the split counts it as live until it does.
 pub const MAX_STREAMS: usize = 50_000;
 /// Ledger steps in flight at once, per batch (the Redis client pipelines
-/// them; a batch is at most one step per (stream, bucket)).
+/// them; a batch is at most one step per bucket); answers are handed back
+/// in chunks of at most this many, as they come.
 pub const LEDGER_CALLS: usize = 256;
 /// Buckets a tick looks at before it lets waiting reports in.
 pub const TICK_CHUNK: usize = 2048;
@@ -164,8 +165,9 @@ impl QuotaHub {
     }
 
     /// Takes the ledger steps queued, concurrently, and sends what their
-    /// answers call for. A step that fails sends nothing: the Envoy keeps
-    /// its assignment until it expires, then falls back to its
+    /// answers call for as they come back (a batch's slowest step delays
+    /// no other's answer). A step that fails sends nothing: the Envoys keep
+    /// their assignments until they expire, then fall back to their
     /// `expired_assignment_behavior`.
     async fn take_steps(&self) {
         let Some(ledger) = &self.ledger else {
@@ -175,33 +177,31 @@ impl QuotaHub {
         if steps.is_empty() {
             return;
         }
+        let member = Member {
+            replica: self.replica,
+        };
         let calls = futures::stream::iter(steps).map(|step| async move {
-            let member = Member {
-                replica: self.replica,
-                stream: step.stream,
-                tag: step.tag,
-            };
-            // reserved in the ledger a little beyond what Envoy is told
-            let live_micros = step.ttl_micros.saturating_add(LIVE_MARGIN_MICROS);
-            let ttl_ms = i64::try_from(live_micros / 1000).unwrap_or(i64::MAX);
+            let ttl_ms = i64::try_from(step.ttl_micros / 1000).unwrap_or(i64::MAX);
             let answer = ledger
                 .step(&step.key, member, step.demand, step.budget, ttl_ms)
                 .await;
             (step, answer)
         });
-        let mut answers = Vec::new();
-        let mut calls = calls.buffer_unordered(LEDGER_CALLS);
-        while let Some((step, answer)) = calls.next().await {
-            match answer {
-                Ok(shared) => answers.push((step, shared)),
-                Err(e) => {
-                    self.metrics.store_error(e.kind());
-                    tracing::debug!(stream = step.stream, error = %e, "RLQS ledger step failed");
+        let mut ready = calls.buffer_unordered(LEDGER_CALLS).ready_chunks(LEDGER_CALLS);
+        while let Some(chunk) = ready.next().await {
+            let mut answers = Vec::with_capacity(chunk.len());
+            for (step, answer) in chunk {
+                match answer {
+                    Ok(shared) => answers.push((step, shared)),
+                    Err(e) => {
+                        self.metrics.store_error(e.kind());
+                        tracing::debug!(domain = %step.key.domain, error = %e, "RLQS ledger step failed");
+                    }
                 }
             }
+            let out = self.quotas.lock().granted(answers, self.clock.now_micros());
+            self.send(out);
         }
-        let out = self.quotas.lock().granted(answers, self.clock.now_micros());
-        self.send(out);
     }
 
     /// A new stream's outbox (on the serving thread: no more than that);

@@ -7,6 +7,18 @@ const BUDGET: Budget = Budget {
 const TTL_MS: i64 = 15_000;
 
 fn step(l: &mut Ledger, member: &str, demand: Option<f64>, now_ms: i64) -> Shared {
+    step_pairs(l, member, demand, 1, now_ms)
+}
+
+/// A step of a replica whose `pairs` Envoys together ask `demand`.
+fn step_pairs(
+    l: &mut Ledger,
+    member: &str,
+    demand: Option<f64>,
+    pairs: u32,
+    now_ms: i64,
+) -> Shared {
+    let demand = demand.map(|per_sec| Demand { per_sec, pairs });
     let reply = l.step(member, StepArgs::new(demand, BUDGET, TTL_MS), now_ms);
     shared_from_reply(&reply).expect("five values")
 }
@@ -153,4 +165,46 @@ fn no_sequence_of_steps_assigns_more_than_the_budget() {
         }
         assert_bounded(&l, now);
     }
+}
+
+/// A replica's step counts its Envoys: one replica of three Envoys and one
+/// of one, all idle, split as four Envoys would (3/4 and 1/4 of the
+/// assignable 180 and 90), not half and half.
+#[test]
+fn a_replica_counts_as_the_envoys_it_sums() {
+    let mut l = Ledger::default();
+    step_pairs(&mut l, "r1", Some(0.0), 3, 0);
+    // r1's first share (all of the assignable 180 and 90) lives: r2 gets
+    // what it leaves
+    let one = step_pairs(&mut l, "r2", Some(0.0), 1, 0);
+    assert_eq!(one.members, 4);
+    assert_eq!(
+        one.share,
+        Budget {
+            burst: 20.0,
+            rate: 10.0
+        }
+    );
+    let three = step_pairs(&mut l, "r1", Some(0.0), 3, 1);
+    assert_eq!(
+        three.share,
+        Budget {
+            burst: 135.0,
+            rate: 67.5
+        }
+    );
+    assert_bounded(&l, 1);
+    // once r1's first share has expired, r2 has its quarter (both step
+    // now and then, as replicas do every second, so both stay active)
+    step_pairs(&mut l, "r2", Some(0.0), 1, TTL_MS - 1000);
+    step_pairs(&mut l, "r1", Some(0.0), 3, TTL_MS - 1000);
+    let later = step_pairs(&mut l, "r2", Some(0.0), 1, TTL_MS + 2);
+    assert_eq!(
+        later.share,
+        Budget {
+            burst: 45.0,
+            rate: 22.5
+        }
+    );
+    assert_bounded(&l, TTL_MS + 2);
 }
