@@ -554,15 +554,28 @@ async fn the_ledger_script_and_its_rust_copy_agree() {
         shared: 0,
     });
     let (secs, micros): (String, String) = client
-        .eval("return redis.call('TIME')", Vec::<String>::new(), Vec::<String>::new())
+        .eval(
+            "return redis.call('TIME')",
+            Vec::<String>::new(),
+            Vec::<String>::new(),
+        )
         .await
         .expect("TIME");
     let now_ms = secs.parse::<f64>().expect("secs") * 1000.0
         + (micros.parse::<f64>().expect("micros") / 1000.0).floor();
-    let record: Vec<u8> = [0.0, now_ms, 150_000.0, 75_000.0, now_ms + 60_000.0, 0.0, 0.0, 0.0]
-        .iter()
-        .flat_map(|x: &f64| x.to_le_bytes())
-        .collect();
+    let record: Vec<u8> = [
+        0.0,
+        now_ms,
+        150_000.0,
+        75_000.0,
+        now_ms + 60_000.0,
+        0.0,
+        0.0,
+        0.0,
+    ]
+    .iter()
+    .flat_map(|x: &f64| x.to_le_bytes())
+    .collect();
     let _: () = client
         .hset(old.clone(), ("7:1", record))
         .await

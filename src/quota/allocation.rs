@@ -140,6 +140,11 @@ impl Envelope {
         self.slots.is_empty()
     }
 
+    /// Its entries (at most [`ENVELOPE_SLOTS`]).
+    pub fn len(&self) -> usize {
+        self.slots.len()
+    }
+
     fn next_expiry(&self) -> Option<u64> {
         self.slots.first().map(|(at, _)| *at)
     }
@@ -294,6 +299,12 @@ impl<E: Clone + Eq> Allocation<E> {
             .fold((0.0, 0), |(sum, n), d| (sum + d, n + 1))
     }
 
+    /// Entries held: members, departed ones not among them.
+    #[cfg(test)]
+    pub(crate) fn entries(&self) -> usize {
+        self.members.len()
+    }
+
     /// Envoys taking part (reported and not left).
     pub fn members(&self) -> usize {
         self.members
@@ -394,11 +405,7 @@ impl<E: Clone + Eq> Allocation<E> {
     }
 
     /// [`Allocation::plan`], each Envoy's assignment live for `ttl_of` it.
-    pub fn plan_each(
-        &mut self,
-        now_micros: u64,
-        ttl_of: impl Fn(&E) -> u64,
-    ) -> Vec<(E, Budget)> {
+    pub fn plan_each(&mut self, now_micros: u64, ttl_of: impl Fn(&E) -> u64) -> Vec<(E, Budget)> {
         self.expire(now_micros);
         let targets = self.targets();
         // Shrinking is always safe; growing only into unreserved budget,

@@ -996,8 +996,7 @@ impl Quotas {
                     bucket
                         .allocation
                         .plan_each(now_micros, |pair| {
-                            ttls.get(pair).copied().unwrap_or(MIN_TTL_MICROS)
-                                + LIVE_MARGIN_MICROS
+                            ttls.get(pair).copied().unwrap_or(MIN_TTL_MICROS) + LIVE_MARGIN_MICROS
                         })
                         .into_iter()
                         .map(|(s, share)| (s, Sent::Share(share)))
@@ -1284,10 +1283,7 @@ fn step_if_due(
 }
 
 /// Each member's time to live, by its pair (a map where there are many).
-fn member_ttls(
-    subs: &[Subscription],
-    ttl_of: impl Fn(&Subscription) -> u64,
-) -> HashMap<Pair, u64> {
+fn member_ttls(subs: &[Subscription], ttl_of: impl Fn(&Subscription) -> u64) -> HashMap<Pair, u64> {
     subs.iter().map(|sub| (sub.pair(), ttl_of(sub))).collect()
 }
 

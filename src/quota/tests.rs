@@ -689,6 +689,7 @@ fn bucket_ids_are_bounded_and_responses_split_below_the_message_limit() {
     assert_eq!(strategies(&out, 2).len(), 10_000);
 }
 
+mod churn;
 mod share_threshold;
 
 /// Σ reserved in one bucket (what its members may enforce now).

@@ -187,7 +187,9 @@ impl QuotaHub {
                 .await;
             (step, answer)
         });
-        let mut ready = calls.buffer_unordered(LEDGER_CALLS).ready_chunks(LEDGER_CALLS);
+        let mut ready = calls
+            .buffer_unordered(LEDGER_CALLS)
+            .ready_chunks(LEDGER_CALLS);
         while let Some(chunk) = ready.next().await {
             let mut answers = Vec::with_capacity(chunk.len());
             for (step, answer) in chunk {
