@@ -10,14 +10,20 @@
 #   2. beside a fleet: ShouldRateLimit p50/p99 on the same Redis (rls-bench
 #      open loop, 200 calls/s) alone, then beside 100 simulated Envoys
 #      reporting the same 1,000 ordinary buckets every 5 s (100,000 pairs).
-#   integration/bench-ledger.sh
+#   3. the same fleet and probe on the memory store (no ledger): what the
+#      fleet costs ShouldRateLimit through the service's own CPU alone.
+#   integration/bench-ledger.sh [members] [fleet] [memory]   (default: all)
 # RLS_BIN picks the service binary (default target/release/tokenbucket-rls),
 # so that an older build can be measured in the same way, beside.
+# GENERATOR_NICE=19 runs the simulated Envoys at that niceness: on a box
+# with few cores they then take only the CPU the service and Redis leave,
+# as if they ran elsewhere (the probe keeps the normal priority).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 work=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
 cargo build --release --bins --locked 2>&1 | tail -n 1
+phases=" ${*:-members fleet memory} "
 bin=${RLS_BIN:-target/release/tokenbucket-rls}
 redis_port=18795
 cat > "$work/rules.yaml" <<'RULES'
@@ -39,13 +45,17 @@ evalsha() { # "calls usec" of EVALSHA so far
     awk -F'[=,:]' '/^cmdstat_evalsha:/ {print $3, $5; f = 1} END {if (!f) print 0, 0}'
 }
 redis() {
+  if redis-cli -p "$redis_port" ping >/dev/null 2>&1; then
+    echo "port $redis_port already has a Redis: stop it first" >&2
+    exit 1
+  fi
   redis-server --port "$redis_port" --save "" --appendonly no --daemonize no >"$work/redis.log" 2>&1 &
   rpid=$!
   until redis-cli -p "$redis_port" ping >/dev/null 2>&1; do sleep 0.1; done
 }
-serve() {
+serve() { # [STORE]
   env RLS_CONFIG="$work/rules.yaml" RLS_GRPC_ADDR=127.0.0.1:18791 RLS_ADMIN_ADDR=127.0.0.1:18792 \
-    RLS_STORE=redis RLS_REDIS_URL="redis://127.0.0.1:$redis_port" "$bin" >"$work/server.log" 2>&1 &
+    RLS_STORE="${1:-redis}" RLS_REDIS_URL="redis://127.0.0.1:$redis_port" "$bin" >"$work/server.log" 2>&1 &
   pid=$!
   until curl -sf 127.0.0.1:18792/readyz >/dev/null; do sleep 0.1; done
 }
@@ -60,7 +70,7 @@ probe() { # SECONDS: ShouldRateLimit p50/p99 in ms
     python3 -c 'import json,sys; j=json.load(sys.stdin); l=j["latency_us"]; print("p50 %.2f ms, p99 %.2f ms (%d calls, %d errors)" % (l["p50"] / 1000, l["p99"] / 1000, j["requests"], j["errors"]))'
 }
 envoys() { # STREAMS BUCKETS KEY EVERY SECONDS
-  target/release/rls-bench --target http://127.0.0.1:18791 --domain bench --key "$3" \
+  nice -n "${GENERATOR_NICE:-0}" target/release/rls-bench --target http://127.0.0.1:18791 --domain bench --key "$3" \
     --rlqs throughput --streams "$1" --buckets "$2" --report-every "$4" --duration "$5s" \
     --threads 1 >/dev/null 2>&1 &
   load=$!
@@ -75,6 +85,7 @@ held() { # PAIRS: wait (at most 60 s) until that many bucket reports were proces
 
 echo "binary: $bin"
 for members in 10 64 512 4096; do
+  [[ $phases == *" members "* ]] || break
   redis
   serve
   envoys 1 "$members" id 1s 45
@@ -101,18 +112,25 @@ PY
   stop
 done
 
-redis
-serve
-echo "ShouldRateLimit alone on the Redis store: $(probe 20)"
-envoys 100 1000 key 5s 90
-held 100000
-sleep 5
-read -r e0 _ <<<"$(evalsha)"
-c0=$(ticks "$rpid")
-beside=$(probe 20)
-c1=$(ticks "$rpid")
-read -r e1 _ <<<"$(evalsha)"
-echo "ShouldRateLimit beside 100 Envoys x 1,000 buckets: $beside; redis-server $(python3 -c "import os; print('%.1f' % ((int('$c1') - int('$c0')) / os.sysconf('SC_CLK_TCK') / 20 * 100))") % of a core, $(( (e1 - e0) / 20 )) EVALSHA/s (decisions and ledger steps)"
-kill "$load" 2>/dev/null || true
-wait "$load" 2>/dev/null || true
-stop
+fleet() { # STORE
+  redis
+  serve "$1"
+  echo "ShouldRateLimit alone on the $1 store: $(probe 20)"
+  envoys 100 1000 key 5s 110
+  held 100000
+  # past the joins (one step per Envoy joining a bucket) to the steady state
+  sleep 15
+  # the ledger's calls, counted without the probe (whose warm-up decides too)
+  read -r e0 _ <<<"$(evalsha)"
+  sleep 10
+  read -r e1 _ <<<"$(evalsha)"
+  c0=$(ticks "$rpid"); s0=$(ticks "$pid")
+  beside=$(probe 20)
+  c1=$(ticks "$rpid"); s1=$(ticks "$pid")
+  echo "ShouldRateLimit beside 100 Envoys x 1,000 buckets ($1 store): $beside; service $(python3 -c "import os; print('%.0f' % ((int('$s1') - int('$s0')) / os.sysconf('SC_CLK_TCK') / 20 * 100))") % of a core, redis-server $(python3 -c "import os; print('%.1f' % ((int('$c1') - int('$c0')) / os.sysconf('SC_CLK_TCK') / 20 * 100))") % of a core over the probe; $(( (e1 - e0) / 10 )) ledger calls/s before it"
+  kill "$load" 2>/dev/null || true
+  wait "$load" 2>/dev/null || true
+  stop
+}
+[[ $phases != *" fleet "* ]] || fleet redis
+[[ $phases != *" memory "* ]] || fleet memory

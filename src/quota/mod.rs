@@ -949,7 +949,8 @@ impl Quotas {
             if let (Policy::Shared(budget), true) =
                 (bucket.policy, bucket.ledger_splits(self.shared))
             {
-                if step_if_due(bucket, &mut self.steps, key, budget, now_micros) {
+                let by_tick = reporter.is_none();
+                if step_if_due(bucket, &mut self.steps, key, budget, by_tick, now_micros) {
                     // the answer splits the new share ([`Quotas::granted`])
                     bucket.due_micros = next_due(bucket, true, after);
                     queue(&mut self.due, key, bucket);
@@ -1228,13 +1229,16 @@ fn next_due(bucket: &Bucket, shared: bool, after: u64) -> u64 {
 
 /// Queues a ledger step for `bucket` (this replica's Envoys' demand, or
 /// its leaving when the last has gone) if one is due: an Envoy is waiting
-/// for its first assignment, or [`SHARED_REFRESH_MICROS`] have passed.
-/// True if it queued one.
+/// for its first assignment, or, at a tick (`by_tick`),
+/// [`SHARED_REFRESH_MICROS`] have passed. Reports only change the demand
+/// the next refresh carries, so a bucket is stepped about once a second
+/// however many Envoys report it. True if it queued one.
 fn step_if_due(
     bucket: &mut Bucket,
     steps: &mut HashMap<BucketKey, Step>,
     key: &BucketKey,
     budget: Budget,
+    by_tick: bool,
     now_micros: u64,
 ) -> bool {
     let demand = if bucket.subs.is_empty() {
@@ -1246,7 +1250,8 @@ fn step_if_due(
         None
     } else {
         let waiting = bucket.subs.iter().any(|s| s.sent.is_none());
-        let refresh = now_micros.saturating_sub(bucket.stepped_micros) >= SHARED_REFRESH_MICROS;
+        let refresh =
+            by_tick && now_micros.saturating_sub(bucket.stepped_micros) >= SHARED_REFRESH_MICROS;
         if !(waiting || refresh || !bucket.in_ledger) {
             return false;
         }
