@@ -12,7 +12,7 @@ use axum::Router;
 use serde_json::json;
 
 use crate::health::Health;
-use crate::service::SharedRules;
+use crate::rules::SharedRules;
 use crate::telemetry::Metrics;
 
 #[derive(Clone)]

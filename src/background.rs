@@ -1,9 +1,11 @@
 //! Where work that outlives the call starting it runs (a lease's store
 //! calls, a breaker's probe): on the main runtime, also when the call is
 //! served on one of [`crate::serving`]'s threads, so that a serving thread's
-//! runtime holds nothing but its connections and can stop with them.
+//! runtime holds nothing but its connections and can stop with them. And
+//! which serving thread this is ([`serving_thread`]), for a store that keeps
+//! connections of its own on each.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::future::Future;
 
 use tokio::runtime::Handle;
@@ -12,6 +14,20 @@ use tokio::task::JoinHandle;
 thread_local! {
     /// On a serving thread: the main runtime.
     static MAIN_RUNTIME: RefCell<Option<Handle>> = const { RefCell::new(None) };
+    /// On a serving thread: its number, from 0.
+    static SERVING_THREAD: Cell<Option<usize>> = const { Cell::new(None) };
+}
+
+/// The number of the serving thread this runs on (from 0); `None` off the
+/// serving threads (the main runtime, TLS, tests).
+pub fn serving_thread() -> Option<usize> {
+    SERVING_THREAD.with(Cell::get)
+}
+
+/// Marks this thread as serving thread `index` (the serving threads do it
+/// themselves; tests make their own).
+pub fn mark_serving_thread(index: usize) {
+    SERVING_THREAD.with(|t| t.set(Some(index)));
 }
 
 /// Makes this thread's background work go to `main`.

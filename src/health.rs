@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::limiter::Limiter;
-use crate::service::SharedRules;
+use crate::rules::SharedRules;
 
 /// The gRPC health service name Envoy and Kubernetes probes ask about.
 pub const SERVICE_NAME: &str = "ratelimit";

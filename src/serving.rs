@@ -11,7 +11,7 @@
 //! runtime holds nothing but its connections.
 //!
 //! A store may keep connections of its own on each serving thread
-//! ([`current`] says which thread a call runs on): the Redis store's
+//! ([`crate::background::serving_thread`] says which thread a call runs on): the Redis store's
 //! pipelined connections do, so that a decision's store call is written,
 //! read and answered on the thread that serves its gRPC call.
 //!
@@ -21,7 +21,6 @@
 //! accept (rather than `SO_REUSEPORT`, where the kernel hashes connections
 //! to listeners) keeps a few long-lived Envoy connections spread evenly.
 
-use std::cell::Cell;
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
@@ -46,23 +45,6 @@ pub type ServeFn = Arc<
         + Sync,
 >;
 
-thread_local! {
-    /// On a serving thread: its number, from 0.
-    static SERVING_THREAD: Cell<Option<usize>> = const { Cell::new(None) };
-}
-
-/// The number of the serving thread this runs on (from 0); `None` off the
-/// serving threads (the main runtime, TLS, tests).
-pub fn current() -> Option<usize> {
-    SERVING_THREAD.with(Cell::get)
-}
-
-/// Marks this thread as serving thread `index` (the threads [`start`]
-/// makes do it themselves; tests make their own).
-pub fn mark_current(index: usize) {
-    SERVING_THREAD.with(|t| t.set(Some(index)));
-}
-
 /// Starts `threads` serving threads and the acceptor that feeds them.
 /// The returned task ends when every thread has drained after `stop`.
 pub fn start(
@@ -83,7 +65,7 @@ pub fn start(
         std::thread::Builder::new()
             .name(format!("rls-serve-{i}"))
             .spawn(move || {
-                mark_current(i);
+                crate::background::mark_serving_thread(i);
                 let _ = done_tx.send(serve_thread(main, rx, serve, stop));
             })
             .context("cannot start a serving thread")?;

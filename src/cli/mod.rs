@@ -67,15 +67,8 @@ fn parse_pairs(text: &str) -> Result<Pairs, String> {
         .map(Pairs)
 }
 
-/// The shape of `--response-headers`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
-pub enum HeaderFormat {
-    /// `RateLimit-Policy: "name";q=B;w=S` and `RateLimit: "name";r=N;t=S`.
-    #[default]
-    Draft,
-    /// `RateLimit-Limit`, `RateLimit-Remaining`, `RateLimit-Reset`.
-    Legacy,
-}
+/// The shape of `--response-headers` (the service's own type).
+pub use crate::service::response::HeaderFormat;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum StoreKind {

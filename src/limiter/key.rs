@@ -8,6 +8,7 @@
 //! appends its own id.
 
 use crate::rules::BucketValue;
+pub use crate::store::key::put;
 
 /// Where a descriptor's buckets come from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -21,22 +22,6 @@ pub enum KeyOrigin {
 }
 
 const VERSION: u8 = 1;
-
-/// Writes `bytes` with its length in front (LEB128), so that no two lists
-/// of strings encode alike.
-pub fn put(out: &mut Vec<u8>, bytes: &[u8]) {
-    let mut n = bytes.len() as u64;
-    loop {
-        let low = (n & 0x7f) as u8;
-        n >>= 7;
-        if n == 0 {
-            out.push(low);
-            break;
-        }
-        out.push(low | 0x80);
-    }
-    out.extend_from_slice(bytes);
-}
 
 /// The tag shared by all buckets of one descriptor.
 pub fn descriptor_tag<'a>(

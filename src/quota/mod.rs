@@ -84,8 +84,8 @@ pub const COALESCE_MICROS: u64 = 1_000_000;
 pub const MAX_KEY_BYTES: usize = 256 * 1024 * 1024;
 /// Entries of one bucket id, and bytes of one of its keys or values, at
 /// most (as for a descriptor); a bucket id over them is counted `invalid`.
-pub const MAX_ID_ENTRIES: usize = crate::service::request::MAX_ENTRIES;
-pub const MAX_ID_KEY_OR_VALUE_BYTES: usize = crate::service::request::MAX_KEY_OR_VALUE_BYTES;
+pub const MAX_ID_ENTRIES: usize = crate::rules::MAX_ENTRIES;
+pub const MAX_ID_KEY_OR_VALUE_BYTES: usize = crate::rules::MAX_KEY_OR_VALUE_BYTES;
 /// With a shared ledger, a pair whose stream does not report is stepped
 /// at every tick (once a second; this is a little less, so that a tick
 /// coming early never skips it): well below [`ledger::STALE_MS`], so a live

@@ -11,7 +11,7 @@ use fred::prelude::Value;
 use super::allocation::Budget;
 use super::ledger::{shared_from_reply, Demand, Member, QuotaLedger, Shared, StepArgs};
 use super::BucketKey;
-use crate::limiter::key::put;
+use crate::store::key::put;
 use crate::store::redis::{redis_key, tag_hash, LuaScript, RedisStore};
 use crate::store::StoreError;
 

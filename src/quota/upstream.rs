@@ -30,8 +30,13 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity
 
 use super::policy::rule_label;
 use super::region::RegionShares;
-use crate::service::quota::{REGIONS_HEADER, REGION_HEADER};
-use crate::service::SharedRules;
+use crate::rules::SharedRules;
+
+/// gRPC metadata a regional instance opens its streams with: its region's
+/// name, and how many regions share the global budgets (`--region`,
+/// `--regions`). Streams without them are Envoys'.
+pub const REGION_HEADER: &str = "x-rls-region";
+pub const REGIONS_HEADER: &str = "x-rls-regions";
 use crate::telemetry::Metrics;
 
 /// How often demand is reported (and a lost stream noticed at the latest).

@@ -44,6 +44,16 @@ pub struct LoadedFile {
     pub doc: schema::RulesFile,
 }
 
+/// Entries of one descriptor (or RLQS bucket id), and bytes of one of its
+/// keys or values (or a domain), at most: what a request may ask the rules
+/// to match.
+pub const MAX_ENTRIES: usize = 32;
+pub const MAX_KEY_OR_VALUE_BYTES: usize = 1024;
+
+/// The rules in force, swapped whole on reload: the handle every reader
+/// holds (the services, readiness, reloads, xDS, a region's client).
+pub type SharedRules = Arc<arc_swap::ArcSwap<RuleSet>>;
+
 /// Every loaded domain: an immutable snapshot, swapped whole on reload.
 #[derive(Debug, Default)]
 pub struct RuleSet {

@@ -20,8 +20,8 @@ use notify::{RecursiveMode, Watcher};
 use parking_lot::Mutex;
 
 use super::watch::{Debounce, RulesPath};
+use super::SharedRules;
 use super::{load_path, rule_files, ConfigErrors, LoadOptions, RuleSet};
-use crate::service::SharedRules;
 use crate::telemetry::Metrics;
 
 /// Rescan interval, for changes no event reported; it runs on its own

@@ -39,8 +39,8 @@ use tokio::sync::mpsc;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
 use super::schema::{DescriptorDoc, RateLimitDoc, ReplacesDoc, RulesFile};
+use super::SharedRules;
 use super::{load_sources, ConfigError, ConfigErrors, LoadOptions, RuleSet};
-use crate::service::SharedRules;
 use crate::telemetry::Metrics;
 
 /// The resource type envoyproxy/ratelimit subscribes to.

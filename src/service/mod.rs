@@ -11,7 +11,6 @@ pub mod response;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use arc_swap::ArcSwap;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitService;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use tonic::{Request, Response, Status};
@@ -19,13 +18,10 @@ use tracing::Instrument;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use crate::limiter::{Limiter, Verdict};
-use crate::rules::RuleSet;
+use crate::rules::SharedRules;
 use crate::telemetry::tracing::{remote_context, SPAN_TARGET};
 use crate::telemetry::Metrics;
 pub use response::{LegacyHeaderNames, ResponseOptions};
-
-/// The rules currently in force, swapped whole on reload.
-pub type SharedRules = Arc<ArcSwap<RuleSet>>;
 
 pub struct RateLimitGrpc {
     rules: SharedRules,

@@ -31,10 +31,10 @@ use parking_lot::Mutex;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::mailbox::{Mailbox, Reply};
-use super::SharedRules;
 use crate::clock::{Clock, MonotonicClock};
 use crate::quota::ledger::{Member, QuotaLedger};
 use crate::quota::{outbox, Outbox, Pending, Quotas, Step, StreamId};
+use crate::rules::SharedRules;
 use crate::telemetry::tracing::SPAN_TARGET;
 use crate::telemetry::Metrics;
 
@@ -53,11 +53,8 @@ pub const LEDGER_CALLS: usize = 256;
 /// Buckets a tick looks at before it lets waiting reports in.
 pub const TICK_CHUNK: usize = 2048;
 
-/// gRPC metadata a regional instance opens its streams with: its region's
-/// name, and how many regions share the global budgets (`--region`,
-/// `--regions`). Streams without them are Envoys'.
-pub const REGION_HEADER: &str = "x-rls-region";
-pub const REGIONS_HEADER: &str = "x-rls-regions";
+/// The gRPC metadata a region's streams carry (see [`crate::quota::upstream`]).
+pub use crate::quota::upstream::{REGIONS_HEADER, REGION_HEADER};
 
 /// Who a stream is: an Envoy (its own member of every split), or one
 /// instance of a region (all of the region's instances reporting a domain
@@ -528,6 +525,7 @@ fn start_thread(
     std::thread::Builder::new()
         .name("rls-quota".into())
         .spawn(move || {
+            yield_to_decisions();
             let runtime = match tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
@@ -548,6 +546,28 @@ fn start_thread(
         .context("the RLQS thread ended at start")?
         .context("cannot start the RLQS thread's runtime")
 }
+
+/// Lowers this thread's scheduling priority by [`NICENESS`] (Linux; a
+/// no-op elsewhere): on a busy box the RLQS work takes the CPU that
+/// `ShouldRateLimit`'s serving threads leave, never the other way round.
+fn yield_to_decisions() {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: gettid and setpriority take and return plain integers;
+        // PRIO_PROCESS with a thread id changes only that thread.
+        let done = unsafe {
+            let tid = libc::gettid();
+            libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, NICENESS)
+        };
+        if done != 0 {
+            tracing::debug!(error = %std::io::Error::last_os_error(), "the RLQS thread keeps its priority");
+        }
+    }
+}
+
+/// How much lower the `rls-quota` thread runs than the serving threads
+/// (niceness, 0–19).
+pub const NICENESS: i32 = 10;
 
 /// A replica's name in the shared ledger: random, so that replicas (and a
 /// restarted one) never share members.

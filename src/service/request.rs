@@ -11,8 +11,7 @@ use crate::limiter::DescriptorInput;
 use crate::rules::{DescriptorEntry, Unit};
 
 pub const MAX_DESCRIPTORS: usize = 64;
-pub const MAX_ENTRIES: usize = 32;
-pub const MAX_KEY_OR_VALUE_BYTES: usize = 1024;
+pub use crate::rules::{MAX_ENTRIES, MAX_KEY_OR_VALUE_BYTES};
 
 impl DescriptorEntry for Entry {
     fn key(&self) -> &str {

@@ -12,7 +12,15 @@ use std::sync::Arc;
 
 use crate::limiter::{Decision, ShownLimit, Verdict};
 
-use crate::cli::HeaderFormat;
+/// The shape of the rate-limit headers (`--response-headers`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum HeaderFormat {
+    /// `RateLimit-Policy: "name";q=B;w=S` and `RateLimit: "name";r=N;t=S`.
+    #[default]
+    Draft,
+    /// `RateLimit-Limit`, `RateLimit-Remaining`, `RateLimit-Reset`.
+    Legacy,
+}
 
 /// The names of the `legacy` rate-limit headers: limit, remaining, reset
 /// (envoyproxy/ratelimit's `LIMIT_LIMIT_HEADER`, `LIMIT_REMAINING_HEADER`,

@@ -4,6 +4,7 @@
 //! those buckets in between.
 
 pub mod breaker;
+pub mod key;
 pub mod memory;
 pub mod redis;
 

@@ -23,7 +23,7 @@ use fred::types::{Key, Value};
 
 use redis_protocol::resp2::decode::decode;
 
-use super::pipe::{
+use super::resp::{
     decimal, integers, line, next_reply, put_arg, put_bulk, put_header, reply_of, Reply,
 };
 

@@ -20,6 +20,7 @@ pub mod memory;
 pub mod nodes;
 pub mod pipe;
 mod reach;
+pub mod resp;
 pub mod url;
 
 use std::path::PathBuf;
