@@ -21,6 +21,7 @@ use crate::limiter::Limiter;
 use crate::quota::ledger::QuotaLedger;
 use crate::quota::redis_ledger::RedisLedger;
 use crate::rules::reload::Reloader;
+use crate::rules::xds::XdsSettings;
 use crate::rules::SharedRules;
 use crate::rules::{self, DomainPatterns, LoadOptions};
 use crate::service::quota::{QuotaHub, RateLimitQuotaGrpc};
@@ -128,133 +129,11 @@ fn statsd_target(addr: &str) -> Result<String> {
 
 /// Loads the rules and starts serving on the configured addresses (port 0 picks one).
 pub async fn start(args: &ServeArgs) -> Result<RunningServer> {
-    let opts = LoadOptions {
-        merge_domains: args.merge_domains,
-        usage_domains: DomainPatterns::new(&args.usage_domains),
-    };
-    let xds = args.xds_settings();
-    if let Some(settings) = &xds {
-        settings.check()?;
-    }
-    let loaded = match &xds {
-        // rules come with the first snapshot
-        Some(_) => rules::load_sources(Vec::new(), opts.clone())
-            .map_err(|e| anyhow::anyhow!("cannot start without rules: {e}"))?,
-        None => rules::load_path(&args.config, opts.clone()).map_err(|e| {
-            anyhow::anyhow!("cannot load rules from {}:\n{e}", args.config.display())
-        })?,
-    };
-    if loaded.domains().count() == 0 && xds.is_none() {
-        tracing::warn!(config = %args.config.display(), "no rules loaded: every request will be answered OK");
-    }
-    let rules: SharedRules = Arc::new(ArcSwap::from_pointee(loaded.with_generation(1)));
-    let metrics = Arc::new(Metrics::new());
-    let statsd = match &args.statsd_addr {
-        None => None,
-        Some(addr) => Some(statsd_target(addr)?),
-    };
-    let statsd_counters = statsd.as_ref().map(|_| Arc::new(StatsdCounters::default()));
-    metrics.enable_ratelimit_stats(
-        args.ratelimit_metrics,
-        statsd_counters.clone(),
-        args.near_limit_ratio,
-    );
-    if let (Some(stats), None) = (metrics.ratelimit_stats(), &xds) {
-        // the rules loaded at start (over xDS: with the first snapshot)
-        stats.config_load(true);
-    }
-    if let (Some(target), Some(counters)) = (statsd, statsd_counters) {
-        tracing::info!(%target, every = ?args.statsd_flush_interval, "statsd on");
-        let errors = metrics.statsd_send_errors();
-        let every = args.statsd_flush_interval.max(Duration::from_millis(10));
-        tokio::spawn(async move {
-            if let Err(e) = statsd::flush_every(counters, target, every, errors).await {
-                tracing::error!(error = %e, "statsd stopped");
-            }
-        });
-    }
-    let reloader = Reloader::new(
-        args.config.clone(),
-        opts.clone(),
-        rules.clone(),
-        metrics.clone(),
-    );
-    match xds {
-        Some(settings) => {
-            tracing::info!(server = %settings.server, node = %settings.node_id, "rules from xDS");
-            tokio::spawn(rules::xds::run(
-                settings,
-                opts,
-                rules.clone(),
-                metrics.clone(),
-            ));
-        }
-        None => reloader
-            .spawn()
-            .with_context(|| format!("cannot watch {} for changes", args.config.display()))?,
-    }
-
-    let mut quota_ledger: Option<Arc<dyn QuotaLedger>> = None;
-    let store: Arc<dyn Store> = match args.store {
-        StoreKind::Memory => {
-            let memory = Arc::new(MemoryStore::with_cap(
-                MonotonicClock::new(),
-                args.max_buckets,
-                Some(metrics.eviction_sink()),
-            ));
-            memory.spawn_sweeper(Duration::from_secs(1), metrics.clone());
-            memory
-        }
-        StoreKind::Redis => {
-            let url = args
-                .redis_url
-                .clone()
-                .context("--store redis needs --redis-url (or RLS_REDIS_URL)")?;
-            let settings = RedisSettings {
-                url,
-                timeout: args.redis_timeout,
-                pool_size: args.redis_pool_size as usize,
-                serving_threads: args.serving_threads(),
-                batch: args.redis_batch,
-                ca_file: args.redis_ca_file.clone(),
-                client_cert: args
-                    .redis_client_cert
-                    .clone()
-                    .zip(args.redis_client_key.clone()),
-                layout: args.redis_bucket_layout,
-                key_prefix: args.redis_key_prefix.clone(),
-            };
-            let redis = RedisStore::connect(&settings)
-                .await
-                .map_err(anyhow::Error::msg)?
-                .with_metrics(metrics.clone());
-            let redis = Arc::new(redis);
-            redis.spawn_memory_watch(metrics.clone());
-            // RLQS budgets are split across replicas in the same Redis
-            quota_ledger = Some(Arc::new(RedisLedger::new(redis.clone())));
-            Arc::new(Breakers::new(redis, metrics.clone()))
-        }
-    };
-    let mut limiter = Limiter::with_max_in_flight(
-        store,
-        args.failure_mode,
-        args.instances,
-        metrics.clone(),
-        usize::try_from(args.max_in_flight).unwrap_or(usize::MAX),
-    );
-    let mut upstream_task = None;
-    if let Some(upstream) = args.upstream_settings() {
-        upstream.validate()?;
-        let shares = Arc::new(crate::quota::region::RegionShares::new(upstream.regions));
-        limiter = limiter.with_regions(shares.clone());
-        upstream_task = Some(tokio::spawn(crate::quota::upstream::run(
-            upstream,
-            shares,
-            rules.clone(),
-            metrics.clone(),
-        )));
-    }
-    let limiter = Arc::new(limiter);
+    let (rules, opts, xds) = load_rules(args)?;
+    let metrics = start_metrics(args, xds.is_some())?;
+    let reloader = keep_rules_current(args, opts, xds, &rules, &metrics)?;
+    let (store, quota_ledger) = open_store(args, &metrics).await?;
+    let (limiter, upstream_task) = build_limiter(args, store, &rules, &metrics)?;
     let generation = {
         let rules = rules.clone();
         move || rules.load().generation()
@@ -411,6 +290,177 @@ pub async fn run(args: ServeArgs) -> Result<()> {
     }
     tracing::info!("shutting down: draining in-flight calls");
     server.shutdown().await
+}
+
+/// Step 1: the rules to start with, from `--config` (or none yet, to come
+/// with xDS's first snapshot), the options every later load uses, and the
+/// xDS settings if rules come from there.
+fn load_rules(args: &ServeArgs) -> Result<(SharedRules, LoadOptions, Option<XdsSettings>)> {
+    let opts = LoadOptions {
+        merge_domains: args.merge_domains,
+        usage_domains: DomainPatterns::new(&args.usage_domains),
+    };
+    let xds = args.xds_settings();
+    if let Some(settings) = &xds {
+        settings.check()?;
+    }
+    let loaded = match &xds {
+        // rules come with the first snapshot
+        Some(_) => rules::load_sources(Vec::new(), opts.clone())
+            .map_err(|e| anyhow::anyhow!("cannot start without rules: {e}"))?,
+        None => rules::load_path(&args.config, opts.clone()).map_err(|e| {
+            anyhow::anyhow!("cannot load rules from {}:\n{e}", args.config.display())
+        })?,
+    };
+    if loaded.domains().count() == 0 && xds.is_none() {
+        tracing::warn!(config = %args.config.display(), "no rules loaded: every request will be answered OK");
+    }
+    let rules: SharedRules = Arc::new(ArcSwap::from_pointee(loaded.with_generation(1)));
+    Ok((rules, opts, xds))
+}
+
+/// Step 2: the metrics, with envoyproxy/ratelimit's stats and statsd if
+/// asked for.
+fn start_metrics(args: &ServeArgs, over_xds: bool) -> Result<Arc<Metrics>> {
+    let metrics = Arc::new(Metrics::new());
+    let statsd = match &args.statsd_addr {
+        None => None,
+        Some(addr) => Some(statsd_target(addr)?),
+    };
+    let statsd_counters = statsd.as_ref().map(|_| Arc::new(StatsdCounters::default()));
+    metrics.enable_ratelimit_stats(
+        args.ratelimit_metrics,
+        statsd_counters.clone(),
+        args.near_limit_ratio,
+    );
+    if let (Some(stats), false) = (metrics.ratelimit_stats(), over_xds) {
+        // the rules loaded at start (over xDS: with the first snapshot)
+        stats.config_load(true);
+    }
+    if let (Some(target), Some(counters)) = (statsd, statsd_counters) {
+        tracing::info!(%target, every = ?args.statsd_flush_interval, "statsd on");
+        let errors = metrics.statsd_send_errors();
+        let every = args.statsd_flush_interval.max(Duration::from_millis(10));
+        tokio::spawn(async move {
+            if let Err(e) = statsd::flush_every(counters, target, every, errors).await {
+                tracing::error!(error = %e, "statsd stopped");
+            }
+        });
+    }
+    Ok(metrics)
+}
+
+/// Step 3: rules kept current, from xDS or by watching `--config`; the
+/// reloader (also the admin face's `/reload`).
+fn keep_rules_current(
+    args: &ServeArgs,
+    opts: LoadOptions,
+    xds: Option<XdsSettings>,
+    rules: &SharedRules,
+    metrics: &Arc<Metrics>,
+) -> Result<Arc<Reloader>> {
+    let reloader = Reloader::new(
+        args.config.clone(),
+        opts.clone(),
+        rules.clone(),
+        metrics.clone(),
+    );
+    match xds {
+        Some(settings) => {
+            tracing::info!(server = %settings.server, node = %settings.node_id, "rules from xDS");
+            tokio::spawn(rules::xds::run(
+                settings,
+                opts,
+                rules.clone(),
+                metrics.clone(),
+            ));
+        }
+        None => reloader
+            .spawn()
+            .with_context(|| format!("cannot watch {} for changes", args.config.display()))?,
+    }
+
+    Ok(reloader)
+}
+
+/// Step 4: the store (memory, or Redis behind its breakers) and, with
+/// Redis, the RLQS ledger on the same connections.
+async fn open_store(
+    args: &ServeArgs,
+    metrics: &Arc<Metrics>,
+) -> Result<(Arc<dyn Store>, Option<Arc<dyn QuotaLedger>>)> {
+    let mut quota_ledger: Option<Arc<dyn QuotaLedger>> = None;
+    let store: Arc<dyn Store> = match args.store {
+        StoreKind::Memory => {
+            let memory = Arc::new(MemoryStore::with_cap(
+                MonotonicClock::new(),
+                args.max_buckets,
+                Some(metrics.eviction_sink()),
+            ));
+            memory.spawn_sweeper(Duration::from_secs(1), metrics.clone());
+            memory
+        }
+        StoreKind::Redis => {
+            let url = args
+                .redis_url
+                .clone()
+                .context("--store redis needs --redis-url (or RLS_REDIS_URL)")?;
+            let settings = RedisSettings {
+                url,
+                timeout: args.redis_timeout,
+                pool_size: args.redis_pool_size as usize,
+                serving_threads: args.serving_threads(),
+                batch: args.redis_batch,
+                ca_file: args.redis_ca_file.clone(),
+                client_cert: args
+                    .redis_client_cert
+                    .clone()
+                    .zip(args.redis_client_key.clone()),
+                layout: args.redis_bucket_layout,
+                key_prefix: args.redis_key_prefix.clone(),
+            };
+            let redis = RedisStore::connect(&settings)
+                .await
+                .map_err(anyhow::Error::msg)?
+                .with_metrics(metrics.clone());
+            let redis = Arc::new(redis);
+            redis.spawn_memory_watch(metrics.clone());
+            // RLQS budgets are split across replicas in the same Redis
+            quota_ledger = Some(Arc::new(RedisLedger::new(redis.clone())));
+            Arc::new(Breakers::new(redis, metrics.clone()))
+        }
+    };
+    Ok((store, quota_ledger))
+}
+
+/// Step 5: the limiter over the store and, on a region, its share of the
+/// global budgets and the client that keeps them.
+fn build_limiter(
+    args: &ServeArgs,
+    store: Arc<dyn Store>,
+    rules: &SharedRules,
+    metrics: &Arc<Metrics>,
+) -> Result<(Arc<Limiter>, Option<JoinHandle<()>>)> {
+    let mut limiter = Limiter::with_max_in_flight(
+        store,
+        args.failure_mode,
+        args.instances,
+        metrics.clone(),
+        usize::try_from(args.max_in_flight).unwrap_or(usize::MAX),
+    );
+    let mut upstream_task = None;
+    if let Some(upstream) = args.upstream_settings() {
+        upstream.validate()?;
+        let shares = Arc::new(crate::quota::region::RegionShares::new(upstream.regions));
+        limiter = limiter.with_regions(shares.clone());
+        upstream_task = Some(tokio::spawn(crate::quota::upstream::run(
+            upstream,
+            shares,
+            rules.clone(),
+            metrics.clone(),
+        )));
+    }
+    Ok((Arc::new(limiter), upstream_task))
 }
 
 /// SIGTERM or SIGINT, watched from the call on.
