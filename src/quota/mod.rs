@@ -23,10 +23,15 @@
 
 pub mod allocation;
 pub mod assignment;
+mod due;
+mod key;
 pub mod ledger;
 pub mod policy;
 pub mod redis_ledger;
 pub mod region;
+mod reload;
+mod shares;
+mod steps;
 pub mod upstream;
 
 use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet};
@@ -36,14 +41,22 @@ use envoy_types::pb::envoy::r#type::v3::rate_limit_strategy::BlanketRule;
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::bucket_action;
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::BucketAction;
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
-use envoy_types::pb::envoy::service::rate_limit_quota::v3::{BucketId, RateLimitQuotaResponse};
+#[cfg(test)]
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::BucketId;
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::RateLimitQuotaResponse;
 
 use self::allocation::{smoothed, Allocation, Budget};
 use self::assignment::{action, moved, Sent};
 pub use self::assignment::{outbox, token_bucket};
+use self::due::{next_due, queue, Due, NEVER};
+pub use self::key::BucketKey;
+use self::key::{hash_of, valid_id};
 use self::ledger::Shared;
 pub use self::policy::{describe_domain, expired_behavior, rule_notes, Policy};
 use self::policy::{rule_label, shared_key};
+use self::shares::{index, unindex};
+pub use self::steps::Step;
+use self::steps::{step_if_due, whole_seconds};
 use crate::rules::RuleSet;
 
 /// One Envoy's stream.
@@ -95,49 +108,6 @@ pub const SHARED_REFRESH_MICROS: u64 = 900_000;
 /// A region's instance that has not reported a bucket for this long no
 /// longer counts in the region's demand for it (five report intervals).
 pub const PART_QUIET_MICROS: u64 = 5_000_000;
-
-/// A bucket: its domain and its id's pairs, sorted.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct BucketKey {
-    pub domain: String,
-    pub pairs: Vec<(String, String)>,
-    /// 0 for a bucket id as Envoy sent it. For a `share_threshold` bucket,
-    /// bit `i` says that `pairs[i]`'s value is the pattern every value it
-    /// matches shares (so no id Envoy sends is taken for it).
-    pub shared: u64,
-}
-
-impl BucketKey {
-    fn new(domain: &str, id: &BucketId) -> Self {
-        let mut pairs: Vec<(String, String)> = id
-            .bucket
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        pairs.sort_unstable();
-        Self {
-            domain: domain.to_owned(),
-            pairs,
-            shared: 0,
-        }
-    }
-
-    /// Bytes of its strings (what [`MAX_KEY_BYTES`] counts).
-    fn bytes(&self) -> usize {
-        self.domain.len()
-            + self
-                .pairs
-                .iter()
-                .map(|(k, v)| k.len() + v.len())
-                .sum::<usize>()
-    }
-
-    pub fn id(&self) -> BucketId {
-        BucketId {
-            bucket: self.pairs.iter().cloned().collect(),
-        }
-    }
-}
 
 /// A member of a bucket's split: a stream, and which of its bucket ids
 /// (0 for a bucket id's own bucket: one per stream; else a number the
@@ -198,9 +168,6 @@ impl Subscription {
     }
 }
 
-/// Never: a time later than any.
-const NEVER: u64 = u64::MAX;
-
 #[derive(Debug)]
 struct Bucket {
     policy: Policy,
@@ -246,33 +213,6 @@ impl Bucket {
     /// Whether the shared ledger splits it (else this instance does).
     fn ledger_splits(&self, shared: bool) -> bool {
         shared && !self.regional
-    }
-}
-
-/// A bucket to look at once `at` has come. A min-heap by time; entries
-/// left behind by a bucket that was re-queued earlier, or has gone, are
-/// passed over when they come up.
-#[derive(Debug)]
-struct Due {
-    at: u64,
-    key: Arc<BucketKey>,
-}
-
-impl PartialEq for Due {
-    fn eq(&self, other: &Self) -> bool {
-        self.at == other.at
-    }
-}
-impl Eq for Due {}
-impl PartialOrd for Due {
-    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
-}
-impl Ord for Due {
-    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        // reversed: the earliest on top of the max-heap
-        other.at.cmp(&self.at)
     }
 }
 
@@ -355,19 +295,6 @@ pub struct Quotas {
     region_parts: HashMap<(Pair, Arc<BucketKey>), Vec<RegionPart>>,
 }
 
-/// A step of the shared ledger to take for this replica and one bucket:
-/// its Envoys' demand (`None`: the last of them left) and the bucket's
-/// budget; the share is kept reserved `ttl_micros` from when the ledger
-/// takes the step (which is after `at_micros`, when it was queued).
-#[derive(Debug, Clone, PartialEq)]
-pub struct Step {
-    pub key: BucketKey,
-    pub demand: Option<ledger::Demand>,
-    pub budget: Budget,
-    pub ttl_micros: u64,
-    pub at_micros: u64,
-}
-
 /// Messages to write, per stream.
 pub type Outbox = Vec<(StreamId, RateLimitQuotaResponse)>;
 
@@ -405,11 +332,6 @@ impl Quotas {
     /// work done, for tests and benchmarks of what a report or tick costs.
     pub fn take_visited(&mut self) -> u64 {
         std::mem::take(&mut self.visited)
-    }
-
-    /// The ledger steps queued since the last call.
-    pub fn take_steps(&mut self) -> Vec<Step> {
-        self.steps.drain().map(|(_, step)| step).collect()
     }
 
     /// Streams open now.
@@ -773,111 +695,6 @@ impl Quotas {
         self.due.peek().is_some_and(|d| d.at <= now_micros)
     }
 
-    /// For each (domain, rule) with a split bucket: the largest fraction of
-    /// one of its buckets' budget that live assignments may enforce (as of
-    /// each bucket's last plan; never above 1: the allocation's bound).
-    pub fn assigned_fractions(&self) -> Vec<(String, String, f64)> {
-        let mut out: Vec<(String, String, f64)> = self
-            .shares
-            .iter()
-            .filter_map(|((domain, rule), counts)| {
-                let (bits, _) = counts.last_key_value()?;
-                Some((domain.clone(), rule.to_string(), f64::from_bits(*bits)))
-            })
-            .collect();
-        out.sort_by(|a, b| (&a.0, &a.1).cmp(&(&b.0, &b.1)));
-        out
-    }
-
-    /// The rules were reloaded since `key` was last planned: its policy and
-    /// rule again, and members whose bucket id now spends another bucket
-    /// (a `share_threshold` added or taken away) leave it: their next
-    /// report joins that one, and what they were sent stays reserved here
-    /// until it expires, and is carried into the bucket they move to,
-    /// reserved there as well until then (Envoy enforces it for that id
-    /// until its new assignment comes): the first to report there cannot
-    /// take what another still enforces.
-    fn reload(&mut self, key: &Arc<BucketKey>, rules: &RuleSet, now_micros: u64) {
-        let Some(bucket) = self.buckets.get(key) else {
-            return;
-        };
-        let own_moved = key.shared == 0 && shared_key(rules, key).is_some();
-        // (stream, the id it reports, what it was last sent: share, when, ttl)
-        type Moved = (StreamId, Arc<BucketKey>, Option<(Sent, u64, u64)>);
-        let moved: Vec<Moved> = bucket
-            .subs
-            .iter()
-            .filter(|sub| match &sub.id {
-                Some(id) => shared_key(rules, id).as_ref() != Some(&**key),
-                None => own_moved,
-            })
-            .map(|sub| {
-                let id = sub.id.clone().unwrap_or_else(|| key.clone());
-                (sub.stream, id, sub.sent)
-            })
-            .collect();
-        for (stream, id, sent) in moved {
-            self.unsubscribe(key, stream, &id, now_micros);
-            if let Some((Sent::Share(share), at, ttl)) = sent {
-                let until = at.saturating_add(ttl).saturating_add(LIVE_MARGIN_MICROS);
-                if until > now_micros {
-                    self.carry(rules, stream, &id, share, until);
-                }
-            }
-        }
-        let Some(bucket) = self.buckets.get_mut(key) else {
-            return;
-        };
-        unindex(&mut self.shares, key, bucket);
-        let probe = bucket
-            .subs
-            .first()
-            .and_then(|sub| sub.id.clone())
-            .unwrap_or_else(|| key.clone());
-        bucket.policy = Policy::of(rules, &probe.domain, &probe.pairs);
-        bucket.rule =
-            rule_label(rules, &probe.domain, &probe.pairs).map(|l| intern(&mut self.labels, l));
-        bucket.generation = rules.generation();
-    }
-
-    /// Reserves `share`, live until `until` for `stream`'s bucket id `id`,
-    /// in the bucket `id` spends under `rules` (made if need be, within
-    /// [`MAX_KEY_BYTES`]): a member of its own that reports nothing, gone
-    /// once the share expires (with a shared ledger, within this replica's
-    /// share there).
-    fn carry(
-        &mut self,
-        rules: &RuleSet,
-        stream: StreamId,
-        id: &Arc<BucketKey>,
-        share: Budget,
-        until: u64,
-    ) {
-        let target = shared_key(rules, id).unwrap_or_else(|| BucketKey::clone(id));
-        let key = match self.buckets.get_key_value(&target) {
-            Some((key, _)) => key.clone(),
-            None if self.key_bytes + target.bytes() > MAX_KEY_BYTES => return,
-            None => {
-                self.key_bytes += target.bytes();
-                Arc::new(target)
-            }
-        };
-        let bucket = self
-            .buckets
-            .entry(key.clone())
-            .or_insert_with(|| Box::new(new_bucket(rules, id, &mut self.labels)));
-        if !matches!(bucket.policy, Policy::Shared(_)) {
-            return;
-        }
-        // a member of its own per carried id (a stream may carry several
-        // into one shared bucket: each is enforced)
-        let tag = u64::MAX - (hash_of(id) >> 1);
-        bucket.allocation.seed(&(stream, tag), share, until);
-        // looked at by then (and forgotten once nothing it holds lives)
-        bucket.due_micros = bucket.due_micros.min(until);
-        queue(&mut self.due, &key, bucket);
-    }
-
     /// Looks at one bucket: quiet members leave it, idle ones are told to
     /// abandon it, it is planned, and what each member must be sent is
     /// added to `pending`: a changed share at once, an unchanged one when a
@@ -993,15 +810,7 @@ impl Quotas {
                     // at once, and this replica's share grows into it
                     bucket.allocation.set_reserve(0.0);
                     bucket.allocation.set_budget(share);
-                    let ttls = member_ttls(&bucket.subs, ttl_of);
-                    bucket
-                        .allocation
-                        .plan_each(now_micros, |pair| {
-                            ttls.get(pair).copied().unwrap_or(MIN_TTL_MICROS) + LIVE_MARGIN_MICROS
-                        })
-                        .into_iter()
-                        .map(|(s, share)| (s, Sent::Share(share)))
-                        .collect()
+                    split(&mut bucket.allocation, &bucket.subs, ttl_of, now_micros)
                 }
                 _ => Vec::new(),
             },
@@ -1034,15 +843,7 @@ impl Quotas {
                     burst: budget.burst * share,
                     rate: budget.rate * share,
                 });
-                let ttls = member_ttls(&bucket.subs, ttl_of);
-                bucket
-                    .allocation
-                    .plan_each(now_micros, |pair| {
-                        ttls.get(pair).copied().unwrap_or(MIN_TTL_MICROS) + LIVE_MARGIN_MICROS
-                    })
-                    .into_iter()
-                    .map(|(s, share)| (s, Sent::Share(share)))
-                    .collect()
+                split(&mut bucket.allocation, &bucket.subs, ttl_of, now_micros)
             }
             Policy::AllowAll | Policy::DenyAll => {
                 let rule = if bucket.policy == Policy::DenyAll {
@@ -1110,59 +911,10 @@ impl Quotas {
         bucket.due_micros = next_due(bucket, shared, after);
         queue(&mut self.due, key, bucket);
     }
-
-    /// The shared ledger's answers to [`Quotas::take_steps`]: this
-    /// replica's share of each bucket, split between its Envoys at once
-    /// (what each must be sent, as [`Quotas::plan`] decides). An answer for
-    /// a bucket that has gone since is dropped.
-    pub fn granted(&mut self, answers: Vec<(Step, Shared)>, now_micros: u64) -> Outbox {
-        let mut pending = Pending::new();
-        for (step, shared) in answers {
-            let Some(key) = self
-                .buckets
-                .get_key_value(&step.key)
-                .map(|(k, _)| k.clone())
-            else {
-                continue;
-            };
-            let Some(bucket) = self.buckets.get_mut(&key) else {
-                continue;
-            };
-            bucket.shared_reserved = shared.reserved;
-            if step.demand.is_none() || !bucket.in_ledger {
-                index(&mut self.shares, &key, bucket, self.shared, now_micros);
-                continue;
-            }
-            let until = step.at_micros.saturating_add(step.ttl_micros);
-            // an answer older than the one in hand changes nothing
-            if bucket.ledger_share.is_none_or(|(_, u)| u <= until) {
-                bucket.ledger_share = Some((shared.share, until));
-            }
-            self.assign(&key, now_micros, now_micros, &mut pending);
-        }
-        outbox(pending)
-    }
-}
-
-/// Whether a bucket id is within the bounds a descriptor has: at least
-/// one entry, at most [`MAX_ID_ENTRIES`], keys and values at most
-/// [`MAX_ID_KEY_OR_VALUE_BYTES`].
-fn valid_id(id: &BucketId) -> bool {
-    !id.bucket.is_empty()
-        && id.bucket.len() <= MAX_ID_ENTRIES
-        && id.bucket.iter().all(|(k, v)| {
-            k.len() <= MAX_ID_KEY_OR_VALUE_BYTES && v.len() <= MAX_ID_KEY_OR_VALUE_BYTES
-        })
 }
 
 /// A bucket seen for the first time, for bucket id `id` (its own, or the
 /// first of a shared one's).
-/// A bucket id's hash, for a carried grant's member tag.
-fn hash_of(id: &BucketKey) -> u64 {
-    use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
-    BuildHasherDefault::<DefaultHasher>::default().hash_one(id)
-}
-
 fn new_bucket(rules: &RuleSet, id: &BucketKey, labels: &mut HashSet<Arc<str>>) -> Bucket {
     Bucket {
         policy: Policy::of(rules, &id.domain, &id.pairs),
@@ -1192,172 +944,22 @@ fn intern(labels: &mut HashSet<Arc<str>>, label: String) -> Arc<str> {
     l
 }
 
-/// Queues `bucket` for its due time unless it is queued for that or earlier.
-fn queue(due: &mut BinaryHeap<Due>, key: &Arc<BucketKey>, bucket: &mut Bucket) {
-    if bucket.due_micros < bucket.queued_micros {
-        bucket.queued_micros = bucket.due_micros;
-        due.push(Due {
-            at: bucket.due_micros,
-            key: key.clone(),
-        });
-    }
-}
-
-/// When `bucket` must next be looked at without a report: `after` at the
-/// earliest. With a shared ledger, a Shared bucket an Envoy reports is
-/// stepped every [`SHARED_REFRESH_MICROS`].
-fn next_due(bucket: &Bucket, shared: bool, after: u64) -> u64 {
-    let mut due = bucket.allocation.next_expiry().unwrap_or(NEVER);
-    if shared && matches!(bucket.policy, Policy::Shared(_)) && !bucket.subs.is_empty() {
-        due = due.min(bucket.stepped_micros.saturating_add(SHARED_REFRESH_MICROS));
-    }
-    for sub in &bucket.subs {
-        let quiet = sub
-            .last_report_micros
-            .saturating_add(quiet_limit_micros(sub.interval_micros))
-            .saturating_add(1);
-        due = due.min(quiet);
-        if let Some(t) = sub.idle_since_micros {
-            due = due.min(t.saturating_add(ABANDON_AFTER_MICROS));
-        }
-        if let Some((_, at, sent_ttl)) = sub.sent {
-            due = due.min(at.saturating_add(sub.ttl_micros().min(sent_ttl) / TTL_INTERVALS));
-        }
-    }
-    due.max(after)
-}
-
-/// Queues a ledger step for `bucket` (this replica's Envoys' demand, or
-/// its leaving when the last has gone) if one is due: an Envoy is waiting
-/// for its first assignment, or, at a tick (`by_tick`),
-/// [`SHARED_REFRESH_MICROS`] have passed. Reports only change the demand
-/// the next refresh carries, so a bucket is stepped about once a second
-/// however many Envoys report it. True if it queued one.
-fn step_if_due(
-    bucket: &mut Bucket,
-    steps: &mut HashMap<BucketKey, Step>,
-    key: &BucketKey,
-    budget: Budget,
-    by_tick: bool,
+/// The allocation's plan as shares to send, each member's assignment
+/// living `ttl_of` its subscription (and the margin).
+fn split(
+    allocation: &mut Allocation<Pair>,
+    subs: &[Subscription],
+    ttl_of: impl Fn(&Subscription) -> u64,
     now_micros: u64,
-) -> bool {
-    let demand = if bucket.subs.is_empty() {
-        if !bucket.in_ledger {
-            return false;
-        }
-        bucket.in_ledger = false;
-        bucket.ledger_share = None;
-        None
-    } else {
-        let waiting = bucket.subs.iter().any(|s| s.sent.is_none());
-        let refresh =
-            by_tick && now_micros.saturating_sub(bucket.stepped_micros) >= SHARED_REFRESH_MICROS;
-        if !(waiting || refresh || !bucket.in_ledger) {
-            return false;
-        }
-        bucket.in_ledger = true;
-        let (per_sec, pairs) = bucket.allocation.demand();
-        Some(ledger::Demand {
-            per_sec,
-            pairs: u32::try_from(pairs.max(bucket.subs.len()).max(1)).unwrap_or(u32::MAX),
+) -> Vec<(Pair, Sent)> {
+    let ttls: HashMap<Pair, u64> = subs.iter().map(|sub| (sub.pair(), ttl_of(sub))).collect();
+    allocation
+        .plan_each(now_micros, |pair| {
+            ttls.get(pair).copied().unwrap_or(MIN_TTL_MICROS) + LIVE_MARGIN_MICROS
         })
-    };
-    bucket.stepped_micros = now_micros;
-    // reserved in the ledger as long as the longest-lived member's, with
-    // its margin and a second for the answer to come back in (what is
-    // assigned from it lives whole seconds)
-    let ttl = bucket
-        .subs
-        .iter()
-        .map(Subscription::ttl_micros)
-        .max()
-        .unwrap_or(MIN_TTL_MICROS);
-    steps.insert(
-        key.clone(),
-        Step {
-            key: key.clone(),
-            demand,
-            budget,
-            ttl_micros: ttl
-                .saturating_add(LIVE_MARGIN_MICROS)
-                .saturating_add(1_000_000),
-            at_micros: now_micros,
-        },
-    );
-    true
-}
-
-/// Each member's time to live, by its pair (a map where there are many).
-fn member_ttls(subs: &[Subscription], ttl_of: impl Fn(&Subscription) -> u64) -> HashMap<Pair, u64> {
-    subs.iter().map(|sub| (sub.pair(), ttl_of(sub))).collect()
-}
-
-/// `micros` rounded down to whole seconds (what Envoy keeps of a time to
-/// live).
-fn whole_seconds(micros: u64) -> u64 {
-    micros / 1_000_000 * 1_000_000
-}
-
-/// Records `bucket`'s assigned fraction in `shares` (see [`Quotas::shares`]).
-fn index(
-    shares: &mut HashMap<(String, Arc<str>), BTreeMap<u64, u32>>,
-    key: &BucketKey,
-    bucket: &mut Bucket,
-    shared: bool,
-    now_micros: u64,
-) {
-    let fraction = match (bucket.policy, &bucket.rule) {
-        (Policy::Shared(budget), Some(_)) => {
-            // of this instance's part of the budget, or with a shared
-            // ledger, of the whole as the last step saw it
-            let (budget, reserved) = if shared {
-                (budget, bucket.shared_reserved)
-            } else {
-                (
-                    bucket.allocation.budget(),
-                    bucket.allocation.reserved(now_micros),
-                )
-            };
-            let f = (reserved.rate / budget.rate).max(reserved.burst / budget.burst);
-            (f.is_finite() && f >= 0.0).then_some(f.to_bits())
-        }
-        _ => None,
-    };
-    if fraction == bucket.fraction {
-        return;
-    }
-    unindex(shares, key, bucket);
-    if let (Some(bits), Some(rule)) = (fraction, &bucket.rule) {
-        *shares
-            .entry((key.domain.clone(), rule.clone()))
-            .or_default()
-            .entry(bits)
-            .or_default() += 1;
-        bucket.fraction = Some(bits);
-    }
-}
-
-/// Takes `bucket`'s fraction out of `shares`.
-fn unindex(
-    shares: &mut HashMap<(String, Arc<str>), BTreeMap<u64, u32>>,
-    key: &BucketKey,
-    bucket: &mut Bucket,
-) {
-    let (Some(bits), Some(rule)) = (bucket.fraction.take(), &bucket.rule) else {
-        return;
-    };
-    let label = (key.domain.clone(), rule.clone());
-    if let Some(counts) = shares.get_mut(&label) {
-        if let Some(n) = counts.get_mut(&bits) {
-            *n -= 1;
-            if *n == 0 {
-                counts.remove(&bits);
-            }
-        }
-        if counts.is_empty() {
-            shares.remove(&label);
-        }
-    }
+        .into_iter()
+        .map(|(s, share)| (s, Sent::Share(share)))
+        .collect()
 }
 
 /// The action to send `stream` for `key` if `what` moved from what it

@@ -1,0 +1,122 @@
+//! The shared ledger's side of the state: the steps a replica queues (one
+//! per bucket: when an Envoy joins it, and every second) and the answers
+//! it takes back, each split between the replica's own Envoys.
+
+use super::*;
+
+/// A step of the shared ledger to take for this replica and one bucket:
+/// its Envoys' demand (`None`: the last of them left) and the bucket's
+/// budget; the share is kept reserved `ttl_micros` from when the ledger
+/// takes the step (which is after `at_micros`, when it was queued).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Step {
+    pub key: BucketKey,
+    pub demand: Option<ledger::Demand>,
+    pub budget: Budget,
+    pub ttl_micros: u64,
+    pub at_micros: u64,
+}
+
+/// Queues a ledger step for `bucket` (this replica's Envoys' demand, or
+/// its leaving when the last has gone) if one is due: an Envoy is waiting
+/// for its first assignment, or, at a tick (`by_tick`),
+/// [`SHARED_REFRESH_MICROS`] have passed. Reports only change the demand
+/// the next refresh carries, so a bucket is stepped about once a second
+/// however many Envoys report it. True if it queued one.
+pub(super) fn step_if_due(
+    bucket: &mut Bucket,
+    steps: &mut HashMap<BucketKey, Step>,
+    key: &BucketKey,
+    budget: Budget,
+    by_tick: bool,
+    now_micros: u64,
+) -> bool {
+    let demand = if bucket.subs.is_empty() {
+        if !bucket.in_ledger {
+            return false;
+        }
+        bucket.in_ledger = false;
+        bucket.ledger_share = None;
+        None
+    } else {
+        let waiting = bucket.subs.iter().any(|s| s.sent.is_none());
+        let refresh =
+            by_tick && now_micros.saturating_sub(bucket.stepped_micros) >= SHARED_REFRESH_MICROS;
+        if !(waiting || refresh || !bucket.in_ledger) {
+            return false;
+        }
+        bucket.in_ledger = true;
+        let (per_sec, pairs) = bucket.allocation.demand();
+        Some(ledger::Demand {
+            per_sec,
+            pairs: u32::try_from(pairs.max(bucket.subs.len()).max(1)).unwrap_or(u32::MAX),
+        })
+    };
+    bucket.stepped_micros = now_micros;
+    // reserved in the ledger as long as the longest-lived member's, with
+    // its margin and a second for the answer to come back in (what is
+    // assigned from it lives whole seconds)
+    let ttl = bucket
+        .subs
+        .iter()
+        .map(Subscription::ttl_micros)
+        .max()
+        .unwrap_or(MIN_TTL_MICROS);
+    steps.insert(
+        key.clone(),
+        Step {
+            key: key.clone(),
+            demand,
+            budget,
+            ttl_micros: ttl
+                .saturating_add(LIVE_MARGIN_MICROS)
+                .saturating_add(1_000_000),
+            at_micros: now_micros,
+        },
+    );
+    true
+}
+
+/// `micros` rounded down to whole seconds (what Envoy keeps of a time to
+/// live).
+pub(super) fn whole_seconds(micros: u64) -> u64 {
+    micros / 1_000_000 * 1_000_000
+}
+
+impl Quotas {
+    /// The ledger steps queued since the last call.
+    pub fn take_steps(&mut self) -> Vec<Step> {
+        self.steps.drain().map(|(_, step)| step).collect()
+    }
+    /// The shared ledger's answers to [`Quotas::take_steps`]: this
+    /// replica's share of each bucket, split between its Envoys at once
+    /// (what each must be sent, as [`Quotas::plan`] decides). An answer for
+    /// a bucket that has gone since is dropped.
+    pub fn granted(&mut self, answers: Vec<(Step, Shared)>, now_micros: u64) -> Outbox {
+        let mut pending = Pending::new();
+        for (step, shared) in answers {
+            let Some(key) = self
+                .buckets
+                .get_key_value(&step.key)
+                .map(|(k, _)| k.clone())
+            else {
+                continue;
+            };
+            let Some(bucket) = self.buckets.get_mut(&key) else {
+                continue;
+            };
+            bucket.shared_reserved = shared.reserved;
+            if step.demand.is_none() || !bucket.in_ledger {
+                index(&mut self.shares, &key, bucket, self.shared, now_micros);
+                continue;
+            }
+            let until = step.at_micros.saturating_add(step.ttl_micros);
+            // an answer older than the one in hand changes nothing
+            if bucket.ledger_share.is_none_or(|(_, u)| u <= until) {
+                bucket.ledger_share = Some((shared.share, until));
+            }
+            self.assign(&key, now_micros, now_micros, &mut pending);
+        }
+        outbox(pending)
+    }
+}
