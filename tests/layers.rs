@@ -52,16 +52,6 @@ const ALLOWED: &[(&str, &str, &str)] = &[
         "rules",
         "the per-rule metrics are registered from a RuleSet and its FailureMode; to take labels (#38)",
     ),
-    (
-        "telemetry::metrics",
-        "store",
-        "store errors, breaker outcomes and the memory store's eviction sink are counted by their own types; to become labels or move down (#38)",
-    ),
-    (
-        "telemetry::metrics",
-        "quota::region",
-        "the region gauges take the region split's totals; to take numbers (#38)",
-    ),
 ];
 
 /// A path into the crate found in a file: the module it names (as far as

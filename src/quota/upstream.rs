@@ -383,7 +383,8 @@ fn publish(shares: &RegionShares, rules: &SharedRules, metrics: &Metrics) {
         shares.len(),
     );
     metrics.region_fallback("over_bound", shares.take_over_bound());
-    metrics.region_clamped(shares.take_clamped());
+    let clamped = shares.take_clamped();
+    metrics.region_clamped(clamped.burst, clamped.rate, clamped.ttl);
     let rules = rules.load();
     let totals = shares.totals(
         |domain, id| {

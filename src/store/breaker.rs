@@ -309,8 +309,13 @@ struct Pending<'a, S: Store + Nodes> {
 
 impl<S: Store + Nodes> Pending<'_, S> {
     fn record(&self, outcome: CallOutcome) {
-        if outcome != CallOutcome::Answered {
-            self.breakers.metrics.node_error(&self.node, outcome);
+        let kind = match outcome {
+            CallOutcome::Timeout => Some("timeout"),
+            CallOutcome::Connection => Some("connection"),
+            CallOutcome::Answered => None,
+        };
+        if let Some(kind) = kind {
+            self.breakers.metrics.node_error(&self.node, kind);
         }
         let (change, probe) = self.cell.update(|s| s.record(outcome));
         self.breakers.apply(&self.node, change);

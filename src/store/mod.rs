@@ -54,16 +54,8 @@ pub enum StoreError {
 }
 
 impl StoreError {
-    /// Every value of [`StoreError::kind`].
-    pub const KINDS: [&'static str; 7] = [
-        "timeout",
-        "connection",
-        "script",
-        "oom",
-        "breaker_open",
-        "overloaded",
-        "upstream",
-    ];
+    /// Every value of [`StoreError::kind`] (the metric's list).
+    pub const KINDS: [&'static str; 7] = crate::telemetry::metrics::STORE_ERROR_KINDS;
 
     /// The `kind` label of `rls_store_errors_total`.
     pub fn kind(&self) -> &'static str {

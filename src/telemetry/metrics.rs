@@ -17,7 +17,18 @@ use prometheus::{
 use crate::labels::RuleId;
 use crate::limiter::{Decision, Verdict};
 use crate::rules::{DescriptorEntry, FailureMode, RuleSet};
-use crate::store::StoreError;
+
+/// Every `kind` of `rls_store_errors_total` (the store's errors name
+/// theirs from this list), present from the start.
+pub const STORE_ERROR_KINDS: [&str; 7] = [
+    "timeout",
+    "connection",
+    "script",
+    "oom",
+    "breaker_open",
+    "overloaded",
+    "upstream",
+];
 
 /// Latency buckets in seconds: fine below a millisecond, where a healthy
 /// decision lives, up to a second.
@@ -475,7 +486,7 @@ impl Metrics {
         for mode in [FailureMode::Open, FailureMode::Closed, FailureMode::Local] {
             failure_policy.with_label_values(&[mode.as_str()]);
         }
-        for kind in StoreError::KINDS {
+        for kind in STORE_ERROR_KINDS {
             store_errors.with_label_values(&[kind]);
         }
         store_retries.with_label_values(&["tryagain"]);
@@ -663,14 +674,9 @@ impl Metrics {
         self.store_retries.with_label_values(&[reason]).inc();
     }
 
-    /// A call to `node` timed out or lost its connection.
-    pub fn node_error(&self, node: &str, outcome: crate::store::breaker::CallOutcome) {
-        use crate::store::breaker::CallOutcome;
-        let kind = match outcome {
-            CallOutcome::Timeout => "timeout",
-            CallOutcome::Connection => "connection",
-            CallOutcome::Answered => return,
-        };
+    /// A call to `node` timed out or lost its connection (`kind`:
+    /// `timeout`, `connection`).
+    pub fn node_error(&self, node: &str, kind: &str) {
         self.node_errors.with_label_values(&[node, kind]).inc();
     }
 
@@ -715,8 +721,9 @@ impl Metrics {
             .inc_by(n);
     }
 
-    /// A [`crate::store::memory::EvictionSink`] counting here.
-    pub fn eviction_sink(self: &Arc<Self>) -> crate::store::memory::EvictionSink {
+    /// What the memory store tells of evictions (its `EvictionSink`),
+    /// counted here.
+    pub fn eviction_sink(self: &Arc<Self>) -> Arc<dyn Fn(RuleId, u64) + Send + Sync> {
         let metrics = Arc::downgrade(self);
         Arc::new(move |rule, n| {
             if let Some(m) = metrics.upgrade() {
@@ -813,9 +820,9 @@ impl Metrics {
         }
     }
 
-    /// Assignments cut to range ([`crate::quota::region::Clamped`]).
-    pub fn region_clamped(&self, c: crate::quota::region::Clamped) {
-        for (part, n) in [("burst", c.burst), ("rate", c.rate), ("ttl", c.ttl)] {
+    /// Assignments cut to range: their burst, rate, time to live.
+    pub fn region_clamped(&self, burst: u64, rate: u64, ttl: u64) {
+        for (part, n) in [("burst", burst), ("rate", rate), ("ttl", ttl)] {
             if n > 0 {
                 self.region.clamped.with_label_values(&[part]).inc_by(n);
             }
@@ -848,7 +855,8 @@ impl Metrics {
 
     /// Sets `rls_region_share` for every (domain, rule) given, and drops
     /// the series of rules with no live share now.
-    pub fn region_shares(&self, totals: &crate::quota::region::ShareTotals) {
+    /// `totals`: (burst, rate) per (domain, rule).
+    pub fn region_shares(&self, totals: &std::collections::BTreeMap<(String, String), (f64, f64)>) {
         let mut series = self.region.share_series.lock();
         let mut now = Vec::with_capacity(totals.len() * 2);
         for ((domain, rule), (burst, rate)) in totals {
