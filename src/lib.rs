@@ -12,6 +12,7 @@ pub mod background;
 pub mod bucket;
 pub mod cli;
 pub mod clock;
+pub mod decision;
 pub mod health;
 pub mod labels;
 pub mod limiter;

@@ -20,6 +20,7 @@ use tracing::Instrument;
 
 use crate::bucket::{BucketOutcome, BucketParams, Cost};
 use crate::clock::{Clock, MonotonicClock};
+pub use crate::decision::{Decision, ShownLimit, Verdict};
 use crate::labels::RuleId;
 use crate::quota::region::{RegionLimit, RegionShares};
 use crate::rules::{
@@ -43,76 +44,6 @@ pub struct DescriptorInput<'a, E> {
     /// The descriptor brought its own `hits_addend` (Envoy's
     /// `RateLimit.hits_addend`: a cost), rather than the request's.
     pub own_hits_addend: bool,
-}
-
-/// What happened to one descriptor.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verdict {
-    /// Admitted by its buckets.
-    Ok,
-    OverLimit,
-    /// Over the limit, but the rule is in shadow mode: answered OK.
-    Shadow,
-    /// Over the limit, but the rule is in quota mode: answered OK and reported.
-    QuotaExceeded,
-    Unlimited,
-    /// No rule applies (or its only limits were replaced).
-    NoRule,
-    /// The store failed and the rule fails open: answered OK.
-    FailedOpen,
-}
-
-impl Verdict {
-    /// The `result` label of `rls_decisions_total`.
-    pub fn result_label(self) -> &'static str {
-        match self {
-            Verdict::Ok | Verdict::FailedOpen => "ok",
-            Verdict::OverLimit | Verdict::QuotaExceeded => "over_limit",
-            Verdict::Shadow => "shadow",
-            Verdict::Unlimited => "unlimited",
-            Verdict::NoRule => "no_rule",
-        }
-    }
-
-    pub fn is_over_limit(self) -> bool {
-        self == Verdict::OverLimit
-    }
-}
-
-/// The limit reported back to Envoy as `current_limit`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ShownLimit {
-    pub name: String,
-    pub requests_per_unit: u32,
-    pub unit: Unit,
-    /// B: the most tokens its bucket holds.
-    pub burst: u64,
-}
-
-/// The answer for one descriptor.
-#[derive(Debug, Clone)]
-pub struct Decision {
-    pub verdict: Verdict,
-    pub limit: Option<ShownLimit>,
-    /// Whole tokens left in the deciding bucket.
-    pub remaining: u64,
-    /// OVER_LIMIT: seconds until a retry can pass (`None`: never, e.g. r = 0);
-    /// OK: seconds until the bucket is full again.
-    pub reset_secs: Option<u64>,
-    /// The rule that decided, for metrics and logs.
-    pub rule: Option<Arc<Rule>>,
-}
-
-impl Decision {
-    fn without_limit(verdict: Verdict, rule: Option<Arc<Rule>>) -> Self {
-        Self {
-            verdict,
-            limit: None,
-            remaining: 0,
-            reset_secs: None,
-            rule,
-        }
-    }
 }
 
 /// A store failure that the rule's failure mode turns into a failed call.

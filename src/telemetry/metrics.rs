@@ -14,8 +14,8 @@ use prometheus::{
     IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
+use crate::decision::{Decision, Verdict};
 use crate::labels::RuleId;
-use crate::limiter::{Decision, Verdict};
 use crate::rules::{DescriptorEntry, FailureMode, RuleSet};
 
 /// Every `kind` of `rls_store_errors_total` (the store's errors name

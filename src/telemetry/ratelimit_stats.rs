@@ -22,7 +22,7 @@ use prometheus::{HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Opts, R
 
 use super::statsd::{StatsdCounters, STAT_NAMES};
 use crate::bucket::Cost;
-use crate::limiter::{Decision, Verdict};
+use crate::decision::{Decision, Verdict};
 
 /// The five stats, counted under envoyproxy/ratelimit's Prometheus names,
 /// over statsd, or both.
