@@ -1,0 +1,69 @@
+//! The leases' metrics: tokens taken into leases, given back, lost,
+//! decisions admitted from a lease, tokens held.
+
+use prometheus::{IntCounter, IntGauge};
+
+/// Counters of [`crate::limiter::lease`].
+pub(super) struct LeaseMetrics {
+    pub(super) grants: IntCounter,
+    pub(super) granted: IntCounter,
+    pub(super) returned: IntCounter,
+    pub(super) lost: IntCounter,
+    pub(super) local_hits: IntCounter,
+    pub(super) held: IntGauge,
+}
+
+impl LeaseMetrics {
+    pub(super) fn new() -> Self {
+        let counter = |name: &str, help: &str| IntCounter::new(name, help).expect("valid metric");
+        Self {
+            grants: counter(
+                "rls_lease_grants_total",
+                "Lease calls that took tokens from a shared bucket",
+            ),
+            granted: counter(
+                "rls_lease_tokens_granted_total",
+                "Tokens taken from shared buckets into leases",
+            ),
+            returned: counter(
+                "rls_lease_tokens_returned_total",
+                "Unspent lease tokens given back to their bucket (expiry, reload, shutdown)",
+            ),
+            lost: counter(
+                "rls_lease_tokens_lost_total",
+                "Lease tokens that may have been deducted and will not be spent or returned (failed returns, lease calls without an answer)",
+            ),
+            local_hits: counter(
+                "rls_lease_local_hits_total",
+                "Decisions admitted from a lease without a store call of their own",
+            ),
+            held: IntGauge::new(
+                "rls_lease_tokens_held",
+                "Unspent lease tokens this instance holds now",
+            )
+            .expect("valid metric"),
+        }
+    }
+
+    pub(super) fn collectors(&self) -> Vec<Box<dyn prometheus::core::Collector>> {
+        vec![
+            Box::new(self.grants.clone()),
+            Box::new(self.granted.clone()),
+            Box::new(self.returned.clone()),
+            Box::new(self.lost.clone()),
+            Box::new(self.local_hits.clone()),
+            Box::new(self.held.clone()),
+        ]
+    }
+}
+
+/// A snapshot of the lease metrics, for tests and benchmarks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseCounts {
+    pub grants: u64,
+    pub granted: u64,
+    pub returned: u64,
+    pub lost: u64,
+    pub local_hits: u64,
+    pub held: i64,
+}
