@@ -16,12 +16,21 @@
 //! decided as if alone.
 
 pub mod batch;
+mod keys;
 pub mod memory;
 pub mod nodes;
 pub mod pipe;
 mod reach;
+mod redirect;
 pub mod resp;
+mod tls_config;
 pub mod url;
+
+#[cfg(test)]
+use self::keys::hex16;
+pub use self::keys::{redis_key, slot_of, tag_hash};
+use self::redirect::{redirect_of, Redirect, MAX_REDIRECTIONS};
+use self::tls_config::tls_client_config;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -108,39 +117,6 @@ pub struct RedisSettings {
     /// `CACHE_KEY_PREFIX`), to share a Redis with others; without braces,
     /// which would move the keys' slots.
     pub key_prefix: String,
-}
-
-/// A rustls client configuration for `rediss://` from the settings' files.
-fn tls_client_config(settings: &RedisSettings) -> Result<Option<rustls::ClientConfig>, String> {
-    if settings.ca_file.is_none() && settings.client_cert.is_none() {
-        return Ok(None);
-    }
-    let build = || -> anyhow::Result<rustls::ClientConfig> {
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let builder = rustls::ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()?;
-        let builder = match &settings.ca_file {
-            Some(ca) => builder.with_root_certificates(crate::tls::roots(ca)?),
-            None => builder.with_root_certificates(rustls::RootCertStore {
-                roots: webpki_roots_or_empty(),
-            }),
-        };
-        Ok(match &settings.client_cert {
-            Some((cert, key)) => builder
-                .with_client_auth_cert(crate::tls::certs(cert)?, crate::tls::private_key(key)?)?,
-            None => builder.with_no_client_auth(),
-        })
-    };
-    build().map(Some).map_err(|e| format!("Redis TLS: {e:#}"))
-}
-
-/// The system's root certificates, for a client certificate without a CA file.
-fn webpki_roots_or_empty() -> Vec<rustls::pki_types::TrustAnchor<'static>> {
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in rustls_native_certs::load_native_certs().certs {
-        let _ = roots.add(cert);
-    }
-    roots.roots
 }
 
 /// Time allowed for the breaker's probe of each server.
@@ -658,67 +634,6 @@ fn within<T>(
         })),
         None => Either::Right(call),
     }
-}
-
-/// Redirections one call follows at most (a slot moving under load can
-/// send a call on more than once: ASK, then MOVED, then a stale owner).
-const MAX_REDIRECTIONS: usize = 5;
-
-/// Where a primary sends a call for a slot it does not serve; the call did
-/// not run there.
-#[derive(Debug, PartialEq)]
-enum Redirect {
-    /// `MOVED <slot> <addr>`: the slot lives there now.
-    Moved(String),
-    /// `ASK <slot> <addr>`: the slot is moving there; ask it this once.
-    Ask(String),
-}
-
-fn redirect_of(e: &RedisError) -> Option<Redirect> {
-    if *e.kind() != ErrorKind::Cluster {
-        return None;
-    }
-    let mut parts = e.details().split_whitespace();
-    let (kind, _slot, addr) = (parts.next()?, parts.next()?, parts.next()?);
-    match kind {
-        "MOVED" => Some(Redirect::Moved(addr.to_string())),
-        "ASK" => Some(Redirect::Ask(addr.to_string())),
-        _ => None,
-    }
-}
-
-/// The slot of a descriptor whose tag hashes to `tag_hash`.
-pub fn slot_of(tag_hash: u64) -> u16 {
-    fred::util::redis_keyslot(&hex16(tag_hash))
-}
-
-/// `rls:{<16 hex digits>}:<key>`: the braces hold the slot's hash tag.
-pub fn redis_key(tag_hash: u64, key: &[u8]) -> Bytes {
-    let mut out = Vec::with_capacity(key.len() + 24);
-    out.extend_from_slice(b"rls:{");
-    out.extend_from_slice(&hex16(tag_hash));
-    out.extend_from_slice(b"}:");
-    out.extend_from_slice(key);
-    Bytes::from(out)
-}
-
-/// `n` as 16 lower-case hex digits (`format!("{n:016x}")` without the
-/// formatting machinery: this is on every decision's path).
-fn hex16(n: u64) -> [u8; 16] {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut out = [0u8; 16];
-    for (i, digit) in out.iter_mut().enumerate() {
-        *digit = DIGITS[((n >> (60 - 4 * i)) & 0xf) as usize];
-    }
-    out
-}
-
-/// FNV-1a: a fixed hash, so that every instance (whatever its Rust version)
-/// puts a descriptor's buckets in the same slot.
-pub fn tag_hash(tag: &[u8]) -> u64 {
-    tag.iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
-        (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
-    })
 }
 
 fn store_error(e: RedisError) -> StoreError {

@@ -1,0 +1,38 @@
+//! Where a bucket lives in Redis: its key (`rls:{<hash tag>}:…`), the
+//! fixed hash of a descriptor's tag, and the slot that follows from it.
+
+use fred::bytes::Bytes;
+
+/// The slot of a descriptor whose tag hashes to `tag_hash`.
+pub fn slot_of(tag_hash: u64) -> u16 {
+    fred::util::redis_keyslot(&hex16(tag_hash))
+}
+
+/// `rls:{<16 hex digits>}:<key>`: the braces hold the slot's hash tag.
+pub fn redis_key(tag_hash: u64, key: &[u8]) -> Bytes {
+    let mut out = Vec::with_capacity(key.len() + 24);
+    out.extend_from_slice(b"rls:{");
+    out.extend_from_slice(&hex16(tag_hash));
+    out.extend_from_slice(b"}:");
+    out.extend_from_slice(key);
+    Bytes::from(out)
+}
+
+/// `n` as 16 lower-case hex digits (`format!("{n:016x}")` without the
+/// formatting machinery: this is on every decision's path).
+pub(super) fn hex16(n: u64) -> [u8; 16] {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = [0u8; 16];
+    for (i, digit) in out.iter_mut().enumerate() {
+        *digit = DIGITS[((n >> (60 - 4 * i)) & 0xf) as usize];
+    }
+    out
+}
+
+/// FNV-1a: a fixed hash, so that every instance (whatever its Rust version)
+/// puts a descriptor's buckets in the same slot.
+pub fn tag_hash(tag: &[u8]) -> u64 {
+    tag.iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
