@@ -18,6 +18,8 @@
 # GENERATOR_NICE=19 runs the simulated Envoys at that niceness: on a box
 # with few cores they then take only the CPU the service and Redis leave,
 # as if they ran elsewhere (the probe keeps the normal priority).
+# GENERATOR_CPUS and SERVICE_CPUS (taskset lists, e.g. 1 and 0) pin the
+# simulated Envoys apart from the service, Redis and the probe.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 work=$(mktemp -d)
@@ -36,6 +38,12 @@ descriptors:
     share_threshold: true
     rate_limit: {unit: second, requests_per_unit: 1000, burst: 1000}
 RULES
+pin() { # CPUS COMMAND...: becomes COMMAND, on those CPUs (all when CPUS is
+  # empty); only in a background job or a pipeline, so that $! is its pid
+  local cpus=$1
+  shift
+  if [[ -n $cpus ]]; then exec taskset -c "$cpus" "$@"; else exec "$@"; fi
+}
 ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 metric() { # NAME_AND_LABELS
   curl -s 127.0.0.1:18792/metrics | awk -v m="$1" 'index($0, m " ") == 1 {print $2; f = 1} END {if (!f) print 0}'
@@ -49,13 +57,13 @@ redis() {
     echo "port $redis_port already has a Redis: stop it first" >&2
     exit 1
   fi
-  redis-server --port "$redis_port" --save "" --appendonly no --daemonize no >"$work/redis.log" 2>&1 &
+  pin "${SERVICE_CPUS:-}" redis-server --port "$redis_port" --save "" --appendonly no --daemonize no >"$work/redis.log" 2>&1 &
   rpid=$!
   until redis-cli -p "$redis_port" ping >/dev/null 2>&1; do sleep 0.1; done
 }
 serve() { # [STORE]
-  env RLS_CONFIG="$work/rules.yaml" RLS_GRPC_ADDR=127.0.0.1:18791 RLS_ADMIN_ADDR=127.0.0.1:18792 \
-    RLS_STORE="${1:-redis}" RLS_REDIS_URL="redis://127.0.0.1:$redis_port" "$bin" >"$work/server.log" 2>&1 &
+  RLS_CONFIG="$work/rules.yaml" RLS_GRPC_ADDR=127.0.0.1:18791 RLS_ADMIN_ADDR=127.0.0.1:18792 \
+    RLS_STORE="${1:-redis}" RLS_REDIS_URL="redis://127.0.0.1:$redis_port" pin "${SERVICE_CPUS:-}" "$bin" >"$work/server.log" 2>&1 &
   pid=$!
   until curl -sf 127.0.0.1:18792/readyz >/dev/null; do sleep 0.1; done
 }
@@ -65,12 +73,12 @@ stop() {
   sleep 0.3
 }
 probe() { # SECONDS: ShouldRateLimit p50/p99 in ms
-  target/release/rls-bench --target http://127.0.0.1:18791 --domain bench --key key \
+  pin "${SERVICE_CPUS:-}" target/release/rls-bench --target http://127.0.0.1:18791 --domain bench --key key \
     --rate 200 --connections 4 --threads 1 --duration "$1s" --json |
     python3 -c 'import json,sys; j=json.load(sys.stdin); l=j["latency_us"]; print("p50 %.2f ms, p99 %.2f ms (%d calls, %d errors)" % (l["p50"] / 1000, l["p99"] / 1000, j["requests"], j["errors"]))'
 }
 envoys() { # STREAMS BUCKETS KEY EVERY SECONDS
-  nice -n "${GENERATOR_NICE:-0}" target/release/rls-bench --target http://127.0.0.1:18791 --domain bench --key "$3" \
+  pin "${GENERATOR_CPUS:-}" nice -n "${GENERATOR_NICE:-0}" target/release/rls-bench --target http://127.0.0.1:18791 --domain bench --key "$3" \
     --rlqs throughput --streams "$1" --buckets "$2" --report-every "$4" --duration "$5s" \
     --threads 1 >/dev/null 2>&1 &
   load=$!
