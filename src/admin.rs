@@ -1,6 +1,9 @@
 //! The admin HTTP endpoint: `/metrics`, `/healthz`, `/readyz` and `/config`.
 //!
 //! Sits beside the request path and only reads shared state.
+//!
+//! **Layer** (docs/architecture.md, "Layers", kept by `tests/layers.rs`):
+//! under `server`; uses `health`, `quota`, `rules`, `telemetry`.
 
 use std::sync::Arc;
 

@@ -4,6 +4,9 @@
 //! runtime holds nothing but its connections and can stop with them. And
 //! which serving thread this is ([`serving_thread`]), for a store that keeps
 //! connections of its own on each.
+//!
+//! **Layer** (docs/architecture.md, "Layers", kept by `tests/layers.rs`): a
+//! leaf: uses nothing of the crate.
 
 use std::cell::{Cell, RefCell};
 use std::future::Future;

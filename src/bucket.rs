@@ -17,6 +17,9 @@
 //! is the other, and the shared case table in `tests/bucket_cases.rs` checks
 //! that both give the same answers. Time is in microseconds and never goes
 //! backwards as far as a bucket is concerned: an earlier "now" adds no tokens.
+//!
+//! **Layer** (docs/architecture.md, "Layers", kept by `tests/layers.rs`): a
+//! leaf: uses nothing of the crate.
 
 /// Tolerance for float comparisons, so that 0.1 s at 10/s refills exactly one token.
 pub const EPSILON: f64 = 1e-9;

@@ -4,6 +4,9 @@
 //! The memory store uses a [`MonotonicClock`] so that wall-clock jumps (NTP,
 //! a VM resumed from suspend) neither mint nor destroy tokens; tests use a
 //! [`ManualClock`] they move by hand.
+//!
+//! **Layer** (docs/architecture.md, "Layers", kept by `tests/layers.rs`): a
+//! leaf: uses nothing of the crate.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

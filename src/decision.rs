@@ -2,6 +2,9 @@
 //! [`Decision`], the [`ShownLimit`] Envoy is told of). Read by the faces
 //! and counted by telemetry, so it lives below both (the limiter makes it,
 //! `crate::limiter` names it too).
+//!
+//! **Layer** (docs/architecture.md, "Layers", kept by `tests/layers.rs`):
+//! under `telemetry`; uses `rules`.
 
 use std::sync::Arc;
 

@@ -9,6 +9,9 @@
 //! warnings) is in the body, for people and dashboards. The same verdict
 //! feeds `/readyz` and the gRPC health service (`grpc.health.v1`, service
 //! `ratelimit` and the empty name).
+//!
+//! **Layer** (docs/architecture.md, "Layers", kept by `tests/layers.rs`):
+//! under `server`; uses `limiter`, `rules`.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

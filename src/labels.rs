@@ -5,6 +5,9 @@
 //! it belongs to. Ids are handed out once per pair for the life of the
 //! process (pairs are bounded by the rules ever loaded) and turned back into
 //! labels by telemetry.
+//!
+//! **Layer** (docs/architecture.md, "Layers", kept by `tests/layers.rs`): a
+//! leaf: uses nothing of the crate.
 
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};

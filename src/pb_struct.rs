@@ -1,6 +1,9 @@
 //! `google.protobuf.Struct` and YAML values, both ways: a rule's `metadata:`
 //! arrives as YAML from files and as a `Struct` over xDS, and goes back to
 //! Envoy as a `Struct` in the response's dynamic metadata.
+//!
+//! **Layer** (docs/architecture.md, "Layers", kept by `tests/layers.rs`): a
+//! leaf: uses nothing of the crate.
 
 use std::collections::HashMap;
 

@@ -1,4 +1,7 @@
 //! Background work on a timer, for as long as its owner lives.
+//!
+//! **Layer** (docs/architecture.md, "Layers", kept by `tests/layers.rs`): a
+//! leaf: uses nothing of the crate.
 
 use std::sync::{Arc, Weak};
 use std::time::Duration;

@@ -1,5 +1,8 @@
 //! Wiring: load the rules, build store → limiter → service, serve gRPC and
 //! admin HTTP until told to stop, then drain in-flight calls.
+//!
+//! **Layer** (docs/architecture.md, "Layers", kept by `tests/layers.rs`): the
+//! top room under `main`: uses every room below it.
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -20,6 +20,9 @@
 //! the decision itself (BENCHMARKS.md, CPU per decision). Round-robin at
 //! accept (rather than `SO_REUSEPORT`, where the kernel hashes connections
 //! to listeners) keeps a few long-lived Envoy connections spread evenly.
+//!
+//! **Layer** (docs/architecture.md, "Layers", kept by `tests/layers.rs`):
+//! under `cli`; uses only `background`.
 
 use std::sync::Arc;
 

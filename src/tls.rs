@@ -8,6 +8,9 @@
 //!
 //! A region proves its name with its client certificate: a DNS SAN
 //! `<region>.regions.<domain>` ([`names_region`]).
+//!
+//! **Layer** (docs/architecture.md, "Layers", kept by `tests/layers.rs`): a
+//! leaf: uses nothing of the crate.
 
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};

@@ -1,4 +1,8 @@
 //! The command line (docs/architecture.md §2): every flag has an environment twin.
+//!
+//! **Layer** (docs/architecture.md, "Layers", kept by `tests/layers.rs`):
+//! under `server`; names the settings of the rooms below it: `service`,
+//! `quota`, `store`, `rules`, `rules::xds`, `telemetry`.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

@@ -5,6 +5,10 @@
 //! asks the store to decide that descriptor's buckets, and turns the bucket
 //! outcomes into a [`Decision`]. When the store fails, the rule's
 //! [`FailureMode`] answers instead.
+//!
+//! **Layer** (docs/architecture.md, "Layers", kept by `tests/layers.rs`):
+//! under `service`; uses `quota` (a region's shares), `store`, `telemetry`,
+//! `decision`, `rules` and leaves.
 
 pub mod key;
 pub mod lease;

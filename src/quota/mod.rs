@@ -20,6 +20,10 @@
 //! such a value spends one budget, split between the (Envoy, bucket id)
 //! pairs reporting them (a shared bucket, keyed by the pattern: see
 //! [`BucketKey::shared`]).
+//!
+//! **Layer** (docs/architecture.md, "Layers", kept by `tests/layers.rs`):
+//! under `limiter`; uses `store` (the ledger's Redis), `rules`, `telemetry`
+//! and leaves.
 
 pub mod allocation;
 pub mod assignment;

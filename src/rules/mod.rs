@@ -3,6 +3,10 @@
 //! The request path asks a [`RuleSet`] which rule a descriptor reaches
 //! ([`RuleSet::lookup`]); everything else here exists to build one from files
 //! and to explain, file by file, why a file cannot be used.
+//!
+//! **Layer** (docs/architecture.md, "Layers", kept by `tests/layers.rs`):
+//! under `decision`; uses only leaves (`bucket`, `labels`, `pb_struct`);
+//! `rules::reload` and `rules::xds` sit above `telemetry`.
 
 mod compile;
 pub mod error;

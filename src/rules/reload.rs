@@ -9,6 +9,10 @@
 //! ones, never a mix. A change that does not load (a syntax error, a file
 //! caught half-written, every rule file gone) is rejected whole and logged
 //! once; the old rules keep serving. SIGHUP forces a reload.
+//!
+//! **Layer** (docs/architecture.md, "Layers", kept by `tests/layers.rs`):
+//! where rules come from, under `store`; uses `telemetry` and the rules
+//! themselves.
 
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};

@@ -17,6 +17,10 @@
 //!
 //! [`rule_set`] is pure (the conversion and validation); [`run`] is the
 //! client.
+//!
+//! **Layer** (docs/architecture.md, "Layers", kept by `tests/layers.rs`):
+//! where rules come from, under `store`; uses `telemetry`, the rules
+//! themselves and leaves.
 
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -2,6 +2,10 @@
 //!
 //! Reads the request ([`request`]), takes the current rules snapshot, lets
 //! the [`Limiter`] decide, and builds the answer ([`response`]).
+//!
+//! **Layer** (docs/architecture.md, "Layers", kept by `tests/layers.rs`):
+//! under `serving`; uses `limiter` (and its `decision`), `quota`, `rules`,
+//! `telemetry`, `tls` and leaves.
 
 pub mod mailbox;
 pub mod quota;

@@ -2,6 +2,9 @@
 //! atomically: it reads their state, applies the bucket math of
 //! [`crate::bucket`], and writes the result, with no other decision on
 //! those buckets in between.
+//!
+//! **Layer** (docs/architecture.md, "Layers", kept by `tests/layers.rs`):
+//! under `quota`; uses `telemetry`, `tls` and leaves; never the rules.
 
 pub mod breaker;
 pub mod key;
