@@ -23,6 +23,7 @@ pub mod rules;
 pub mod server;
 pub mod service;
 pub mod serving;
+pub mod sources;
 pub mod store;
 pub mod telemetry;
 pub mod tls;

@@ -23,13 +23,13 @@ use crate::health::Health;
 use crate::limiter::Limiter;
 use crate::quota::ledger::QuotaLedger;
 use crate::quota::redis_ledger::RedisLedger;
-use crate::rules::reload::Reloader;
-use crate::rules::xds::XdsSettings;
 use crate::rules::SharedRules;
 use crate::rules::{self, DomainPatterns, LoadOptions};
 use crate::service::quota::{QuotaHub, RateLimitQuotaGrpc};
 use crate::service::{LegacyHeaderNames, RateLimitGrpc, ResponseOptions};
 use crate::serving;
+use crate::sources::reload::Reloader;
+use crate::sources::xds::XdsSettings;
 use crate::store::breaker::Breakers;
 use crate::store::memory::MemoryStore;
 use crate::store::redis::{RedisSettings, RedisStore};
@@ -371,7 +371,7 @@ fn keep_rules_current(
     match xds {
         Some(settings) => {
             tracing::info!(server = %settings.server, node = %settings.node_id, "rules from xDS");
-            tokio::spawn(rules::xds::run(
+            tokio::spawn(crate::sources::xds::run(
                 settings,
                 opts,
                 rules.clone(),

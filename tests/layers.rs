@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 /// The rooms, top first: a module may use its own room's and the rooms
 /// below it. Modules are named by their path under `src/` (`store` holds
 /// `store::redis::pipe`; the longest name that fits decides, so the rule
-/// sources `rules::reload` sit above `rules`). Leaves share the last room.
+/// rooms such as `store::redis` could be told apart). Leaves share the last room.
 const ROOMS: &[&[&str]] = &[
     &["main"],
     &["server"],
@@ -22,7 +22,7 @@ const ROOMS: &[&[&str]] = &[
     &["limiter"],
     &["quota"],
     &["store"],
-    &["rules::reload", "rules::xds"],
+    &["sources"],
     &["telemetry"],
     &["decision"],
     &["rules"],

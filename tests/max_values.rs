@@ -10,8 +10,8 @@ use common::redis::RedisServer;
 use common::{client, descriptor, request, rules_dir, sample, serve_args, start_on_redis};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
-use tokenbucket_rls::rules::reload::ReloadOutcome;
 use tokenbucket_rls::server::{self, RunningServer};
+use tokenbucket_rls::sources::reload::ReloadOutcome;
 use tonic::transport::Channel;
 
 /// Three API keys get buckets of their own (burst 2 a day); the rest share one.

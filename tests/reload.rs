@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use common::{descriptor, request, serve_args};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
-use tokenbucket_rls::rules::reload::ReloadOutcome;
 use tokenbucket_rls::server::{self, RunningServer};
+use tokenbucket_rls::sources::reload::ReloadOutcome;
 use tonic::transport::Channel;
 
 /// How soon a change must be applied or rejected.

@@ -14,7 +14,7 @@ use common::{descriptor, request, rules_dir, sample, serve_args};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::ratelimit::config::ratelimit::v3::RateLimitUnit;
-use tokenbucket_rls::rules::xds::{RESOURCE_TYPE_URL, TYPE_URL};
+use tokenbucket_rls::sources::xds::{RESOURCE_TYPE_URL, TYPE_URL};
 use tonic::transport::{Certificate, Identity, ServerTlsConfig};
 
 #[tokio::test]

@@ -2,7 +2,7 @@
 //!
 //! **Layer** (docs/architecture.md, "Layers", kept by `tests/layers.rs`):
 //! under `server`; names the settings of the rooms below it: `service`,
-//! `quota`, `store`, `rules`, `rules::xds`, `telemetry`.
+//! `quota`, `store`, `rules`, `sources::xds`, `telemetry`.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -311,7 +311,7 @@ pub struct ServeArgs {
     pub xds_max_backoff: Duration,
     /// The largest xDS snapshot taken, in bytes (one gRPC message); a
     /// larger one fails the stream, logged at error level.
-    #[arg(long, env = "RLS_XDS_MAX_MESSAGE_SIZE", default_value_t = crate::rules::xds::DEFAULT_MAX_MESSAGE_SIZE)]
+    #[arg(long, env = "RLS_XDS_MAX_MESSAGE_SIZE", default_value_t = crate::sources::xds::DEFAULT_MAX_MESSAGE_SIZE)]
     pub xds_max_message_size: usize,
     /// Log lines as text or JSON (level from RUST_LOG, default info).
     #[arg(long, env = "RLS_LOG_FORMAT", value_enum, default_value = "text")]
@@ -337,8 +337,8 @@ impl ServeArgs {
         })
     }
 
-    pub fn xds_settings(&self) -> Option<crate::rules::xds::XdsSettings> {
-        Some(crate::rules::xds::XdsSettings {
+    pub fn xds_settings(&self) -> Option<crate::sources::xds::XdsSettings> {
+        Some(crate::sources::xds::XdsSettings {
             server: self.xds_server.clone()?,
             node_id: self.xds_node_id.clone(),
             node_metadata: self.xds_node_metadata.0.clone(),

@@ -36,6 +36,7 @@ pub mod region;
 mod reload;
 mod shares;
 mod steps;
+mod subscription;
 pub mod upstream;
 
 use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet};
@@ -61,6 +62,7 @@ use self::policy::{rule_label, shared_key};
 use self::shares::{index, unindex};
 pub use self::steps::Step;
 use self::steps::{step_if_due, whole_seconds};
+use self::subscription::Subscription;
 use crate::rules::RuleSet;
 
 /// One Envoy's stream.
@@ -117,60 +119,6 @@ pub const PART_QUIET_MICROS: u64 = 5_000_000;
 /// (0 for a bucket id's own bucket: one per stream; else a number the
 /// stream gave the id in a shared bucket).
 pub type Pair = (StreamId, u64);
-
-/// A bucket as one stream reports it.
-#[derive(Debug, Clone)]
-struct Subscription {
-    stream: StreamId,
-    /// See [`Pair`].
-    tag: u64,
-    /// In a shared bucket: the bucket id Envoy reports (what its actions
-    /// name). `None` in a bucket id's own bucket.
-    id: Option<Arc<BucketKey>>,
-    last_report_micros: u64,
-    /// Smoothed time between reports.
-    interval_micros: u64,
-    /// What was last sent, when, and its time to live.
-    sent: Option<(Sent, u64, u64)>,
-    /// Since when every report said no requests; `None` while it has some.
-    idle_since_micros: Option<u64>,
-}
-
-impl Subscription {
-    fn new(stream: StreamId, tag: u64, id: Option<Arc<BucketKey>>) -> Self {
-        Self {
-            stream,
-            tag,
-            id,
-            last_report_micros: 0,
-            interval_micros: 0,
-            sent: None,
-            idle_since_micros: None,
-        }
-    }
-
-    fn pair(&self) -> Pair {
-        (self.stream, self.tag)
-    }
-
-    /// Whether it is `stream`'s subscription to bucket id `id`.
-    fn is(&self, stream: StreamId, id: &Arc<BucketKey>) -> bool {
-        self.stream == stream && self.id.as_ref().is_none_or(|own| Arc::ptr_eq(own, id))
-    }
-
-    /// The bucket id Envoy knows, in the bucket `key`.
-    fn id<'a>(&'a self, key: &'a BucketKey) -> &'a BucketKey {
-        self.id.as_deref().unwrap_or(key)
-    }
-
-    /// How long what it is sent lives: three of its own report intervals
-    /// (see [`ttl_micros`]). A newcomer's, before its cadence is known, is
-    /// the shortest: refreshed every tick while it stays, and what it was
-    /// given stops counting soon after it goes.
-    fn ttl_micros(&self) -> u64 {
-        ttl_micros(self.interval_micros)
-    }
-}
 
 #[derive(Debug)]
 struct Bucket {

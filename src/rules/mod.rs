@@ -6,18 +6,16 @@
 //!
 //! **Layer** (docs/architecture.md, "Layers", kept by `tests/layers.rs`):
 //! under `decision`; uses only leaves (`bucket`, `labels`, `pb_struct`);
-//! `rules::reload` and `rules::xds` sit above `telemetry`.
+//! where rules come from (`sources`) sits above `telemetry`.
 
 mod compile;
 pub mod error;
 pub mod loader;
 pub mod matcher;
-pub mod reload;
 pub mod schema;
 pub mod unit;
 pub mod watch;
 pub mod wildcard;
-pub mod xds;
 
 use std::collections::HashMap;
 use std::path::PathBuf;

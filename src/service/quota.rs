@@ -528,7 +528,6 @@ fn start_thread(
     std::thread::Builder::new()
         .name("rls-quota".into())
         .spawn(move || {
-            yield_to_decisions();
             let runtime = match tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
@@ -549,28 +548,6 @@ fn start_thread(
         .context("the RLQS thread ended at start")?
         .context("cannot start the RLQS thread's runtime")
 }
-
-/// Lowers this thread's scheduling priority by [`NICENESS`] (Linux; a
-/// no-op elsewhere): on a busy box the RLQS work takes the CPU that
-/// `ShouldRateLimit`'s serving threads leave, never the other way round.
-fn yield_to_decisions() {
-    #[cfg(target_os = "linux")]
-    {
-        // SAFETY: gettid and setpriority take and return plain integers;
-        // PRIO_PROCESS with a thread id changes only that thread.
-        let done = unsafe {
-            let tid = libc::gettid();
-            libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, NICENESS)
-        };
-        if done != 0 {
-            tracing::debug!(error = %std::io::Error::last_os_error(), "the RLQS thread keeps its priority");
-        }
-    }
-}
-
-/// How much lower the `rls-quota` thread runs than the serving threads
-/// (niceness, 0–19).
-pub const NICENESS: i32 = 10;
 
 /// A replica's name in the shared ledger: random, so that replicas (and a
 /// restarted one) never share members.

@@ -18,7 +18,7 @@ use envoy_types::pb::ratelimit::config::ratelimit::v3::{
 use futures::Stream;
 use parking_lot::Mutex;
 use prost::Message;
-use tokenbucket_rls::rules::xds::TYPE_URL;
+use tokenbucket_rls::sources::xds::TYPE_URL;
 use tokio::sync::{mpsc, oneshot};
 use tonic::transport::{Server, ServerTlsConfig};
 use tonic::{Request, Response, Status, Streaming};

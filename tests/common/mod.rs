@@ -72,7 +72,7 @@ pub fn serve_args(config: PathBuf) -> ServeArgs {
         xds_ready_without_rules: false,
         xds_backoff: std::time::Duration::from_millis(200),
         xds_max_backoff: std::time::Duration::from_secs(2),
-        xds_max_message_size: tokenbucket_rls::rules::xds::DEFAULT_MAX_MESSAGE_SIZE,
+        xds_max_message_size: tokenbucket_rls::sources::xds::DEFAULT_MAX_MESSAGE_SIZE,
         near_limit_ratio: 0.8,
         prometheus_addr: None,
         prometheus_path: "/metrics".into(),

@@ -42,9 +42,9 @@ use prost::Message;
 use tokio::sync::mpsc;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
-use super::schema::{DescriptorDoc, RateLimitDoc, ReplacesDoc, RulesFile};
-use super::SharedRules;
-use super::{load_sources, ConfigError, ConfigErrors, LoadOptions, RuleSet};
+use crate::rules::schema::{DescriptorDoc, RateLimitDoc, ReplacesDoc, RulesFile};
+use crate::rules::SharedRules;
+use crate::rules::{load_sources, ConfigError, ConfigErrors, LoadOptions, RuleSet};
 use crate::telemetry::Metrics;
 
 /// The resource type envoyproxy/ratelimit subscribes to.

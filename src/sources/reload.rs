@@ -2,7 +2,7 @@
 //!
 //! Filesystem events (notify) on the config directory and its parent, plus a
 //! rescan every second as a safety net, trigger a reload after a short quiet
-//! period, at most a second after the first event ([`super::watch`] decides
+//! period, at most a second after the first event ([`crate::rules::watch`] decides
 //! which events count and when). A reload happens only when the rule files' contents changed (a
 //! fingerprint over names and bytes), loads everything, and swaps the whole
 //! [`RuleSet`] in one pointer store: requests see the old rules or the new
@@ -23,9 +23,9 @@ use std::time::{Duration, Instant};
 use notify::{RecursiveMode, Watcher};
 use parking_lot::Mutex;
 
-use super::watch::{Debounce, RulesPath};
-use super::SharedRules;
-use super::{load_path, rule_files, ConfigErrors, LoadOptions, RuleSet};
+use crate::rules::watch::{Debounce, RulesPath};
+use crate::rules::SharedRules;
+use crate::rules::{load_path, rule_files, ConfigErrors, LoadOptions, RuleSet};
 use crate::telemetry::Metrics;
 
 /// Rescan interval, for changes no event reported; it runs on its own
@@ -115,7 +115,7 @@ impl Reloader {
 
     fn load(&self) -> Result<RuleSet, ConfigErrors> {
         if rule_files(&self.path)?.is_empty() && !self.rules.load().files().is_empty() {
-            return Err(ConfigErrors(vec![super::ConfigError::new(
+            return Err(ConfigErrors(vec![crate::rules::ConfigError::new(
                 &self.path,
                 "no rule files left; keeping the current rules (an empty rules path is only accepted at start-up)",
             )]));
@@ -229,7 +229,7 @@ fn fingerprint(path: &Path) -> Result<u64, ConfigErrors> {
         match std::fs::read(&file) {
             Ok(bytes) => bytes.hash(&mut h),
             Err(e) => {
-                return Err(ConfigErrors(vec![super::ConfigError::new(
+                return Err(ConfigErrors(vec![crate::rules::ConfigError::new(
                     &file,
                     format!("cannot read: {e}"),
                 )]))
