@@ -28,6 +28,7 @@
 pub mod allocation;
 pub mod assignment;
 mod due;
+mod hub;
 mod key;
 pub mod ledger;
 pub mod policy;
@@ -50,10 +51,11 @@ use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_usag
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::BucketId;
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::RateLimitQuotaResponse;
 
-use self::allocation::{smoothed, Allocation, Budget};
+use self::allocation::{Allocation, Budget};
 use self::assignment::{action, moved, Sent};
 pub use self::assignment::{outbox, token_bucket};
 use self::due::{next_due, queue, Due, NEVER};
+use self::hub::RegionStreams;
 pub use self::key::BucketKey;
 use self::key::{hash_of, valid_id};
 use self::ledger::Shared;
@@ -178,10 +180,6 @@ struct Stream {
     last_tag: u64,
 }
 
-/// One instance's part of a region's demand for a bucket: its stream, its
-/// smoothed demand, when it last reported.
-type RegionPart = (StreamId, f64, u64);
-
 /// Actions per stream not yet made into messages.
 pub type Pending = HashMap<StreamId, Vec<BucketAction>>;
 
@@ -233,18 +231,8 @@ pub struct Quotas {
     dropped: (u64, u64),
     /// Subscriptions looked at since the last [`Quotas::take_visited`].
     visited: u64,
-    /// Regions (`--regions` of the regional instances; 0: none has
-    /// reported): of a bucket's budget, those reporting it split their
-    /// number's part, and B/N is kept for each of the others (their floor,
-    /// see [`region`]).
-    regions: u32,
-    /// The streams that are regions (at the hub: one per region and domain).
-    region_streams: HashSet<StreamId>,
-    /// A region's demand for a bucket, per instance reporting it: (the
-    /// instance's stream, its smoothed demand, when it last reported). The
-    /// region's demand is their sum: each instance reports only what its
-    /// own requests did.
-    region_parts: HashMap<(Pair, Arc<BucketKey>), Vec<RegionPart>>,
+    /// The regions reporting here, at the global tier (see [`hub`]).
+    regions: RegionStreams,
 }
 
 /// Messages to write, per stream.
@@ -270,8 +258,7 @@ impl Quotas {
     /// `stream` is a region's, one of `regions`: its buckets are split as
     /// [`Quotas::regions`] says.
     pub fn add_region_stream(&mut self, stream: StreamId, regions: u32) {
-        self.regions = regions.max(1);
-        self.region_streams.insert(stream);
+        self.regions.add(stream, regions);
     }
 
     /// Bucket reports not taken since the last call: (without a valid
@@ -388,19 +375,15 @@ impl Quotas {
                         0
                     };
                     let sub = Subscription::new(stream, tag, id.clone());
-                    if self.region_streams.contains(&stream) {
+                    if self.regions.contains(stream) {
                         bucket.regional = true;
                     }
                     if let (true, Policy::Shared(budget)) =
-                        (self.region_streams.contains(&stream), bucket.policy)
+                        (self.regions.contains(stream), bucket.policy)
                     {
                         // a region joining may already spend its floor:
                         // live for it until its first assignment surely is
-                        let n = f64::from(self.regions.max(1));
-                        let floor = Budget {
-                            burst: budget.burst / n,
-                            rate: budget.rate / n,
-                        };
+                        let floor = self.regions.floor(budget);
                         let until = now_micros
                             .saturating_add(ttl_micros(0))
                             .saturating_add(LIVE_MARGIN_MICROS);
@@ -455,18 +438,9 @@ impl Quotas {
             }
             if part != stream {
                 let pair = sub.pair();
-                let parts = self.region_parts.entry((pair, key.clone())).or_default();
-                match parts.iter_mut().find(|p| p.0 == part) {
-                    Some(p) => {
-                        p.1 = smoothed(Some(p.1), requests, elapsed_secs);
-                        p.2 = now_micros;
-                    }
-                    None => parts.push((part, smoothed(None, requests, elapsed_secs), now_micros)),
-                }
-                // an instance gone quiet (stopped, or its stream moved)
-                // leaves the sum
-                parts.retain(|p| now_micros.saturating_sub(p.2) <= PART_QUIET_MICROS);
-                let demand = parts.iter().map(|p| p.1).sum();
+                let demand =
+                    self.regions
+                        .demand(pair, &key, part, requests, elapsed_secs, now_micros);
                 bucket.allocation.set_demand(&pair, demand);
             } else {
                 let pair = sub.pair();
@@ -576,9 +550,7 @@ impl Quotas {
 
     /// A stream closed: its buckets are re-split between the others.
     pub fn close(&mut self, stream: StreamId, rules: &RuleSet, now_micros: u64) -> Outbox {
-        if self.region_streams.remove(&stream) {
-            self.region_parts.retain(|((s, _), _), _| *s != stream);
-        }
+        self.regions.close(stream);
         let Some(s) = self.streams.remove(&stream) else {
             return Vec::new();
         };
@@ -768,28 +740,9 @@ impl Quotas {
             },
             Policy::Shared(budget) => {
                 let mut share = 1.0 / f64::from(self.instances.max(1));
-                if !self.region_streams.is_empty() {
-                    // the regions reporting split their part; B/N stays
-                    // with each of the others
-                    let n = self.regions.max(1);
-                    let reporting = bucket
-                        .subs
-                        .iter()
-                        .filter(|s| self.region_streams.contains(&s.stream))
-                        .count();
-                    if reporting > 0 {
-                        share *=
-                            f64::from(u32::try_from(reporting).unwrap_or(n).min(n)) / f64::from(n);
-                    }
-                    // only regions: a region joining spends the floor kept
-                    // for it outside this split, no newcomer reserve needed
-                    bucket
-                        .allocation
-                        .set_reserve(if reporting == bucket.subs.len() {
-                            0.0
-                        } else {
-                            allocation::NEWCOMER_RESERVE
-                        });
+                if let Some((part, reserve)) = self.regions.part_of(&bucket.subs) {
+                    share *= part;
+                    bucket.allocation.set_reserve(reserve);
                 }
                 bucket.allocation.set_budget(Budget {
                     burst: budget.burst * share,
@@ -829,7 +782,7 @@ impl Quotas {
             let Some(sub) = place.and_then(|i| bucket.subs.get_mut(i)) else {
                 continue;
             };
-            let exact = self.region_streams.contains(&pair.0);
+            let exact = self.regions.contains(pair.0);
             let ttl = ttl_of(sub);
             if let Some(a) = offer(sub, key, what, ttl, now_micros, exact) {
                 pending.entry(pair.0).or_default().push(a);
