@@ -16,127 +16,39 @@
 //! in the background (at once, then backing off to 250 ms); calls made
 //! while it is down fail at once, as fred's `fail_fast` did. A call's time
 //! limit is its caller's (`RedisStore::run`).
+//!
+//! **Rooms.** This file: the connections of one server ([`Pipes`]: which
+//! one a call takes, lanes per serving thread) and each one's driver
+//! (connect, serve, fail what was pending, connect again). Below it:
+//! [`connect`] (where and how to connect, `AUTH`), [`writer`] (one write
+//! per wake, the batches), [`reader`] (replies answered in order) and
+//! [`pending`] (what the replies answer, shared by the two).
 
-use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use fred::bytes::BytesMut;
 use fred::error::{Error as RedisError, ErrorKind};
-use fred::types::config::{Config, ServerConfig, TlsConnector};
 use fred::types::{Key, Value};
-use redis_protocol::resp2::decode::decode_bytes_mut;
-use redis_protocol::resp2::types::BytesFrame;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{mpsc, oneshot};
 
+use self::connect::open;
+pub use self::connect::Target;
+use self::pending::{fail_all, lost, Pending, BATCH_UNKNOWN};
+use self::reader::read_replies;
+use self::writer::{write_calls, Call, Command};
 use super::batch::{self, Decision};
-use super::resp::{encode, encode_eval, next_reply, Reply};
+use super::resp::{encode_eval, Reply};
+
+mod connect;
+mod pending;
+mod reader;
+mod writer;
 
 /// Calls waiting to be written, at most; past it a call fails at once
 /// (`Backpressure`) instead of memory growing.
 const MAX_QUEUED: usize = 10_000;
-
-/// One write carries at most about this many bytes; more calls wait for
-/// the next (a bound on the buffer, not on throughput).
-const MAX_WRITE: usize = 256 * 1024;
-
-struct Call {
-    command: Command,
-    answer: oneshot::Sender<Reply>,
-}
-
-/// What a call sends.
-enum Command {
-    /// A whole command, encoded.
-    Whole(Vec<u8>),
-    /// A whole command, encoded, sent right after `ASKING` (the node
-    /// importing a slot serves the next command for it): the two written
-    /// together, `ASKING`'s reply read and dropped.
-    Asking(Vec<u8>),
-    /// A decision of `bucket.lua`: batched with the others queued beside
-    /// it, unless `alone` (sent again after its batch could not take it).
-    Decision { decision: Decision, alone: bool },
-}
-
-impl Command {
-    fn len(&self) -> usize {
-        match self {
-            Command::Whole(bytes) | Command::Asking(bytes) => bytes.len(),
-            Command::Decision { decision, .. } => decision.bytes() + 64,
-        }
-    }
-}
-
-/// What a write's reply answers, in the order written.
-enum Waiting {
-    One(oneshot::Sender<Reply>),
-    /// A batch's decisions, in their order in the call.
-    Batch(Vec<oneshot::Sender<Reply>>),
-    /// The connection's `SCRIPT LOAD` of the batch script.
-    Load,
-    /// `ASKING`'s reply, read and dropped.
-    Asking,
-}
-
-/// Whether a connection's server has taken the batch script.
-const BATCH_UNKNOWN: u8 = 0;
-const BATCH_LOADED: u8 = 1;
-const BATCH_REFUSED: u8 = 2;
-
-/// How the reader reads the next reply.
-enum Next {
-    One,
-    Asking,
-    Batch(usize),
-    Load,
-}
-
-/// Where to connect, and how.
-#[derive(Clone)]
-pub struct Target {
-    host: String,
-    port: u16,
-    /// `rediss://`: the connector and the name to check.
-    tls: Option<(tokio_rustls::TlsConnector, String)>,
-    username: Option<String>,
-    password: Option<String>,
-    connect_timeout: Duration,
-}
-
-impl Target {
-    /// The one server of `config` (a centralized configuration, as each
-    /// primary's is); `None` for anything else, or TLS other than rustls.
-    pub fn of(config: &Config, connect_timeout: Duration) -> Option<Self> {
-        let ServerConfig::Centralized { server } = &config.server else {
-            return None;
-        };
-        let tls = match &config.tls {
-            None => None,
-            Some(tls) => match &tls.connector {
-                TlsConnector::Rustls(connector) => {
-                    let name = server
-                        .tls_server_name
-                        .as_ref()
-                        .map_or_else(|| server.host.to_string(), |n| n.to_string());
-                    Some((connector.clone(), name))
-                }
-                #[allow(unreachable_patterns)]
-                _ => return None,
-            },
-        };
-        Some(Self {
-            host: server.host.to_string(),
-            port: server.port,
-            tls,
-            username: config.username.clone(),
-            password: config.password.clone(),
-            connect_timeout,
-        })
-    }
-}
 
 /// Calls waiting on a connection past which the next call goes to the
 /// next connection: it is behind (Redis or the network is slow to take
@@ -385,80 +297,6 @@ async fn drive(
     }
 }
 
-/// A connection's byte stream: TCP, or TLS over it.
-trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
-impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
-
-/// A connection to `target`, authenticated, within its connect timeout.
-async fn open(target: &Target) -> Result<Box<dyn Io>, RedisError> {
-    let io = |e: std::io::Error| RedisError::new(ErrorKind::IO, e.to_string());
-    let connect = async {
-        let tcp = TcpStream::connect((target.host.as_str(), target.port))
-            .await
-            .map_err(io)?;
-        tcp.set_nodelay(true).map_err(io)?;
-        let mut stream: Box<dyn Io> = match &target.tls {
-            None => Box::new(tcp),
-            Some((connector, name)) => {
-                let name = rustls::pki_types::ServerName::try_from(name.clone())
-                    .map_err(|e| RedisError::new(ErrorKind::Tls, e.to_string()))?;
-                Box::new(connector.connect(name, tcp).await.map_err(io)?)
-            }
-        };
-        if let Some(password) = &target.password {
-            let mut auth = vec![b"AUTH".to_vec()];
-            if let Some(user) = &target.username {
-                auth.push(user.as_bytes().to_vec());
-            }
-            auth.push(password.as_bytes().to_vec());
-            let command = encode(auth.iter().map(Vec::as_slice));
-            handshake(&mut stream, &command).await?;
-        }
-        Ok(stream)
-    };
-    tokio::time::timeout(target.connect_timeout, connect)
-        .await
-        .unwrap_or_else(|_| {
-            Err(RedisError::new(
-                ErrorKind::Timeout,
-                "Redis connect timed out",
-            ))
-        })
-}
-
-/// Sends `command` and expects `+OK`.
-async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
-    stream: &mut S,
-    command: &[u8],
-) -> Result<(), RedisError> {
-    let io = |e: std::io::Error| RedisError::new(ErrorKind::IO, e.to_string());
-    stream.write_all(command).await.map_err(io)?;
-    stream.flush().await.map_err(io)?;
-    let mut buf = BytesMut::with_capacity(256);
-    loop {
-        if stream.read_buf(&mut buf).await.map_err(io)? == 0 {
-            return Err(RedisError::new(
-                ErrorKind::IO,
-                "Redis closed the connection",
-            ));
-        }
-        match decode_bytes_mut(&mut buf) {
-            Ok(Some((BytesFrame::SimpleString(_), _, _))) => return Ok(()),
-            Ok(Some((BytesFrame::Error(e), _, _))) => {
-                return Err(RedisError::new(ErrorKind::Auth, e.to_string()))
-            }
-            Ok(Some(_)) => {
-                return Err(RedisError::new(
-                    ErrorKind::Protocol,
-                    "unexpected reply to AUTH",
-                ))
-            }
-            Ok(None) => {}
-            Err(e) => return Err(RedisError::new(ErrorKind::Protocol, e.to_string())),
-        }
-    }
-}
-
 /// Writes what is queued and answers what is read, until either side fails
 /// or the queue closes; then answers every call written and not yet
 /// answered with a connection error. The decisions of one write go out in
@@ -471,225 +309,18 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
 ) {
     let (mut reader, mut writer) = tokio::io::split(stream);
     // what the calls written wait for, in order
-    let pending = parking_lot::Mutex::new(VecDeque::<Waiting>::new());
+    let pending = Pending::default();
     // whether this server has the batch script (loaded again after a
     // NOSCRIPT: a flush, a restart behind a proxy)
     let script = AtomicU8::new(BATCH_UNKNOWN);
-    let write = async {
-        let mut buf = Vec::with_capacity(16 * 1024);
-        let mut taken: Vec<Call> = Vec::new();
-        let mut group: Vec<(Decision, oneshot::Sender<Reply>)> = Vec::new();
-        while let Some(first) = calls.recv().await {
-            // let the requests running beside this one queue their calls
-            // too: they go out in this write. Twice: the requests a gRPC
-            // connection's task hands out in one turn reach the store in
-            // the next, so one yield took a fraction of them (primaries'
-            // reads per decision at the fleet shape 0.056 with one, 0.032
-            // with two; waiting for the queue to stop growing took fewer,
-            // as it grows only in the turn after; BENCHMARKS.md)
-            tokio::task::yield_now().await;
-            tokio::task::yield_now().await;
-            let mut size = first.command.len();
-            taken.push(first);
-            // everything else already queued goes in the same write
-            while size < MAX_WRITE {
-                let Ok(call) = calls.try_recv() else { break };
-                size += call.command.len();
-                taken.push(call);
-            }
-            buf.clear();
-            {
-                let mut waiting = pending.lock();
-                let batching = batch > 1 && script.load(Ordering::Relaxed) != BATCH_REFUSED;
-                for call in taken.drain(..) {
-                    if call.answer.is_closed() {
-                        // its caller is gone (its deadline passed, and the
-                        // failure mode answered): never written, never spent
-                        continue;
-                    }
-                    match call.command {
-                        Command::Decision {
-                            decision,
-                            alone: false,
-                        } if batching => {
-                            group.push((decision, call.answer));
-                            if group.len() == batch {
-                                put_group(&mut buf, &mut waiting, &mut group, &script);
-                            }
-                        }
-                        Command::Decision { decision, .. } => {
-                            batch::write_one(&mut buf, &decision);
-                            waiting.push_back(Waiting::One(call.answer));
-                        }
-                        Command::Whole(bytes) => {
-                            buf.extend_from_slice(&bytes);
-                            waiting.push_back(Waiting::One(call.answer));
-                        }
-                        Command::Asking(bytes) => {
-                            buf.extend_from_slice(ASKING);
-                            waiting.push_back(Waiting::Asking);
-                            buf.extend_from_slice(&bytes);
-                            waiting.push_back(Waiting::One(call.answer));
-                        }
-                    }
-                }
-                put_group(&mut buf, &mut waiting, &mut group, &script);
-            }
-            writes.fetch_add(1, Ordering::Relaxed);
-            if let Err(e) = async {
-                writer.write_all(&buf).await?;
-                writer.flush().await
-            }
-            .await
-            {
-                return Err(RedisError::new(ErrorKind::IO, e.to_string()));
-            }
-        }
-        Ok(())
-    };
-    let read = async {
-        let mut buf = BytesMut::with_capacity(16 * 1024);
-        loop {
-            let n = reader
-                .read_buf(&mut buf)
-                .await
-                .map_err(|e| RedisError::new(ErrorKind::IO, e.to_string()))?;
-            if n == 0 {
-                return Err(RedisError::new(
-                    ErrorKind::IO,
-                    "Redis closed the connection",
-                ));
-            }
-            while !buf.is_empty() {
-                // what the next reply answers decides how it is read
-                let next = match pending.lock().front() {
-                    None => {
-                        return Err(RedisError::new(
-                            ErrorKind::Protocol,
-                            "a Redis reply that no call was waiting for",
-                        ))
-                    }
-                    Some(Waiting::One(_)) => Next::One,
-                    Some(Waiting::Batch(answers)) => Next::Batch(answers.len()),
-                    Some(Waiting::Load) => Next::Load,
-                    Some(Waiting::Asking) => Next::Asking,
-                };
-                match next {
-                    Next::One => {
-                        let Some(reply) = next_reply(&mut buf)? else {
-                            break;
-                        };
-                        if let Some(Waiting::One(answer)) = pending.lock().pop_front() {
-                            let _ = answer.send(reply);
-                        }
-                    }
-                    Next::Asking => {
-                        // `+OK`; an error here shows in the command's reply
-                        let Some(_) = next_reply(&mut buf)? else {
-                            break;
-                        };
-                        pending.lock().pop_front();
-                    }
-                    Next::Load => {
-                        let Some(loaded) = batch::next_load(&mut buf)? else {
-                            break;
-                        };
-                        pending.lock().pop_front();
-                        if !loaded {
-                            tracing::info!("Redis refused the batch script (Redis 7 runs it): decisions go one per call");
-                            script.store(BATCH_REFUSED, Ordering::Relaxed);
-                        }
-                    }
-                    Next::Batch(count) => {
-                        let Some(replies) = batch::next_answers(&mut buf, count)? else {
-                            break;
-                        };
-                        if replies
-                            .first()
-                            .is_some_and(|r| r.as_ref().is_err_and(batch::is_noscript))
-                        {
-                            // flushed: loaded again before the next batch
-                            let _ = script.compare_exchange(
-                                BATCH_LOADED,
-                                BATCH_UNKNOWN,
-                                Ordering::Relaxed,
-                                Ordering::Relaxed,
-                            );
-                        }
-                        if let Some(Waiting::Batch(answers)) = pending.lock().pop_front() {
-                            for (answer, reply) in answers.into_iter().zip(replies) {
-                                let _ = answer.send(reply);
-                            }
-                        }
-                    }
-                }
-            }
-            if buf.capacity() - buf.len() < 4096 {
-                buf.reserve(16 * 1024);
-            }
-        }
-    };
     let ended: Result<(), RedisError> = tokio::select! {
-        r = write => r,
-        r = read => r,
+        r = write_calls(&mut writer, calls, &pending, &script, writes, batch) => r,
+        r = read_replies(&mut reader, &pending, &script) => r,
     };
     if let Err(e) = ended {
         tracing::debug!(error = %e, "Redis connection ended");
     }
-    for waiting in std::mem::take(&mut *pending.lock()) {
-        match waiting {
-            Waiting::One(answer) => {
-                let _ = answer.send(Err(lost()));
-            }
-            Waiting::Batch(answers) => {
-                for answer in answers {
-                    let _ = answer.send(Err(lost()));
-                }
-            }
-            Waiting::Load | Waiting::Asking => {}
-        }
-    }
-}
-
-/// Writes the decisions in `group` as one call (preceded by the batch
-/// script's load, the first time), or alone when there is one, and empties
-/// it.
-fn put_group(
-    buf: &mut Vec<u8>,
-    waiting: &mut VecDeque<Waiting>,
-    group: &mut Vec<(Decision, oneshot::Sender<Reply>)>,
-    script: &AtomicU8,
-) {
-    match group.len() {
-        0 => return,
-        1 => {
-            let (decision, answer) = group.remove(0);
-            batch::write_one(buf, &decision);
-            waiting.push_back(Waiting::One(answer));
-            return;
-        }
-        _ => {}
-    }
-    if script.load(Ordering::Relaxed) == BATCH_UNKNOWN {
-        // ahead of the batch on the same connection: run first
-        batch::write_load(buf);
-        waiting.push_back(Waiting::Load);
-        script.store(BATCH_LOADED, Ordering::Relaxed);
-    }
-    let (decisions, answers): (Vec<Decision>, Vec<_>) = group.drain(..).unzip();
-    batch::write_batch(buf, &decisions);
-    waiting.push_back(Waiting::Batch(answers));
-}
-
-/// `ASKING`, encoded.
-const ASKING: &[u8] = b"*1\r\n$6\r\nASKING\r\n";
-
-/// A call written on a connection that failed before its reply came.
-fn lost() -> RedisError {
-    RedisError::new(
-        ErrorKind::IO,
-        "the Redis connection was lost before the reply (the call may have run)",
-    )
+    fail_all(&pending);
 }
 
 #[cfg(test)]

@@ -1,4 +1,5 @@
 use super::*;
+use fred::types::config::ServerConfig;
 
 /// Every URL form the service takes reaches the pipes (else decisions
 /// would quietly fall back to fred's connections).

@@ -1,5 +1,8 @@
 use super::*;
+use fred::bytes::BytesMut;
+use redis_protocol::resp2::decode::decode_bytes_mut;
 use std::sync::atomic::AtomicU64;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
 /// A server that answers every command with `*1 :<n>`, `n` counting

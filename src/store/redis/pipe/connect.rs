@@ -1,0 +1,133 @@
+//! Where a pipelined connection connects and how: the server, TLS, the
+//! credentials and the connect timeout of a fred configuration, and the
+//! opening of a connection (TCP, TLS over it, `AUTH`).
+
+use std::time::Duration;
+
+use fred::bytes::BytesMut;
+use fred::error::{Error as RedisError, ErrorKind};
+use fred::types::config::{Config, ServerConfig, TlsConnector};
+use redis_protocol::resp2::decode::decode_bytes_mut;
+use redis_protocol::resp2::types::BytesFrame;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::store::redis::resp::encode;
+
+/// Where to connect, and how.
+#[derive(Clone)]
+pub struct Target {
+    pub(super) host: String,
+    pub(super) port: u16,
+    /// `rediss://`: the connector and the name to check.
+    pub(super) tls: Option<(tokio_rustls::TlsConnector, String)>,
+    pub(super) username: Option<String>,
+    pub(super) password: Option<String>,
+    pub(super) connect_timeout: Duration,
+}
+
+impl Target {
+    /// The one server of `config` (a centralized configuration, as each
+    /// primary's is); `None` for anything else, or TLS other than rustls.
+    pub fn of(config: &Config, connect_timeout: Duration) -> Option<Self> {
+        let ServerConfig::Centralized { server } = &config.server else {
+            return None;
+        };
+        let tls = match &config.tls {
+            None => None,
+            Some(tls) => match &tls.connector {
+                TlsConnector::Rustls(connector) => {
+                    let name = server
+                        .tls_server_name
+                        .as_ref()
+                        .map_or_else(|| server.host.to_string(), |n| n.to_string());
+                    Some((connector.clone(), name))
+                }
+                #[allow(unreachable_patterns)]
+                _ => return None,
+            },
+        };
+        Some(Self {
+            host: server.host.to_string(),
+            port: server.port,
+            tls,
+            username: config.username.clone(),
+            password: config.password.clone(),
+            connect_timeout,
+        })
+    }
+}
+
+/// A connection's byte stream: TCP, or TLS over it.
+pub(super) trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
+
+/// A connection to `target`, authenticated, within its connect timeout.
+pub(super) async fn open(target: &Target) -> Result<Box<dyn Io>, RedisError> {
+    let io = |e: std::io::Error| RedisError::new(ErrorKind::IO, e.to_string());
+    let connect = async {
+        let tcp = TcpStream::connect((target.host.as_str(), target.port))
+            .await
+            .map_err(io)?;
+        tcp.set_nodelay(true).map_err(io)?;
+        let mut stream: Box<dyn Io> = match &target.tls {
+            None => Box::new(tcp),
+            Some((connector, name)) => {
+                let name = rustls::pki_types::ServerName::try_from(name.clone())
+                    .map_err(|e| RedisError::new(ErrorKind::Tls, e.to_string()))?;
+                Box::new(connector.connect(name, tcp).await.map_err(io)?)
+            }
+        };
+        if let Some(password) = &target.password {
+            let mut auth = vec![b"AUTH".to_vec()];
+            if let Some(user) = &target.username {
+                auth.push(user.as_bytes().to_vec());
+            }
+            auth.push(password.as_bytes().to_vec());
+            let command = encode(auth.iter().map(Vec::as_slice));
+            handshake(&mut stream, &command).await?;
+        }
+        Ok(stream)
+    };
+    tokio::time::timeout(target.connect_timeout, connect)
+        .await
+        .unwrap_or_else(|_| {
+            Err(RedisError::new(
+                ErrorKind::Timeout,
+                "Redis connect timed out",
+            ))
+        })
+}
+
+/// Sends `command` and expects `+OK`.
+async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
+    command: &[u8],
+) -> Result<(), RedisError> {
+    let io = |e: std::io::Error| RedisError::new(ErrorKind::IO, e.to_string());
+    stream.write_all(command).await.map_err(io)?;
+    stream.flush().await.map_err(io)?;
+    let mut buf = BytesMut::with_capacity(256);
+    loop {
+        if stream.read_buf(&mut buf).await.map_err(io)? == 0 {
+            return Err(RedisError::new(
+                ErrorKind::IO,
+                "Redis closed the connection",
+            ));
+        }
+        match decode_bytes_mut(&mut buf) {
+            Ok(Some((BytesFrame::SimpleString(_), _, _))) => return Ok(()),
+            Ok(Some((BytesFrame::Error(e), _, _))) => {
+                return Err(RedisError::new(ErrorKind::Auth, e.to_string()))
+            }
+            Ok(Some(_)) => {
+                return Err(RedisError::new(
+                    ErrorKind::Protocol,
+                    "unexpected reply to AUTH",
+                ))
+            }
+            Ok(None) => {}
+            Err(e) => return Err(RedisError::new(ErrorKind::Protocol, e.to_string())),
+        }
+    }
+}
