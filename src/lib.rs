@@ -8,6 +8,7 @@
 //! and [`server`] sit beside the path.
 
 pub mod admin;
+pub mod attempt;
 pub mod background;
 pub mod bucket;
 pub mod cli;

@@ -302,6 +302,13 @@ fn load_rules(args: &ServeArgs) -> Result<(SharedRules, LoadOptions, Option<XdsS
     let opts = LoadOptions {
         merge_domains: args.merge_domains,
         usage_domains: DomainPatterns::new(&args.usage_domains),
+        refuse_attempts: match args.store {
+            StoreKind::Memory => None,
+            StoreKind::Redis => Some(
+                "the Redis store keeps no attempt records yet; serve this rule with --store memory, or drop `attempts`"
+                    .to_string(),
+            ),
+        },
     };
     let xds = args.xds_settings();
     if let Some(settings) = &xds {
@@ -395,11 +402,14 @@ async fn open_store(
     let mut quota_ledger: Option<Arc<dyn QuotaLedger>> = None;
     let store: Arc<dyn Store> = match args.store {
         StoreKind::Memory => {
-            let memory = Arc::new(MemoryStore::with_cap(
-                MonotonicClock::new(),
-                args.max_buckets,
-                Some(metrics.eviction_sink()),
-            ));
+            let memory = Arc::new(
+                MemoryStore::with_cap(
+                    MonotonicClock::new(),
+                    args.max_buckets,
+                    Some(metrics.eviction_sink()),
+                )
+                .with_attempts(args.max_attempts, Some(metrics.expiry_sink())),
+            );
             memory.spawn_sweeper(Duration::from_secs(1), metrics.clone());
             memory
         }

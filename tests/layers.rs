@@ -28,6 +28,7 @@ const ROOMS: &[&[&str]] = &[
     &["rules"],
     &["tls"],
     &[
+        "attempt",
         "background",
         "bucket",
         "clock",

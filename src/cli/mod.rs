@@ -142,6 +142,10 @@ pub struct ServeArgs {
     /// costs least are evicted (README, "Limits on state").
     #[arg(long, env = "RLS_MAX_BUCKETS", default_value_t = crate::store::memory::DEFAULT_MAX_BUCKETS, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub max_buckets: usize,
+    /// Most attempt records the memory store holds, for rules with
+    /// `attempts:` (each counted at most 256 bytes; README, "Attempts").
+    #[arg(long, env = "RLS_MAX_ATTEMPTS", default_value_t = crate::store::memory::DEFAULT_MAX_ATTEMPTS, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub max_attempts: usize,
     /// Store calls in flight at once; past it a call fails at once ("overloaded")
     /// and its rule's failure mode answers.
     #[arg(long, env = "RLS_MAX_IN_FLIGHT", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]

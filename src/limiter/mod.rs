@@ -22,13 +22,15 @@ use std::time::Instant;
 use futures::future::join_all;
 use tracing::Instrument;
 
+use crate::attempt::{AttemptCall, AttemptMode, AttemptResult, Phase};
 use crate::bucket::{BucketOutcome, BucketParams, Cost};
 use crate::clock::{Clock, MonotonicClock};
 pub use crate::decision::{Decision, ShownLimit, Verdict};
 use crate::labels::RuleId;
 use crate::quota::region::{RegionLimit, RegionShares};
 use crate::rules::{
-    BucketValue, DescriptorEntry, FailureMode, Limit, Rule, RuleAction, RuleSet, Unit,
+    AttemptsConfig, BucketValue, DescriptorEntry, FailureMode, Limit, Rule, RuleAction, RuleSet,
+    Unit,
 };
 use crate::store::memory::MemoryStore;
 use crate::store::{BucketRef, DescriptorBuckets, Store, StoreError};
@@ -66,6 +68,10 @@ enum Plan<'a> {
         /// A `scope: global` rule's bucket id (the descriptor's entries),
         /// for a region's share of it.
         global: Option<Vec<(&'a str, &'a str)>>,
+        /// The call of an attempt, on a rule with `attempts:`.
+        attempt: Option<AttemptCall>,
+        /// The rule has `attempts:` and the descriptor named none.
+        no_id: bool,
     },
 }
 
@@ -148,6 +154,10 @@ impl Limiter {
             MonotonicClock::new(),
             crate::store::memory::DEFAULT_MAX_BUCKETS,
             Some(metrics.eviction_sink()),
+        )
+        .with_attempts(
+            crate::store::memory::DEFAULT_MAX_ATTEMPTS,
+            Some(metrics.expiry_sink()),
         );
         Self {
             leases: Arc::new(Leases::new(
@@ -306,6 +316,7 @@ impl Limiter {
                 buckets,
                 cost,
                 global: Some(id),
+                ..
             } if self.regions.is_some() => {
                 self.decide_global(rule, limits, buckets, *cost, id, generation, budget)
                     .await
@@ -315,10 +326,24 @@ impl Limiter {
                 limits,
                 buckets,
                 cost,
+                attempt,
+                no_id,
                 ..
             } => {
-                self.decide_buckets(*rule, limits, buckets, *cost, generation, budget)
-                    .await
+                if let (true, Some(rule)) = (*no_id, rule) {
+                    self.metrics
+                        .attempts(rule.id, AttemptResult::NoId.label(), 1);
+                }
+                self.decide_buckets(
+                    *rule,
+                    limits,
+                    buckets,
+                    *cost,
+                    attempt.as_ref(),
+                    generation,
+                    budget,
+                )
+                .await
             }
         }
     }
@@ -339,7 +364,7 @@ impl Limiter {
     ) -> Result<Decision, Unavailable> {
         let Some(shares) = &self.regions else {
             return self
-                .decide_buckets(Some(rule), limits, buckets, cost, generation, budget)
+                .decide_buckets(Some(rule), limits, buckets, cost, None, generation, budget)
                 .await;
         };
         let Some(own) = buckets.buckets.first() else {
@@ -381,19 +406,21 @@ impl Limiter {
             }],
         };
         let decision = self
-            .decide_buckets(Some(rule), limits, &share, cost, generation, budget)
+            .decide_buckets(Some(rule), limits, &share, cost, None, generation, budget)
             .await?;
         let admitted = matches!(decision.verdict, Verdict::Ok | Verdict::FailedOpen);
         shares.record(&buckets.tag, admitted);
         Ok(decision)
     }
 
+    #[allow(clippy::too_many_arguments)]
     async fn decide_buckets(
         &self,
         rule: Option<&Arc<Rule>>,
         limits: &[LimitRef<'_>],
         buckets: &DescriptorBuckets,
         cost: Cost,
+        attempt: Option<&AttemptCall>,
         generation: u64,
         budget: Option<std::time::Duration>,
     ) -> Result<Decision, Unavailable> {
@@ -408,7 +435,9 @@ impl Limiter {
                 };
                 match leased {
                     Some(Ok(outcomes)) => return Ok(decision_from(rule, limits, &outcomes)),
-                    Some(Err(e)) => return self.on_store_error(rule, limits, buckets, cost, e),
+                    Some(Err(e)) => {
+                        return self.on_store_error(rule, limits, buckets, cost, None, e)
+                    }
                     None => {}
                 }
                 let started = Instant::now();
@@ -419,28 +448,65 @@ impl Limiter {
                         limits,
                         buckets,
                         cost,
+                        attempt,
                         StoreError::Overloaded,
                     );
                 };
+                if let Some(call) = attempt {
+                    return self
+                        .decide_attempt(rule, limits, buckets, cost, call, budget, started)
+                        .await;
+                }
                 let call = self
                     .store
                     .decide_patiently(buckets, cost, budget)
                     .instrument(tracing::info_span!(target: SPAN_TARGET, "store.decide", store = self.store.name()));
-                let result = match budget {
-                    Some(budget) => tokio::time::timeout(budget, call)
-                        .await
-                        .unwrap_or(Err(StoreError::Timeout)),
-                    None => call.await,
-                };
+                let result = within(budget, call).await;
                 self.metrics
                     .observe_store_call(self.store.name(), started.elapsed().as_secs_f64());
                 match result {
                     Ok(outcomes) => Ok(decision_from(rule, limits, &outcomes)),
                     Err(e) => {
                         self.metrics.store_error(e.kind());
-                        self.on_store_error(rule, limits, buckets, cost, e)
+                        self.on_store_error(rule, limits, buckets, cost, None, e)
                     }
                 }
+            }
+        }
+    }
+
+    /// One call of an attempt, through the store's attempt records (see
+    /// [`crate::attempt`]); counted by what it was.
+    #[allow(clippy::too_many_arguments)]
+    async fn decide_attempt(
+        &self,
+        rule: Option<&Arc<Rule>>,
+        limits: &[LimitRef<'_>],
+        buckets: &DescriptorBuckets,
+        cost: Cost,
+        call: &AttemptCall,
+        budget: Option<std::time::Duration>,
+        started: Instant,
+    ) -> Result<Decision, Unavailable> {
+        let decided = self
+            .store
+            .decide_attempt(buckets, cost, call, budget)
+            .instrument(
+                tracing::info_span!(target: SPAN_TARGET, "store.decide", store = self.store.name()),
+            );
+        let result = within(budget, decided).await;
+        self.metrics
+            .observe_store_call(self.store.name(), started.elapsed().as_secs_f64());
+        match result {
+            Ok(outcome) => {
+                if let Some(rule) = rule {
+                    self.metrics.attempts(rule.id, outcome.result.label(), 1);
+                }
+                Ok(decision_from(rule, limits, &outcome.outcomes))
+            }
+            Err(e) => {
+                self.metrics.store_error(e.kind());
+                self.on_store_error(rule, limits, buckets, cost, Some(call), e)
             }
         }
     }
@@ -451,6 +517,7 @@ impl Limiter {
         limits: &[LimitRef<'_>],
         buckets: &DescriptorBuckets,
         cost: Cost,
+        attempt: Option<&AttemptCall>,
         error: StoreError,
     ) -> Result<Decision, Unavailable> {
         let mode = rule
@@ -481,10 +548,33 @@ impl Limiter {
                         })
                         .collect(),
                 };
-                let outcomes = self.local.decide_now(&share, cost);
+                // an attempt is remembered here while the store fails
+                let outcomes = match attempt {
+                    Some(call) => {
+                        let outcome = self.local.decide_attempt_now(&share, cost, call);
+                        if let Some(rule) = rule {
+                            self.metrics.attempts(rule.id, outcome.result.label(), 1);
+                        }
+                        outcome.outcomes
+                    }
+                    None => self.local.decide_now(&share, cost),
+                };
                 Ok(decision_from(rule, limits, &outcomes))
             }
         }
+    }
+}
+
+/// `call`, cut off after `budget` (a timeout) when there is one.
+async fn within<T>(
+    budget: Option<std::time::Duration>,
+    call: impl std::future::Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    match budget {
+        Some(budget) => tokio::time::timeout(budget, call)
+            .await
+            .unwrap_or(Err(StoreError::Timeout)),
+        None => call.await,
     }
 }
 
@@ -496,6 +586,9 @@ fn plan<'a, E: DescriptorEntry>(
 ) -> Vec<Plan<'a>> {
     let known_domain = rules.has_domain(domain);
     let usage_domain = rules.is_usage_domain(domain);
+    // a domain's attempt entries take no part in matching or bucket keys
+    let attempt_keys = rules.attempt_keys(domain);
+    let matching = |e: &&E| attempt_keys.is_empty() || !attempt_keys.iter().any(|k| k == e.key());
     let matches: Vec<_> = descriptors
         .iter()
         .map(|d| {
@@ -532,6 +625,7 @@ fn plan<'a, E: DescriptorEntry>(
                     domain,
                     d.entries
                         .iter()
+                        .filter(matching)
                         .map(|e| (e.key(), BucketValue::Value(e.value()))),
                 );
                 let params = BucketParams {
@@ -562,6 +656,8 @@ fn plan<'a, E: DescriptorEntry>(
                         other => other,
                     },
                     global: None,
+                    attempt: None,
+                    no_id: false,
                 };
             }
             let Some(m) = m else {
@@ -598,6 +694,7 @@ fn plan<'a, E: DescriptorEntry>(
                 domain,
                 d.entries
                     .iter()
+                    .filter(matching)
                     .map(|e| e.key())
                     .zip(m.values.iter().copied()),
             );
@@ -610,14 +707,25 @@ fn plan<'a, E: DescriptorEntry>(
                 })
                 .collect();
             // on a usage-accounting rule a spend is a charge, never refused
-            let cost = match d.cost {
+            let usual = match d.cost {
                 Cost::Spend(n) if m.rule.overdraft => Cost::Charge(n),
                 Cost::Spend(n) if m.rule.usage_charges && d.own_hits_addend => Cost::Charge(n),
                 other => other,
             };
+            let attempt = m
+                .rule
+                .attempts
+                .as_ref()
+                .and_then(|a| attempt_call(a, d.entries));
+            let cost = match (&m.rule.attempts, &attempt) {
+                (Some(a), Some(call)) => attempt_cost(a, call, d, usual),
+                _ => usual,
+            };
+            let no_id = m.rule.attempts.is_some() && attempt.is_none();
             let global = m.rule.global.then(|| {
                 d.entries
                     .iter()
+                    .filter(matching)
                     .map(|e| (e.key(), e.value()))
                     .collect::<Vec<_>>()
             });
@@ -627,9 +735,52 @@ fn plan<'a, E: DescriptorEntry>(
                 buckets: DescriptorBuckets { tag, buckets },
                 cost,
                 global,
+                attempt,
+                no_id,
             }
         })
         .collect()
+}
+
+/// The call of an attempt a descriptor makes on a rule with `attempts`:
+/// its id (the value of the entry the rule names; `None` when it has none,
+/// or an empty one) and its phase (`done` when the phase entry says so).
+fn attempt_call<E: DescriptorEntry>(a: &AttemptsConfig, entries: &[E]) -> Option<AttemptCall> {
+    let id = entries
+        .iter()
+        .find(|e| e.key() == a.key)
+        .map(|e| e.value())
+        .filter(|v| !v.is_empty())?;
+    let done = entries
+        .iter()
+        .any(|e| e.key() == a.phase_key && e.value() == "done");
+    Some(AttemptCall {
+        id: id.as_bytes().to_vec(),
+        phase: if done { Phase::Done } else { Phase::Start },
+        mode: a.mode,
+        ttl_micros: u64::try_from(a.ttl.as_micros()).unwrap_or(u64::MAX),
+    })
+}
+
+/// What a call of an attempt costs before its record is read: a
+/// reservation's start spends its estimate (its own `hits_addend`, else
+/// the rule's `reserve`) and is refused when the buckets do not hold it; a
+/// done call brings what was used (the record turns it into the
+/// settlement); a dedupe rule's call costs what it would without attempts.
+fn attempt_cost<E>(
+    a: &AttemptsConfig,
+    call: &AttemptCall,
+    d: &DescriptorInput<'_, E>,
+    usual: Cost,
+) -> Cost {
+    match (call.mode, call.phase, d.cost) {
+        (AttemptMode::Reserve, Phase::Start, Cost::Spend(n)) => match a.reserve {
+            Some(estimate) if !d.own_hits_addend => Cost::Spend(estimate),
+            _ => Cost::Spend(n),
+        },
+        (AttemptMode::Reserve, Phase::Done, cost) => cost,
+        _ => usual,
+    }
 }
 
 /// Picks the bucket that speaks for the descriptor: the one that rejected

@@ -9,10 +9,13 @@ use std::path::Path;
 use std::sync::Arc;
 
 use super::error::{ConfigError, ConfigErrors};
-use super::matcher::{KeyBranch, LeaseConfig, Level, Limit, Node, Rule, RuleAction, WildcardNode};
-use super::schema::{DescriptorDoc, LeaseDoc, RateLimitDoc};
+use super::matcher::{
+    AttemptsConfig, KeyBranch, LeaseConfig, Level, Limit, Node, Rule, RuleAction, WildcardNode,
+};
+use super::schema::{AttemptsDoc, DescriptorDoc, LeaseDoc, RateLimitDoc};
 use super::unit::{FailureMode, Unit};
 use super::wildcard::Wildcard;
+use crate::attempt::AttemptMode;
 
 /// What a descriptor passes down to the ones nested in it.
 #[derive(Clone)]
@@ -231,6 +234,20 @@ fn compile_rule(scope: &Scope<'_>, doc: &DescriptorDoc, errors: &mut ConfigError
         && lease.is_none()
         && matches!(&action, Some(RuleAction::Limited(limits))
             if limits.iter().all(|l| l.requests_per_unit > 0));
+    let attempts = match &doc.attempts {
+        None => None,
+        Some(a) => {
+            let limits = limits_for(
+                scope,
+                doc,
+                &action,
+                "`attempts`",
+                "no bucket to charge an attempt to",
+                errors,
+            )?;
+            Some(compile_attempts(scope, doc, a, limits, overdraft, errors)?)
+        }
+    };
     let metadata = match &doc.metadata {
         None | Some(serde_yaml::Value::Null) => None,
         Some(m @ serde_yaml::Value::Mapping(_)) => Some(crate::pb_struct::struct_from_yaml(m)),
@@ -260,6 +277,7 @@ fn compile_rule(scope: &Scope<'_>, doc: &DescriptorDoc, errors: &mut ConfigError
         metadata,
         max_values,
         global,
+        attempts,
         id: Default::default(),
     };
     rule.id = crate::labels::RuleId::of(&rule.domain, rule.label());
@@ -417,6 +435,121 @@ fn limits_for<'a>(
         }
         None => None,
     }
+}
+
+/// Shortest and longest attempt `ttl` accepted.
+const ATTEMPT_TTL_RANGE: (std::time::Duration, std::time::Duration) = (
+    std::time::Duration::from_secs(1),
+    std::time::Duration::from_secs(24 * 3600),
+);
+
+/// `attempts:`; `None`, with every reason reported, when it cannot apply.
+fn compile_attempts(
+    scope: &Scope<'_>,
+    doc: &DescriptorDoc,
+    attempts: &AttemptsDoc,
+    limits: &[Limit],
+    overdraft: bool,
+    errors: &mut ConfigErrors,
+) -> Option<AttemptsConfig> {
+    let mut ok = true;
+    let key = attempts.key.clone().unwrap_or_default();
+    if key.is_empty() {
+        scope.error(
+            errors,
+            "attempts.key is missing or empty; name the descriptor entry that carries the attempt id (e.g. `key: request_id`, filled by Envoy from x-request-id)",
+        );
+        ok = false;
+    }
+    let phase_key = attempts
+        .phase_key
+        .clone()
+        .unwrap_or_else(|| "phase".to_string());
+    if phase_key.is_empty() || phase_key == key {
+        scope.error(
+            errors,
+            format!("attempts.phase_key '{phase_key}' must be a key of its own, not empty and not the attempt key"),
+        );
+        ok = false;
+    }
+    let ttl = match attempts.ttl.as_deref().map(humantime::parse_duration) {
+        None => {
+            scope.error(
+                errors,
+                "attempts.ttl is missing; give how long an attempt is remembered and a reservation may stay unsettled (e.g. `ttl: 5m`, longer than the longest request)",
+            );
+            None
+        }
+        Some(Err(e)) => {
+            scope.error(errors, format!("attempts.ttl: {e}"));
+            None
+        }
+        Some(Ok(t)) if t < ATTEMPT_TTL_RANGE.0 || t > ATTEMPT_TTL_RANGE.1 => {
+            scope.error(
+                errors,
+                format!(
+                    "attempts.ttl {} is outside 1s..24h",
+                    humantime::format_duration(t)
+                ),
+            );
+            None
+        }
+        Some(Ok(t)) => Some(t),
+    };
+    let mode = if overdraft {
+        AttemptMode::Reserve
+    } else {
+        AttemptMode::Dedupe
+    };
+    match attempts.reserve {
+        Some(_) if mode == AttemptMode::Dedupe => {
+            scope.error(
+                errors,
+                "attempts.reserve without `overdraft: true`: a reservation is settled by charging into debt or giving back; add `overdraft: true`, or drop reserve",
+            );
+            ok = false;
+        }
+        Some(0) => {
+            scope.error(errors, "attempts.reserve: 0 reserves nothing; give the estimate a request reserves, or drop reserve");
+            ok = false;
+        }
+        Some(n) => {
+            if let Some(small) = limits.iter().find(|l| u64::from(l.burst) < n) {
+                scope.error(
+                    errors,
+                    format!(
+                        "attempts.reserve {n} is larger than the burst {} of {}: no bucket could ever hold the reservation",
+                        small.burst,
+                        small.name.as_deref().map_or_else(|| "the limit".to_string(), |n| format!("limit '{n}'"))
+                    ),
+                );
+                ok = false;
+            }
+        }
+        None => {}
+    }
+    if doc.lease.is_some() {
+        scope.error(
+            errors,
+            "`attempts` and `lease` together: a lease spends locally, where no attempt is remembered; use one or the other",
+        );
+        ok = false;
+    }
+    if doc.scope.as_deref() == Some("global") {
+        scope.error(
+            errors,
+            "`attempts` with `scope: global`: not supported (a region's share is spent without attempt records); give the rule `scope: regional`",
+        );
+        ok = false;
+    }
+    let ttl = ttl?;
+    ok.then_some(AttemptsConfig {
+        key,
+        phase_key,
+        ttl,
+        reserve: attempts.reserve,
+        mode,
+    })
 }
 
 /// Shortest and longest lease `ttl` accepted.

@@ -23,6 +23,9 @@ pub struct LoadOptions {
     /// `--usage-domains`: in these domains a descriptor's own cost is a
     /// usage charge (see [`super::Rule::usage_charges`]).
     pub usage_domains: DomainPatterns,
+    /// Why rules with `attempts:` cannot be served (the store does not
+    /// keep attempt records); `None`: they can.
+    pub refuse_attempts: Option<String>,
 }
 
 /// Domain names, exact or with `*` (any run of characters), e.g. `*` for
@@ -164,6 +167,7 @@ pub fn load_sources(
                 compile_top_level(&mut root, &name, usage, &file.path, docs, &mut errors);
             }
         }
+        let attempt_keys = check_attempts(&root, &name, &opts, &parsed[files[0]].path, &mut errors);
         let files = files.iter().map(|&i| parsed[i].path.clone()).collect();
         domains.insert(
             name.to_string(),
@@ -172,6 +176,7 @@ pub fn load_sources(
                 root,
                 files,
                 usage,
+                attempt_keys,
             },
         );
     }
@@ -185,6 +190,46 @@ pub fn load_sources(
     } else {
         Err(errors)
     }
+}
+
+/// The entry keys that name attempts and their phase in a domain's rules
+/// (skipped in matching, so never one of the tree's own keys), each
+/// problem reported against `file` (the domain's first).
+fn check_attempts(
+    root: &Level,
+    domain: &str,
+    opts: &LoadOptions,
+    file: &Path,
+    errors: &mut ConfigErrors,
+) -> Vec<String> {
+    let mut keys: Vec<String> = Vec::new();
+    for rule in root.rules() {
+        let Some(a) = &rule.attempts else { continue };
+        if let Some(why) = &opts.refuse_attempts {
+            errors.push(ConfigError::new(
+                &rule.source,
+                format!("domain '{domain}', rule {}: `attempts`: {why}", rule.path),
+            ));
+        }
+        for k in [&a.key, &a.phase_key] {
+            if !keys.contains(k) {
+                keys.push(k.clone());
+            }
+        }
+    }
+    if keys.is_empty() {
+        return keys;
+    }
+    let tree = root.all_keys();
+    for k in &keys {
+        if tree.contains(k.as_str()) {
+            errors.push(ConfigError::new(
+                file,
+                format!("domain '{domain}': '{k}' names attempts (attempts.key or phase_key) and is also a descriptor key of the domain; an attempt entry takes no part in matching, so give it a key of its own"),
+            ));
+        }
+    }
+    keys
 }
 
 fn one(path: &Path, message: String) -> ConfigErrors {

@@ -6,7 +6,7 @@
 //! node reached by its last entry decides: its rule applies, or none does.
 //! A lookup is a couple of hash hits per entry plus the patterns of one key.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -77,9 +77,32 @@ pub struct Rule {
     /// this region ([`crate::quota::region`]); elsewhere an ordinary rule.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub global: bool,
+    /// `attempts:`: the descriptor entry that identifies an attempt, and
+    /// what the rule does with it ([`crate::attempt`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub attempts: Option<AttemptsConfig>,
     /// (domain, [`Rule::label`]) as a small id, for what stores count per bucket.
     #[serde(skip)]
     pub id: crate::labels::RuleId,
+}
+
+/// A rule's `attempts:`: which descriptor entries name the attempt and its
+/// phase (they take no part in matching or in the bucket's key), how long
+/// an attempt is remembered, and what its calls do.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct AttemptsConfig {
+    /// The entry whose value is the attempt id (`x-request-id`).
+    pub key: String,
+    /// The entry whose value `done` marks the call made when the stream is
+    /// done (absent, or any other value: the request-time call).
+    pub phase_key: String,
+    #[serde(serialize_with = "as_humantime")]
+    pub ttl: std::time::Duration,
+    /// On an `overdraft` rule: what a start reserves when its descriptor
+    /// brings no `hits_addend` of its own.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reserve: Option<u64>,
+    pub mode: crate::attempt::AttemptMode,
 }
 
 /// A rule's `lease:`: each instance takes up to `size` tokens from the shared
@@ -241,10 +264,23 @@ pub struct Match<'a> {
 impl Level {
     /// Walks `entries` down the tree; `None` when no rule applies.
     pub fn lookup<'a, E: DescriptorEntry>(&'a self, entries: &'a [E]) -> Option<Match<'a>> {
+        self.lookup_skipping(entries, &[])
+    }
+
+    /// [`Level::lookup`], passing over the entries whose key is one of
+    /// `skip` (a domain's attempt entries: they take no part in matching).
+    pub fn lookup_skipping<'a, E: DescriptorEntry>(
+        &'a self,
+        entries: &'a [E],
+        skip: &[String],
+    ) -> Option<Match<'a>> {
         let mut level = self;
         let mut values = Vec::with_capacity(entries.len());
         let mut reached = None;
         for entry in entries {
+            if !skip.is_empty() && skip.iter().any(|k| k == entry.key()) {
+                continue;
+            }
             let branch = level.keys.get(entry.key())?;
             let value = entry.value();
             let node = if let Some(node) = branch.exact.get(value) {
@@ -340,6 +376,24 @@ impl Level {
     }
 
     /// Every rule in the tree, depth first in file order of keys' first appearance.
+    /// Every descriptor key of the tree, at any depth.
+    pub fn all_keys(&self) -> HashSet<&str> {
+        let mut out = HashSet::new();
+        let mut levels = vec![self];
+        while let Some(level) = levels.pop() {
+            for (key, branch) in &level.keys {
+                out.insert(key.as_str());
+                let nodes = branch
+                    .exact
+                    .values()
+                    .chain(branch.wildcards.iter().map(|w| &w.node))
+                    .chain(branch.default.iter());
+                levels.extend(nodes.map(|n| &n.children));
+            }
+        }
+        out
+    }
+
     pub fn rules(&self) -> Vec<&Arc<Rule>> {
         let mut out = Vec::new();
         self.collect(&mut out);

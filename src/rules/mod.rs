@@ -25,7 +25,9 @@ use serde::Serialize;
 
 pub use error::{ConfigError, ConfigErrors};
 pub use loader::{load_path, load_sources, rule_files, DomainPatterns, LoadOptions};
-pub use matcher::{BucketValue, DescriptorEntry, LeaseConfig, Limit, Match, Rule, RuleAction};
+pub use matcher::{
+    AttemptsConfig, BucketValue, DescriptorEntry, LeaseConfig, Limit, Match, Rule, RuleAction,
+};
 pub use unit::{FailureMode, Unit};
 
 /// One domain's compiled tree and where it came from.
@@ -36,6 +38,9 @@ pub struct Domain {
     pub files: Vec<PathBuf>,
     /// One of `--usage-domains`: descriptors' own costs are charges.
     pub usage: bool,
+    /// The entry keys its rules' `attempts:` name (attempt ids and
+    /// phases): passed over in matching and in bucket keys.
+    pub attempt_keys: Vec<String>,
 }
 
 /// A parsed rules file, kept for `/config`.
@@ -71,7 +76,15 @@ impl RuleSet {
         domain: &str,
         entries: &'a [E],
     ) -> Option<Match<'a>> {
-        self.domains.get(domain)?.root.lookup(entries)
+        let domain = self.domains.get(domain)?;
+        domain.root.lookup_skipping(entries, &domain.attempt_keys)
+    }
+
+    /// The entry keys that name attempts in `domain` (empty: none).
+    pub fn attempt_keys(&self, domain: &str) -> &[String] {
+        self.domains
+            .get(domain)
+            .map_or(&[], |d| d.attempt_keys.as_slice())
     }
 
     /// An RLQS `bucket_id` (unordered) as a descriptor path of `domain`

@@ -72,6 +72,37 @@ pub struct DescriptorDoc {
     /// (README, "Several regions"; ours, not in envoyproxy/ratelimit).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scope: Option<String>,
+    /// Attempt identity (ours): the descriptor entry naming the attempt,
+    /// how long it is remembered, and on an `overdraft` rule the
+    /// reservation a start makes when it brings no cost of its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempts: Option<AttemptsDoc>,
+}
+
+/// `attempts: {key: request_id, ttl: 5m, reserve: 600, phase_key: phase}`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct AttemptsDoc {
+    #[serde(
+        default,
+        deserialize_with = "opt_scalar_string",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub key: Option<String>,
+    #[serde(
+        default,
+        deserialize_with = "opt_scalar_string",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub ttl: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reserve: Option<u64>,
+    #[serde(
+        default,
+        deserialize_with = "opt_scalar_string",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub phase_key: Option<String>,
 }
 
 /// `lease: {size: 50, ttl: 1s}`.

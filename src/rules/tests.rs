@@ -579,3 +579,120 @@ descriptors:
     assert!(e.contains("the key 'k' comes twice"), "{e}");
     assert!(e.contains("rules.yaml"), "{e}");
 }
+
+#[test]
+fn attempts_compile_and_their_entries_take_no_part_in_matching() {
+    let rules = load(
+        r#"
+domain: llm
+descriptors:
+  - key: user
+    overdraft: true
+    rate_limit: {unit: minute, requests_per_unit: 1000}
+    attempts: {key: request_id, ttl: 5m, reserve: 600}
+  - key: api
+    rate_limit: {unit: minute, requests_per_unit: 10}
+    attempts: {key: request_id, ttl: 30s, phase_key: stage}
+"#,
+    )
+    .expect("valid");
+    let user = reach(&rules, "llm", &[("user", "a"), ("request_id", "r1")]);
+    assert_eq!(user, "user");
+    let done = reach(
+        &rules,
+        "llm",
+        &[("user", "a"), ("request_id", "r1"), ("phase", "done")],
+    );
+    assert_eq!(done, "user");
+    assert_eq!(
+        reach(&rules, "llm", &[("request_id", "r1"), ("api", "k")]),
+        "api"
+    );
+    let m = rules.lookup("llm", &[("user", "a")]).expect("a rule");
+    let a = m.rule.attempts.as_ref().expect("attempts");
+    assert_eq!(a.mode, crate::attempt::AttemptMode::Reserve);
+    assert_eq!((a.reserve, a.ttl.as_secs()), (Some(600), 300));
+    let m = rules.lookup("llm", &[("api", "k")]).expect("a rule");
+    let a = m.rule.attempts.as_ref().expect("attempts");
+    assert_eq!(a.mode, crate::attempt::AttemptMode::Dedupe);
+    assert_eq!(a.phase_key, "stage");
+    let mut keys = rules.attempt_keys("llm").to_vec();
+    keys.sort();
+    assert_eq!(keys, ["phase", "request_id", "stage"]);
+    assert!(rules.attempt_keys("other").is_empty());
+}
+
+#[test]
+fn attempts_that_cannot_apply_are_refused_naming_the_place() {
+    let bad = |attempts: &str, extra: &str| {
+        errors(&format!(
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {{unit: minute, requests_per_unit: 10}}\n{extra}    attempts: {attempts}\n"
+        ))
+    };
+    let e = bad("{ttl: 1m}", "");
+    assert!(e.contains("descriptor k: attempts.key is missing"), "{e}");
+    let e = bad("{key: id}", "");
+    assert!(e.contains("attempts.ttl is missing"), "{e}");
+    let e = bad("{key: id, ttl: 2d}", "");
+    assert!(e.contains("attempts.ttl 2days is outside 1s..24h"), "{e}");
+    let e = bad("{key: id, ttl: soon}", "");
+    assert!(e.contains("attempts.ttl:"), "{e}");
+    let e = bad("{key: id, ttl: 1m, reserve: 5}", "");
+    assert!(
+        e.contains("attempts.reserve without `overdraft: true`"),
+        "{e}"
+    );
+    let e = bad("{key: id, ttl: 1m, reserve: 11}", "    overdraft: true\n");
+    assert!(
+        e.contains("attempts.reserve 11 is larger than the burst 10"),
+        "{e}"
+    );
+    let e = bad("{key: id, ttl: 1m, reserve: 0}", "    overdraft: true\n");
+    assert!(e.contains("attempts.reserve: 0 reserves nothing"), "{e}");
+    let e = bad("{key: id, ttl: 1m, phase_key: id}", "");
+    assert!(
+        e.contains("attempts.phase_key 'id' must be a key of its own"),
+        "{e}"
+    );
+    let e = bad("{key: id, ttl: 1m}", "    lease: {size: 5}\n");
+    assert!(e.contains("`attempts` and `lease` together"), "{e}");
+    let e = bad("{key: id, ttl: 1m}", "    scope: global\n");
+    assert!(e.contains("`attempts` with `scope: global`"), "{e}");
+    let e = bad("{key: id, ttl: 1m, ttl_extra: 1}", "");
+    assert!(e.contains("unknown field `ttl_extra`"), "{e}");
+    // an attempt key that the tree matches on
+    let e = errors(
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 10}\n    attempts: {key: user, ttl: 1m}\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 10}\n",
+    );
+    assert!(
+        e.contains(
+            "'user' names attempts (attempts.key or phase_key) and is also a descriptor key"
+        ),
+        "{e}"
+    );
+    // unlimited: nothing to charge
+    let e = errors(
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unlimited: true}\n    attempts: {key: id, ttl: 1m}\n",
+    );
+    assert!(e.contains("`attempts` on an unlimited rule"), "{e}");
+}
+
+#[test]
+fn a_store_without_attempt_records_refuses_the_rules_that_need_them() {
+    let e = load_sources(
+        vec![(
+            PathBuf::from("rules.yaml"),
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 10}\n    attempts: {key: id, ttl: 1m}\n".to_string(),
+        )],
+        LoadOptions {
+            refuse_attempts: Some("not here".into()),
+            ..LoadOptions::default()
+        },
+    )
+    .expect_err("refused")
+    .to_string();
+    assert!(
+        e.contains("rules.yaml: domain 'd', rule k: `attempts`: not here"),
+        "{e}"
+    );
+}

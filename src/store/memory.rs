@@ -42,16 +42,20 @@ use std::time::Duration;
 use async_trait::async_trait;
 use parking_lot::Mutex;
 
+use self::attempts::attempt_key;
+pub use self::attempts::{ATTEMPT_FIXED_BYTES, BYTES_PER_ATTEMPT, DEFAULT_MAX_ATTEMPTS};
 pub use self::entry::REJECTED_RECENTLY_SECS;
 use self::entry::{Entry, FullAt};
-use self::shard::{bucket_bytes, make_room, overflow_key, Shard, OVERFLOW_PREFIX};
+use self::shard::{bucket_bytes, make_room, overflow_key, Shard, ShardState, OVERFLOW_PREFIX};
 pub use self::shard::{BUCKET_FIXED_BYTES, BYTES_PER_BUCKET};
-use super::{DescriptorBuckets, Store, StoreError};
+use super::{AttemptOutcome, DescriptorBuckets, Store, StoreError};
+use crate::attempt::{self, AttemptCall, AttemptMode, AttemptResult, Phase};
 use crate::bucket::{self, BucketOutcome, BucketState, Cost};
 use crate::clock::Clock;
 use crate::labels::RuleId;
 use crate::telemetry::Metrics;
 
+mod attempts;
 mod entry;
 mod shard;
 
@@ -71,6 +75,10 @@ pub struct MemoryStore<C: Clock> {
     hasher: RandomState,
     clock: C,
     on_evict: Option<EvictionSink>,
+    /// Most attempt records one shard holds: its share of `--max-attempts`.
+    attempt_cap: usize,
+    /// Told of each reservation whose time to live passed unsettled.
+    on_expired: Option<EvictionSink>,
 }
 
 impl<C: Clock> MemoryStore<C> {
@@ -94,7 +102,28 @@ impl<C: Clock> MemoryStore<C> {
             hasher: RandomState::new(),
             clock,
             on_evict,
+            attempt_cap: (DEFAULT_MAX_ATTEMPTS / count).max(1),
+            on_expired: None,
         }
+    }
+
+    /// Holds at most `max_attempts` attempt records (at least one per
+    /// shard), and tells `on_expired` of each reservation whose time to
+    /// live passed unsettled.
+    pub fn with_attempts(mut self, max_attempts: usize, on_expired: Option<EvictionSink>) -> Self {
+        self.attempt_cap = (max_attempts / self.shards.len()).max(1);
+        self.on_expired = on_expired;
+        self
+    }
+
+    /// The most attempt records the store holds.
+    pub fn max_attempts(&self) -> usize {
+        self.attempt_cap * self.shards.len()
+    }
+
+    /// Attempt records held now (forgotten ones until the next sweep).
+    pub fn attempts(&self) -> usize {
+        self.shards.iter().map(|s| s.lock().attempts.len()).sum()
     }
 
     /// The most buckets the store holds.
@@ -119,12 +148,117 @@ impl<C: Clock> MemoryStore<C> {
 
     /// Decides synchronously; the [`Store`] impl wraps this.
     pub fn decide_now(&self, descriptor: &DescriptorBuckets, cost: Cost) -> Vec<BucketOutcome> {
-        let params: Vec<_> = descriptor.buckets.iter().map(|b| b.params).collect();
         let mut shard = self.shard(&descriptor.tag).lock();
         let now = self.clock.now_micros();
+        let mut evicted = Vec::new();
+        let outcomes = self.decide_in(&mut shard, descriptor, cost, now, &mut evicted);
+        drop(shard);
+        if !evicted.is_empty() {
+            self.report(evicted);
+        }
+        outcomes
+    }
+
+    /// Decides one call of an attempt synchronously, its record read and
+    /// written under the same lock as its buckets ([`crate::attempt`]).
+    pub fn decide_attempt_now(
+        &self,
+        descriptor: &DescriptorBuckets,
+        cost: Cost,
+        call: &AttemptCall,
+    ) -> AttemptOutcome {
+        let mut shard = self.shard(&descriptor.tag).lock();
+        let now = self.clock.now_micros();
+        let mut evicted = Vec::new();
+        let mut expired = Vec::new();
+        let key = attempt_key(&descriptor.tag, &call.id);
+        let record = shard.attempts.get(&key, now);
+        let planned = attempt::plan(call, record.as_ref(), cost, now);
+        let caps = (
+            self.attempt_cap,
+            self.attempt_cap.saturating_mul(BYTES_PER_ATTEMPT),
+        );
+        let outcome = match planned.cost {
+            // a repeat: answered OK from the buckets as they are (a
+            // refund of nothing admits and writes nothing)
+            None => AttemptOutcome {
+                outcomes: self.decide_in(
+                    &mut shard,
+                    descriptor,
+                    Cost::Refund(0),
+                    now,
+                    &mut evicted,
+                ),
+                result: planned.result,
+            },
+            Some(cost)
+                if planned.records
+                    && record.is_none()
+                    && !shard.attempts.room_for(&key, caps, now, &mut expired) =>
+            {
+                if call.mode == AttemptMode::Reserve && call.phase == Phase::Start {
+                    // a reservation nobody could settle is not taken
+                    let mut outcomes =
+                        self.decide_in(&mut shard, descriptor, Cost::Refund(0), now, &mut evicted);
+                    for o in &mut outcomes {
+                        o.admitted = false;
+                        o.retry_after_secs = Some(1);
+                    }
+                    AttemptOutcome {
+                        outcomes,
+                        result: AttemptResult::Full,
+                    }
+                } else {
+                    AttemptOutcome {
+                        outcomes: self.decide_in(&mut shard, descriptor, cost, now, &mut evicted),
+                        result: AttemptResult::Full,
+                    }
+                }
+            }
+            Some(cost) => {
+                let outcomes = self.decide_in(&mut shard, descriptor, cost, now, &mut evicted);
+                let admitted = outcomes.iter().all(|o| o.admitted);
+                let taken = if admitted {
+                    u64::try_from(cost.deducted()).unwrap_or(0)
+                } else {
+                    0
+                };
+                if let Some(r) =
+                    attempt::record_after(call, record.as_ref(), &planned, admitted, taken, now)
+                {
+                    let rule = descriptor
+                        .buckets
+                        .first()
+                        .map(|b| b.rule)
+                        .unwrap_or_default();
+                    shard.attempts.put(&key, r, rule);
+                }
+                AttemptOutcome {
+                    outcomes,
+                    result: planned.result,
+                }
+            }
+        };
+        drop(shard);
+        if !evicted.is_empty() {
+            self.report(evicted);
+        }
+        self.report_expired(expired);
+        outcome
+    }
+
+    /// Decides `cost` against `descriptor`'s buckets in its locked `shard`.
+    fn decide_in(
+        &self,
+        shard: &mut ShardState,
+        descriptor: &DescriptorBuckets,
+        cost: Cost,
+        now: u64,
+        evicted: &mut Vec<RuleId>,
+    ) -> Vec<BucketOutcome> {
+        let params: Vec<_> = descriptor.buckets.iter().map(|b| b.params).collect();
         let byte_cap = self.shard_cap * BYTES_PER_BUCKET;
         let caps = (self.shard_cap, byte_cap);
-        let mut evicted = Vec::new();
         // where each bucket is kept: its own key, or, for a new one in a
         // shard where only throttled clients' buckets could make room, its
         // rule's overflow bucket
@@ -139,7 +273,7 @@ impl<C: Clock> MemoryStore<C> {
                 let incoming = bucket_bytes(&b.key);
                 let full =
                     shard.buckets.len() >= self.shard_cap || shard.bytes + incoming > byte_cap;
-                if !full || make_room(&mut shard, caps, incoming, now, &mut evicted, true) {
+                if !full || make_room(shard, caps, incoming, now, evicted, true) {
                     b.key.clone()
                 } else {
                     overflow_key(b.rule)
@@ -206,7 +340,7 @@ impl<C: Clock> MemoryStore<C> {
                             || shard.bytes + incoming > byte_cap)
                             && !key.starts_with(OVERFLOW_PREFIX)
                         {
-                            make_room(&mut shard, caps, incoming, now, &mut evicted, false);
+                            make_room(shard, caps, incoming, now, evicted, false);
                         }
                         shard.bytes += incoming;
                         shard.buckets.insert(key.clone().into_boxed_slice(), entry);
@@ -214,11 +348,18 @@ impl<C: Clock> MemoryStore<C> {
                 }
             }
         }
-        drop(shard);
-        if !evicted.is_empty() {
-            self.report(evicted);
-        }
         outcomes
+    }
+
+    /// Tells the attempt sink of reservations that expired unsettled.
+    fn report_expired(&self, mut expired: Vec<RuleId>) {
+        let Some(sink) = &self.on_expired else {
+            return;
+        };
+        expired.sort_unstable();
+        for run in expired.chunk_by(|a, b| a == b) {
+            sink(run[0], run.len() as u64);
+        }
     }
 
     /// Tells the sink about evictions, one call per rule.
@@ -236,8 +377,10 @@ impl<C: Clock> MemoryStore<C> {
     pub fn evict_full(&self) -> usize {
         let now = self.clock.now_micros();
         let mut dropped = 0;
+        let mut expired = Vec::new();
         for shard in self.shards.iter() {
             let mut shard = shard.lock();
+            shard.attempts.sweep(now, &mut expired);
             let before = shard.buckets.len();
             shard.retain(|_, e| !e.full_at.passed(now));
             dropped += before - shard.buckets.len();
@@ -246,6 +389,7 @@ impl<C: Clock> MemoryStore<C> {
                 buckets.shrink_to_fit();
             }
         }
+        self.report_expired(expired);
         dropped
     }
 
@@ -279,6 +423,16 @@ impl<C: Clock> Store for MemoryStore<C> {
         cost: Cost,
     ) -> Result<Vec<BucketOutcome>, StoreError> {
         Ok(self.decide_now(descriptor, cost))
+    }
+
+    async fn decide_attempt(
+        &self,
+        descriptor: &DescriptorBuckets,
+        cost: Cost,
+        call: &AttemptCall,
+        _patience: Option<Duration>,
+    ) -> Result<AttemptOutcome, StoreError> {
+        Ok(self.decide_attempt_now(descriptor, cost, call))
     }
 
     fn name(&self) -> &'static str {

@@ -13,6 +13,7 @@ pub mod redis;
 
 use async_trait::async_trait;
 
+use crate::attempt::{AttemptCall, AttemptResult};
 use crate::bucket::{BucketOutcome, BucketParams, Cost};
 use crate::labels::RuleId;
 
@@ -32,6 +33,14 @@ pub struct DescriptorBuckets {
     /// Redis slot, so that they can be decided in one atomic step.
     pub tag: Vec<u8>,
     pub buckets: Vec<BucketRef>,
+}
+
+/// One call of an attempt, decided: the buckets' outcomes (a repeat is
+/// answered OK from the buckets as they are), and what the call was.
+#[derive(Debug, Clone)]
+pub struct AttemptOutcome {
+    pub outcomes: Vec<BucketOutcome>,
+    pub result: AttemptResult,
 }
 
 /// Why a store could not decide.
@@ -97,6 +106,25 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<Vec<BucketOutcome>, StoreError> {
         let _ = patience;
         self.decide(descriptor, cost).await
+    }
+
+    /// Decides one call of an attempt ([`crate::attempt`]): its record
+    /// read and written atomically with `descriptor`'s buckets, `cost`
+    /// taken as the record says. A store that keeps no attempt records
+    /// answers a script error (the server refuses rules with `attempts:`
+    /// at load for it).
+    async fn decide_attempt(
+        &self,
+        descriptor: &DescriptorBuckets,
+        cost: Cost,
+        call: &AttemptCall,
+        patience: Option<std::time::Duration>,
+    ) -> Result<AttemptOutcome, StoreError> {
+        let _ = (descriptor, cost, call, patience);
+        Err(StoreError::Script(format!(
+            "the {} store keeps no attempt records",
+            self.name()
+        )))
     }
 
     /// A short name for logs (`memory`, `redis`).

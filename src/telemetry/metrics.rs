@@ -18,10 +18,12 @@ use crate::decision::{Decision, Verdict};
 use crate::labels::RuleId;
 use crate::rules::{DescriptorEntry, FailureMode, RuleSet};
 
+mod attempt;
 mod lease;
 mod quota;
 mod region;
 
+use self::attempt::AttemptMetrics;
 pub use self::lease::LeaseCounts;
 use self::lease::LeaseMetrics;
 use self::quota::QuotaMetrics;
@@ -80,6 +82,7 @@ pub struct Metrics {
     node_memory: IntGaugeVec,
     values_overflowed: IntCounterVec,
     lease: LeaseMetrics,
+    attempt: AttemptMetrics,
     quota: QuotaMetrics,
     region: RegionMetrics,
     /// envoyproxy/ratelimit's statistics, once turned on.
@@ -198,6 +201,7 @@ impl Metrics {
         )
         .expect("valid metric");
         let lease = LeaseMetrics::new();
+        let attempt = AttemptMetrics::new();
         let quota = QuotaMetrics::new();
         let region = RegionMetrics::new();
         for c in [
@@ -219,6 +223,7 @@ impl Metrics {
         ]
         .into_iter()
         .chain(lease.collectors())
+        .chain(attempt.collectors())
         .chain(quota.collectors())
         .chain(region.collectors())
         {
@@ -255,6 +260,7 @@ impl Metrics {
             node_memory,
             values_overflowed,
             lease,
+            attempt,
             quota,
             region,
             ratelimit: OnceLock::new(),
@@ -464,6 +470,23 @@ impl Metrics {
         self.buckets_evicted
             .with_label_values(&[&domain, &rule])
             .inc_by(n);
+    }
+
+    /// `n` calls of `rule`'s attempts ended as `result` (an
+    /// [`crate::attempt::AttemptResult`] label).
+    pub fn attempts(&self, rule: RuleId, result: &str, n: u64) {
+        self.attempt.count(rule, result, n);
+    }
+
+    /// What the memory store tells of reservations that expired unsettled
+    /// (its attempt sink), counted here as `expired`.
+    pub fn expiry_sink(self: &Arc<Self>) -> Arc<dyn Fn(RuleId, u64) + Send + Sync> {
+        let metrics = Arc::downgrade(self);
+        Arc::new(move |rule, n| {
+            if let Some(m) = metrics.upgrade() {
+                m.attempts(rule, "expired", n);
+            }
+        })
     }
 
     /// What the memory store tells of evictions (its `EvictionSink`),

@@ -45,6 +45,7 @@ pub fn serve_args(config: PathBuf) -> ServeArgs {
         redis_client_cert: None,
         redis_client_key: None,
         max_buckets: tokenbucket_rls::store::memory::DEFAULT_MAX_BUCKETS,
+        max_attempts: tokenbucket_rls::store::memory::DEFAULT_MAX_ATTEMPTS,
         max_in_flight: 10_000,
         serving_threads: None,
         redis_bucket_layout: Default::default(),

@@ -7,6 +7,7 @@ use std::collections::HashMap;
 
 use parking_lot::Mutex;
 
+use super::attempts::Attempts;
 use super::entry::Entry;
 use crate::labels::RuleId;
 
@@ -30,6 +31,8 @@ pub(super) fn bucket_bytes(key: &[u8]) -> usize {
 pub(super) struct ShardState {
     pub(super) buckets: Buckets,
     pub(super) bytes: usize,
+    /// The attempt records of the shard's descriptors (their own bound).
+    pub(super) attempts: Attempts,
 }
 
 impl ShardState {
@@ -52,7 +55,11 @@ impl ShardState {
 impl From<Buckets> for ShardState {
     fn from(buckets: Buckets) -> Self {
         let bytes = buckets.keys().map(|k| bucket_bytes(k)).sum();
-        Self { buckets, bytes }
+        Self {
+            buckets,
+            bytes,
+            attempts: Attempts::default(),
+        }
     }
 }
 

@@ -1,6 +1,7 @@
 use super::entry::Rejected;
 use super::shard::{Buckets, ShardState};
 use super::*;
+use crate::attempt::{AttemptCall, AttemptMode, AttemptResult, Phase};
 use crate::bucket::BucketParams;
 use crate::clock::ManualClock;
 use crate::store::BucketRef;
@@ -409,4 +410,106 @@ fn concurrent_spending_admits_exactly_the_capacity() {
         .collect();
     let total: usize = handles.into_iter().map(|h| h.join().expect("thread")).sum();
     assert_eq!(total, 200);
+}
+
+/// A bucket of 100 that refills 1 a day: nothing refills within a test.
+fn slow(key: &str) -> DescriptorBuckets {
+    let mut d = descriptor(key, 100, 1);
+    d.buckets[0].params.unit_secs = 86_400;
+    d
+}
+
+fn attempt(id: &str, phase: Phase, mode: AttemptMode) -> AttemptCall {
+    AttemptCall {
+        id: id.as_bytes().to_vec(),
+        phase,
+        mode,
+        ttl_micros: 10_000_000,
+    }
+}
+
+/// A reservation unsettled at its time to live is kept as spent and
+/// counted once, by the sweep; a late done call still settles exactly; a
+/// record is forgotten after twice the time to live.
+#[test]
+fn an_unsettled_reservation_expires_as_spent_and_a_late_settlement_is_exact() {
+    let clock = ManualClock::new(1_000_000);
+    let (counted, sink) = counting();
+    let store = MemoryStore::with_cap(clock.clone(), 1_000, None).with_attempts(1_000, Some(sink));
+    let d = slow("u");
+    let start = attempt("a1", Phase::Start, AttemptMode::Reserve);
+    let done = attempt("a1", Phase::Done, AttemptMode::Reserve);
+    let o = store.decide_attempt_now(&d, Cost::Spend(60), &start);
+    assert_eq!(
+        (o.outcomes[0].admitted, o.outcomes[0].remaining),
+        (true, 40)
+    );
+    clock.advance_micros(9_000_000);
+    store.evict_full();
+    assert!(counted.lock().is_empty(), "not expired yet");
+    clock.advance_micros(1_000_000);
+    store.evict_full();
+    store.evict_full();
+    assert_eq!(counted.lock().values().sum::<u64>(), 1, "counted once");
+    // kept as spent: still 40 (rate 0: nothing refills)
+    let late = store.decide_attempt_now(&d, Cost::Charge(10), &done);
+    assert_eq!(late.result, AttemptResult::Late);
+    assert_eq!(late.outcomes[0].remaining, 90, "50 of the 60 back");
+    assert_eq!(store.attempts(), 1);
+    clock.advance_micros(11_000_000);
+    store.evict_full();
+    assert_eq!(store.attempts(), 0, "forgotten after twice the ttl");
+}
+
+/// A shard with no room for a record refuses a reservation (nobody could
+/// settle it) and decides a dedupe call without remembering it; a live
+/// record is never dropped for a new one.
+#[test]
+fn a_full_attempt_table_refuses_reservations_and_keeps_its_live_records() {
+    let clock = ManualClock::new(1_000_000);
+    // one shard: every record in it
+    let store = MemoryStore::with_cap(clock.clone(), 1, None).with_attempts(2, None);
+    assert_eq!(store.max_attempts(), 2);
+    let d = slow("u");
+    for id in ["a", "b"] {
+        let o = store.decide_attempt_now(
+            &d,
+            Cost::Spend(10),
+            &attempt(id, Phase::Start, AttemptMode::Reserve),
+        );
+        assert_eq!(o.result, AttemptResult::First);
+    }
+    let o = store.decide_attempt_now(
+        &d,
+        Cost::Spend(10),
+        &attempt("c", Phase::Start, AttemptMode::Reserve),
+    );
+    assert_eq!(o.result, AttemptResult::Full);
+    assert!(!o.outcomes[0].admitted);
+    assert_eq!(o.outcomes[0].remaining, 80, "nothing taken");
+    let o = store.decide_attempt_now(
+        &d,
+        Cost::Spend(10),
+        &attempt("d", Phase::Start, AttemptMode::Dedupe),
+    );
+    assert_eq!(
+        (o.result, o.outcomes[0].admitted),
+        (AttemptResult::Full, true)
+    );
+    // the live ones still settle
+    let o = store.decide_attempt_now(
+        &d,
+        Cost::Charge(0),
+        &attempt("a", Phase::Done, AttemptMode::Reserve),
+    );
+    assert_eq!(o.result, AttemptResult::Settled);
+    assert_eq!(o.outcomes[0].remaining, 80, "70 after d, and a's 10 back");
+    // once forgotten, room again
+    clock.advance_micros(21_000_000);
+    let o = store.decide_attempt_now(
+        &d,
+        Cost::Spend(10),
+        &attempt("e", Phase::Start, AttemptMode::Reserve),
+    );
+    assert_eq!(o.result, AttemptResult::First);
 }

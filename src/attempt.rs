@@ -1,0 +1,279 @@
+//! Attempts: the calls one request makes, identified by an id the rule
+//! names (Envoy fills it from `x-request-id`), and what a store remembers
+//! of them so that each is charged once.
+//!
+//! Pure: no I/O, every entry point takes the time. A store keeps one
+//! [`AttemptRecord`] per (descriptor, attempt) beside the descriptor's
+//! buckets and, under the same lock or in the same script call, asks
+//! [`plan`] what a call costs given the record, decides that against the
+//! buckets, and keeps what [`record_after`] returns.
+//!
+//! **Phases.** An attempt's request-time call is its *start*; the call
+//! Envoy makes when the stream is done (`apply_on_stream_done`, with the
+//! descriptor entry `phase: done`) is its *done* call.
+//!
+//! **Modes.**
+//! - [`AttemptMode::Dedupe`] (a rule without `overdraft`): a call that
+//!   repeats an admitted call of the same attempt and phase is answered
+//!   OK and charges nothing. A refused call is not remembered: it took
+//!   nothing, so a repeat is decided afresh (and charged only if admitted
+//!   then, once).
+//! - [`AttemptMode::Reserve`] (an `overdraft` rule): the start reserves its
+//!   cost (the estimate): admitted only if every bucket holds it, nothing
+//!   taken when refused. The done call carries what was used: the
+//!   difference to the reservation is charged (into debt, down to minus
+//!   the burst, as `overdraft` does) or given back, once. A reservation not
+//!   settled within the time to live is kept as spent (counted as
+//!   expired); its record stays another time to live, so that a late done
+//!   call still settles exactly. A done call for an attempt with no record
+//!   (never started here, or forgotten) is charged in full, counted as
+//!   unknown.
+//!
+//! **Layer** (docs/architecture.md, "Layers", kept by `tests/layers.rs`):
+//! a leaf; uses only `bucket`.
+
+use serde::Serialize;
+
+use crate::bucket::Cost;
+
+/// Which call of an attempt this is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// At request time.
+    Start,
+    /// When the stream is done (the descriptor carries `phase: done`).
+    Done,
+}
+
+/// What a rule does with the attempts its descriptors carry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AttemptMode {
+    /// Repeats of an admitted call are answered as it was, free.
+    Dedupe,
+    /// The start reserves, the done call settles (an `overdraft` rule).
+    Reserve,
+}
+
+/// One call of an attempt, as a store sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AttemptCall {
+    /// The attempt id (the value of the entry the rule names).
+    pub id: Vec<u8>,
+    pub phase: Phase,
+    pub mode: AttemptMode,
+    /// How long a reservation may stay unsettled, and a repeat is known.
+    pub ttl_micros: u64,
+}
+
+/// What a store remembers of one attempt on one descriptor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AttemptRecord {
+    /// Tokens the admitted start took (its reservation); `None`: no start
+    /// was admitted.
+    pub started: Option<u64>,
+    /// An admitted (dedupe) or settled (reserve) done call was seen.
+    pub done: bool,
+    /// When an unsettled reservation counts as expired (start + ttl).
+    pub expires_micros: u64,
+    /// When the record goes (expiry + ttl: a late done call settles).
+    pub forget_micros: u64,
+    /// The expiry of an unsettled reservation was counted.
+    pub expired_counted: bool,
+}
+
+impl AttemptRecord {
+    /// A reservation that was never settled and whose time to live passed:
+    /// kept as spent, to be counted once.
+    pub fn expired_unsettled(&self, now_micros: u64) -> bool {
+        self.started.is_some_and(|r| r > 0)
+            && !self.done
+            && !self.expired_counted
+            && now_micros >= self.expires_micros
+    }
+}
+
+/// What happened to a call, for the `rls_attempts_total` counter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AttemptResult {
+    /// The attempt's first call of its phase: decided as usual.
+    First,
+    /// A repeat of an admitted call: answered OK, nothing charged.
+    Repeat,
+    /// A done call settled its reservation within the time to live.
+    Settled,
+    /// A done call settled a reservation after its time to live.
+    Late,
+    /// A done call for an attempt with no record: charged in full.
+    Unknown,
+    /// A start with no room left to remember it: a reservation is refused,
+    /// a dedupe call decided without being remembered.
+    Full,
+    /// A reservation's time to live passed unsettled: kept as spent.
+    Expired,
+    /// The rule names an attempt entry and the call carried none (or an
+    /// empty one): decided without attempt identity.
+    NoId,
+}
+
+impl AttemptResult {
+    /// Every value, in the order the metric lists them.
+    pub const ALL: [AttemptResult; 8] = [
+        AttemptResult::First,
+        AttemptResult::Repeat,
+        AttemptResult::Settled,
+        AttemptResult::Late,
+        AttemptResult::Unknown,
+        AttemptResult::Full,
+        AttemptResult::Expired,
+        AttemptResult::NoId,
+    ];
+
+    /// The `result` label.
+    pub fn label(self) -> &'static str {
+        match self {
+            AttemptResult::First => "first",
+            AttemptResult::Repeat => "repeat",
+            AttemptResult::Settled => "settled",
+            AttemptResult::Late => "late",
+            AttemptResult::Unknown => "unknown",
+            AttemptResult::Full => "full",
+            AttemptResult::Expired => "expired",
+            AttemptResult::NoId => "no_id",
+        }
+    }
+}
+
+/// What a call costs, given what is remembered of its attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Planned {
+    /// The cost to decide against the buckets; `None`: a repeat, answered
+    /// OK from the buckets as they are, nothing written.
+    pub cost: Option<Cost>,
+    pub result: AttemptResult,
+    /// Whether an admitted outcome must be remembered (a start, or a done
+    /// call of a dedupe rule), so that there must be room for it.
+    pub records: bool,
+}
+
+/// What `call`, costing `cost` as the limiter made it, does given the
+/// attempt's live `record` (a record past its `forget_micros` is none).
+/// For a reservation's done call `cost` carries what was used
+/// (`Cost::Charge(used)`; a check is 0 used).
+pub fn plan(call: &AttemptCall, record: Option<&AttemptRecord>, cost: Cost, now: u64) -> Planned {
+    let record = record.filter(|r| now < r.forget_micros);
+    let first = Planned {
+        cost: Some(cost),
+        result: AttemptResult::First,
+        records: true,
+    };
+    let repeat = Planned {
+        cost: None,
+        result: AttemptResult::Repeat,
+        records: false,
+    };
+    match (call.phase, call.mode) {
+        (Phase::Start, _) => match record {
+            Some(r) if r.started.is_some() => repeat,
+            _ => first,
+        },
+        (Phase::Done, AttemptMode::Dedupe) => match record {
+            Some(r) if r.done => repeat,
+            _ => first,
+        },
+        (Phase::Done, AttemptMode::Reserve) => {
+            let used = used_of(cost);
+            match record {
+                Some(r) if r.done => repeat,
+                Some(AttemptRecord {
+                    started: Some(reserved),
+                    expires_micros,
+                    ..
+                }) => Planned {
+                    cost: Some(settlement(used, *reserved)),
+                    result: if now < *expires_micros {
+                        AttemptResult::Settled
+                    } else {
+                        AttemptResult::Late
+                    },
+                    records: false,
+                },
+                _ => Planned {
+                    cost: Some(Cost::Charge(used)),
+                    result: AttemptResult::Unknown,
+                    records: false,
+                },
+            }
+        }
+    }
+}
+
+/// Tokens a reservation's done call says were used.
+fn used_of(cost: Cost) -> u64 {
+    match cost {
+        Cost::Spend(n) | Cost::Charge(n) => n,
+        Cost::Lease { needed, .. } => needed,
+        // a check says nothing was used; a refund (Envoy's
+        // `is_negative_hits`) is not a usage: nothing used
+        Cost::Check | Cost::Refund(_) => 0,
+    }
+}
+
+/// The cost that settles a reservation of `reserved` that used `used`:
+/// the rest charged (into debt as `overdraft` does), or the unused part
+/// given back.
+pub fn settlement(used: u64, reserved: u64) -> Cost {
+    if used >= reserved {
+        Cost::Charge(used - reserved)
+    } else {
+        Cost::Refund(reserved - used)
+    }
+}
+
+/// The record to keep after `call` was decided as `planned` (admitted or
+/// not, `taken` tokens), given the `record` before; `None`: nothing to
+/// keep (a refused start, a repeat) and the record before stands.
+pub fn record_after(
+    call: &AttemptCall,
+    record: Option<&AttemptRecord>,
+    planned: &Planned,
+    admitted: bool,
+    taken: u64,
+    now: u64,
+) -> Option<AttemptRecord> {
+    if planned.cost == Some(Cost::Check) {
+        // a check took nothing: nothing to settle or to repeat
+        return None;
+    }
+    let record = record.filter(|r| now < r.forget_micros).copied();
+    let fresh = || AttemptRecord {
+        started: None,
+        done: false,
+        expires_micros: now.saturating_add(call.ttl_micros),
+        forget_micros: now.saturating_add(call.ttl_micros.saturating_mul(2)),
+        expired_counted: false,
+    };
+    match (planned.result, call.phase) {
+        (AttemptResult::Repeat | AttemptResult::Expired | AttemptResult::NoId, _) => None,
+        (_, Phase::Start) => admitted.then(|| AttemptRecord {
+            started: Some(taken),
+            expires_micros: now.saturating_add(call.ttl_micros),
+            forget_micros: now.saturating_add(call.ttl_micros.saturating_mul(2)),
+            ..record.unwrap_or_else(fresh)
+        }),
+        (_, Phase::Done) if call.mode == AttemptMode::Dedupe => admitted.then(|| AttemptRecord {
+            done: true,
+            ..record.unwrap_or_else(fresh)
+        }),
+        // a settlement (or an unknown attempt's charge) is done whatever
+        // the verdict: a repeat of it charges nothing
+        (_, Phase::Done) => Some(AttemptRecord {
+            done: true,
+            ..record.unwrap_or_else(fresh)
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,159 @@
+use super::*;
+
+const S: u64 = 1_000_000;
+
+fn call(phase: Phase, mode: AttemptMode) -> AttemptCall {
+    AttemptCall {
+        id: b"req-1".to_vec(),
+        phase,
+        mode,
+        ttl_micros: 60 * S,
+    }
+}
+
+/// Runs one call through plan and record_after, as a store does, with the
+/// buckets admitting (`admitted`) and taking what the cost deducts.
+fn step(
+    record: &mut Option<AttemptRecord>,
+    call: &AttemptCall,
+    cost: Cost,
+    admitted: bool,
+    now: u64,
+) -> Planned {
+    let planned = plan(call, record.as_ref(), cost, now);
+    if let Some(cost) = planned.cost {
+        let taken = if admitted {
+            u64::try_from(cost.deducted().max(0)).unwrap_or(0)
+        } else {
+            0
+        };
+        if let Some(r) = record_after(call, record.as_ref(), &planned, admitted, taken, now) {
+            *record = Some(r);
+        }
+    }
+    planned
+}
+
+#[test]
+fn a_repeated_start_is_answered_free_once_admitted() {
+    let start = call(Phase::Start, AttemptMode::Dedupe);
+    let mut record = None;
+    let first = step(&mut record, &start, Cost::Spend(3), true, 10 * S);
+    assert_eq!(first.cost, Some(Cost::Spend(3)));
+    assert_eq!(first.result, AttemptResult::First);
+    let again = step(&mut record, &start, Cost::Spend(3), true, 11 * S);
+    assert_eq!(again.cost, None);
+    assert_eq!(again.result, AttemptResult::Repeat);
+    // known for twice the time to live, then decided afresh
+    let late = plan(&start, record.as_ref(), Cost::Spend(3), 10 * S + 120 * S);
+    assert_eq!(late.result, AttemptResult::First);
+}
+
+#[test]
+fn a_refused_start_is_not_remembered() {
+    let start = call(Phase::Start, AttemptMode::Reserve);
+    let mut record = None;
+    step(&mut record, &start, Cost::Spend(600), false, 10 * S);
+    assert_eq!(record, None);
+    let again = step(&mut record, &start, Cost::Spend(600), true, 12 * S);
+    assert_eq!(again.result, AttemptResult::First, "decided afresh");
+    assert_eq!(record.and_then(|r| r.started), Some(600));
+}
+
+#[test]
+fn a_check_is_never_remembered() {
+    let start = call(Phase::Start, AttemptMode::Reserve);
+    let mut record = None;
+    step(&mut record, &start, Cost::Check, true, 10 * S);
+    assert_eq!(record, None);
+}
+
+#[test]
+fn a_done_call_settles_the_difference_once() {
+    let (start, done) = (
+        call(Phase::Start, AttemptMode::Reserve),
+        call(Phase::Done, AttemptMode::Reserve),
+    );
+    // used more than reserved: the rest is charged
+    let mut record = None;
+    step(&mut record, &start, Cost::Spend(600), true, 10 * S);
+    let settle = step(&mut record, &done, Cost::Charge(750), true, 20 * S);
+    assert_eq!(settle.cost, Some(Cost::Charge(150)));
+    assert_eq!(settle.result, AttemptResult::Settled);
+    let again = step(&mut record, &done, Cost::Charge(750), true, 21 * S);
+    assert_eq!((again.cost, again.result), (None, AttemptResult::Repeat));
+    // used less: the rest given back; used nothing (a check): all of it
+    let mut record = None;
+    step(&mut record, &start, Cost::Spend(600), true, 10 * S);
+    let settle = step(&mut record, &done, Cost::Charge(200), true, 20 * S);
+    assert_eq!(settle.cost, Some(Cost::Refund(400)));
+    let mut record = None;
+    step(&mut record, &start, Cost::Spend(600), true, 10 * S);
+    let settle = step(&mut record, &done, Cost::Check, true, 20 * S);
+    assert_eq!(settle.cost, Some(Cost::Refund(600)));
+    // exactly what was reserved: nothing moves
+    assert_eq!(settlement(600, 600), Cost::Charge(0));
+}
+
+#[test]
+fn a_late_done_call_still_settles_exactly_and_an_unknown_one_is_charged_in_full() {
+    let (start, done) = (
+        call(Phase::Start, AttemptMode::Reserve),
+        call(Phase::Done, AttemptMode::Reserve),
+    );
+    let mut record = None;
+    step(&mut record, &start, Cost::Spend(600), true, 10 * S);
+    let r = record.expect("recorded");
+    assert!(!r.expired_unsettled(69 * S));
+    assert!(
+        r.expired_unsettled(70 * S),
+        "kept as spent at the time to live"
+    );
+    let late = step(&mut record, &done, Cost::Charge(100), true, 100 * S);
+    assert_eq!(late.cost, Some(Cost::Refund(500)));
+    assert_eq!(late.result, AttemptResult::Late);
+    assert!(!record.expect("kept").expired_unsettled(100 * S), "settled");
+    // after twice the time to live the record is gone: charged in full
+    let mut record = None;
+    step(&mut record, &start, Cost::Spend(600), true, 10 * S);
+    let unknown = step(&mut record, &done, Cost::Charge(100), true, 131 * S);
+    assert_eq!(unknown.cost, Some(Cost::Charge(100)));
+    assert_eq!(unknown.result, AttemptResult::Unknown);
+    let again = step(&mut record, &done, Cost::Charge(100), true, 132 * S);
+    assert_eq!(again.result, AttemptResult::Repeat, "charged once");
+}
+
+#[test]
+fn a_dedupe_rule_tells_the_phases_apart() {
+    let (start, done) = (
+        call(Phase::Start, AttemptMode::Dedupe),
+        call(Phase::Done, AttemptMode::Dedupe),
+    );
+    let mut record = None;
+    step(&mut record, &start, Cost::Spend(1), true, 10 * S);
+    let d = step(&mut record, &done, Cost::Spend(5), true, 11 * S);
+    assert_eq!(
+        (d.cost, d.result),
+        (Some(Cost::Spend(5)), AttemptResult::First)
+    );
+    let d = step(&mut record, &done, Cost::Spend(5), true, 12 * S);
+    assert_eq!(d.result, AttemptResult::Repeat);
+    let s = step(&mut record, &start, Cost::Spend(1), true, 12 * S);
+    assert_eq!(s.result, AttemptResult::Repeat);
+}
+
+#[test]
+fn a_negative_usage_counts_as_nothing_used() {
+    let (start, done) = (
+        call(Phase::Start, AttemptMode::Reserve),
+        call(Phase::Done, AttemptMode::Reserve),
+    );
+    let mut record = None;
+    step(&mut record, &start, Cost::Spend(10), true, 10 * S);
+    let d = step(&mut record, &done, Cost::Refund(50), true, 11 * S);
+    assert_eq!(
+        d.cost,
+        Some(Cost::Refund(10)),
+        "the reservation back, no more"
+    );
+}

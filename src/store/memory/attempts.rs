@@ -1,0 +1,113 @@
+//! The memory store's attempt records ([`crate::attempt`]): one per
+//! (descriptor, attempt), kept in the descriptor's shard beside its buckets
+//! so that a call and its record change under one lock.
+//!
+//! **Bounded.** A shard holds at most its share of `--max-attempts`
+//! records, and of `--max-attempts` × [`BYTES_PER_ATTEMPT`] bytes (a record
+//! counts [`ATTEMPT_FIXED_BYTES`] plus its key: long ids count for more).
+//! A record goes when it is forgotten (twice the rule's `ttl` after its
+//! start); a full shard drops the forgotten ones first, and then has no
+//! room: the call says so ([`crate::attempt::AttemptResult::Full`]), no
+//! live record is ever dropped for a new one (it holds a reservation
+//! someone will settle, or the memory of a charge).
+
+use std::collections::HashMap;
+
+use crate::attempt::AttemptRecord;
+use crate::labels::RuleId;
+
+/// Attempt records held at most unless told otherwise (`--max-attempts`).
+pub const DEFAULT_MAX_ATTEMPTS: usize = 1_000_000;
+
+/// What a record is counted for against the store's memory: the record,
+/// its rule, its map slot and allocation; its key comes on top.
+pub const ATTEMPT_FIXED_BYTES: usize = 112;
+
+/// The memory one record of `--max-attempts` stands for: records hold at
+/// most `--max-attempts` × this many bytes, so that long ids count for more
+/// than one.
+pub const BYTES_PER_ATTEMPT: usize = 256;
+
+/// The key of `id`'s record on the descriptor of `tag`.
+pub(super) fn attempt_key(tag: &[u8], id: &[u8]) -> Vec<u8> {
+    let mut key = Vec::with_capacity(tag.len() + id.len() + 2);
+    key.extend_from_slice(tag);
+    crate::store::key::put(&mut key, id);
+    key
+}
+
+fn record_bytes(key: &[u8]) -> usize {
+    ATTEMPT_FIXED_BYTES + key.len()
+}
+
+/// One shard's attempt records, and the bytes they are counted for.
+#[derive(Debug, Default)]
+pub(super) struct Attempts {
+    records: HashMap<Box<[u8]>, (AttemptRecord, RuleId)>,
+    bytes: usize,
+}
+
+impl Attempts {
+    /// The live record under `key` at `now` (a forgotten one is none).
+    pub(super) fn get(&self, key: &[u8], now: u64) -> Option<AttemptRecord> {
+        self.records
+            .get(key)
+            .map(|(r, _)| *r)
+            .filter(|r| now < r.forget_micros)
+    }
+
+    /// Whether a new record of `key` fits within (`cap` records, `byte_cap`
+    /// bytes), after dropping the forgotten ones when it would not; the
+    /// expirations that counts go to `expired`.
+    pub(super) fn room_for(
+        &mut self,
+        key: &[u8],
+        (cap, byte_cap): (usize, usize),
+        now: u64,
+        expired: &mut Vec<RuleId>,
+    ) -> bool {
+        let fits = |a: &Self| a.records.len() < cap && a.bytes + record_bytes(key) <= byte_cap;
+        if self.records.contains_key(key) || fits(self) {
+            return true;
+        }
+        self.sweep(now, expired);
+        fits(self)
+    }
+
+    /// Keeps `record` under `key` (replacing what was there).
+    pub(super) fn put(&mut self, key: &[u8], record: AttemptRecord, rule: RuleId) {
+        match self.records.get_mut(key) {
+            Some(held) => *held = (record, rule),
+            None => {
+                self.bytes += record_bytes(key);
+                self.records.insert(key.into(), (record, rule));
+            }
+        }
+    }
+
+    /// Counts each reservation whose time to live passed unsettled (once,
+    /// its rule to `expired`: kept as spent) and drops the forgotten.
+    pub(super) fn sweep(&mut self, now: u64, expired: &mut Vec<RuleId>) {
+        let mut freed = 0;
+        self.records.retain(|k, (r, rule)| {
+            if r.expired_unsettled(now) {
+                r.expired_counted = true;
+                expired.push(*rule);
+            }
+            let keep = now < r.forget_micros;
+            if !keep {
+                freed += record_bytes(k);
+            }
+            keep
+        });
+        self.bytes -= freed;
+        if self.records.capacity() > 64 && self.records.capacity() > self.records.len() * 4 {
+            self.records.shrink_to_fit();
+        }
+    }
+
+    /// Records held (forgotten ones included until a sweep).
+    pub(super) fn len(&self) -> usize {
+        self.records.len()
+    }
+}

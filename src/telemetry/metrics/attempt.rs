@@ -1,0 +1,39 @@
+//! The attempts' metrics: calls of attempts by what happened to them
+//! (`rls_attempts_total{domain, rule, result}`; the results are
+//! [`crate::attempt::AttemptResult`]'s labels).
+
+use prometheus::{IntCounterVec, Opts};
+
+use crate::labels::RuleId;
+
+/// Counters of [`crate::attempt`].
+pub(super) struct AttemptMetrics {
+    pub(super) attempts: IntCounterVec,
+}
+
+impl AttemptMetrics {
+    pub(super) fn new() -> Self {
+        Self {
+            attempts: IntCounterVec::new(
+                Opts::new(
+                    "rls_attempts_total",
+                    "Calls of attempts on rules with `attempts:`, by result: first, repeat (answered as before, nothing charged), settled, late (settled after the ttl), unknown (a done call with no record: charged in full), full (no room to remember it), expired (a reservation never settled: kept as spent), no_id (no attempt entry)",
+                ),
+                &["domain", "rule", "result"],
+            )
+            .expect("valid metric"),
+        }
+    }
+
+    pub(super) fn collectors(&self) -> Vec<Box<dyn prometheus::core::Collector>> {
+        vec![Box::new(self.attempts.clone())]
+    }
+
+    /// `n` calls of `rule`'s attempts ended as `result`.
+    pub(super) fn count(&self, rule: RuleId, result: &str, n: u64) {
+        let (domain, rule) = rule.labels();
+        self.attempts
+            .with_label_values(&[&domain, &rule, result])
+            .inc_by(n);
+    }
+}

@@ -1,0 +1,232 @@
+//! Attempts (#39): a descriptor entry a rule names (`attempts.key`, from
+//! Envoy's `x-request-id`) identifies the attempt, and the phase entry
+//! (`phase: done`) the call Envoy makes when the stream is done. Over real
+//! gRPC on the memory store: reservations that hold concurrent chats to the
+//! budget and settle exactly once, repeats answered free, the stated
+//! answers for bad input, and the counters.
+
+mod common;
+
+use common::{client, descriptor, request, rules_dir, sample, serve_args};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
+use envoy_types::pb::google::protobuf::UInt64Value;
+use tokenbucket_rls::server::RunningServer;
+use tonic::transport::Channel;
+
+/// Budgets per day: the refill adds less than a token over a test.
+const RULES: &str = r#"
+domain: llm
+descriptors:
+  - key: user
+    overdraft: true
+    rate_limit: {unit: day, requests_per_unit: 1000, burst: 1000, name: llm-tokens}
+    attempts: {key: request_id, ttl: 1m, reserve: 600}
+  - key: api
+    rate_limit: {unit: day, requests_per_unit: 5, name: api-calls}
+    attempts: {key: request_id, ttl: 1m}
+"#;
+
+const OK: i32 = Code::Ok as i32;
+const OVER: i32 = Code::OverLimit as i32;
+
+/// A call for `user` (or another key) with attempt `id`, `done` or not,
+/// with its own `hits_addend` when given.
+async fn call(
+    c: &mut RateLimitServiceClient<Channel>,
+    key: &str,
+    value: &str,
+    id: Option<&str>,
+    done: bool,
+    hits: Option<u64>,
+) -> RateLimitResponse {
+    let mut entries = vec![(key, value)];
+    if let Some(id) = id {
+        entries.push(("request_id", id));
+    }
+    if done {
+        entries.push(("phase", "done"));
+    }
+    let mut d = descriptor(&entries);
+    d.hits_addend = hits.map(|value| UInt64Value { value });
+    c.should_rate_limit(request("llm", vec![d]))
+        .await
+        .expect("decided")
+        .into_inner()
+}
+
+async fn start() -> (RunningServer, tempfile::TempDir) {
+    let rules = rules_dir(RULES);
+    let server = tokenbucket_rls::server::start(&serve_args(rules.path().to_path_buf()))
+        .await
+        .expect("server starts");
+    (server, rules)
+}
+
+fn counted(server: &RunningServer, rule: &str, result: &str) -> f64 {
+    sample(
+        &server.metrics.render(),
+        &format!("rls_attempts_total{{domain=\"llm\",result=\"{result}\",rule=\"{rule}\"}}"),
+    )
+    .unwrap_or(0.0)
+}
+
+fn remaining(r: &RateLimitResponse) -> u64 {
+    u64::from(r.statuses[0].limit_remaining)
+}
+
+/// The issue's case: 20 chats of 600 start at once on 1,000. Without
+/// attempts all 20 checks pass; with reservations exactly one is in
+/// flight, and the rest are refused with nothing taken.
+#[tokio::test]
+async fn twenty_concurrent_chats_reserve_and_only_the_budget_is_in_flight() {
+    let (server, _rules) = start().await;
+    let c = client(&server).await;
+    let tasks: Vec<_> = (0..20)
+        .map(|i| {
+            let mut c = c.clone();
+            tokio::spawn(async move {
+                let id = format!("chat-{i}");
+                let r = call(&mut c, "user", "alice", Some(&id), false, Some(600)).await;
+                (id, r)
+            })
+        })
+        .collect();
+    let mut admitted = Vec::new();
+    for t in tasks {
+        let (id, r) = t.await.expect("task");
+        if r.overall_code == OK {
+            admitted.push(id);
+        } else {
+            assert_eq!(r.overall_code, OVER);
+            assert!(
+                r.response_headers_to_add
+                    .iter()
+                    .any(|h| h.key.eq_ignore_ascii_case("retry-after")),
+                "{r:?}"
+            );
+        }
+    }
+    assert_eq!(admitted.len(), 1, "{admitted:?}");
+    let mut c = c.clone();
+    // nothing was taken by the refused ones: 400 left
+    let r = call(&mut c, "user", "alice", None, false, Some(0)).await;
+    assert_eq!(remaining(&r), 400);
+    // the chat used 100 of its 600: 500 back at once, and then 900 left
+    let r = call(&mut c, "user", "alice", Some(&admitted[0]), true, Some(100)).await;
+    assert_eq!(r.overall_code, OK);
+    assert_eq!(remaining(&r), 900);
+    // Envoy sends the done call again (a retry): nothing moves
+    let r = call(&mut c, "user", "alice", Some(&admitted[0]), true, Some(100)).await;
+    assert_eq!((r.overall_code, remaining(&r)), (OK, 900));
+    // and the start again: answered as it was, nothing taken
+    let r = call(
+        &mut c,
+        "user",
+        "alice",
+        Some(&admitted[0]),
+        false,
+        Some(600),
+    )
+    .await;
+    assert_eq!((r.overall_code, remaining(&r)), (OK, 900));
+    assert_eq!(counted(&server, "llm-tokens", "first"), 20.0);
+    assert_eq!(counted(&server, "llm-tokens", "settled"), 1.0);
+    assert_eq!(counted(&server, "llm-tokens", "repeat"), 2.0);
+    server.shutdown().await.expect("stop");
+}
+
+#[tokio::test]
+async fn a_settlement_charges_or_gives_back_the_difference_exactly_once() {
+    let (server, _rules) = start().await;
+    let mut c = client(&server).await;
+    // no hits_addend of its own: the rule's reserve (600)
+    let r = call(&mut c, "user", "bob", Some("b1"), false, None).await;
+    assert_eq!((r.overall_code, remaining(&r)), (OK, 400));
+    // used 900: 300 more charged, into nothing left
+    let r = call(&mut c, "user", "bob", Some("b1"), true, Some(900)).await;
+    assert_eq!(remaining(&r), 100);
+    // a chat that used nothing (Envoy's format gave 0) gets it all back
+    let r = call(&mut c, "user", "carol", Some("c1"), false, Some(600)).await;
+    assert_eq!(remaining(&r), 400);
+    let r = call(&mut c, "user", "carol", Some("c1"), true, Some(0)).await;
+    assert_eq!(remaining(&r), 1000);
+    // a done call for an attempt never seen is charged in full, once
+    let r = call(&mut c, "user", "dave", Some("ghost"), true, Some(1200)).await;
+    assert_eq!(r.overall_code, OVER, "1,200 charged: 200 in debt");
+    let r = call(&mut c, "user", "dave", Some("ghost"), true, Some(1200)).await;
+    assert_eq!(r.overall_code, OK, "a repeat: answered, nothing charged");
+    let r = call(&mut c, "user", "dave", None, false, Some(0)).await;
+    assert_eq!((r.overall_code, remaining(&r)), (OVER, 0));
+    // a start above what the bucket holds: refused, nothing taken
+    let r = call(&mut c, "user", "erin", Some("e1"), false, Some(1001)).await;
+    assert_eq!(r.overall_code, OVER);
+    let r = call(&mut c, "user", "erin", None, false, Some(0)).await;
+    assert_eq!(remaining(&r), 1000);
+    assert_eq!(counted(&server, "llm-tokens", "unknown"), 1.0);
+    server.shutdown().await.expect("stop");
+}
+
+/// On a rule without `overdraft`, attempts dedupe: a call repeated (a
+/// gRPC retry after a timeout, Envoy sending it again) is answered as the
+/// first was and charges nothing; a refused one is decided afresh.
+#[tokio::test]
+async fn a_repeated_call_is_charged_once() {
+    let (server, _rules) = start().await;
+    let mut c = client(&server).await;
+    for _ in 0..3 {
+        let r = call(&mut c, "api", "k1", Some("r1"), false, None).await;
+        assert_eq!((r.overall_code, remaining(&r)), (OK, 4));
+    }
+    for i in 2..=5 {
+        let r = call(&mut c, "api", "k1", Some(&format!("r{i}")), false, None).await;
+        assert_eq!(r.overall_code, OK);
+    }
+    let r = call(&mut c, "api", "k1", Some("r6"), false, None).await;
+    assert_eq!(r.overall_code, OVER);
+    let r = call(&mut c, "api", "k1", Some("r6"), false, None).await;
+    assert_eq!(r.overall_code, OVER, "decided afresh: still nothing left");
+    assert_eq!(counted(&server, "api-calls", "repeat"), 2.0);
+    assert_eq!(counted(&server, "api-calls", "first"), 7.0);
+    server.shutdown().await.expect("stop");
+}
+
+/// The attempt and phase entries take no part in matching or in the
+/// bucket's key: calls with different ids spend one bucket, and a call
+/// without an id is decided as without attempts (counted `no_id`).
+#[tokio::test]
+async fn attempt_entries_never_split_a_bucket_and_a_missing_id_is_counted() {
+    let (server, _rules) = start().await;
+    let mut c = client(&server).await;
+    call(&mut c, "api", "k2", Some("x1"), false, None).await;
+    call(&mut c, "api", "k2", Some("x2"), true, None).await;
+    let r = call(&mut c, "api", "k2", None, false, None).await;
+    assert_eq!((r.overall_code, remaining(&r)), (OK, 2));
+    let r = call(&mut c, "api", "k2", Some(""), false, None).await;
+    assert_eq!((r.overall_code, remaining(&r)), (OK, 1));
+    assert_eq!(counted(&server, "api-calls", "no_id"), 2.0);
+    server.shutdown().await.expect("stop");
+}
+
+/// The Redis store keeps no attempt records yet: a rule that needs them is
+/// refused at start, naming it, rather than served without them.
+#[tokio::test]
+async fn the_redis_store_refuses_rules_with_attempts_at_start() {
+    let rules = rules_dir(RULES);
+    let args = common::redis_args(
+        "redis://127.0.0.1:1",
+        &rules,
+        std::time::Duration::from_millis(100),
+    );
+    let e = match tokenbucket_rls::server::start(&args).await {
+        Ok(_) => panic!("started with attempts on Redis"),
+        Err(e) => format!("{e:#}"),
+    };
+    assert!(
+        e.contains(
+            "domain 'llm', rule user: `attempts`: the Redis store keeps no attempt records yet"
+        ),
+        "{e}"
+    );
+}
