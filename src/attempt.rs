@@ -210,7 +210,7 @@ pub fn plan(call: &AttemptCall, record: Option<&AttemptRecord>, cost: Cost, now:
 }
 
 /// Tokens a reservation's done call says were used.
-fn used_of(cost: Cost) -> u64 {
+pub fn used_of(cost: Cost) -> u64 {
     match cost {
         Cost::Spend(n) | Cost::Charge(n) => n,
         Cost::Lease { needed, .. } => needed,

@@ -302,13 +302,6 @@ fn load_rules(args: &ServeArgs) -> Result<(SharedRules, LoadOptions, Option<XdsS
     let opts = LoadOptions {
         merge_domains: args.merge_domains,
         usage_domains: DomainPatterns::new(&args.usage_domains),
-        refuse_attempts: match args.store {
-            StoreKind::Memory => None,
-            StoreKind::Redis => Some(
-                "the Redis store keeps no attempt records yet; serve this rule with --store memory, or drop `attempts`"
-                    .to_string(),
-            ),
-        },
     };
     let xds = args.xds_settings();
     if let Some(settings) = &xds {

@@ -13,7 +13,6 @@ fuzz_target!(|data: &[u8]| {
     let opts = LoadOptions {
         merge_domains: data.first().is_some_and(|b| b & 1 == 1),
         usage_domains: tokenbucket_rls::rules::DomainPatterns::new(&["*"]),
-        refuse_attempts: None,
     };
     match load_sources(vec![(PathBuf::from("fuzz.yaml"), text.clone())], opts) {
         Ok(rules) => {

@@ -23,9 +23,6 @@ pub struct LoadOptions {
     /// `--usage-domains`: in these domains a descriptor's own cost is a
     /// usage charge (see [`super::Rule::usage_charges`]).
     pub usage_domains: DomainPatterns,
-    /// Why rules with `attempts:` cannot be served (the store does not
-    /// keep attempt records); `None`: they can.
-    pub refuse_attempts: Option<String>,
 }
 
 /// Domain names, exact or with `*` (any run of characters), e.g. `*` for
@@ -167,7 +164,7 @@ pub fn load_sources(
                 compile_top_level(&mut root, &name, usage, &file.path, docs, &mut errors);
             }
         }
-        let attempt_keys = check_attempts(&root, &name, &opts, &parsed[files[0]].path, &mut errors);
+        let attempt_keys = check_attempts(&root, &name, &parsed[files[0]].path, &mut errors);
         let files = files.iter().map(|&i| parsed[i].path.clone()).collect();
         domains.insert(
             name.to_string(),
@@ -198,19 +195,12 @@ pub fn load_sources(
 fn check_attempts(
     root: &Level,
     domain: &str,
-    opts: &LoadOptions,
     file: &Path,
     errors: &mut ConfigErrors,
 ) -> Vec<String> {
     let mut keys: Vec<String> = Vec::new();
     for rule in root.rules() {
         let Some(a) = &rule.attempts else { continue };
-        if let Some(why) = &opts.refuse_attempts {
-            errors.push(ConfigError::new(
-                &rule.source,
-                format!("domain '{domain}', rule {}: `attempts`: {why}", rule.path),
-            ));
-        }
         for k in [&a.key, &a.phase_key] {
             if !keys.contains(k) {
                 keys.push(k.clone());

@@ -676,23 +676,3 @@ fn attempts_that_cannot_apply_are_refused_naming_the_place() {
     );
     assert!(e.contains("`attempts` on an unlimited rule"), "{e}");
 }
-
-#[test]
-fn a_store_without_attempt_records_refuses_the_rules_that_need_them() {
-    let e = load_sources(
-        vec![(
-            PathBuf::from("rules.yaml"),
-            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 10}\n    attempts: {key: id, ttl: 1m}\n".to_string(),
-        )],
-        LoadOptions {
-            refuse_attempts: Some("not here".into()),
-            ..LoadOptions::default()
-        },
-    )
-    .expect_err("refused")
-    .to_string();
-    assert!(
-        e.contains("rules.yaml: domain 'd', rule k: `attempts`: not here"),
-        "{e}"
-    );
-}

@@ -34,7 +34,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use parking_lot::{Mutex, RwLock};
 
-use super::{DescriptorBuckets, Store, StoreError};
+use super::{AttemptOutcome, DescriptorBuckets, Store, StoreError};
+use crate::attempt::AttemptCall;
 use crate::bucket::{BucketOutcome, Cost};
 use crate::telemetry::Metrics;
 
@@ -334,6 +335,42 @@ impl<S: Store + Nodes> Drop for Pending<'_, S> {
     }
 }
 
+impl<S: Store + Nodes> Breakers<S> {
+    /// `call` on `descriptor`'s node through its breaker: refused at once
+    /// while it is open, told `patience` only when the node is trusted, and
+    /// its outcome recorded (a call cut short by the caller's deadline, this
+    /// future dropped, counts as a timeout of the node).
+    async fn guarded<T, F, Fut>(
+        &self,
+        descriptor: &DescriptorBuckets,
+        patience: Option<std::time::Duration>,
+        call: F,
+    ) -> Result<T, StoreError>
+    where
+        F: FnOnce(Option<std::time::Duration>) -> Fut,
+        Fut: std::future::Future<Output = Result<T, StoreError>>,
+    {
+        let node = self.inner.node_of(descriptor);
+        let cell = self.cell(&node);
+        if cell.blocked.load(Ordering::Acquire) {
+            return Err(StoreError::BreakerOpen);
+        }
+        let patience = patience.filter(|_| cell.state.lock().trusted());
+        let mut pending = Pending {
+            breakers: self,
+            node,
+            cell,
+            done: false,
+        };
+        let result = call(patience).await;
+        pending.done = true;
+        if let Some(outcome) = CallOutcome::of(&result) {
+            pending.record(outcome);
+        }
+        result
+    }
+}
+
 #[async_trait]
 impl<S: Store + Nodes> Store for Breakers<S> {
     async fn decide(
@@ -354,29 +391,24 @@ impl<S: Store + Nodes> Store for Breakers<S> {
         cost: Cost,
         patience: Option<std::time::Duration>,
     ) -> Result<Vec<BucketOutcome>, StoreError> {
-        let node = self.inner.node_of(descriptor);
-        let cell = self.cell(&node);
-        if cell.blocked.load(Ordering::Acquire) {
-            return Err(StoreError::BreakerOpen);
-        }
-        let patience = patience.filter(|_| cell.state.lock().trusted());
-        // A call cut short by the caller's deadline (this future dropped)
-        // counts as a timeout of the node.
-        let mut pending = Pending {
-            breakers: self,
-            node,
-            cell,
-            done: false,
-        };
-        let result = self
-            .inner
-            .decide_patiently(descriptor, cost, patience)
-            .await;
-        pending.done = true;
-        if let Some(outcome) = CallOutcome::of(&result) {
-            pending.record(outcome);
-        }
-        result
+        self.guarded(descriptor, patience, |patience| {
+            self.inner.decide_patiently(descriptor, cost, patience)
+        })
+        .await
+    }
+
+    /// As [`Store::decide_patiently`], through the same breaker.
+    async fn decide_attempt(
+        &self,
+        descriptor: &DescriptorBuckets,
+        cost: Cost,
+        call: &AttemptCall,
+        patience: Option<std::time::Duration>,
+    ) -> Result<AttemptOutcome, StoreError> {
+        self.guarded(descriptor, patience, |patience| {
+            self.inner.decide_attempt(descriptor, cost, call, patience)
+        })
+        .await
     }
 
     fn name(&self) -> &'static str {

@@ -2,6 +2,18 @@
 //! that no two lists of strings encode alike (the limiter's bucket keys and
 //! the RLQS ledger's keys both build on it).
 
+/// The key of attempt `id`'s record on the descriptor of `tag`, in both
+/// stores: `a`, then each with its length in front. A bucket's key starts
+/// with its tag's version byte (1), so no attempt id, however made, names
+/// a bucket.
+pub fn attempt_key(tag: &[u8], id: &[u8]) -> Vec<u8> {
+    let mut key = Vec::with_capacity(tag.len() + id.len() + 8);
+    key.push(b'a');
+    put(&mut key, tag);
+    put(&mut key, id);
+    key
+}
+
 /// Writes `bytes` with its length in front (LEB128), so that no two lists
 /// of strings encode alike.
 pub fn put(out: &mut Vec<u8>, bytes: &[u8]) {

@@ -42,12 +42,12 @@ use std::time::Duration;
 use async_trait::async_trait;
 use parking_lot::Mutex;
 
-use self::attempts::attempt_key;
 pub use self::attempts::{ATTEMPT_FIXED_BYTES, BYTES_PER_ATTEMPT, DEFAULT_MAX_ATTEMPTS};
 pub use self::entry::REJECTED_RECENTLY_SECS;
 use self::entry::{Entry, FullAt};
 use self::shard::{bucket_bytes, make_room, overflow_key, Shard, ShardState, OVERFLOW_PREFIX};
 pub use self::shard::{BUCKET_FIXED_BYTES, BYTES_PER_BUCKET};
+use super::key::attempt_key;
 use super::{AttemptOutcome, DescriptorBuckets, Store, StoreError};
 use crate::attempt::{self, AttemptCall, AttemptMode, AttemptResult, Phase};
 use crate::bucket::{self, BucketOutcome, BucketState, Cost};

@@ -28,14 +28,6 @@ pub const ATTEMPT_FIXED_BYTES: usize = 112;
 /// than one.
 pub const BYTES_PER_ATTEMPT: usize = 256;
 
-/// The key of `id`'s record on the descriptor of `tag`.
-pub(super) fn attempt_key(tag: &[u8], id: &[u8]) -> Vec<u8> {
-    let mut key = Vec::with_capacity(tag.len() + id.len() + 2);
-    key.extend_from_slice(tag);
-    crate::store::key::put(&mut key, id);
-    key
-}
-
 fn record_bytes(key: &[u8]) -> usize {
     ATTEMPT_FIXED_BYTES + key.len()
 }

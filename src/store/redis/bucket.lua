@@ -19,9 +19,22 @@
 --             the packed one; + 2 for a charge (a rule's `overdraft`):
 --             deducted whatever the verdict (not on a rate of 0), down to
 --             -capacity at most (a balance already below it stays), its
---             wait counted from after it
+--             wait counted from after it; + 4 for a call of an attempt
 --   then per bucket: capacity, tokens_per_unit, unit_secs
---   then, for each decision after the first, its n keys.
+--   then, for a call of an attempt: phase (0 start, 1 done), mode (0
+--             dedupe, 1 reserve), ttl_ms; its keys end with the attempt's
+--             record (n + 1 keys)
+--   then, for each decision after the first, its keys.
+--
+-- An attempt's record (src/attempt.rs has the Rust copy, `plan` and
+-- `record_after`): struct.pack('<dddd', tokens its admitted start took (-1:
+-- none), done (0/1), expiry (ms: an unsettled reservation is kept as spent
+-- from then), when it is forgotten (ms)), expiring then. A repeat of an
+-- admitted call is answered OK and writes nothing; a reservation's done
+-- call (its cost a charge of what was used) charges or gives back the
+-- difference to what its start took, once; with no record it is charged
+-- in full. The answer then ends with the call's result: 0 first, 1 repeat,
+-- 2 settled, 3 late, 4 unknown.
 -- KEYS holds the first decision's keys, declared, so that the server checks
 -- their slot is its own before anything runs. A batch's other keys are not
 -- declared (one call may declare one slot only): a batch runs as the same
@@ -81,20 +94,66 @@ while a <= nargs do
   local flags = tonumber(ARGV[a + 4])
   local write_hash = flags % 2 == 1
   local charge = floor(flags / 2) % 2 == 1
+  local attempt = floor(flags / 4) % 2 == 1
   -- bucket i's numbers at ARGV[at + 3i - 2 ..], its key at keys[ka + i]
   local at = a + 4
   local keys, ka = KEYS, 0
   a = at + 3 * n + 1
+  local nk = n
+  local phase, mode, ttl_ms = 0, 0, 0
+  if attempt then
+    phase, mode, ttl_ms = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
+    a = a + 3
+    nk = n + 1
+  end
   if d > 1 then
     keys, ka = ARGV, a - 1
-    a = a + n
+    a = a + nk
   elseif a <= nargs then
     answers = {}
   end
   local all_admit = true
   local here = true
+  -- an attempt's record, and what the call is (see the header)
+  local r_started, r_done, r_exp, r_forget = -1, 0, 0, 0
+  local result = 0
+  local again = false
   -- `repeat … until true`: a `break` from it ends this decision
   repeat
+    if attempt then
+      local value = redis.pcall('GET', keys[ka + nk])
+      if type(value) == 'table' and value.err then
+        if d == 1 then return value end
+        here = false
+      elseif type(value) == 'string' and #value == 32 then
+        r_started, r_done, r_exp, r_forget = struct.unpack('<dddd', value)
+        if r_forget <= now_ms then r_started, r_done, r_exp, r_forget = -1, 0, 0, 0 end
+      end
+      if not here then
+        answers[d] = { -1 }
+        break
+      end
+      if phase == 0 then
+        again = r_started >= 0
+      elseif mode == 0 or r_done == 1 then
+        again = r_done == 1
+      elseif r_started >= 0 then
+        -- a reservation settled: what was used against what it took
+        local used = needed
+        if used >= r_started then
+          needed, deducted, charge = used - r_started, used - r_started, true
+        else
+          needed, deducted, charge = 0, used - r_started, false
+        end
+        if now_ms < r_exp then result = 2 else result = 3 end
+      else
+        result = 4
+      end
+      if again then
+        result = 1
+        needed, deducted, charge = 0, 0, false
+      end
+    end
     for i = 1, n do
       local k = S * (i - 1)
       local cap = tonumber(ARGV[at + 3 * i - 2])
@@ -160,6 +219,11 @@ while a <= nargs do
     if not here then
       answers[d] = { -1 }
       break
+    end
+    -- a repeat is answered as the admitted call it repeats
+    if again then
+      all_admit = true
+      for i = 1, n do B[S * (i - 1) + RETRY] = -1 end
     end
 
     -- a charge applies whatever the verdict, unless a bucket never refills
@@ -262,9 +326,36 @@ while a <= nargs do
 
     local taken = 0
     if applies and deducted > 0 then taken = deducted end
+    if attempt and not again then
+      local keep = false
+      if phase == 0 then
+        -- an admitted start that took (or gave) something; a check took
+        -- nothing and is not remembered
+        if all_admit and (deducted ~= 0 or charge) then
+          r_started, r_exp, r_forget = max(0, deducted), now_ms + ttl_ms, now_ms + 2 * ttl_ms
+          keep = true
+        end
+      elseif mode == 0 then
+        keep = all_admit and (deducted ~= 0 or charge)
+      else
+        -- a settlement, or an unknown attempt's charge: done whatever the
+        -- verdict
+        keep = true
+      end
+      if keep then
+        if phase == 1 then
+          r_done = 1
+          if r_forget <= now_ms then
+            r_exp, r_forget = now_ms + ttl_ms, now_ms + 2 * ttl_ms
+          end
+        end
+        redis.call('SET', keys[ka + nk], struct.pack('<dddd', r_started, r_done, r_exp, r_forget),
+          'PX', string.format('%d', max(1, r_forget - now_ms)))
+      end
+    end
     -- one bucket (most descriptors): the answer's table made at its size
     local out
-    if n == 1 then
+    if n == 1 and not attempt then
       out = { all_admit and 1 or 0, 0, 0, 0, 0, taken }
     else
       out = { all_admit and 1 or 0 }
@@ -287,6 +378,7 @@ while a <= nargs do
       o = o + 4
     end
     out[o + 1] = taken
+    if attempt then out[o + 2] = result end
     if answers == nil then return out end
     answers[d] = out
   until true

@@ -46,7 +46,8 @@ use parking_lot::RwLock;
 use self::memory::NodeMemory;
 use self::nodes::{ClientRecipe, NodeClients, Routing};
 use super::breaker::Nodes;
-use super::{DescriptorBuckets, Store, StoreError};
+use super::{AttemptOutcome, DescriptorBuckets, Store, StoreError};
+use crate::attempt::{self, AttemptCall, AttemptMode, AttemptResult, Phase};
 use crate::bucket::{BucketOutcome, Cost, NeverReason};
 use crate::telemetry::Metrics;
 
@@ -578,6 +579,75 @@ impl RedisStore {
 }
 
 impl RedisStore {
+    /// One decision's call of `bucket.lua` (of an attempt when `attempt`
+    /// says so: its record's key and its numbers added), its raw reply.
+    async fn decide_call(
+        &self,
+        descriptor: &DescriptorBuckets,
+        cost: Cost,
+        attempt: Option<&AttemptCall>,
+        patience: Option<Duration>,
+    ) -> Result<Vec<i64>, StoreError> {
+        let hash = tag_hash(&descriptor.tag);
+        let mut keys: Vec<Key> = descriptor
+            .buckets
+            .iter()
+            .map(|b| Key::from(self.prefixed(redis_key(hash, &b.key))))
+            .collect();
+        if let Some(call) = attempt {
+            let record = super::key::attempt_key(&descriptor.tag, &call.id);
+            keys.push(Key::from(self.prefixed(redis_key(hash, &record))));
+        }
+        let mut args: Vec<Value> = Vec::with_capacity(8 + 3 * descriptor.buckets.len());
+        // needed() is at most MAX_COST (2^53), so the cast keeps it positive.
+        args.extend([
+            Value::Integer(descriptor.buckets.len() as i64),
+            Value::Integer(cost.needed() as i64),
+            Value::Integer(cost.deducted()),
+            Value::Integer(EXPIRY_MARGIN_MS),
+            // flags: 1 the hash layout, 2 a charge, 4 an attempt (see
+            // bucket.lua)
+            Value::Integer(
+                i64::from(self.layout == BucketLayout::Hash)
+                    + 2 * i64::from(matches!(cost, Cost::Charge(_)))
+                    + 4 * i64::from(attempt.is_some()),
+            ),
+        ]);
+        for b in &descriptor.buckets {
+            args.extend([
+                Value::Integer(b.params.capacity as i64),
+                Value::Integer(b.params.tokens_per_unit as i64),
+                Value::Integer(b.params.unit_secs as i64),
+            ]);
+        }
+        if let Some(call) = attempt {
+            args.extend([
+                Value::Integer(i64::from(call.phase == Phase::Done)),
+                Value::Integer(i64::from(call.mode == AttemptMode::Reserve)),
+                Value::Integer(
+                    i64::try_from(call.ttl_micros / 1000)
+                        .unwrap_or(i64::MAX)
+                        .max(1),
+                ),
+            ]);
+        }
+        let longer = patience.filter(|p| Some(*p) > self.options.timeout);
+        let patient;
+        let options = match longer {
+            Some(p) => {
+                patient = Options {
+                    timeout: Some(p),
+                    ..self.options.clone()
+                };
+                &patient
+            }
+            None => &self.options,
+        };
+        self.run(&self.script, slot_of(hash), &keys, &args, options)
+            .await
+            .map_err(store_error)
+    }
+
     /// `key` behind the `--redis-key-prefix` (the slot stays the same: the
     /// hash tag is in `key`, and a prefix has no braces).
     fn prefixed(&self, key: Bytes) -> Bytes {
@@ -739,49 +809,47 @@ impl Store for RedisStore {
         cost: Cost,
         patience: Option<Duration>,
     ) -> Result<Vec<BucketOutcome>, StoreError> {
-        let hash = tag_hash(&descriptor.tag);
-        let keys: Vec<Key> = descriptor
-            .buckets
-            .iter()
-            .map(|b| Key::from(self.prefixed(redis_key(hash, &b.key))))
-            .collect();
-        let mut args: Vec<Value> = Vec::with_capacity(5 + 3 * descriptor.buckets.len());
-        // needed() is at most MAX_COST (2^53), so the cast keeps it positive.
-        args.extend([
-            Value::Integer(descriptor.buckets.len() as i64),
-            Value::Integer(cost.needed() as i64),
-            Value::Integer(cost.deducted()),
-            Value::Integer(EXPIRY_MARGIN_MS),
-            // flags: 1 the hash layout, 2 a charge (see bucket.lua)
-            Value::Integer(
-                i64::from(self.layout == BucketLayout::Hash)
-                    + 2 * i64::from(matches!(cost, Cost::Charge(_))),
-            ),
-        ]);
-        for b in &descriptor.buckets {
-            args.extend([
-                Value::Integer(b.params.capacity as i64),
-                Value::Integer(b.params.tokens_per_unit as i64),
-                Value::Integer(b.params.unit_secs as i64),
-            ]);
-        }
-        let longer = patience.filter(|p| Some(*p) > self.options.timeout);
-        let patient;
-        let options = match longer {
-            Some(p) => {
-                patient = Options {
-                    timeout: Some(p),
-                    ..self.options.clone()
-                };
-                &patient
-            }
-            None => &self.options,
+        let reply = self.decide_call(descriptor, cost, None, patience).await?;
+        outcomes(&reply, descriptor.buckets.len())
+    }
+
+    /// The record is a key in the descriptor's slot, read and written by
+    /// the same script call as its buckets (a batch's included).
+    async fn decide_attempt(
+        &self,
+        descriptor: &DescriptorBuckets,
+        cost: Cost,
+        call: &AttemptCall,
+        patience: Option<Duration>,
+    ) -> Result<AttemptOutcome, StoreError> {
+        // a reservation's done call carries what was used, as a charge the
+        // script turns into the settlement
+        let cost = match (call.mode, call.phase) {
+            (AttemptMode::Reserve, Phase::Done) => Cost::Charge(attempt::used_of(cost)),
+            _ => cost,
         };
         let reply = self
-            .run(&self.script, slot_of(hash), &keys, &args, options)
-            .await
-            .map_err(store_error)?;
-        outcomes(&reply, descriptor.buckets.len())
+            .decide_call(descriptor, cost, Some(call), patience)
+            .await?;
+        let Some((code, reply)) = reply.split_last() else {
+            return Err(StoreError::Script("an empty script reply".into()));
+        };
+        let result = match code {
+            0 => AttemptResult::First,
+            1 => AttemptResult::Repeat,
+            2 => AttemptResult::Settled,
+            3 => AttemptResult::Late,
+            4 => AttemptResult::Unknown,
+            other => {
+                return Err(StoreError::Script(format!(
+                    "an attempt's result {other} in the script reply"
+                )))
+            }
+        };
+        Ok(AttemptOutcome {
+            outcomes: outcomes(reply, descriptor.buckets.len())?,
+            result,
+        })
     }
 
     fn name(&self) -> &'static str {

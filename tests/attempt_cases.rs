@@ -1,0 +1,274 @@
+//! One table of attempt sequences, run against both copies of the
+//! attempts' arithmetic: the Rust one (`src/attempt.rs` in the memory
+//! store) and the Lua one (`store/redis/bucket.lua`) on a real
+//! `redis-server`. Each sequence is a list of calls on one descriptor; every
+//! call's outcome (verdict, remaining, retry, full-in, taken) and result
+//! must be the same on both stores. Buckets refill one token a day, so the
+//! time between calls cannot change a whole number.
+
+mod common;
+
+use std::time::Duration;
+
+use common::redis::RedisServer;
+use tokenbucket_rls::attempt::{AttemptCall, AttemptMode, AttemptResult, Phase};
+use tokenbucket_rls::bucket::{BucketParams, Cost};
+use tokenbucket_rls::clock::MonotonicClock;
+use tokenbucket_rls::labels::RuleId;
+use tokenbucket_rls::store::memory::MemoryStore;
+use tokenbucket_rls::store::redis::{BucketLayout, RedisSettings, RedisStore};
+use tokenbucket_rls::store::{BucketRef, DescriptorBuckets, Store};
+
+use AttemptMode::{Dedupe, Reserve};
+use Phase::{Done, Start};
+
+/// One call: attempt id, phase, mode, cost, and the result both stores
+/// must give.
+type Step = (&'static str, Phase, AttemptMode, Cost, AttemptResult);
+
+struct Sequence {
+    name: &'static str,
+    /// Bursts of the descriptor's buckets (each refills 1 a day).
+    bursts: Vec<u64>,
+    steps: Vec<Step>,
+}
+
+fn sequences() -> Vec<Sequence> {
+    use AttemptResult::{First, Repeat, Settled, Unknown};
+    vec![
+        Sequence {
+            name: "reserve, repeat, settle above, repeat the settlement",
+            bursts: vec![1000],
+            steps: vec![
+                ("a", Start, Reserve, Cost::Spend(600), First),
+                ("a", Start, Reserve, Cost::Spend(600), Repeat),
+                ("b", Start, Reserve, Cost::Spend(600), First),
+                ("a", Done, Reserve, Cost::Spend(750), Settled),
+                ("a", Done, Reserve, Cost::Spend(750), Repeat),
+            ],
+        },
+        Sequence {
+            name: "settle below, nothing used, a check as usage",
+            bursts: vec![1000],
+            steps: vec![
+                ("a", Start, Reserve, Cost::Spend(600), First),
+                ("a", Done, Reserve, Cost::Spend(100), Settled),
+                ("b", Start, Reserve, Cost::Spend(900), First),
+                ("b", Done, Reserve, Cost::Check, Settled),
+                ("c", Start, Reserve, Cost::Spend(900), First),
+                ("c", Done, Reserve, Cost::Refund(7), Settled),
+            ],
+        },
+        Sequence {
+            name: "settlements into debt stop at minus the burst",
+            bursts: vec![100],
+            steps: vec![
+                ("a", Start, Reserve, Cost::Spend(100), First),
+                ("a", Done, Reserve, Cost::Spend(180), Settled),
+                ("b", Start, Reserve, Cost::Spend(1), First),
+                ("x", Done, Reserve, Cost::Spend(500), Unknown),
+                ("x", Done, Reserve, Cost::Spend(500), Repeat),
+                ("c", Start, Reserve, Cost::Check, First),
+            ],
+        },
+        Sequence {
+            name: "a refused start is decided afresh; a check is not remembered",
+            bursts: vec![10],
+            steps: vec![
+                ("a", Start, Reserve, Cost::Spend(11), First),
+                ("a", Start, Reserve, Cost::Spend(11), First),
+                ("b", Start, Reserve, Cost::Check, First),
+                ("b", Start, Reserve, Cost::Spend(4), First),
+                ("b", Start, Reserve, Cost::Spend(4), Repeat),
+            ],
+        },
+        Sequence {
+            name: "dedupe tells the phases apart",
+            bursts: vec![5],
+            steps: vec![
+                ("a", Start, Dedupe, Cost::Spend(1), First),
+                ("a", Start, Dedupe, Cost::Spend(1), Repeat),
+                ("a", Done, Dedupe, Cost::Spend(2), First),
+                ("a", Done, Dedupe, Cost::Spend(2), Repeat),
+                ("b", Start, Dedupe, Cost::Spend(3), First),
+                ("b", Start, Dedupe, Cost::Spend(3), First),
+                ("c", Start, Dedupe, Cost::Refund(2), First),
+                ("c", Start, Dedupe, Cost::Refund(2), Repeat),
+            ],
+        },
+        Sequence {
+            name: "two limits: reserved and settled in both",
+            bursts: vec![1000, 700],
+            steps: vec![
+                ("a", Start, Reserve, Cost::Spend(600), First),
+                ("b", Start, Reserve, Cost::Spend(600), First),
+                ("a", Done, Reserve, Cost::Check, Settled),
+                ("b", Start, Reserve, Cost::Spend(600), First),
+                ("b", Done, Reserve, Cost::Spend(900), Settled),
+            ],
+        },
+    ]
+}
+
+fn descriptor(tag: &str, bursts: &[u64]) -> DescriptorBuckets {
+    DescriptorBuckets {
+        tag: tag.as_bytes().to_vec(),
+        buckets: bursts
+            .iter()
+            .enumerate()
+            .map(|(i, &capacity)| BucketRef {
+                key: format!("{tag}#{i}").into_bytes(),
+                params: BucketParams {
+                    capacity,
+                    tokens_per_unit: 1,
+                    unit_secs: 86_400,
+                },
+                rule: RuleId::of("cases", "attempts"),
+            })
+            .collect(),
+    }
+}
+
+/// The call as the stores get it from the limiter: a reservation's done
+/// call carries what was used.
+fn call(id: &str, phase: Phase, mode: AttemptMode) -> AttemptCall {
+    AttemptCall {
+        id: id.as_bytes().to_vec(),
+        phase,
+        mode,
+        ttl_micros: 60_000_000,
+    }
+}
+
+#[tokio::test]
+async fn lua_and_rust_settle_attempts_alike() {
+    let redis = RedisServer::standalone();
+    let redis_store = RedisStore::connect(&RedisSettings {
+        url: redis.url(),
+        timeout: Duration::from_secs(2),
+        pool_size: 1,
+        serving_threads: 0,
+        batch: Some(tokenbucket_rls::store::redis::batch::DEFAULT_MAX),
+        ca_file: None,
+        client_cert: None,
+        layout: BucketLayout::Packed,
+        key_prefix: String::new(),
+    })
+    .await
+    .expect("connect");
+    let memory = MemoryStore::new(MonotonicClock::new());
+    for (n, seq) in sequences().into_iter().enumerate() {
+        let d = descriptor(&format!("seq{n}"), &seq.bursts);
+        for (i, (id, phase, mode, cost, want)) in seq.steps.iter().enumerate() {
+            let c = call(id, *phase, *mode);
+            let rust = memory.decide_attempt_now(&d, *cost, &c);
+            let lua = redis_store
+                .decide_attempt(&d, *cost, &c, None)
+                .await
+                .unwrap_or_else(|e| panic!("{}, step {i}: {e}", seq.name));
+            let place = format!("{}, step {i} ({id} {phase:?} {cost:?})", seq.name);
+            assert_eq!(rust.result, *want, "{place}: Rust");
+            assert_eq!(lua.result, *want, "{place}: Lua");
+            assert_eq!(rust.outcomes.len(), lua.outcomes.len(), "{place}");
+            for (r, l) in rust.outcomes.iter().zip(&lua.outcomes) {
+                assert_eq!(
+                    (
+                        r.admitted,
+                        r.remaining,
+                        r.retry_after_secs,
+                        r.never,
+                        r.taken
+                    ),
+                    (
+                        l.admitted,
+                        l.remaining,
+                        l.retry_after_secs,
+                        l.never,
+                        l.taken
+                    ),
+                    "{place}: Rust (left) and Lua (right)"
+                );
+                // a day's refill: the seconds may differ by the one the
+                // clocks crossed between the calls
+                assert!(
+                    r.full_in_secs.abs_diff(l.full_in_secs) <= 1,
+                    "{place}: full in {} and {}",
+                    r.full_in_secs,
+                    l.full_in_secs
+                );
+            }
+        }
+    }
+}
+
+/// Calls of attempts batched with plain decisions into one script call
+/// (one connection takes every call queued beside it): each group is read
+/// with its own keys, its record included, and answered on its own.
+#[tokio::test]
+async fn attempts_in_a_batch_with_plain_decisions_are_each_decided_alone() {
+    let redis = RedisServer::standalone();
+    let store = RedisStore::connect(&RedisSettings {
+        url: redis.url(),
+        timeout: Duration::from_secs(2),
+        pool_size: 1,
+        serving_threads: 0,
+        batch: Some(tokenbucket_rls::store::redis::batch::DEFAULT_MAX),
+        ca_file: None,
+        client_cert: None,
+        layout: BucketLayout::Packed,
+        key_prefix: String::new(),
+    })
+    .await
+    .expect("connect");
+    let round = |first: bool| {
+        let store = &store;
+        futures::future::join_all((0..32).map(move |i| async move {
+            let d = descriptor(&format!("mixed{i}"), &[10, 20]);
+            if i % 2 == 0 {
+                let r = store
+                    .decide_attempt(&d, Cost::Spend(3), &call("a", Start, Reserve), None)
+                    .await
+                    .expect("decided");
+                (r.result, r.outcomes)
+            } else {
+                let cost = if first { Cost::Spend(3) } else { Cost::Check };
+                let r = store.decide(&d, cost).await.expect("decided");
+                (AttemptResult::First, r)
+            }
+        }))
+    };
+    for (i, (result, outcomes)) in round(true).await.into_iter().enumerate() {
+        assert_eq!(result, AttemptResult::First, "{i}");
+        let remaining: Vec<u64> = outcomes.iter().map(|o| o.remaining).collect();
+        assert_eq!(remaining, [7, 17], "{i}");
+    }
+    for (i, (result, outcomes)) in round(false).await.into_iter().enumerate() {
+        let want = if i % 2 == 0 {
+            AttemptResult::Repeat
+        } else {
+            AttemptResult::First
+        };
+        assert_eq!(result, want, "{i}");
+        assert!(outcomes.iter().all(|o| o.admitted), "{i}");
+        let remaining: Vec<u64> = outcomes.iter().map(|o| o.remaining).collect();
+        assert_eq!(remaining, [7, 17], "{i}: charged once");
+    }
+    // and they did share calls: fewer script calls than decisions
+    let stats = redis.cli(&["INFO", "commandstats"]);
+    let calls: u64 = stats
+        .lines()
+        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .filter_map(|l| {
+            l.split("calls=")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum();
+    assert!(
+        (1..64).contains(&calls),
+        "{calls} script calls for 64 decisions:\n{stats}"
+    );
+}
