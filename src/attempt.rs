@@ -28,6 +28,12 @@
 //!   call still settles exactly. A done call for an attempt with no record
 //!   (never started here, or forgotten) is charged in full, counted as
 //!   unknown.
+//! - **Slots** (a rule with `concurrency: N`): a start takes one of the
+//!   descriptor's N slots (a repeat of a start that holds one is answered
+//!   OK and takes none), refused while all N are held; the done call
+//!   releases it. A slot not released within the time to live returns by
+//!   itself (counted as expired), so a crashed Envoy cannot leak slots.
+//!   [`take_slot`] and [`release_slot`] are the arithmetic.
 //!
 //! **Layer** (docs/architecture.md, "Layers", kept by `tests/layers.rs`):
 //! a leaf; uses only `bucket`.
@@ -53,6 +59,9 @@ pub enum AttemptMode {
     Dedupe,
     /// The start reserves, the done call settles (an `overdraft` rule).
     Reserve,
+    /// The start takes a slot, the done call releases it (a
+    /// `concurrency` rule; see [`take_slot`]).
+    Slot,
 }
 
 /// One call of an attempt, as a store sees it.
@@ -115,11 +124,13 @@ pub enum AttemptResult {
     /// The rule names an attempt entry and the call carried none (or an
     /// empty one): decided without attempt identity.
     NoId,
+    /// A done call released its attempt's slot.
+    Released,
 }
 
 impl AttemptResult {
     /// Every value, in the order the metric lists them.
-    pub const ALL: [AttemptResult; 8] = [
+    pub const ALL: [AttemptResult; 9] = [
         AttemptResult::First,
         AttemptResult::Repeat,
         AttemptResult::Settled,
@@ -128,6 +139,7 @@ impl AttemptResult {
         AttemptResult::Full,
         AttemptResult::Expired,
         AttemptResult::NoId,
+        AttemptResult::Released,
     ];
 
     /// The `result` label.
@@ -141,6 +153,7 @@ impl AttemptResult {
             AttemptResult::Full => "full",
             AttemptResult::Expired => "expired",
             AttemptResult::NoId => "no_id",
+            AttemptResult::Released => "released",
         }
     }
 }
@@ -178,7 +191,7 @@ pub fn plan(call: &AttemptCall, record: Option<&AttemptRecord>, cost: Cost, now:
             Some(r) if r.started.is_some() => repeat,
             _ => first,
         },
-        (Phase::Done, AttemptMode::Dedupe) => match record {
+        (Phase::Done, AttemptMode::Dedupe | AttemptMode::Slot) => match record {
             Some(r) if r.done => repeat,
             _ => first,
         },
@@ -262,7 +275,7 @@ pub fn record_after(
             forget_micros: now.saturating_add(call.ttl_micros.saturating_mul(2)),
             ..record.unwrap_or_else(fresh)
         }),
-        (_, Phase::Done) if call.mode == AttemptMode::Dedupe => admitted.then(|| AttemptRecord {
+        (_, Phase::Done) if call.mode != AttemptMode::Reserve => admitted.then(|| AttemptRecord {
             done: true,
             ..record.unwrap_or_else(fresh)
         }),
@@ -272,6 +285,69 @@ pub fn record_after(
             done: true,
             ..record.unwrap_or_else(fresh)
         }),
+    }
+}
+
+/// The slots of one descriptor held now: (attempt id, when it returns by
+/// itself).
+pub type Slots = Vec<(Box<[u8]>, u64)>;
+
+/// What a slot call did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SlotOutcome {
+    /// A start that holds a slot now (taken now, or held already).
+    pub admitted: bool,
+    /// Slots held after the call.
+    pub in_flight: u64,
+    /// [`AttemptResult::First`] (taken, or refused), `Repeat` (held
+    /// already), `Released`, or `Unknown` (a release of no slot held).
+    pub result: AttemptResult,
+    /// Slots that returned by themselves before this call (their time to
+    /// live passed unreleased).
+    pub expired: u64,
+}
+
+/// Drops the slots whose time to live passed at `now`; how many.
+fn expire(held: &mut Slots, now: u64) -> u64 {
+    let before = held.len();
+    held.retain(|(_, until)| now < *until);
+    (before - held.len()) as u64
+}
+
+/// Attempt `id` asks for one of at most `max` slots of `held`, kept
+/// `ttl_micros` unless released.
+pub fn take_slot(held: &mut Slots, id: &[u8], max: u64, ttl_micros: u64, now: u64) -> SlotOutcome {
+    let expired = expire(held, now);
+    let (admitted, result) = if held.iter().any(|(h, _)| &**h == id) {
+        (true, AttemptResult::Repeat)
+    } else if (held.len() as u64) < max {
+        held.push((id.into(), now.saturating_add(ttl_micros)));
+        (true, AttemptResult::First)
+    } else {
+        (false, AttemptResult::First)
+    };
+    SlotOutcome {
+        admitted,
+        in_flight: held.len() as u64,
+        result,
+        expired,
+    }
+}
+
+/// Attempt `id` is done: its slot in `held`, if it holds one, is released.
+pub fn release_slot(held: &mut Slots, id: &[u8], now: u64) -> SlotOutcome {
+    let expired = expire(held, now);
+    let before = held.len();
+    held.retain(|(h, _)| &**h != id);
+    SlotOutcome {
+        admitted: true,
+        in_flight: held.len() as u64,
+        result: if held.len() < before {
+            AttemptResult::Released
+        } else {
+            AttemptResult::Unknown
+        },
+        expired,
     }
 }
 

@@ -272,3 +272,96 @@ async fn attempts_in_a_batch_with_plain_decisions_are_each_decided_alone() {
         "{calls} script calls for 64 decisions:\n{stats}"
     );
 }
+
+/// The slots' sequences, the same from `take_slot`/`release_slot` (the
+/// memory store) and `slots.lua` (Redis): taken up to the most, refused
+/// past it, a repeated start holding its one slot, released once, an
+/// unknown release, and slots that return by themselves.
+#[tokio::test]
+async fn lua_and_rust_hold_slots_alike() {
+    use AttemptResult::{First, Released, Repeat, Unknown};
+    let redis = RedisServer::standalone();
+    let store = RedisStore::connect(&RedisSettings {
+        url: redis.url(),
+        timeout: Duration::from_secs(2),
+        pool_size: 1,
+        serving_threads: 0,
+        batch: None,
+        ca_file: None,
+        client_cert: None,
+        layout: BucketLayout::Packed,
+        key_prefix: String::new(),
+    })
+    .await
+    .expect("connect");
+    let memory = MemoryStore::new(MonotonicClock::new());
+    let rule = RuleId::of("cases", "slots");
+    // (id, phase, admitted, in flight after, result)
+    let steps: [(&str, Phase, bool, u64, AttemptResult); 9] = [
+        ("a", Start, true, 1, First),
+        ("b", Start, true, 2, First),
+        ("c", Start, false, 2, First),
+        ("a", Start, true, 2, Repeat),
+        ("a", Done, true, 1, Released),
+        ("a", Done, true, 1, Unknown),
+        ("c", Start, true, 2, First),
+        ("z", Done, true, 2, Unknown),
+        ("d", Start, false, 2, First),
+    ];
+    let d = descriptor("slots", &[]);
+    let slot_call = |id: &str, phase| AttemptCall {
+        ttl_micros: 60_000_000,
+        ..call(id, phase, AttemptMode::Slot)
+    };
+    for (i, (id, phase, admitted, in_flight, result)) in steps.into_iter().enumerate() {
+        let c = slot_call(id, phase);
+        let rust = memory.decide_slot_now(&d, 2, &c, rule);
+        let lua = store
+            .decide_slot(&d, 2, &c, rule, None)
+            .await
+            .expect("decided");
+        let want = (admitted, in_flight, result, 0);
+        assert_eq!(
+            (rust.admitted, rust.in_flight, rust.result, rust.expired),
+            want,
+            "step {i}: Rust"
+        );
+        assert_eq!(
+            (lua.admitted, lua.in_flight, lua.result, lua.expired),
+            want,
+            "step {i}: Lua"
+        );
+    }
+    // slots of a short ttl return by themselves, counted by the next call
+    let short = |id: &str| AttemptCall {
+        ttl_micros: 200_000,
+        ..slot_call(id, Start)
+    };
+    let e = descriptor("expiring", &[]);
+    for id in ["p", "q"] {
+        assert!(memory.decide_slot_now(&e, 2, &short(id), rule).admitted);
+        assert!(
+            store
+                .decide_slot(&e, 2, &short(id), rule, None)
+                .await
+                .expect("decided")
+                .admitted
+        );
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let rust = memory.decide_slot_now(&e, 2, &short("r"), rule);
+    let lua = store
+        .decide_slot(&e, 2, &short("r"), rule, None)
+        .await
+        .expect("decided");
+    assert_eq!(
+        (rust.admitted, rust.in_flight, rust.expired),
+        (true, 1, 2),
+        "Rust"
+    );
+    assert_eq!(
+        (lua.admitted, lua.in_flight, lua.expired),
+        (true, 1, 2),
+        "Lua"
+    );
+}

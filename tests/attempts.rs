@@ -30,6 +30,9 @@ descriptors:
   - key: api
     rate_limit: {unit: day, requests_per_unit: 5, name: api-calls}
     attempts: {key: request_id, ttl: 1m}
+  - key: streams
+    concurrency: 3
+    attempts: {key: request_id, ttl: 2s}
 "#;
 
 const OK: i32 = Code::Ok as i32;
@@ -74,6 +77,7 @@ async fn scenarios(server: &RunningServer) {
     settlements(server).await;
     repeats(server).await;
     entries(server).await;
+    slots(server, server).await;
 }
 
 #[tokio::test]
@@ -104,6 +108,7 @@ async fn two_instances_on_a_redis_cluster() {
     twenty_chats(&a, &b).await;
     settlements(&b).await;
     repeats(&a).await;
+    slots(&a, &b).await;
     a.shutdown().await.expect("stop");
     b.shutdown().await.expect("stop");
 }
@@ -248,4 +253,76 @@ async fn entries(server: &RunningServer) {
     let r = call(&mut c, "api", "k2", Some(""), false, None).await;
     assert_eq!((r.overall_code, remaining(&r)), (OK, 1));
     assert_eq!(counted(server, "api-calls", "no_id"), 2.0);
+}
+
+/// `concurrency: 3`: ten streams start at once (half on each server when
+/// there are two), three hold slots, the rest are refused with a
+/// Retry-After; a release lets the next in, a repeated start takes no
+/// second slot, and slots never released come back after the ttl.
+async fn slots(server: &RunningServer, other: &RunningServer) {
+    let c = client(server).await;
+    let d = client(other).await;
+    let tasks: Vec<_> = (0..10)
+        .map(|i| {
+            let mut c = if i % 2 == 0 { c.clone() } else { d.clone() };
+            tokio::spawn(async move {
+                let id = format!("s{i}");
+                let r = call(&mut c, "streams", "u1", Some(&id), false, None).await;
+                (id, r)
+            })
+        })
+        .collect();
+    let mut holding = Vec::new();
+    for t in tasks {
+        let (id, r) = t.await.expect("task");
+        if r.overall_code == OK {
+            holding.push(id);
+        } else {
+            assert_eq!(r.overall_code, OVER);
+            let retry = r
+                .response_headers_to_add
+                .iter()
+                .find(|h| h.key.eq_ignore_ascii_case("retry-after"))
+                .map(|h| h.value.clone());
+            assert_eq!(retry.as_deref(), Some("1"), "{r:?}");
+            assert_eq!(remaining(&r), 0);
+        }
+    }
+    assert_eq!(holding.len(), 3, "{holding:?}");
+    let mut c = c.clone();
+    // a repeated start of a stream in flight: OK, no second slot
+    let r = call(&mut c, "streams", "u1", Some(&holding[0]), false, None).await;
+    assert_eq!((r.overall_code, remaining(&r)), (OK, 0));
+    let r = call(&mut c, "streams", "u1", Some("late"), false, None).await;
+    assert_eq!(r.overall_code, OVER);
+    // one finishes: its slot is back, once
+    let r = call(&mut c, "streams", "u1", Some(&holding[0]), true, None).await;
+    assert_eq!((r.overall_code, remaining(&r)), (OK, 1));
+    let r = call(&mut c, "streams", "u1", Some(&holding[0]), true, None).await;
+    assert_eq!((r.overall_code, remaining(&r)), (OK, 1), "released once");
+    let r = call(&mut c, "streams", "u1", Some("late"), false, None).await;
+    assert_eq!((r.overall_code, remaining(&r)), (OK, 0));
+    // another value has slots of its own
+    let r = call(&mut c, "streams", "u2", Some("x"), false, None).await;
+    assert_eq!((r.overall_code, remaining(&r)), (OK, 2));
+    // none of u1's three is released: after the ttl (2 s) they are back
+    tokio::time::sleep(Duration::from_millis(2_100)).await;
+    let r = call(&mut c, "streams", "u1", Some("after"), false, None).await;
+    assert_eq!((r.overall_code, remaining(&r)), (OK, 2), "{r:?}");
+    // a start without an attempt id can hold no slot: refused, counted
+    let r = call(&mut c, "streams", "u1", None, false, None).await;
+    assert_eq!(r.overall_code, OVER);
+    let both = |result: &str| {
+        counted(server, "streams", result)
+            + if std::ptr::eq(server, other) {
+                0.0
+            } else {
+                counted(other, "streams", result)
+            }
+    };
+    assert_eq!(both("released"), 1.0);
+    assert_eq!(both("unknown"), 1.0);
+    assert_eq!(both("repeat"), 1.0);
+    assert_eq!(both("expired"), 3.0);
+    assert_eq!(both("no_id"), 1.0);
 }

@@ -157,3 +157,29 @@ fn a_negative_usage_counts_as_nothing_used() {
         "the reservation back, no more"
     );
 }
+
+#[test]
+fn slots_hold_at_most_max_and_return_on_release_or_expiry() {
+    let mut held = Slots::new();
+    for id in ["a", "b", "c"] {
+        let o = take_slot(&mut held, id.as_bytes(), 3, 10 * S, S);
+        assert_eq!((o.admitted, o.result), (true, AttemptResult::First));
+    }
+    let o = take_slot(&mut held, b"d", 3, 10 * S, 2 * S);
+    assert_eq!((o.admitted, o.in_flight), (false, 3));
+    let o = take_slot(&mut held, b"b", 3, 10 * S, 2 * S);
+    assert_eq!(
+        (o.admitted, o.result),
+        (true, AttemptResult::Repeat),
+        "held already"
+    );
+    let o = release_slot(&mut held, b"b", 3 * S);
+    assert_eq!((o.result, o.in_flight), (AttemptResult::Released, 2));
+    let o = release_slot(&mut held, b"b", 3 * S);
+    assert_eq!(o.result, AttemptResult::Unknown, "released once");
+    let o = take_slot(&mut held, b"d", 3, 10 * S, 4 * S);
+    assert!(o.admitted);
+    // a and c were never released: back by themselves at 11 s
+    let o = take_slot(&mut held, b"e", 3, 10 * S, 11 * S);
+    assert_eq!((o.admitted, o.expired, o.in_flight), (true, 2, 2));
+}

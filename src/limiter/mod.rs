@@ -73,6 +73,15 @@ enum Plan<'a> {
         /// The rule has `attempts:` and the descriptor named none.
         no_id: bool,
     },
+    /// A `concurrency` rule: a slot of the descriptor taken or released.
+    Slots {
+        rule: &'a Arc<Rule>,
+        /// The descriptor's tag (no buckets).
+        slots: DescriptorBuckets,
+        max: u64,
+        /// `None`: the descriptor named no attempt.
+        attempt: Option<AttemptCall>,
+    },
 }
 
 /// A limit taken from a rule, or made from a request override.
@@ -310,6 +319,15 @@ impl Limiter {
     ) -> Result<Decision, Unavailable> {
         match plan {
             Plan::Done(decision) => Ok(decision.clone()),
+            Plan::Slots {
+                rule,
+                slots,
+                max,
+                attempt,
+            } => {
+                self.decide_slot(rule, slots, *max, attempt.as_ref(), budget)
+                    .await
+            }
             Plan::Buckets {
                 rule: Some(rule),
                 limits,
@@ -511,6 +529,73 @@ impl Limiter {
         }
     }
 
+    /// A `concurrency` rule's call: a start takes a slot (refused while all
+    /// are held), a done call releases it. A call that names no attempt
+    /// can hold no slot: refused, counted `no_id`.
+    async fn decide_slot(
+        &self,
+        rule: &Arc<Rule>,
+        slots: &DescriptorBuckets,
+        max: u64,
+        attempt: Option<&AttemptCall>,
+        budget: Option<std::time::Duration>,
+    ) -> Result<Decision, Unavailable> {
+        let Some(call) = attempt else {
+            self.metrics
+                .attempts(rule.id, AttemptResult::NoId.label(), 1);
+            return Ok(slot_decision(rule, false, max, max));
+        };
+        let started = Instant::now();
+        let result = match self.in_flight.try_acquire() {
+            Ok(_permit) => {
+                let call = self
+                    .store
+                    .decide_slot(slots, max, call, rule.id, budget)
+                    .instrument(tracing::info_span!(target: SPAN_TARGET, "store.decide", store = self.store.name()));
+                let result = within(budget, call).await;
+                self.metrics
+                    .observe_store_call(self.store.name(), started.elapsed().as_secs_f64());
+                result
+            }
+            Err(_) => Err(StoreError::Overloaded),
+        };
+        let outcome = match result {
+            Ok(outcome) => outcome,
+            Err(e) => {
+                self.metrics.store_error(e.kind());
+                let mode = rule.failure_mode.unwrap_or(self.default_failure_mode);
+                self.metrics.failure_policy(mode);
+                match mode {
+                    FailureMode::Open => {
+                        return Ok(Decision::without_limit(
+                            Verdict::FailedOpen,
+                            Some(rule.clone()),
+                        ))
+                    }
+                    FailureMode::Closed => return Err(Unavailable(e)),
+                    // this instance's share of the slots, at least one
+                    FailureMode::Local => self.local.decide_slot_now(
+                        slots,
+                        (max / u64::from(self.instances)).max(1),
+                        call,
+                        rule.id,
+                    ),
+                }
+            }
+        };
+        self.metrics.attempts(rule.id, outcome.result.label(), 1);
+        if outcome.expired > 0 {
+            self.metrics
+                .attempts(rule.id, AttemptResult::Expired.label(), outcome.expired);
+        }
+        Ok(slot_decision(
+            rule,
+            outcome.admitted,
+            outcome.in_flight,
+            max,
+        ))
+    }
+
     fn on_store_error(
         &self,
         rule: Option<&Arc<Rule>>,
@@ -610,6 +695,7 @@ fn plan<'a, E: DescriptorEntry>(
             match &m.rule.action {
                 RuleAction::Limited(limits) => Box::new(limits.iter().flat_map(|l| &l.replaces)),
                 RuleAction::Unlimited { replaces, .. } => Box::new(replaces.iter()),
+                RuleAction::Concurrency { .. } => Box::new(std::iter::empty()),
             }
         })
         .map(String::as_str)
@@ -682,6 +768,30 @@ fn plan<'a, E: DescriptorEntry>(
                     .iter()
                     .filter(|l| l.name.as_deref().is_none_or(|n| !replaced.contains(n)))
                     .collect(),
+                RuleAction::Concurrency { max } => {
+                    let tag = key::descriptor_tag(
+                        KeyOrigin::Rule,
+                        domain,
+                        d.entries
+                            .iter()
+                            .filter(matching)
+                            .map(|e| e.key())
+                            .zip(m.values.iter().copied()),
+                    );
+                    return Plan::Slots {
+                        rule: m.rule,
+                        slots: DescriptorBuckets {
+                            tag,
+                            buckets: Vec::new(),
+                        },
+                        max: u64::from(*max),
+                        attempt: m
+                            .rule
+                            .attempts
+                            .as_ref()
+                            .and_then(|a| attempt_call(a, d.entries)),
+                    };
+                }
             };
             if limits.is_empty() {
                 return Plan::Done(Decision::without_limit(
@@ -780,6 +890,26 @@ fn attempt_cost<E>(
         },
         (AttemptMode::Reserve, Phase::Done, cost) => cost,
         _ => usual,
+    }
+}
+
+/// A slot call's answer: OK while it holds (or released) a slot, else over
+/// the limit with a retry in a second (a slot frees when a request in
+/// flight finishes, which nobody can foresee); the slots left free as
+/// `limit_remaining`.
+fn slot_decision(rule: &Arc<Rule>, admitted: bool, in_flight: u64, max: u64) -> Decision {
+    let verdict = match admitted {
+        true => Verdict::Ok,
+        false if rule.shadow_mode => Verdict::Shadow,
+        false if rule.quota_mode => Verdict::QuotaExceeded,
+        false => Verdict::OverLimit,
+    };
+    Decision {
+        verdict,
+        limit: None,
+        remaining: max.saturating_sub(in_flight),
+        reset_secs: Some(u64::from(!admitted)),
+        rule: Some(rule.clone()),
     }
 }
 

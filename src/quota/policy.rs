@@ -169,6 +169,11 @@ pub fn rule_notes(rule: &Rule) -> Vec<String> {
             "share_threshold: every bucket id whose '{key}' matches '{pattern}' spends one budget, split between the (Envoy, bucket id) pairs reporting them (at most {MAX_PAIRS_PER_SHARED_BUCKET})"
         ));
     }
+    if let RuleAction::Concurrency { max } = &rule.action {
+        notes.push(format!(
+            "concurrency {max}: applies to ShouldRateLimit only (RLQS sees no attempts); RLQS assigns ALLOW_ALL"
+        ));
+    }
     if rule.overdraft {
         notes.push(
             "overdraft: applies to ShouldRateLimit only (Envoy's own token buckets hold no debt)"

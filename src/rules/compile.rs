@@ -234,9 +234,18 @@ fn compile_rule(scope: &Scope<'_>, doc: &DescriptorDoc, errors: &mut ConfigError
         && lease.is_none()
         && matches!(&action, Some(RuleAction::Limited(limits))
             if limits.iter().all(|l| l.requests_per_unit > 0));
-    let attempts = match &doc.attempts {
-        None => None,
-        Some(a) => {
+    let attempts = match (&doc.attempts, &action) {
+        (None, _) => None,
+        // its slots: its own errors say what is missing
+        (Some(a), Some(RuleAction::Concurrency { .. })) => Some(compile_attempts(
+            scope,
+            doc,
+            a,
+            &[],
+            AttemptMode::Slot,
+            errors,
+        )?),
+        (Some(a), _) => {
             let limits = limits_for(
                 scope,
                 doc,
@@ -245,7 +254,12 @@ fn compile_rule(scope: &Scope<'_>, doc: &DescriptorDoc, errors: &mut ConfigError
                 "no bucket to charge an attempt to",
                 errors,
             )?;
-            Some(compile_attempts(scope, doc, a, limits, overdraft, errors)?)
+            let mode = if overdraft {
+                AttemptMode::Reserve
+            } else {
+                AttemptMode::Dedupe
+            };
+            Some(compile_attempts(scope, doc, a, limits, mode, errors)?)
         }
     };
     let metadata = match &doc.metadata {
@@ -419,6 +433,13 @@ fn limits_for<'a>(
 ) -> Option<&'a [Limit]> {
     match action {
         Some(RuleAction::Limited(limits)) => Some(limits),
+        Some(RuleAction::Concurrency { .. }) => {
+            scope.error(
+                errors,
+                format!("{option} on a `concurrency` rule: it holds slots, there is {unlimited}"),
+            );
+            None
+        }
         Some(RuleAction::Unlimited { .. }) => {
             scope.error(
                 errors,
@@ -437,6 +458,48 @@ fn limits_for<'a>(
     }
 }
 
+/// `concurrency: N`, a rule of its own: no buckets beside it, and its
+/// attempts named (the id holds and releases a slot; the ttl returns one
+/// never released). `None`, with every reason reported, when it cannot be.
+fn compile_concurrency(
+    scope: &Scope<'_>,
+    doc: &DescriptorDoc,
+    max: u32,
+    errors: &mut ConfigErrors,
+) -> Option<RuleAction> {
+    let mut ok = true;
+    let mut refuse = |what: &str| {
+        scope.error(errors, what);
+        ok = false;
+    };
+    if max == 0 {
+        refuse("`concurrency: 0` would refuse every request; give the attempts one value may have in flight, or use `requests_per_unit: 0`");
+    }
+    if doc.rate_limit.is_some() || doc.limits.is_some() {
+        refuse("`concurrency` with `rate_limit` or `limits` on one descriptor: a concurrency limit holds slots, not tokens; put each on a descriptor of its own (Envoy sends both)");
+    }
+    if doc.attempts.is_none() {
+        refuse("`concurrency` needs `attempts: {key: ..., ttl: ...}`: the attempt id holds and releases a slot, and the ttl returns a slot never released (a crashed Envoy's)");
+    }
+    for (set, what) in [
+        (doc.overdraft, "overdraft"),
+        (doc.lease.is_some(), "lease"),
+        (doc.max_values.is_some(), "max_values"),
+        (doc.scope.as_deref() == Some("global"), "scope: global"),
+        (doc.share_threshold, "share_threshold"),
+    ] {
+        if set {
+            refuse(&format!(
+                "`concurrency` and `{what}` together: not supported (a concurrency limit holds slots per descriptor value, no tokens)"
+            ));
+        }
+    }
+    if doc.attempts.as_ref().is_some_and(|a| a.reserve.is_some()) {
+        refuse("attempts.reserve on a `concurrency` rule: a slot is one request, there is nothing to reserve");
+    }
+    ok.then_some(RuleAction::Concurrency { max })
+}
+
 /// Shortest and longest attempt `ttl` accepted.
 const ATTEMPT_TTL_RANGE: (std::time::Duration, std::time::Duration) = (
     std::time::Duration::from_secs(1),
@@ -449,7 +512,7 @@ fn compile_attempts(
     doc: &DescriptorDoc,
     attempts: &AttemptsDoc,
     limits: &[Limit],
-    overdraft: bool,
+    mode: AttemptMode,
     errors: &mut ConfigErrors,
 ) -> Option<AttemptsConfig> {
     let mut ok = true;
@@ -496,12 +559,9 @@ fn compile_attempts(
         }
         Some(Ok(t)) => Some(t),
     };
-    let mode = if overdraft {
-        AttemptMode::Reserve
-    } else {
-        AttemptMode::Dedupe
-    };
     match attempts.reserve {
+        // a concurrency rule says so itself
+        Some(_) if mode == AttemptMode::Slot => {}
         Some(_) if mode == AttemptMode::Dedupe => {
             scope.error(
                 errors,
@@ -619,6 +679,9 @@ fn compile_action(
     doc: &DescriptorDoc,
     errors: &mut ConfigErrors,
 ) -> Option<RuleAction> {
+    if let Some(max) = doc.concurrency {
+        return compile_concurrency(scope, doc, max, errors);
+    }
     let action = match (&doc.rate_limit, &doc.limits) {
         (Some(_), Some(_)) => {
             scope.error(

@@ -128,6 +128,7 @@ impl Rule {
                 .find_map(|l| l.name.as_deref())
                 .unwrap_or(&self.path),
             RuleAction::Unlimited { name, .. } => name.as_deref().unwrap_or(&self.path),
+            RuleAction::Concurrency { .. } => &self.path,
         }
     }
 }
@@ -143,6 +144,9 @@ pub enum RuleAction {
     },
     /// One bucket per limit; all must admit (a single `rate_limit` is one limit).
     Limited(Vec<Limit>),
+    /// `concurrency: N`: at most `max` attempts in flight per descriptor
+    /// (slots, [`crate::attempt::take_slot`]), no bucket.
+    Concurrency { max: u32 },
 }
 
 /// One bucket's definition.

@@ -77,6 +77,11 @@ pub struct DescriptorDoc {
     /// reservation a start makes when it brings no cost of its own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attempts: Option<AttemptsDoc>,
+    /// At most this many attempts in flight per descriptor (ours): a slot
+    /// taken by the request-time call, released by the done call or by
+    /// the attempts' `ttl`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency: Option<u32>,
 }
 
 /// `attempts: {key: request_id, ttl: 5m, reserve: 600, phase_key: phase}`.

@@ -676,3 +676,49 @@ fn attempts_that_cannot_apply_are_refused_naming_the_place() {
     );
     assert!(e.contains("`attempts` on an unlimited rule"), "{e}");
 }
+
+#[test]
+fn a_concurrency_rule_compiles_with_its_attempts_and_nothing_else() {
+    let rules = load(
+        "domain: d\ndescriptors:\n  - key: user\n    concurrency: 3\n    attempts: {key: request_id, ttl: 1m}\n",
+    )
+    .expect("valid");
+    let m = rules.lookup("d", &[("user", "a")]).expect("a rule");
+    assert!(matches!(m.rule.action, RuleAction::Concurrency { max: 3 }));
+    assert_eq!(
+        m.rule.attempts.as_ref().map(|a| a.mode),
+        Some(crate::attempt::AttemptMode::Slot)
+    );
+    let bad = |extra: &str| {
+        errors(&format!(
+            "domain: d\ndescriptors:\n  - key: user\n    concurrency: 3\n{extra}"
+        ))
+    };
+    let e = bad("");
+    assert!(
+        e.contains("descriptor user: `concurrency` needs `attempts:"),
+        "{e}"
+    );
+    let with = |more: &str| bad(&format!("    attempts: {{key: id, ttl: 1m}}\n{more}"));
+    let e = with("    rate_limit: {unit: minute, requests_per_unit: 10}\n");
+    assert!(
+        e.contains("`concurrency` with `rate_limit` or `limits`"),
+        "{e}"
+    );
+    let e = with("    overdraft: true\n");
+    assert!(e.contains("`concurrency` and `overdraft` together"), "{e}");
+    let e = with("    max_values: 5\n");
+    assert!(e.contains("`concurrency` and `max_values` together"), "{e}");
+    let e = errors("domain: d\ndescriptors:\n  - key: user\n    concurrency: 0\n    attempts: {key: id, ttl: 1m}\n");
+    assert!(
+        e.contains("`concurrency: 0` would refuse every request"),
+        "{e}"
+    );
+    let e = errors("domain: d\ndescriptors:\n  - key: user\n    concurrency: 2\n    attempts: {key: id, ttl: 1m, reserve: 4}\n");
+    assert!(
+        e.contains("attempts.reserve on a `concurrency` rule"),
+        "{e}"
+    );
+    let e = errors("domain: d\ndescriptors:\n  - key: user\n    concurrency: 2\n    lease: {size: 1}\n    attempts: {key: id, ttl: 1m}\n");
+    assert!(e.contains("`concurrency` and `lease` together"), "{e}");
+}

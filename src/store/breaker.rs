@@ -35,8 +35,9 @@ use async_trait::async_trait;
 use parking_lot::{Mutex, RwLock};
 
 use super::{AttemptOutcome, DescriptorBuckets, Store, StoreError};
-use crate::attempt::AttemptCall;
+use crate::attempt::{AttemptCall, SlotOutcome};
 use crate::bucket::{BucketOutcome, Cost};
+use crate::labels::RuleId;
 use crate::telemetry::Metrics;
 
 /// Consecutive connection failures that open a node's breaker.
@@ -393,6 +394,22 @@ impl<S: Store + Nodes> Store for Breakers<S> {
     ) -> Result<Vec<BucketOutcome>, StoreError> {
         self.guarded(descriptor, patience, |patience| {
             self.inner.decide_patiently(descriptor, cost, patience)
+        })
+        .await
+    }
+
+    /// As [`Store::decide_patiently`], through the same breaker.
+    async fn decide_slot(
+        &self,
+        descriptor: &DescriptorBuckets,
+        max: u64,
+        call: &AttemptCall,
+        rule: RuleId,
+        patience: Option<std::time::Duration>,
+    ) -> Result<SlotOutcome, StoreError> {
+        self.guarded(descriptor, patience, |patience| {
+            self.inner
+                .decide_slot(descriptor, max, call, rule, patience)
         })
         .await
     }

@@ -14,6 +14,15 @@ pub fn attempt_key(tag: &[u8], id: &[u8]) -> Vec<u8> {
     key
 }
 
+/// The key of the slots of the descriptor of `tag` (a `concurrency`
+/// rule's), in both stores: `s`, then the tag with its length in front.
+pub fn slots_key(tag: &[u8]) -> Vec<u8> {
+    let mut key = Vec::with_capacity(tag.len() + 4);
+    key.push(b's');
+    put(&mut key, tag);
+    key
+}
+
 /// Writes `bytes` with its length in front (LEB128), so that no two lists
 /// of strings encode alike.
 pub fn put(out: &mut Vec<u8>, bytes: &[u8]) {

@@ -47,9 +47,9 @@ pub use self::entry::REJECTED_RECENTLY_SECS;
 use self::entry::{Entry, FullAt};
 use self::shard::{bucket_bytes, make_room, overflow_key, Shard, ShardState, OVERFLOW_PREFIX};
 pub use self::shard::{BUCKET_FIXED_BYTES, BYTES_PER_BUCKET};
-use super::key::attempt_key;
+use super::key::{attempt_key, slots_key};
 use super::{AttemptOutcome, DescriptorBuckets, Store, StoreError};
-use crate::attempt::{self, AttemptCall, AttemptMode, AttemptResult, Phase};
+use crate::attempt::{self, AttemptCall, AttemptMode, AttemptResult, Phase, SlotOutcome};
 use crate::bucket::{self, BucketOutcome, BucketState, Cost};
 use crate::clock::Clock;
 use crate::labels::RuleId;
@@ -247,6 +247,27 @@ impl<C: Clock> MemoryStore<C> {
         outcome
     }
 
+    /// One call of a `concurrency` rule's attempt on `descriptor`'s slots
+    /// (at most `max`), synchronously, under its shard's lock.
+    pub fn decide_slot_now(
+        &self,
+        descriptor: &DescriptorBuckets,
+        max: u64,
+        call: &AttemptCall,
+        rule: RuleId,
+    ) -> SlotOutcome {
+        let mut shard = self.shard(&descriptor.tag).lock();
+        let now = self.clock.now_micros();
+        let caps = (
+            self.attempt_cap,
+            self.attempt_cap.saturating_mul(BYTES_PER_ATTEMPT),
+        );
+        let key = slots_key(&descriptor.tag);
+        // the slots that returned by themselves are in the outcome, for the
+        // caller to count (the sweep counts those it drops)
+        shard.attempts.slot(&key, max, call, rule, caps, now)
+    }
+
     /// Decides `cost` against `descriptor`'s buckets in its locked `shard`.
     fn decide_in(
         &self,
@@ -433,6 +454,17 @@ impl<C: Clock> Store for MemoryStore<C> {
         _patience: Option<Duration>,
     ) -> Result<AttemptOutcome, StoreError> {
         Ok(self.decide_attempt_now(descriptor, cost, call))
+    }
+
+    async fn decide_slot(
+        &self,
+        descriptor: &DescriptorBuckets,
+        max: u64,
+        call: &AttemptCall,
+        rule: RuleId,
+        _patience: Option<Duration>,
+    ) -> Result<SlotOutcome, StoreError> {
+        Ok(self.decide_slot_now(descriptor, max, call, rule))
     }
 
     fn name(&self) -> &'static str {

@@ -13,7 +13,7 @@ pub mod redis;
 
 use async_trait::async_trait;
 
-use crate::attempt::{AttemptCall, AttemptResult};
+use crate::attempt::{AttemptCall, AttemptResult, SlotOutcome};
 use crate::bucket::{BucketOutcome, BucketParams, Cost};
 use crate::labels::RuleId;
 
@@ -123,6 +123,26 @@ pub trait Store: Send + Sync + 'static {
         let _ = (descriptor, cost, call, patience);
         Err(StoreError::Script(format!(
             "the {} store keeps no attempt records",
+            self.name()
+        )))
+    }
+
+    /// One call of a `concurrency` rule's attempt: a start takes one of
+    /// `descriptor`'s slots (its tag names them; it has no buckets), at
+    /// most `max` held, a done call releases it
+    /// ([`crate::attempt::take_slot`]), atomically across instances; the
+    /// slots that returned by themselves are `rule`'s.
+    async fn decide_slot(
+        &self,
+        descriptor: &DescriptorBuckets,
+        max: u64,
+        call: &AttemptCall,
+        rule: RuleId,
+        patience: Option<std::time::Duration>,
+    ) -> Result<SlotOutcome, StoreError> {
+        let _ = (descriptor, max, call, rule, patience);
+        Err(StoreError::Script(format!(
+            "the {} store keeps no slots",
             self.name()
         )))
     }

@@ -13,7 +13,7 @@
 
 use std::collections::HashMap;
 
-use crate::attempt::AttemptRecord;
+use crate::attempt::{self, AttemptCall, AttemptRecord, Phase, SlotOutcome, Slots};
 use crate::labels::RuleId;
 
 /// Attempt records held at most unless told otherwise (`--max-attempts`).
@@ -32,10 +32,16 @@ fn record_bytes(key: &[u8]) -> usize {
     ATTEMPT_FIXED_BYTES + key.len()
 }
 
-/// One shard's attempt records, and the bytes they are counted for.
+/// One shard's attempt records and slots, and the bytes they are counted
+/// for (a held slot counts as a record).
 #[derive(Debug, Default)]
 pub(super) struct Attempts {
     records: HashMap<Box<[u8]>, (AttemptRecord, RuleId)>,
+    /// The slots held per `concurrency` descriptor (by its slots key), and
+    /// its rule.
+    slots: HashMap<Box<[u8]>, (Slots, RuleId)>,
+    /// Slots held, all descriptors together.
+    held: usize,
     bytes: usize,
 }
 
@@ -58,12 +64,57 @@ impl Attempts {
         now: u64,
         expired: &mut Vec<RuleId>,
     ) -> bool {
-        let fits = |a: &Self| a.records.len() < cap && a.bytes + record_bytes(key) <= byte_cap;
+        let fits =
+            |a: &Self| a.records.len() + a.held < cap && a.bytes + record_bytes(key) <= byte_cap;
         if self.records.contains_key(key) || fits(self) {
             return true;
         }
         self.sweep(now, expired);
         fits(self)
+    }
+
+    /// One call of a `concurrency` rule's attempt on the slots under `key`
+    /// (at most `max`), within (`cap` records, `byte_cap` bytes) counting
+    /// each held slot as a record: a start finding no room is refused as
+    /// all slots held would be.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn slot(
+        &mut self,
+        key: &[u8],
+        max: u64,
+        call: &AttemptCall,
+        rule: RuleId,
+        (cap, byte_cap): (usize, usize),
+        now: u64,
+    ) -> SlotOutcome {
+        let (held, _) = self
+            .slots
+            .entry(key.into())
+            .or_insert_with(|| (Slots::new(), rule));
+        let before = held.len();
+        let bytes = |held: &Slots| -> usize {
+            held.iter()
+                .map(|(id, _)| record_bytes(id) + key.len())
+                .sum()
+        };
+        let bytes_before = bytes(held);
+        let full = self.held >= cap || self.bytes + record_bytes(key) + call.id.len() > byte_cap;
+        let outcome = match call.phase {
+            Phase::Start if full && !held.iter().any(|(h, _)| **h == *call.id) => {
+                // expired ones still go; no new slot past the bound
+                attempt::take_slot(held, &call.id, 0, call.ttl_micros, now)
+            }
+            Phase::Start => attempt::take_slot(held, &call.id, max, call.ttl_micros, now),
+            Phase::Done => attempt::release_slot(held, &call.id, now),
+        };
+        let bytes_after = bytes(held);
+        let after = held.len();
+        if after == 0 {
+            self.slots.remove(key);
+        }
+        self.held = self.held + after - before;
+        self.bytes = self.bytes + bytes_after - bytes_before;
+        outcome
     }
 
     /// Keeps `record` under `key` (replacing what was there).
@@ -93,13 +144,35 @@ impl Attempts {
             keep
         });
         self.bytes -= freed;
+        self.sweep_slots(now, expired);
         if self.records.capacity() > 64 && self.records.capacity() > self.records.len() * 4 {
             self.records.shrink_to_fit();
         }
     }
 
-    /// Records held (forgotten ones included until a sweep).
+    /// Records held (forgotten ones included until a sweep), and slots.
     pub(super) fn len(&self) -> usize {
-        self.records.len()
+        self.records.len() + self.held
+    }
+
+    /// Drops the slots whose time to live passed, each one's rule to
+    /// `expired`.
+    pub(super) fn sweep_slots(&mut self, now: u64, expired: &mut Vec<RuleId>) {
+        let (mut held, mut bytes) = (self.held, self.bytes);
+        self.slots.retain(|key, (slots, rule)| {
+            let before = slots.len();
+            slots.retain(|(id, until)| {
+                let keep = now < *until;
+                if !keep {
+                    bytes -= record_bytes(id) + key.len();
+                }
+                keep
+            });
+            expired.extend(std::iter::repeat_n(*rule, before - slots.len()));
+            held -= before - slots.len();
+            !slots.is_empty()
+        });
+        self.held = held;
+        self.bytes = bytes;
     }
 }

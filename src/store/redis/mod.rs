@@ -47,12 +47,17 @@ use self::memory::NodeMemory;
 use self::nodes::{ClientRecipe, NodeClients, Routing};
 use super::breaker::Nodes;
 use super::{AttemptOutcome, DescriptorBuckets, Store, StoreError};
-use crate::attempt::{self, AttemptCall, AttemptMode, AttemptResult, Phase};
+use crate::attempt::{self, AttemptCall, AttemptMode, AttemptResult, Phase, SlotOutcome};
 use crate::bucket::{BucketOutcome, Cost, NeverReason};
+use crate::labels::RuleId;
 use crate::telemetry::Metrics;
 
 /// The decision script, kept in its own file.
 pub const SCRIPT: &str = include_str!("bucket.lua");
+
+/// A `concurrency` rule's slots (`slots.lua`).
+static SLOTS: std::sync::LazyLock<LuaScript> =
+    std::sync::LazyLock::new(|| LuaScript::new(include_str!("slots.lua")));
 
 /// Added to a bucket's refill time for its expiry, so a key never expires
 /// before its bucket would be full.
@@ -631,21 +636,22 @@ impl RedisStore {
                 ),
             ]);
         }
-        let longer = patience.filter(|p| Some(*p) > self.options.timeout);
-        let patient;
-        let options = match longer {
-            Some(p) => {
-                patient = Options {
-                    timeout: Some(p),
-                    ..self.options.clone()
-                };
-                &patient
-            }
-            None => &self.options,
-        };
+        let patient = self.patient(patience);
+        let options = patient.as_ref().unwrap_or(&self.options);
         self.run(&self.script, slot_of(hash), &keys, &args, options)
             .await
             .map_err(store_error)
+    }
+
+    /// The options of a call that may wait `patience` when it is longer
+    /// than `--redis-timeout` (`None`: the usual ones).
+    fn patient(&self, patience: Option<Duration>) -> Option<Options> {
+        patience
+            .filter(|p| Some(*p) > self.options.timeout)
+            .map(|p| Options {
+                timeout: Some(p),
+                ..self.options.clone()
+            })
     }
 
     /// `key` behind the `--redis-key-prefix` (the slot stays the same: the
@@ -849,6 +855,56 @@ impl Store for RedisStore {
         Ok(AttemptOutcome {
             outcomes: outcomes(reply, descriptor.buckets.len())?,
             result,
+        })
+    }
+
+    /// The slots are a sorted set in the descriptor's slot (`slots.lua`).
+    async fn decide_slot(
+        &self,
+        descriptor: &DescriptorBuckets,
+        max: u64,
+        call: &AttemptCall,
+        _rule: RuleId,
+        patience: Option<Duration>,
+    ) -> Result<SlotOutcome, StoreError> {
+        let hash = tag_hash(&descriptor.tag);
+        let key = self.prefixed(redis_key(hash, &super::key::slots_key(&descriptor.tag)));
+        let args = [
+            Value::Integer(i64::from(call.phase == Phase::Done)),
+            Value::Bytes(Bytes::from(call.id.clone())),
+            Value::Integer(i64::try_from(max).unwrap_or(i64::MAX)),
+            Value::Integer(
+                i64::try_from(call.ttl_micros / 1000)
+                    .unwrap_or(i64::MAX)
+                    .max(1),
+            ),
+        ];
+        let reply = self
+            .run(
+                &SLOTS,
+                slot_of(hash),
+                &[Key::from(key)],
+                &args,
+                self.patient(patience).as_ref().unwrap_or(&self.options),
+            )
+            .await
+            .map_err(store_error)?;
+        let [admitted, in_flight, result, expired] = reply[..] else {
+            return Err(StoreError::Script(format!(
+                "unexpected slots reply of {} values",
+                reply.len()
+            )));
+        };
+        Ok(SlotOutcome {
+            admitted: admitted == 1,
+            in_flight: in_flight.max(0) as u64,
+            result: match result {
+                1 => AttemptResult::Repeat,
+                4 => AttemptResult::Unknown,
+                5 => AttemptResult::Released,
+                _ => AttemptResult::First,
+            },
+            expired: expired.max(0) as u64,
         })
     }
 

@@ -1,0 +1,40 @@
+-- tokenbucket-rls: a `concurrency` rule's slots, taken and released.
+--
+-- The Lua copy of `take_slot` and `release_slot` in src/attempt.rs;
+-- tests/attempt_cases.rs checks that both give the same answers.
+--
+-- KEYS[1]: the descriptor's slots, a sorted set of attempt id -> the time
+-- (ms, this server's TIME) its slot returns by itself. It expires a ttl
+-- after its last slot (slots that returned by themselves are counted by
+-- the next call within that ttl; later, not at all).
+-- ARGV: phase (0 take, 1 release), the attempt id, the most slots, ttl_ms.
+-- Returns {admitted (1/0), slots held after, result (0 first, 1 repeat, 4
+-- unknown: a release of no slot held, 5 released), slots that returned by
+-- themselves before this call}.
+
+local time = redis.call('TIME')
+local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+local key, id = KEYS[1], ARGV[2]
+local expired = redis.call('ZREMRANGEBYSCORE', key, '-inf', now_ms)
+local held = redis.call('ZSCORE', key, id)
+local admitted, result = 1, 0
+if tonumber(ARGV[1]) == 0 then
+  if held then
+    result = 1
+  elseif redis.call('ZCARD', key) < tonumber(ARGV[3]) then
+    local ttl_ms = tonumber(ARGV[4])
+    redis.call('ZADD', key, now_ms + ttl_ms, id)
+    -- the set goes a ttl after the slot that returns last: a call within
+    -- that ttl still sees (and counts) the slots that returned by themselves
+    local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+    redis.call('PEXPIREAT', key, tonumber(last[2]) + ttl_ms)
+  else
+    admitted = 0
+  end
+elseif held then
+  redis.call('ZREM', key, id)
+  result = 5
+else
+  result = 4
+end
+return { admitted, redis.call('ZCARD', key), result, expired }
