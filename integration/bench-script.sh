@@ -25,11 +25,11 @@ ticks() { awk '{print $14 + $15}' "/proc/$pid/stat"; }
 run() {
   local per=$1 keys=$2 spread=() key
   if [ "$keys" = spread ]; then spread=(-r 100000); key='rls:{__rand_int__}:k'; else key='rls:{hot}:k'; fi
-  # one decision's group: buckets, needed, deducted, margin, flags, capacity, rate, unit
-  local args=(1 1 1 1000 0 1000000000 1000000000 1) i extra
+  # one decision's group: buckets, needed, deducted, margin, flags, capacity, rate, unit, max_debt
+  local args=(1 1 1 1000 0 1000000000 1000000000 1 -1) i extra
   for i in $(seq 2 "$per"); do
     if [ "$keys" = spread ]; then extra="rls:{__rand_int__}:k$i"; else extra="rls:{hot$i}:k"; fi
-    args+=(1 1 1 1000 0 1000000000 1000000000 1 "$extra")
+    args+=(1 1 1 1000 0 1000000000 1000000000 1 -1 "$extra")
   done
   local sha=$single; [ "$per" -gt 1 ] && sha=$batch
   local calls=$((240000 / per))

@@ -46,7 +46,7 @@ for p in 7101 7102 7103; do
 done
 redis-cli -p "$port" script load "$(cat src/store/redis/bucket.lua)" >/dev/null
 baseline=$(redis-benchmark -p "$port" -c 50 -n $((secs * 60000)) -q \
-  EVALSHA "$sha" 1 "rls:{hot}:k" 1 1 1 1000 0 1000000000 1000000000 1 | tr '\r' '\n' | grep -oE '[0-9.]+ requests per second' | tail -n 1 | cut -d' ' -f1)
+  EVALSHA "$sha" 1 "rls:{hot}:k" 1 1 1 1000 0 1000000000 1000000000 1 -1 | tr '\r' '\n' | grep -oE '[0-9.]+ requests per second' | tail -n 1 | cut -d' ' -f1)
 
 run_service() {  # store, grpc port, extra args...
   local store=$1 port=$2; shift 2

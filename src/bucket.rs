@@ -33,6 +33,9 @@ pub struct BucketParams {
     pub tokens_per_unit: u64,
     /// Length of the rule's unit in seconds (1 for `second`, 60 for `minute`, …).
     pub unit_secs: u64,
+    /// On an `overdraft` rule, the most debt a charge may leave (`max_debt`);
+    /// `None`: one burst (B).
+    pub max_debt: Option<u64>,
 }
 
 /// What a bucket remembers between decisions.
@@ -114,6 +117,10 @@ pub struct BucketOutcome {
     /// check and for a refund); for a lease, the tokens granted; for a
     /// charge, what it deducted (also when answered OVER_LIMIT).
     pub taken: u64,
+    /// Tokens a charge could not take because the debt bound stopped it
+    /// (`max_debt`, else one burst), to the nearest whole: forgiven, and
+    /// counted.
+    pub forgiven: u64,
 }
 
 /// A rejection no amount of waiting fixes.
@@ -268,19 +275,25 @@ pub fn decide(
         }
         other => other.deducted() as f64,
     };
+    let mut forgiven = vec![0; params.len()];
     if applies {
-        for (state, p) in refilled.iter_mut().zip(params) {
+        for ((state, p), forgiven) in refilled.iter_mut().zip(params).zip(&mut forgiven) {
             let capacity = p.capacity as f64;
-            // a charge may go into debt, down to -B, and never raises a
-            // balance already below that (a reload lowered B); nothing else
-            // goes below where the bucket is (a refund into a debt repays
-            // part of it)
+            // a charge may go into debt, down to -B (or -max_debt), and
+            // never raises a balance already below that (a reload lowered
+            // B); nothing else goes below where the bucket is (a refund
+            // into a debt repays part of it)
             let floor = if charge {
-                (-capacity).min(state.tokens)
+                (-(p.max_debt.unwrap_or(p.capacity) as f64)).min(state.tokens)
             } else {
                 state.tokens.min(0.0)
             };
-            state.tokens = (state.tokens - deducted).clamp(floor, capacity);
+            let wanted = state.tokens - deducted;
+            if wanted < floor {
+                // rounded: a microsecond's refill must not change it
+                *forgiven = (floor - wanted + 0.5).floor() as u64;
+            }
+            state.tokens = wanted.clamp(floor, capacity);
         }
     }
     let taken = if applies { deducted.max(0.0) as u64 } else { 0 };
@@ -288,7 +301,8 @@ pub fn decide(
         .iter()
         .zip(&refilled)
         .zip(verdicts)
-        .map(|((p, s), verdict)| {
+        .zip(forgiven)
+        .map(|(((p, s), verdict), forgiven)| {
             let (retry_after_secs, never) = match verdict {
                 // a charge answered OVER_LIMIT was deducted: its wait is
                 // until the bucket holds it again from where it is now
@@ -312,6 +326,7 @@ pub fn decide(
                 full_in_secs: p.full_in_secs(s.tokens),
                 never,
                 taken,
+                forgiven,
             }
         })
         .collect();
@@ -329,6 +344,7 @@ mod tests {
             capacity,
             tokens_per_unit: rate,
             unit_secs: 1,
+            max_debt: None,
         }
     }
 
@@ -350,6 +366,7 @@ mod tests {
             capacity: 1000,
             tokens_per_unit: 1000,
             unit_secs: 60,
+            max_debt: None,
         };
         let (s, o) = one(p, None, SEC, Cost::Check);
         assert!(o.admitted);
@@ -392,6 +409,7 @@ mod tests {
             capacity: 10,
             tokens_per_unit: 10,
             unit_secs: 60,
+            max_debt: None,
         };
         let owing = BucketState {
             tokens: -98.0,
@@ -497,6 +515,7 @@ mod tests {
             capacity: 0,
             tokens_per_unit: 0,
             unit_secs: 1,
+            max_debt: None,
         };
         let (_, o) = one(p, None, SEC, Cost::Spend(1));
         assert!(!o.admitted);
@@ -545,6 +564,7 @@ mod tests {
             capacity: 2,
             tokens_per_unit: 2,
             unit_secs: 3600,
+            max_debt: None,
         };
         let params = [burst, hourly];
         let (states, outcomes) = decide(&params, &[None, None], SEC, Cost::Spend(2));
@@ -585,6 +605,7 @@ mod tests {
             capacity: 0,
             tokens_per_unit: 0,
             unit_secs: 1,
+            max_debt: None,
         };
         let (_, o) = one(zero, None, SEC, Cost::Refund(3));
         assert!(o.admitted);
@@ -614,6 +635,7 @@ mod tests {
             capacity: 365,
             tokens_per_unit: 365,
             unit_secs: 365 * 86_400,
+            max_debt: None,
         };
         let empty = Some(BucketState {
             tokens: 0.0,

@@ -122,6 +122,7 @@ fn descriptor(tag: &str, bursts: &[u64]) -> DescriptorBuckets {
                     capacity,
                     tokens_per_unit: 1,
                     unit_secs: 86_400,
+                    max_debt: None,
                 },
                 rule: RuleId::of("cases", "attempts"),
             })

@@ -33,6 +33,11 @@ descriptors:
   - key: streams
     concurrency: 3
     attempts: {key: request_id, ttl: 2s}
+  - key: team
+    overdraft: true
+    max_debt: 100
+    rate_limit: {unit: day, requests_per_unit: 1000, name: team-tokens}
+    attempts: {key: request_id, ttl: 1m}
 "#;
 
 const OK: i32 = Code::Ok as i32;
@@ -78,6 +83,7 @@ async fn scenarios(server: &RunningServer) {
     repeats(server).await;
     entries(server).await;
     slots(server, server).await;
+    debts(server).await;
 }
 
 #[tokio::test]
@@ -325,4 +331,32 @@ async fn slots(server: &RunningServer, other: &RunningServer) {
     assert_eq!(both("repeat"), 1.0);
     assert_eq!(both("expired"), 3.0);
     assert_eq!(both("no_id"), 1.0);
+}
+
+/// `max_debt: 100` on a burst of 1,000: a settlement far above the
+/// reservation leaves 100 of debt, and what it cut off is counted.
+async fn debts(server: &RunningServer) {
+    let mut c = client(server).await;
+    let r = call(&mut c, "team", "t1", Some("big"), false, Some(1000)).await;
+    assert_eq!((r.overall_code, remaining(&r)), (OK, 0));
+    let r = call(&mut c, "team", "t1", Some("big"), true, Some(1500)).await;
+    assert_eq!(r.overall_code, OVER);
+    let forgiven = sample(
+        &server.metrics.render(),
+        "rls_debt_forgiven_tokens_total{domain=\"llm\",rule=\"team-tokens\"}",
+    );
+    assert_eq!(
+        forgiven,
+        Some(400.0),
+        "1,500 used: 100 of debt kept, 400 cut"
+    );
+    // the debt is 100: 101 tokens at 1,000 a day
+    let r = call(&mut c, "team", "t1", None, false, Some(0)).await;
+    let retry: u64 = r
+        .response_headers_to_add
+        .iter()
+        .find(|h| h.key.eq_ignore_ascii_case("retry-after"))
+        .and_then(|h| h.value.parse().ok())
+        .expect("retry-after");
+    assert!((8_726..=8_727).contains(&retry), "{retry}");
 }

@@ -30,6 +30,7 @@ fn p(capacity: u64, tokens_per_unit: u64, unit_secs: u64) -> BucketParams {
         capacity,
         tokens_per_unit,
         unit_secs,
+        max_debt: None,
     }
 }
 
@@ -245,6 +246,42 @@ fn cases() -> Vec<Case> {
             name: "charge stops at minus the burst",
             buckets: vec![(p(1000, 1000, 60), Some((-800.0, 0)))],
             cost: Cost::Charge(600),
+        },
+        Case {
+            name: "a rule's max_debt bounds a charge's debt",
+            buckets: vec![(
+                BucketParams {
+                    max_debt: Some(50),
+                    ..p(100, 60, 60)
+                },
+                Some((10.0, 0)),
+            )],
+            cost: Cost::Charge(100),
+        },
+        Case {
+            name: "max_debt 0: a charge takes what is there and no more",
+            buckets: vec![(
+                BucketParams {
+                    max_debt: Some(0),
+                    ..p(100, 60, 60)
+                },
+                Some((30.0, 0)),
+            )],
+            cost: Cost::Charge(45),
+        },
+        Case {
+            name: "two limits, each its own debt bound",
+            buckets: vec![
+                (p(100, 60, 60), Some((0.0, 0))),
+                (
+                    BucketParams {
+                        max_debt: Some(20),
+                        ..p(1000, 1000, 3600)
+                    },
+                    Some((0.0, 0)),
+                ),
+            ],
+            cost: Cost::Charge(70),
         },
         Case {
             name: "charge above the burst is charged, never admitted",

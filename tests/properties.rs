@@ -20,6 +20,7 @@ fn params() -> impl Strategy<Value = BucketParams> {
             capacity,
             tokens_per_unit,
             unit_secs,
+            max_debt: None,
         })
 }
 

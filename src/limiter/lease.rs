@@ -170,6 +170,7 @@ impl LeaseState {
                 full_in_secs,
                 never: None,
                 taken,
+                forgiven: 0,
             })
             .collect()
     }

@@ -483,7 +483,10 @@ impl Limiter {
                 self.metrics
                     .observe_store_call(self.store.name(), started.elapsed().as_secs_f64());
                 match result {
-                    Ok(outcomes) => Ok(decision_from(rule, limits, &outcomes)),
+                    Ok(outcomes) => {
+                        self.count_forgiven(rule, &outcomes);
+                        Ok(decision_from(rule, limits, &outcomes))
+                    }
                     Err(e) => {
                         self.metrics.store_error(e.kind());
                         self.on_store_error(rule, limits, buckets, cost, None, e)
@@ -520,6 +523,7 @@ impl Limiter {
                 if let Some(rule) = rule {
                     self.metrics.attempts(rule.id, outcome.result.label(), 1);
                 }
+                self.count_forgiven(rule, &outcome.outcomes);
                 Ok(decision_from(rule, limits, &outcome.outcomes))
             }
             Err(e) => {
@@ -596,6 +600,15 @@ impl Limiter {
         ))
     }
 
+    /// Counts what the debt bound cut off a charge (summed over the rule's
+    /// limits): nothing is forgiven silently.
+    fn count_forgiven(&self, rule: Option<&Arc<Rule>>, outcomes: &[BucketOutcome]) {
+        let forgiven: u64 = outcomes.iter().map(|o| o.forgiven).sum();
+        if let (true, Some(rule)) = (forgiven > 0, rule) {
+            self.metrics.debt_forgiven(rule.id, forgiven);
+        }
+    }
+
     fn on_store_error(
         &self,
         rule: Option<&Arc<Rule>>,
@@ -629,6 +642,7 @@ impl Limiter {
                                 capacity: (b.params.capacity / n).max(1),
                                 tokens_per_unit: b.params.tokens_per_unit,
                                 unit_secs: b.params.unit_secs * n,
+                                max_debt: b.params.max_debt.map(|d| d / n),
                             },
                         })
                         .collect(),
@@ -644,6 +658,7 @@ impl Limiter {
                     }
                     None => self.local.decide_now(&share, cost),
                 };
+                self.count_forgiven(rule, &outcomes);
                 Ok(decision_from(rule, limits, &outcomes))
             }
         }
@@ -718,6 +733,7 @@ fn plan<'a, E: DescriptorEntry>(
                     capacity: u64::from(rpu),
                     tokens_per_unit: u64::from(rpu),
                     unit_secs: unit.seconds(),
+                    max_debt: None,
                 };
                 return Plan::Buckets {
                     rule: None,

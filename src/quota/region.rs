@@ -79,6 +79,7 @@ pub fn floor(params: BucketParams, regions: u32) -> BucketParams {
         capacity: (params.capacity / n).max(1),
         tokens_per_unit: params.tokens_per_unit,
         unit_secs: params.unit_secs.saturating_mul(n),
+        max_debt: None,
     }
 }
 
@@ -516,12 +517,14 @@ fn params_of(strategy: &Strategy) -> Option<BucketParams> {
                 capacity: u64::from(tb.max_tokens),
                 tokens_per_unit: u64::from(per_fill),
                 unit_secs: secs.max(1),
+                max_debt: None,
             })
         }
         Strategy::BlanketRule(r) if *r == BlanketRule::DenyAll as i32 => Some(BucketParams {
             capacity: 0,
             tokens_per_unit: 0,
             unit_secs: 1,
+            max_debt: None,
         }),
         _ => None,
     }

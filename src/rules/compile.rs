@@ -227,6 +227,28 @@ fn compile_rule(scope: &Scope<'_>, doc: &DescriptorDoc, errors: &mut ConfigError
     };
     let global = compile_scope(scope, doc, &action, errors)?;
     let overdraft = doc.overdraft && compile_overdraft(scope, doc, &action, &lease, errors);
+    let mut action = action;
+    if let Some(debt) = doc.max_debt {
+        if !doc.overdraft {
+            scope.error(
+                errors,
+                "`max_debt` without `overdraft: true`: only a usage charge goes into debt; add `overdraft: true`, or drop max_debt",
+            );
+            return None;
+        }
+        if global {
+            scope.error(
+                errors,
+                "`max_debt` with `scope: global`: a region's share holds one burst of debt at most; drop max_debt",
+            );
+            return None;
+        }
+        if let Some(RuleAction::Limited(limits)) = &mut action {
+            for l in limits {
+                l.params.max_debt = Some(debt);
+            }
+        }
+    }
     // In a usage domain, every rule that could take `overdraft` charges
     // the costs descriptors bring (the others spend as usual).
     let usage_charges = scope.usage

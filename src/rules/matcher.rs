@@ -177,6 +177,7 @@ impl Limit {
                 capacity: u64::from(burst),
                 tokens_per_unit: u64::from(requests_per_unit),
                 unit_secs: unit.seconds(),
+                max_debt: None,
             },
             name,
             unit,

@@ -82,6 +82,10 @@ pub struct DescriptorDoc {
     /// the attempts' `ttl`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub concurrency: Option<u32>,
+    /// On an `overdraft` rule: the most debt a charge may leave, in tokens
+    /// (ours; default one burst). What it cuts off is counted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_debt: Option<u64>,
 }
 
 /// `attempts: {key: request_id, ttl: 5m, reserve: 600, phase_key: phase}`.

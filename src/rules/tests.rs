@@ -722,3 +722,21 @@ fn a_concurrency_rule_compiles_with_its_attempts_and_nothing_else() {
     let e = errors("domain: d\ndescriptors:\n  - key: user\n    concurrency: 2\n    lease: {size: 1}\n    attempts: {key: id, ttl: 1m}\n");
     assert!(e.contains("`concurrency` and `lease` together"), "{e}");
 }
+
+#[test]
+fn max_debt_bounds_an_overdraft_rules_charges_and_needs_overdraft() {
+    let rules = load(
+        "domain: d\ndescriptors:\n  - key: user\n    overdraft: true\n    max_debt: 50\n    limits:\n      - {unit: minute, requests_per_unit: 100}\n      - {unit: hour, requests_per_unit: 1000, name: hourly}\n",
+    )
+    .expect("valid");
+    let m = rules.lookup("d", &[("user", "a")]).expect("a rule");
+    let RuleAction::Limited(limits) = &m.rule.action else {
+        panic!("limited");
+    };
+    assert!(limits.iter().all(|l| l.params.max_debt == Some(50)));
+    let e = errors("domain: d\ndescriptors:\n  - key: user\n    max_debt: 50\n    rate_limit: {unit: minute, requests_per_unit: 100}\n");
+    assert!(
+        e.contains("descriptor user: `max_debt` without `overdraft: true`"),
+        "{e}"
+    );
+}

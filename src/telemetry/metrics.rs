@@ -478,6 +478,15 @@ impl Metrics {
         self.attempt.count(rule, result, n);
     }
 
+    /// `n` tokens of `rule`'s charges cut off by its debt bound.
+    pub fn debt_forgiven(&self, rule: RuleId, n: u64) {
+        let (domain, rule) = rule.labels();
+        self.attempt
+            .forgiven
+            .with_label_values(&[&domain, &rule])
+            .inc_by(n);
+    }
+
     /// What the memory store tells of reservations that expired unsettled
     /// (its attempt sink), counted here as `expired`.
     pub fn expiry_sink(self: &Arc<Self>) -> Arc<dyn Fn(RuleId, u64) + Send + Sync> {

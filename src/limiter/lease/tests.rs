@@ -270,6 +270,7 @@ fn bucket(capacity: u64, tokens_per_unit: u64, unit_secs: u64) -> DescriptorBuck
                 capacity,
                 tokens_per_unit,
                 unit_secs,
+                max_debt: None,
             },
         }],
     }

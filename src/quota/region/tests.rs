@@ -13,6 +13,7 @@ const RULE: BucketParams = BucketParams {
     capacity: 90,
     tokens_per_unit: 30,
     unit_secs: 1,
+    max_debt: None,
 };
 
 fn id(pairs: &[(&str, &str)]) -> BucketId {
@@ -109,6 +110,7 @@ fn an_assignment_is_kept_until_it_expires_even_when_cut_off() {
         capacity: 60,
         tokens_per_unit: 20,
         unit_secs: 1,
+        max_debt: None,
     });
     // one decision settles at the floor (the share grew past it), then
     // the share
@@ -332,6 +334,7 @@ fn an_assignment_beyond_the_rule_or_the_longest_ttl_is_cut() {
         capacity: 20,
         tokens_per_unit: 100,
         unit_secs: 10,
+        max_debt: None,
     };
     let strategy = Strategy::TokenBucket(envoy_types::pb::envoy::r#type::v3::TokenBucket {
         max_tokens: 20,
@@ -378,11 +381,13 @@ fn a_share_that_grows_settles_once_at_the_numbers_before_it() {
         capacity: 10,
         tokens_per_unit: 5,
         unit_secs: 1,
+        max_debt: None,
     };
     let big = BucketParams {
         capacity: 40,
         tokens_per_unit: 20,
         unit_secs: 1,
+        max_debt: None,
     };
     let strategy = |p: BucketParams| {
         token_bucket(Budget {
@@ -444,6 +449,7 @@ fn settling_is_bounded_and_never_at_numbers_that_cannot_admit() {
         capacity: 80,
         tokens_per_unit: 25,
         unit_secs: 1,
+        max_debt: None,
     };
     shares.apply("d", &[assign(&pairs, share(80.0, 25.0), 10)], 2 * S);
     assert_eq!(

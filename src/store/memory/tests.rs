@@ -17,6 +17,7 @@ fn descriptor(key: &str, capacity: u64, rate: u64) -> DescriptorBuckets {
                 capacity,
                 tokens_per_unit: rate,
                 unit_secs: 1,
+                max_debt: None,
             },
         }],
     }
@@ -116,6 +117,7 @@ fn entry(capacity: u64, tokens: f64, rejected: Option<u64>, rule: RuleId) -> Ent
         capacity,
         tokens_per_unit: 1,
         unit_secs: 1,
+        max_debt: None,
     };
     let state = BucketState {
         tokens,
@@ -223,6 +225,7 @@ fn login(user: &str) -> DescriptorBuckets {
                 capacity: 5,
                 tokens_per_unit: 1,
                 unit_secs: 3600,
+                max_debt: None,
             },
         }],
     }

@@ -20,7 +20,8 @@
 --             deducted whatever the verdict (not on a rate of 0), down to
 --             -capacity at most (a balance already below it stays), its
 --             wait counted from after it; + 4 for a call of an attempt
---   then per bucket: capacity, tokens_per_unit, unit_secs
+--   then per bucket: capacity, tokens_per_unit, unit_secs, max_debt (the
+--             most debt a charge may leave; -1: capacity)
 --   then, for a call of an attempt: phase (0 start, 1 done), mode (0
 --             dedupe, 1 reserve), ttl_ms; its keys end with the attempt's
 --             record (n + 1 keys)
@@ -49,7 +50,8 @@
 --
 -- Returns one decision's answer, or for a batch an array of them: {admitted,
 -- then per bucket: remaining, retry_after (-1: none), full_in, never (0:
--- no, 1: zero rate, 2: cost above capacity), then the tokens taken (0
+-- no, 1: zero rate, 2: cost above capacity), forgiven (whole tokens a
+-- charge could not take for the debt bound), then the tokens taken (0
 -- unless admitted and spending or leasing)}.
 -- Time is this server's TIME; an earlier time adds no tokens. A bucket is
 -- only written when the request is admitted and spends; it expires once it
@@ -75,11 +77,12 @@ local now_ms = floor(now / 1000)
 
 -- Per bucket i, at B[S * (i - 1) + field]; every field is set for each
 -- bucket of a decision before it is read, so decisions share the table
-local S = 12
+local S = 14
 local CAP, RATE, UNIT, PER_SEC, TOKENS, STAMP = 1, 2, 3, 4, 5, 6
 -- LAYOUT: 0 no key, 1 packed, 2 hash; then what is stored, and the answer
 local LAYOUT, STORED_T, STORED_U, STORED_EXP, RETRY, NEVER = 7, 8, 9, 10, 11, 12
-local B = { 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
+local DEBT, FORGIVEN = 13, 14
+local B = { 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
 -- a batch's answers, one per decision (nil for one decision)
 local answers = nil
 local nargs = #ARGV
@@ -95,10 +98,10 @@ while a <= nargs do
   local write_hash = flags % 2 == 1
   local charge = floor(flags / 2) % 2 == 1
   local attempt = floor(flags / 4) % 2 == 1
-  -- bucket i's numbers at ARGV[at + 3i - 2 ..], its key at keys[ka + i]
+  -- bucket i's numbers at ARGV[at + 4i - 3 ..], its key at keys[ka + i]
   local at = a + 4
   local keys, ka = KEYS, 0
-  a = at + 3 * n + 1
+  a = at + 4 * n + 1
   local nk = n
   local phase, mode, ttl_ms = 0, 0, 0
   if attempt then
@@ -156,12 +159,15 @@ while a <= nargs do
     end
     for i = 1, n do
       local k = S * (i - 1)
-      local cap = tonumber(ARGV[at + 3 * i - 2])
-      local rate = tonumber(ARGV[at + 3 * i - 1])
-      local unit = tonumber(ARGV[at + 3 * i])
+      local cap = tonumber(ARGV[at + 4 * i - 3])
+      local rate = tonumber(ARGV[at + 4 * i - 2])
+      local unit = tonumber(ARGV[at + 4 * i - 1])
+      local debt = tonumber(ARGV[at + 4 * i])
+      if debt < 0 then debt = cap end
       local per_sec = 0
       if unit ~= 0 then per_sec = rate / unit end
       B[k + CAP], B[k + RATE], B[k + UNIT], B[k + PER_SEC] = cap, rate, unit, per_sec
+      B[k + DEBT], B[k + FORGIVEN] = debt, 0
       local layout, st, su, se = 0, 0, 0, 0
       local value = redis.pcall('GET', keys[ka + i])
       if type(value) == 'string' and #value == 24 then
@@ -259,8 +265,12 @@ while a <= nargs do
         -- else goes below where the bucket is (a refund into a debt repays
         -- part of it)
         local lowest = min(0, B[k + TOKENS])
-        if charge then lowest = min(-B[k + CAP], B[k + TOKENS]) end
-        local t = min(B[k + CAP], max(lowest, B[k + TOKENS] - deducted))
+        if charge then lowest = min(-B[k + DEBT], B[k + TOKENS]) end
+        local wanted = B[k + TOKENS] - deducted
+        if wanted < lowest then
+          B[k + FORGIVEN] = floor(lowest - wanted + 0.5)
+        end
+        local t = min(B[k + CAP], max(lowest, wanted))
         B[k + TOKENS] = t
         -- a charge answered OVER_LIMIT waits from where it left the bucket
         if charge and not all_admit and B[k + NEVER] == 0 then
@@ -356,7 +366,7 @@ while a <= nargs do
     -- one bucket (most descriptors): the answer's table made at its size
     local out
     if n == 1 and not attempt then
-      out = { all_admit and 1 or 0, 0, 0, 0, 0, taken }
+      out = { all_admit and 1 or 0, 0, 0, 0, 0, 0, taken }
     else
       out = { all_admit and 1 or 0 }
     end
@@ -375,7 +385,8 @@ while a <= nargs do
       local r = B[k + RETRY]
       if all_admit then r = -1 end
       out[o + 1], out[o + 2], out[o + 3], out[o + 4] = remaining, r, full_in, B[k + NEVER]
-      o = o + 4
+      out[o + 5] = B[k + FORGIVEN]
+      o = o + 5
     end
     out[o + 1] = taken
     if attempt then out[o + 2] = result end

@@ -48,7 +48,7 @@ use self::nodes::{ClientRecipe, NodeClients, Routing};
 use super::breaker::Nodes;
 use super::{AttemptOutcome, DescriptorBuckets, Store, StoreError};
 use crate::attempt::{self, AttemptCall, AttemptMode, AttemptResult, Phase, SlotOutcome};
-use crate::bucket::{BucketOutcome, Cost, NeverReason};
+use crate::bucket::{BucketOutcome, Cost, NeverReason, MAX_COST};
 use crate::labels::RuleId;
 use crate::telemetry::Metrics;
 
@@ -603,7 +603,7 @@ impl RedisStore {
             let record = super::key::attempt_key(&descriptor.tag, &call.id);
             keys.push(Key::from(self.prefixed(redis_key(hash, &record))));
         }
-        let mut args: Vec<Value> = Vec::with_capacity(8 + 3 * descriptor.buckets.len());
+        let mut args: Vec<Value> = Vec::with_capacity(8 + 4 * descriptor.buckets.len());
         // needed() is at most MAX_COST (2^53), so the cast keeps it positive.
         args.extend([
             Value::Integer(descriptor.buckets.len() as i64),
@@ -623,6 +623,7 @@ impl RedisStore {
                 Value::Integer(b.params.capacity as i64),
                 Value::Integer(b.params.tokens_per_unit as i64),
                 Value::Integer(b.params.unit_secs as i64),
+                Value::Integer(b.params.max_debt.map_or(-1, |d| d.min(MAX_COST) as i64)),
             ]);
         }
         if let Some(call) = attempt {
@@ -727,9 +728,9 @@ fn store_error(e: RedisError) -> StoreError {
     }
 }
 
-/// Reads the script's reply: `{admitted, then 4 numbers per bucket, taken}`.
+/// Reads the script's reply: `{admitted, then 5 numbers per bucket, taken}`.
 fn outcomes(reply: &[i64], buckets: usize) -> Result<Vec<BucketOutcome>, StoreError> {
-    if reply.len() != 2 + 4 * buckets {
+    if reply.len() != 2 + 5 * buckets {
         return Err(StoreError::Script(format!(
             "unexpected script reply of {} values for {buckets} buckets",
             reply.len()
@@ -738,7 +739,7 @@ fn outcomes(reply: &[i64], buckets: usize) -> Result<Vec<BucketOutcome>, StoreEr
     let admitted = reply[0] == 1;
     let taken = reply[reply.len() - 1].max(0) as u64;
     Ok(reply[1..reply.len() - 1]
-        .chunks_exact(4)
+        .chunks_exact(5)
         .map(|c| BucketOutcome {
             admitted,
             remaining: c[0].max(0) as u64,
@@ -750,6 +751,7 @@ fn outcomes(reply: &[i64], buckets: usize) -> Result<Vec<BucketOutcome>, StoreEr
                 _ => None,
             },
             taken,
+            forgiven: c[4].max(0) as u64,
         })
         .collect())
 }
@@ -983,8 +985,9 @@ mod tests {
     #[test]
     fn replies_are_checked() {
         assert!(outcomes(&[1, 5], 1).is_err());
-        assert!(outcomes(&[0, 0, 3, 7, 0], 1).is_err());
-        let o = outcomes(&[0, 0, 3, 7, 0, 0], 1).expect("valid");
+        assert!(outcomes(&[0, 0, 3, 7, 0, 0], 1).is_err());
+        let o = outcomes(&[0, 0, 3, 7, 0, 12, 0], 1).expect("valid");
+        assert_eq!(o[0].forgiven, 12);
         assert_eq!(o[0].retry_after_secs, Some(3));
         assert!(!o[0].admitted);
     }

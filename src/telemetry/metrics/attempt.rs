@@ -1,6 +1,7 @@
 //! The attempts' metrics: calls of attempts by what happened to them
 //! (`rls_attempts_total{domain, rule, result}`; the results are
-//! [`crate::attempt::AttemptResult`]'s labels).
+//! [`crate::attempt::AttemptResult`]'s labels), and the tokens a debt
+//! bound forgave usage charges (`rls_debt_forgiven_tokens_total`).
 
 use prometheus::{IntCounterVec, Opts};
 
@@ -9,6 +10,8 @@ use crate::labels::RuleId;
 /// Counters of [`crate::attempt`].
 pub(super) struct AttemptMetrics {
     pub(super) attempts: IntCounterVec,
+    /// Tokens charges could not take for a debt bound.
+    pub(super) forgiven: IntCounterVec,
 }
 
 impl AttemptMetrics {
@@ -22,11 +25,22 @@ impl AttemptMetrics {
                 &["domain", "rule", "result"],
             )
             .expect("valid metric"),
+            forgiven: IntCounterVec::new(
+                Opts::new(
+                    "rls_debt_forgiven_tokens_total",
+                    "Tokens usage charges could not take because the rule's debt bound (max_debt, else one burst) stopped them, summed over the rule's limits",
+                ),
+                &["domain", "rule"],
+            )
+            .expect("valid metric"),
         }
     }
 
     pub(super) fn collectors(&self) -> Vec<Box<dyn prometheus::core::Collector>> {
-        vec![Box::new(self.attempts.clone())]
+        vec![
+            Box::new(self.attempts.clone()),
+            Box::new(self.forgiven.clone()),
+        ]
     }
 
     /// `n` calls of `rule`'s attempts ended as `result`.
