@@ -200,7 +200,12 @@ descriptors:
 /// walkthrough).
 #[test]
 fn the_shipped_rules_are_valid() {
-    for dir in ["config", "examples/bench", "examples/llm"] {
+    for dir in [
+        "config",
+        "examples/bench",
+        "examples/llm",
+        "examples/concurrency",
+    ] {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(dir);
         let out = check_config(&[path.to_str().expect("utf-8")]);
         assert!(

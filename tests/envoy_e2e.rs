@@ -1494,6 +1494,262 @@ descriptors:
     assert_eq!(remaining, "750", "charged the 250 its headers reported");
 }
 
+/// Reservations through a real Envoy 1.40 (`/chat/reserved` in
+/// `examples/envoy/llm.yaml`, #39): each chat's two calls carry its
+/// x-request-id; the first reserves 600 of a budget of 1,000 (refused
+/// unless they are there), the stream-done one (`phase: done`) settles
+/// against what the stand-in LLM reported. Twenty slow chats at once: one
+/// is in flight, the rest 429 (checks alone let them all start); then a
+/// chat that used less gets the rest back at once, one that used more pays
+/// the difference.
+#[tokio::test]
+async fn llm_reservations_hold_parallel_chats_to_the_budget() {
+    reservations_hold(vec![vec![]]).await;
+}
+
+/// The same with two instances on a Redis Cluster behind one Envoy: a
+/// chat's start and its done call may reach either instance.
+#[tokio::test]
+async fn llm_reservations_hold_across_two_instances_on_a_redis_cluster() {
+    let cluster = common::redis::RedisCluster::start();
+    let on_redis = || {
+        vec![
+            ("RLS_STORE", "redis".to_string()),
+            ("RLS_REDIS_URL", cluster.url()),
+            ("RLS_REDIS_TIMEOUT", "200ms".to_string()),
+        ]
+    };
+    reservations_hold(vec![on_redis(), on_redis()]).await;
+}
+
+async fn reservations_hold(instances: Vec<Vec<(&str, String)>>) {
+    let rules = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        rules.path().join("llm.yaml"),
+        r#"
+domain: llm
+descriptors:
+  - key: reserving_user
+    overdraft: true
+    rate_limit: {unit: day, requests_per_unit: 1000, burst: 1000, name: llm-reserved-tokens}
+    attempts: {key: request_id, ttl: 1m, reserve: 600}
+"#,
+    )
+    .expect("rules");
+    let edge = Edge::start_full(rules.path(), "llm.yaml", &instances).await;
+    let chat = |tokens: &'static str, delay_ms: &'static str| {
+        let edge = &edge;
+        async move {
+            edge.get(
+                "/chat/reserved",
+                &[
+                    ("x-user", "zoe"),
+                    ("x-tokens-used", tokens),
+                    ("x-envoy-fault-delay-request", delay_ms),
+                ],
+            )
+            .await
+        }
+    };
+    // every instance's count of `result`
+    let counted = |result: &'static str| {
+        let edge = &edge;
+        async move {
+            let mut n = 0.0;
+            for i in 0..edge.rls_admin.len() {
+                let name = format!(
+                    "rls_attempts_total{{domain=\"llm\",result=\"{result}\",rule=\"llm-reserved-tokens\"}}"
+                );
+                n += rls_metric(edge, i, &name).await.unwrap_or(0.0);
+            }
+            n
+        }
+    };
+    let settled = |n: f64| async move {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let done = counted("settled").await;
+            if done >= n || Instant::now() > deadline {
+                assert_eq!(done, n, "settlements");
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    // twenty chats at once, each in flight for 1.5 s and using 100
+    let statuses: Vec<u16> = futures::future::join_all((0..20).map(|_| chat("100", "1500")))
+        .await
+        .into_iter()
+        .map(|a| a.status)
+        .collect();
+    assert_eq!(
+        statuses.iter().filter(|s| **s == 200).count(),
+        1,
+        "one 600 in flight on 1,000: {statuses:?}"
+    );
+    assert_eq!(statuses.iter().filter(|s| **s == 429).count(), 19);
+    assert_eq!(counted("first").await, 20.0);
+    settled(1.0).await;
+    // it used 100 of its 600: 500 back at once, 900 left; the next chat
+    // reserves 600 of them and uses nothing: all back
+    let a = chat("0", "0").await;
+    assert_eq!(a.status, 200);
+    let (_, remaining, _) = a.x_ratelimit.expect("x-ratelimit headers");
+    assert_eq!(remaining, "300", "900 less the 600 reserved");
+    settled(2.0).await;
+    // one that uses 700 pays the 100 beyond its reservation
+    let b = chat("700", "0").await;
+    assert_eq!(b.status, 200);
+    let (_, remaining, _) = b.x_ratelimit.expect("x-ratelimit headers");
+    assert_eq!(remaining, "300");
+    settled(3.0).await;
+    // 200 left: the next is refused, with the wait until 600 are back
+    let c = chat("0", "0").await;
+    assert_eq!(c.status, 429);
+    let wait = c.retry_after_secs();
+    assert!(
+        (34_559..=34_560).contains(&wait),
+        "400 tokens at 1,000 a day: {wait}"
+    );
+    assert_eq!(
+        counted("unknown").await,
+        0.0,
+        "every done call found its start"
+    );
+}
+
+/// A global concurrency limit through a real Envoy 1.40
+/// (`examples/envoy/concurrency.yaml`, #39): ten slow requests of one user
+/// at once on `concurrency: 3`, three in flight and seven refused with
+/// `Retry-After: 1`; each slot comes back when its stream is done. Then
+/// Envoy is killed with three requests in flight: their releases never
+/// come, and the slots return after the ttl.
+#[tokio::test]
+async fn a_concurrency_limit_holds_streams_in_flight_and_a_dead_envoys_slots_return() {
+    use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+    use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+    let rules = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        rules.path().join("streams.yaml"),
+        "domain: streams\ndescriptors:\n  - key: user\n    concurrency: 3\n    attempts: {key: request_id, ttl: 3s}\n",
+    )
+    .expect("rules");
+    let edge = Edge::start_full(rules.path(), "concurrency.yaml", &[vec![]]).await;
+    let request = |delay_ms: &'static str| {
+        let edge = &edge;
+        async move {
+            edge.get(
+                "/",
+                &[("x-user", "u1"), ("x-envoy-fault-delay-request", delay_ms)],
+            )
+            .await
+        }
+    };
+    let counted = |result: &'static str| {
+        let edge = &edge;
+        async move {
+            let name = format!(
+                "rls_attempts_total{{domain=\"streams\",result=\"{result}\",rule=\"user\"}}"
+            );
+            rls_metric(edge, 0, &name).await.unwrap_or(0.0)
+        }
+    };
+    let until = |result: &'static str, n: f64| async move {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let seen = counted(result).await;
+            if seen >= n || Instant::now() > deadline {
+                assert_eq!(seen, n, "{result}");
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    let answers = futures::future::join_all((0..10).map(|_| request("1500"))).await;
+    let ok = answers.iter().filter(|a| a.status == 200).count();
+    assert_eq!(ok, 3, "three in flight");
+    for a in answers.iter().filter(|a| a.status != 200) {
+        assert_eq!(a.status, 429);
+        assert_eq!(a.retry_after.as_deref(), Some("1"));
+    }
+    until("released", 3.0).await;
+    // every slot is back: three more at once pass
+    let again = futures::future::join_all((0..3).map(|_| request("0"))).await;
+    assert!(again.iter().all(|a| a.status == 200), "slots back");
+    until("released", 6.0).await;
+
+    // three requests in flight when Envoy dies
+    let firsts = counted("first").await;
+    let base = edge.base.clone();
+    let client = edge.client.clone();
+    for _ in 0..3 {
+        let (base, client) = (base.clone(), client.clone());
+        tokio::spawn(async move {
+            let _ = client
+                .get(format!("{base}/"))
+                .header("x-user", "u1")
+                .header("x-envoy-fault-delay-request", "10000")
+                .send()
+                .await;
+        });
+    }
+    until("first", firsts + 3.0).await;
+    let Edge {
+        rls,
+        rls_admin,
+        grpc_ports,
+        client,
+        _envoy,
+        ..
+    } = edge;
+    drop(_envoy);
+    let mut c = RateLimitServiceClient::connect(format!("http://127.0.0.1:{}", grpc_ports[0]))
+        .await
+        .expect("connect");
+    let probe = |id: &'static str| {
+        common::request(
+            "streams",
+            vec![common::descriptor(&[("user", "u1"), ("request_id", id)])],
+        )
+    };
+    let r = c
+        .should_rate_limit(probe("p1"))
+        .await
+        .expect("answer")
+        .into_inner();
+    assert_eq!(
+        r.overall_code,
+        Code::OverLimit as i32,
+        "the dead Envoy's three hold"
+    );
+    tokio::time::sleep(Duration::from_millis(3_200)).await;
+    let r = c
+        .should_rate_limit(probe("p2"))
+        .await
+        .expect("answer")
+        .into_inner();
+    assert_eq!(r.overall_code, Code::Ok as i32, "back after the ttl");
+    assert_eq!(r.statuses[0].limit_remaining, 2);
+    let text = client
+        .get(format!("http://127.0.0.1:{}/metrics", rls_admin[0]))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("metrics text");
+    let expired = common::sample(
+        &text,
+        "rls_attempts_total{domain=\"streams\",result=\"expired\",rule=\"user\"}",
+    );
+    assert_eq!(
+        expired,
+        Some(3.0),
+        "the three returned by themselves, counted"
+    );
+    drop(rls);
+}
+
 /// Envoy in front talking mTLS to the service, the service configured by
 /// envoyproxy/ratelimit's variables as Envoy Gateway sets them
 /// (GRPC_SERVER_USE_TLS, GRPC_SERVER_TLS_CERT/KEY, GRPC_SERVER_TLS_CA_CERT
