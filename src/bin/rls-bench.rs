@@ -70,6 +70,10 @@ struct Args {
     /// hits_addend of every request (0: unset, which means 1).
     #[arg(long, default_value_t = 0)]
     hits_addend: u32,
+    /// Each descriptor also carries this key with a fresh random attempt id
+    /// (as Envoy sends x-request-id for a rule with `attempts:`).
+    #[arg(long)]
+    attempt_key: Option<String>,
     /// HTTP/2 connections.
     #[arg(long, default_value_t = 8)]
     connections: usize,
@@ -205,12 +209,21 @@ impl Shared {
         RateLimitRequest {
             domain: self.args.domain.clone(),
             descriptors: (0..self.args.descriptors)
-                .map(|_| RateLimitDescriptor {
-                    entries: vec![Entry {
+                .map(|_| {
+                    let mut entries = vec![Entry {
                         key: self.args.key.clone(),
                         value: format!("k{}", self.keys.pick(rng)),
-                    }],
-                    ..Default::default()
+                    }];
+                    if let Some(key) = &self.args.attempt_key {
+                        entries.push(Entry {
+                            key: key.clone(),
+                            value: format!("{:016x}{:016x}", rng.next(), rng.next()),
+                        });
+                    }
+                    RateLimitDescriptor {
+                        entries,
+                        ..Default::default()
+                    }
                 })
                 .collect(),
             hits_addend: self.args.hits_addend,
