@@ -97,6 +97,40 @@ fn main() -> ExitCode {
     }
 }
 
+/// One line per rule with `attempts:` (README, "Attempts"): what its calls
+/// do, and the entries that carry the attempt and its phase.
+fn print_attempts(set: &tokenbucket_rls::rules::RuleSet) {
+    use tokenbucket_rls::attempt::AttemptMode;
+    let mut domains: Vec<&str> = set.domains().map(|d| &*d.name).collect();
+    domains.sort_unstable();
+    for domain in domains {
+        let mut rules = set.rules(domain);
+        rules.sort_by(|a, b| a.path.cmp(&b.path));
+        for rule in rules {
+            let Some(a) = &rule.attempts else { continue };
+            let what = match (a.mode, &rule.action) {
+                (_, tokenbucket_rls::rules::RuleAction::Concurrency { max }) => format!(
+                    "at most {max} in flight per value: a start takes a slot, the done call releases it, a slot not released returns after {}",
+                    humantime::format_duration(a.ttl)
+                ),
+                (AttemptMode::Reserve, _) => format!(
+                    "reservations: a start reserves {}, refused unless held; the done call settles the difference; unsettled after {}: kept as spent",
+                    a.reserve.map_or_else(|| "its own hits_addend".to_string(), |n| format!("its own hits_addend, else {n}")),
+                    humantime::format_duration(a.ttl)
+                ),
+                _ => format!(
+                    "dedupe: a repeat of an admitted call is answered OK and charged nothing, for {}",
+                    humantime::format_duration(a.ttl)
+                ),
+            };
+            println!(
+                "attempts: domain {domain}, rule {}: {what} (attempt entry '{}', done when '{}' is 'done')",
+                rule.path, a.key, a.phase_key
+            );
+        }
+    }
+}
+
 /// One line per rule: its bucket id keys, what RLQS assigns, and notes.
 fn print_rlqs(set: &tokenbucket_rls::rules::RuleSet) {
     let mut domains: Vec<&str> = set.domains().map(|d| &*d.name).collect();
@@ -149,6 +183,7 @@ fn check_config(path: &std::path::Path, merge_domains: bool, rlqs: bool) -> Exit
                 "{}: valid ({files} file(s), {domains} domain(s))",
                 path.display()
             );
+            print_attempts(&set);
             if rlqs {
                 print_rlqs(&set);
             }

@@ -215,3 +215,25 @@ fn the_shipped_rules_are_valid() {
         );
     }
 }
+
+/// `check-config` says what each rule with `attempts:` does with them.
+#[test]
+fn check_config_says_what_each_rule_does_with_attempts() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let out = check_config(&[root.join("examples/llm").to_str().expect("utf-8")]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("attempts: domain llm, rule reserving_user: reservations: a start reserves its own hits_addend, else 600, refused unless held; the done call settles the difference; unsettled after 5m: kept as spent (attempt entry 'request_id', done when 'phase' is 'done')"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("rule user:"),
+        "rules without attempts say nothing: {text}"
+    );
+    let out = check_config(&[root.join("examples/concurrency").to_str().expect("utf-8")]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("attempts: domain streams, rule user: at most 3 in flight per value: a start takes a slot, the done call releases it, a slot not released returns after 10m"),
+        "{text}"
+    );
+}

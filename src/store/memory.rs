@@ -36,12 +36,14 @@
 //! overflow buckets, making room).
 
 use std::hash::{BuildHasher, RandomState};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use parking_lot::Mutex;
 
+use self::attempts::{record_bytes, Attempts};
 pub use self::attempts::{ATTEMPT_FIXED_BYTES, BYTES_PER_ATTEMPT, DEFAULT_MAX_ATTEMPTS};
 pub use self::entry::REJECTED_RECENTLY_SECS;
 use self::entry::{Entry, FullAt};
@@ -75,8 +77,11 @@ pub struct MemoryStore<C: Clock> {
     hasher: RandomState,
     clock: C,
     on_evict: Option<EvictionSink>,
-    /// Most attempt records one shard holds: its share of `--max-attempts`.
-    attempt_cap: usize,
+    /// Most attempt records and slots the store holds (`--max-attempts`),
+    /// in all shards together, and those held now, and their bytes.
+    max_attempts: usize,
+    attempts_held: AtomicUsize,
+    attempt_bytes: AtomicUsize,
     /// Told of each reservation whose time to live passed unsettled.
     on_expired: Option<EvictionSink>,
 }
@@ -102,28 +107,72 @@ impl<C: Clock> MemoryStore<C> {
             hasher: RandomState::new(),
             clock,
             on_evict,
-            attempt_cap: (DEFAULT_MAX_ATTEMPTS / count).max(1),
+            max_attempts: DEFAULT_MAX_ATTEMPTS,
+            attempts_held: AtomicUsize::new(0),
+            attempt_bytes: AtomicUsize::new(0),
             on_expired: None,
         }
     }
 
-    /// Holds at most `max_attempts` attempt records (at least one per
-    /// shard), and tells `on_expired` of each reservation whose time to
-    /// live passed unsettled.
+    /// Holds at most `max_attempts` attempt records and slots (at least
+    /// one), and tells `on_expired` of each reservation whose time to live
+    /// passed unsettled and each slot that returned by itself.
     pub fn with_attempts(mut self, max_attempts: usize, on_expired: Option<EvictionSink>) -> Self {
-        self.attempt_cap = (max_attempts / self.shards.len()).max(1);
+        self.max_attempts = max_attempts.max(1);
         self.on_expired = on_expired;
         self
     }
 
-    /// The most attempt records the store holds.
+    /// The most attempt records and slots the store holds.
     pub fn max_attempts(&self) -> usize {
-        self.attempt_cap * self.shards.len()
+        self.max_attempts
     }
 
-    /// Attempt records held now (forgotten ones until the next sweep).
+    /// Attempt records and slots held now (forgotten ones until a sweep).
     pub fn attempts(&self) -> usize {
-        self.shards.iter().map(|s| s.lock().attempts.len()).sum()
+        self.attempts_held.load(Ordering::Relaxed)
+    }
+
+    /// Whether one more record or slot of `bytes` fits the bound.
+    fn attempt_fits(&self, bytes: usize) -> bool {
+        self.attempts_held.load(Ordering::Relaxed) < self.max_attempts
+            && self.attempt_bytes.load(Ordering::Relaxed) + bytes
+                <= self.max_attempts.saturating_mul(BYTES_PER_ATTEMPT)
+    }
+
+    /// Moves the store's totals by a shard's change from `before` to
+    /// `after` ([`Attempts::footprint`]).
+    fn account(&self, before: (usize, usize), after: (usize, usize)) {
+        for (total, (b, a)) in [
+            (&self.attempts_held, (before.0, after.0)),
+            (&self.attempt_bytes, (before.1, after.1)),
+        ] {
+            if a >= b {
+                total.fetch_add(a - b, Ordering::Relaxed);
+            } else {
+                total.fetch_sub(b - a, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Whether a new record of `bytes` fits, after sweeping `attempts`
+    /// when the store is full and that shard has something due.
+    fn attempt_room(
+        &self,
+        attempts: &mut Attempts,
+        bytes: usize,
+        now: u64,
+        expired: &mut Vec<RuleId>,
+    ) -> bool {
+        if self.attempt_fits(bytes) {
+            return true;
+        }
+        if attempts.due(now) {
+            let before = attempts.footprint();
+            attempts.sweep(now, expired);
+            self.account(before, attempts.footprint());
+        }
+        self.attempt_fits(bytes)
     }
 
     /// The most buckets the store holds.
@@ -174,10 +223,7 @@ impl<C: Clock> MemoryStore<C> {
         let key = attempt_key(&descriptor.tag, &call.id);
         let record = shard.attempts.get(&key, now);
         let planned = attempt::plan(call, record.as_ref(), cost, now);
-        let caps = (
-            self.attempt_cap,
-            self.attempt_cap.saturating_mul(BYTES_PER_ATTEMPT),
-        );
+        let footprint = shard.attempts.footprint();
         let outcome = match planned.cost {
             // a repeat: answered OK from the buckets as they are (a
             // refund of nothing admits and writes nothing)
@@ -194,7 +240,13 @@ impl<C: Clock> MemoryStore<C> {
             Some(cost)
                 if planned.records
                     && record.is_none()
-                    && !shard.attempts.room_for(&key, caps, now, &mut expired) =>
+                    && !shard.attempts.has(&key)
+                    && !self.attempt_room(
+                        &mut shard.attempts,
+                        record_bytes(&key),
+                        now,
+                        &mut expired,
+                    ) =>
             {
                 if call.mode == AttemptMode::Reserve && call.phase == Phase::Start {
                     // a reservation nobody could settle is not taken
@@ -239,6 +291,7 @@ impl<C: Clock> MemoryStore<C> {
                 }
             }
         };
+        self.account(footprint, shard.attempts.footprint());
         drop(shard);
         if !evicted.is_empty() {
             self.report(evicted);
@@ -258,14 +311,23 @@ impl<C: Clock> MemoryStore<C> {
     ) -> SlotOutcome {
         let mut shard = self.shard(&descriptor.tag).lock();
         let now = self.clock.now_micros();
-        let caps = (
-            self.attempt_cap,
-            self.attempt_cap.saturating_mul(BYTES_PER_ATTEMPT),
-        );
         let key = slots_key(&descriptor.tag);
+        let before = shard.attempts.footprint();
+        let mut expired = Vec::new();
+        let full = call.phase == Phase::Start
+            && !self.attempt_room(
+                &mut shard.attempts,
+                record_bytes(&call.id) + key.len(),
+                now,
+                &mut expired,
+            );
         // the slots that returned by themselves are in the outcome, for the
         // caller to count (the sweep counts those it drops)
-        shard.attempts.slot(&key, max, call, rule, caps, now)
+        let outcome = shard.attempts.slot(&key, max, call, rule, full, now);
+        self.account(before, shard.attempts.footprint());
+        drop(shard);
+        self.report_expired(expired);
+        outcome
     }
 
     /// Decides `cost` against `descriptor`'s buckets in its locked `shard`.
@@ -401,7 +463,9 @@ impl<C: Clock> MemoryStore<C> {
         let mut expired = Vec::new();
         for shard in self.shards.iter() {
             let mut shard = shard.lock();
+            let before = shard.attempts.footprint();
             shard.attempts.sweep(now, &mut expired);
+            self.account(before, shard.attempts.footprint());
             let before = shard.buckets.len();
             shard.retain(|_, e| !e.full_at.passed(now));
             dropped += before - shard.buckets.len();

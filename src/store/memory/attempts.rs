@@ -2,14 +2,18 @@
 //! (descriptor, attempt), kept in the descriptor's shard beside its buckets
 //! so that a call and its record change under one lock.
 //!
-//! **Bounded.** A shard holds at most its share of `--max-attempts`
-//! records, and of `--max-attempts` × [`BYTES_PER_ATTEMPT`] bytes (a record
-//! counts [`ATTEMPT_FIXED_BYTES`] plus its key: long ids count for more).
-//! A record goes when it is forgotten (twice the rule's `ttl` after its
-//! start); a full shard drops the forgotten ones first, and then has no
-//! room: the call says so ([`crate::attempt::AttemptResult::Full`]), no
-//! live record is ever dropped for a new one (it holds a reservation
-//! someone will settle, or the memory of a charge).
+//! **Bounded.** The store holds at most `--max-attempts` records and slots
+//! together, and `--max-attempts` × [`BYTES_PER_ATTEMPT`] bytes of them (a
+//! record counts [`ATTEMPT_FIXED_BYTES`] plus its key: long ids count for
+//! more), whatever shards they are in (one hot descriptor may hold them
+//! all). A record goes when it is forgotten (twice the rule's `ttl` after
+//! its start), a slot when it returns; the sweeper drops them every
+//! second, and a full store sweeps the shard of a new record first when
+//! that shard has something due (a pass over the shard, at most once per
+//! due time). Then there is no room: the call says so
+//! ([`crate::attempt::AttemptResult::Full`]); no live record is ever
+//! dropped for a new one (it holds a reservation someone will settle, or
+//! the memory of a charge).
 
 use std::collections::HashMap;
 
@@ -28,12 +32,14 @@ pub const ATTEMPT_FIXED_BYTES: usize = 112;
 /// than one.
 pub const BYTES_PER_ATTEMPT: usize = 256;
 
-fn record_bytes(key: &[u8]) -> usize {
+pub(super) fn record_bytes(key: &[u8]) -> usize {
     ATTEMPT_FIXED_BYTES + key.len()
 }
 
 /// One shard's attempt records and slots, and the bytes they are counted
-/// for (a held slot counts as a record).
+/// for (a held slot counts as a record). The bound is the store's, over
+/// every shard ([`super::MemoryStore`] keeps the totals from each call's
+/// [`Attempts::footprint`] before and after).
 #[derive(Debug, Default)]
 pub(super) struct Attempts {
     records: HashMap<Box<[u8]>, (AttemptRecord, RuleId)>,
@@ -43,6 +49,9 @@ pub(super) struct Attempts {
     /// Slots held, all descriptors together.
     held: usize,
     bytes: usize,
+    /// No record is forgotten nor slot returned before this: a full store
+    /// sweeps a shard only from then (a sweep is a pass over the shard).
+    next_due: u64,
 }
 
 impl Attempts {
@@ -54,37 +63,37 @@ impl Attempts {
             .filter(|r| now < r.forget_micros)
     }
 
-    /// Whether a new record of `key` fits within (`cap` records, `byte_cap`
-    /// bytes), after dropping the forgotten ones when it would not; the
-    /// expirations that counts go to `expired`.
-    pub(super) fn room_for(
-        &mut self,
-        key: &[u8],
-        (cap, byte_cap): (usize, usize),
-        now: u64,
-        expired: &mut Vec<RuleId>,
-    ) -> bool {
-        let fits =
-            |a: &Self| a.records.len() + a.held < cap && a.bytes + record_bytes(key) <= byte_cap;
-        if self.records.contains_key(key) || fits(self) {
-            return true;
+    /// Whether a record is kept under `key` already.
+    pub(super) fn has(&self, key: &[u8]) -> bool {
+        self.records.contains_key(key)
+    }
+
+    /// (records and slots held, their bytes).
+    pub(super) fn footprint(&self) -> (usize, usize) {
+        (self.records.len() + self.held, self.bytes)
+    }
+
+    /// Whether a sweep at `now` would find something to drop.
+    pub(super) fn due(&self, now: u64) -> bool {
+        self.next_due != 0 && now >= self.next_due
+    }
+
+    fn remember_due(&mut self, at: u64) {
+        if self.next_due == 0 || at < self.next_due {
+            self.next_due = at;
         }
-        self.sweep(now, expired);
-        fits(self)
     }
 
     /// One call of a `concurrency` rule's attempt on the slots under `key`
-    /// (at most `max`), within (`cap` records, `byte_cap` bytes) counting
-    /// each held slot as a record: a start finding no room is refused as
-    /// all slots held would be.
-    #[allow(clippy::too_many_arguments)]
+    /// (at most `max`); with `full` (the store's bound reached) a start
+    /// takes no new slot, refused as all slots held would be.
     pub(super) fn slot(
         &mut self,
         key: &[u8],
         max: u64,
         call: &AttemptCall,
         rule: RuleId,
-        (cap, byte_cap): (usize, usize),
+        full: bool,
         now: u64,
     ) -> SlotOutcome {
         let (held, _) = self
@@ -98,7 +107,6 @@ impl Attempts {
                 .sum()
         };
         let bytes_before = bytes(held);
-        let full = self.held >= cap || self.bytes + record_bytes(key) + call.id.len() > byte_cap;
         let outcome = match call.phase {
             Phase::Start if full && !held.iter().any(|(h, _)| **h == *call.id) => {
                 // expired ones still go; no new slot past the bound
@@ -114,11 +122,15 @@ impl Attempts {
         }
         self.held = self.held + after - before;
         self.bytes = self.bytes + bytes_after - bytes_before;
+        if after > before {
+            self.remember_due(now.saturating_add(call.ttl_micros));
+        }
         outcome
     }
 
     /// Keeps `record` under `key` (replacing what was there).
     pub(super) fn put(&mut self, key: &[u8], record: AttemptRecord, rule: RuleId) {
+        self.remember_due(record.expires_micros.min(record.forget_micros));
         match self.records.get_mut(key) {
             Some(held) => *held = (record, rule),
             None => {
@@ -129,41 +141,40 @@ impl Attempts {
     }
 
     /// Counts each reservation whose time to live passed unsettled (once,
-    /// its rule to `expired`: kept as spent) and drops the forgotten.
+    /// its rule to `expired`: kept as spent), drops the forgotten records
+    /// and the slots that returned by themselves (each one's rule to
+    /// `expired`).
     pub(super) fn sweep(&mut self, now: u64, expired: &mut Vec<RuleId>) {
         let mut freed = 0;
+        let mut next = u64::MAX;
         self.records.retain(|k, (r, rule)| {
             if r.expired_unsettled(now) {
                 r.expired_counted = true;
                 expired.push(*rule);
             }
             let keep = now < r.forget_micros;
-            if !keep {
+            if keep {
+                next = next.min(
+                    if r.expired_unsettled(now) || r.expired_counted || now >= r.expires_micros {
+                        r.forget_micros
+                    } else {
+                        r.expires_micros
+                    },
+                );
+            } else {
                 freed += record_bytes(k);
             }
             keep
         });
         self.bytes -= freed;
-        self.sweep_slots(now, expired);
-        if self.records.capacity() > 64 && self.records.capacity() > self.records.len() * 4 {
-            self.records.shrink_to_fit();
-        }
-    }
-
-    /// Records held (forgotten ones included until a sweep), and slots.
-    pub(super) fn len(&self) -> usize {
-        self.records.len() + self.held
-    }
-
-    /// Drops the slots whose time to live passed, each one's rule to
-    /// `expired`.
-    pub(super) fn sweep_slots(&mut self, now: u64, expired: &mut Vec<RuleId>) {
         let (mut held, mut bytes) = (self.held, self.bytes);
         self.slots.retain(|key, (slots, rule)| {
             let before = slots.len();
             slots.retain(|(id, until)| {
                 let keep = now < *until;
-                if !keep {
+                if keep {
+                    next = next.min(*until);
+                } else {
                     bytes -= record_bytes(id) + key.len();
                 }
                 keep
@@ -174,5 +185,9 @@ impl Attempts {
         });
         self.held = held;
         self.bytes = bytes;
+        self.next_due = if next == u64::MAX { 0 } else { next };
+        if self.records.capacity() > 64 && self.records.capacity() > self.records.len() * 4 {
+            self.records.shrink_to_fit();
+        }
     }
 }

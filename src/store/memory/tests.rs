@@ -516,3 +516,36 @@ fn a_full_attempt_table_refuses_reservations_and_keeps_its_live_records() {
     );
     assert_eq!(o.result, AttemptResult::First);
 }
+
+/// The bound is the store's, not a shard's share: one hot descriptor may
+/// hold every record (with per-shard shares it held 1/32 of them and was
+/// refused past that, sweeping its shard on every call).
+#[test]
+fn one_hot_descriptor_may_hold_the_whole_attempt_bound() {
+    let clock = ManualClock::new(1_000_000);
+    let store = MemoryStore::with_cap(clock.clone(), 1_000_000, None).with_attempts(100, None);
+    let mut d = slow("hot");
+    d.buckets[0].params.capacity = 1_000;
+    for i in 0..100 {
+        let o = store.decide_attempt_now(
+            &d,
+            Cost::Spend(1),
+            &attempt(&format!("a{i}"), Phase::Start, AttemptMode::Dedupe),
+        );
+        assert_eq!(o.result, AttemptResult::First, "{i}");
+    }
+    assert_eq!(store.attempts(), 100);
+    let o = store.decide_attempt_now(
+        &d,
+        Cost::Spend(1),
+        &attempt("over", Phase::Start, AttemptMode::Dedupe),
+    );
+    assert_eq!(
+        (o.result, o.outcomes[0].admitted),
+        (AttemptResult::Full, true)
+    );
+    // forgotten after twice the ttl: the sweep frees them all
+    clock.advance_micros(21_000_000);
+    store.evict_full();
+    assert_eq!(store.attempts(), 0);
+}
