@@ -1532,11 +1532,29 @@ descriptors:
   - key: reserving_user
     overdraft: true
     rate_limit: {unit: day, requests_per_unit: 1000, burst: 1000, name: llm-reserved-tokens}
-    attempts: {key: request_id, ttl: 1m, reserve: 600}
+    attempts: {key: request_id, ttl: 4s, reserve: 600}
 "#,
     )
     .expect("rules");
-    let edge = Edge::start_full(rules.path(), "llm.yaml", &instances).await;
+    // the stand-in LLM's answer made long enough (4,000 bytes) to stream
+    // for seconds when asked to (x-envoy-fault-throughput-response)
+    let long_answer = "token ".repeat(666);
+    let bootstrap = std::fs::read_to_string(Path::new(ROOT).join("examples/envoy/llm.yaml"))
+        .expect("bootstrap")
+        .replace(
+            r#"inline_string: "a stand-in LLM answer\n""#,
+            &format!(r#"inline_string: "{long_answer}""#),
+        );
+    assert!(bootstrap.contains(&long_answer), "the answer was replaced");
+    let envoy_dir = tempfile::tempdir().expect("tempdir");
+    let bootstrap_path = envoy_dir.path().join("llm-envoy.yaml");
+    std::fs::write(&bootstrap_path, bootstrap).expect("bootstrap");
+    let edge = Edge::start_full(
+        rules.path(),
+        bootstrap_path.to_str().expect("utf-8"),
+        &instances,
+    )
+    .await;
     let chat = |tokens: &'static str, delay_ms: &'static str| {
         let edge = &edge;
         async move {
@@ -1615,6 +1633,62 @@ descriptors:
         counted("unknown").await,
         0.0,
         "every done call found its start"
+    );
+
+    // a client that gives up before the (slow) answer: no usage was
+    // reported, so Envoy makes no done call; the reservation is kept as
+    // spent (the next chat finds 400) and expires after the ttl, never
+    // charged twice
+    let user = |name: &'static str, tokens: &'static str| {
+        let edge = &edge;
+        async move {
+            edge.get(
+                "/chat/reserved",
+                &[("x-user", name), ("x-tokens-used", tokens)],
+            )
+            .await
+        }
+    };
+    let aborted = edge
+        .client
+        .get(format!("{}/chat/reserved", edge.base))
+        .header("x-user", "yan")
+        .header("x-tokens-used", "300")
+        .header("x-envoy-fault-delay-request", "3000")
+        .timeout(Duration::from_millis(300))
+        .send()
+        .await;
+    assert!(aborted.is_err(), "the client gave up");
+    tokio::time::sleep(Duration::from_millis(3_500)).await;
+    assert_eq!(counted("settled").await, 3.0, "no done call for it");
+    let refused = user("yan", "0").await;
+    assert_eq!(refused.status, 429, "400 left: its 600 kept as spent");
+    let wait = refused.retry_after_secs();
+    assert!(
+        (17_270..=17_280).contains(&wait),
+        "200 tokens at 1,000 a day, less the seconds since: {wait}"
+    );
+
+    // a client that gives up while the answer streams (its headers, with
+    // the usage, already passed): settled against what they reported, once
+    let streaming = edge
+        .client
+        .get(format!("{}/chat/reserved", edge.base))
+        .header("x-user", "xia")
+        .header("x-tokens-used", "250")
+        .header("x-envoy-fault-throughput-response", "1")
+        .send()
+        .await
+        .expect("the answer's headers");
+    assert_eq!(streaming.status(), 200);
+    drop(streaming);
+    settled(4.0).await;
+    let next = user("xia", "0").await;
+    assert_eq!(next.status, 200);
+    let (_, remaining, _) = next.x_ratelimit.expect("x-ratelimit headers");
+    assert_eq!(
+        remaining, "150",
+        "750 after the 250 it used, less 600 reserved"
     );
 }
 
