@@ -1692,6 +1692,157 @@ descriptors:
     );
 }
 
+/// A TCP proxy on a free port to `target` whose next answer can be lost:
+/// once `cut` is set, the first chunk from the server large enough to be
+/// a reply (not a window update or ping) is dropped and both connections
+/// are closed, so the client sees a reset after the server decided.
+async fn lossy_proxy(target: u16) -> (u16, std::sync::Arc<std::sync::atomic::AtomicBool>) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let cut = std::sync::Arc::new(AtomicBool::new(false));
+    let armed = cut.clone();
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", target)).await else {
+                continue;
+            };
+            let armed = armed.clone();
+            tokio::spawn(async move {
+                let (mut cr, mut cw) = client.into_split();
+                let (mut sr, mut sw) = server.into_split();
+                let up = async {
+                    let mut buf = vec![0u8; 64 * 1024];
+                    while let Ok(n) = cr.read(&mut buf).await {
+                        if n == 0 || sw.write_all(&buf[..n]).await.is_err() {
+                            break;
+                        }
+                    }
+                };
+                let down = async {
+                    let mut buf = vec![0u8; 64 * 1024];
+                    while let Ok(n) = sr.read(&mut buf).await {
+                        if n == 0 {
+                            break;
+                        }
+                        if n > 40 && armed.swap(false, Ordering::SeqCst) {
+                            break;
+                        }
+                        if cw.write_all(&buf[..n]).await.is_err() {
+                            break;
+                        }
+                    }
+                };
+                tokio::select! {
+                    _ = up => {}
+                    _ = down => {}
+                }
+            });
+        }
+    });
+    (port, cut)
+}
+
+/// A retried call charged once through a real Envoy 1.40 (#39): Envoy's
+/// rate limit `grpc_service` has a `retry_policy` (as
+/// `examples/envoy/concurrency.yaml` sets it), and a proxy between Envoy
+/// and the service loses one answer after the service decided it: Envoy
+/// sends the call again, the service answers it as the first (a repeat,
+/// counted) and charges it once.
+#[tokio::test]
+async fn a_call_envoy_sends_again_is_charged_once() {
+    use std::sync::atomic::Ordering;
+    let rules = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        rules.path().join("streams.yaml"),
+        "domain: streams\ndescriptors:\n  - key: user\n    rate_limit: {unit: day, requests_per_unit: 10, name: calls}\n    attempts: {key: request_id, ttl: 1m}\n",
+    )
+    .expect("rules");
+    // the request-time call only: a plain charge, identified
+    let bootstrap =
+        std::fs::read_to_string(Path::new(ROOT).join("examples/envoy/concurrency.yaml"))
+            .expect("bootstrap");
+    let done = "                    - actions:\n                      - request_headers: {header_name: x-user, descriptor_key: user}\n                      - request_headers: {header_name: x-request-id, descriptor_key: request_id}\n                      - generic_key: {descriptor_key: phase, descriptor_value: done}\n                      apply_on_stream_done: true\n";
+    assert!(bootstrap.contains(done), "the done call's rate limit");
+    assert!(bootstrap.contains("retry_policy:"), "the example retries");
+    let envoy_dir = tempfile::tempdir().expect("tempdir");
+    let bootstrap_path = envoy_dir.path().join("retry-envoy.yaml");
+    std::fs::write(&bootstrap_path, bootstrap.replace(done, "")).expect("bootstrap");
+
+    let (grpc, admin) = (free_port(), free_port());
+    let mut rls = vec![spawn_rls(rules.path(), grpc, admin, &[])];
+    let client = reqwest::Client::new();
+    wait_until(
+        &client,
+        &format!("http://127.0.0.1:{admin}/readyz"),
+        &mut rls,
+    )
+    .await
+    .expect("ready");
+    let (proxy, cut) = lossy_proxy(grpc).await;
+    let mut envoy = None;
+    for _ in 0..4 {
+        envoy =
+            RunningEnvoy::start(&client, bootstrap_path.to_str().expect("utf-8"), &[proxy]).await;
+        if envoy.is_some() {
+            break;
+        }
+    }
+    let envoy = envoy.expect("envoy starts");
+    let get = |user: &'static str| {
+        let (client, base) = (&client, &envoy.base);
+        async move {
+            let resp = client
+                .get(format!("{base}/"))
+                .header("x-user", user)
+                .send()
+                .await
+                .expect("envoy answers");
+            let remaining = resp
+                .headers()
+                .get("x-ratelimit-remaining")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string);
+            (resp.status().as_u16(), remaining)
+        }
+    };
+    let metric = |name: &'static str| {
+        let client = &client;
+        async move {
+            let text = client
+                .get(format!("http://127.0.0.1:{admin}/metrics"))
+                .send()
+                .await
+                .expect("metrics")
+                .text()
+                .await
+                .expect("metrics text");
+            common::sample(&text, name).unwrap_or(0.0)
+        }
+    };
+    assert_eq!(get("u1").await, (200, Some("9".to_string())));
+    cut.store(true, Ordering::SeqCst);
+    // the answer is lost after the service took its token; Envoy retries
+    let (status, remaining) = get("u1").await;
+    assert!(!cut.load(Ordering::SeqCst), "an answer was lost");
+    assert_eq!(
+        (status, remaining.as_deref()),
+        (200, Some("8")),
+        "charged once"
+    );
+    assert_eq!(
+        metric("rls_attempts_total{domain=\"streams\",result=\"repeat\",rule=\"calls\"}").await,
+        1.0,
+        "the retry was a repeat"
+    );
+    assert_eq!(get("u1").await, (200, Some("7".to_string())));
+    drop(envoy);
+    drop(rls);
+}
+
 /// A global concurrency limit through a real Envoy 1.40
 /// (`examples/envoy/concurrency.yaml`, #39): ten slow requests of one user
 /// at once on `concurrency: 3`, three in flight and seven refused with
