@@ -366,3 +366,56 @@ async fn lua_and_rust_hold_slots_alike() {
         "Lua"
     );
 }
+
+/// On Redis a reservation whose ttl passes unsettled is kept as spent and
+/// counted by the descriptor's next reservation call (a sorted set of the
+/// unsettled ones beside the records); a settled one never is.
+#[tokio::test]
+async fn redis_counts_reservations_that_expire_unsettled() {
+    let redis = RedisServer::standalone();
+    let store = RedisStore::connect(&RedisSettings {
+        url: redis.url(),
+        timeout: Duration::from_secs(2),
+        pool_size: 1,
+        serving_threads: 0,
+        batch: None,
+        ca_file: None,
+        client_cert: None,
+        layout: BucketLayout::Packed,
+        key_prefix: String::new(),
+    })
+    .await
+    .expect("connect");
+    let d = descriptor("expiring-reservations", &[1000]);
+    let short = |id: &str, phase| AttemptCall {
+        ttl_micros: 200_000,
+        ..call(id, phase, Reserve)
+    };
+    for id in ["kept", "settled"] {
+        let o = store
+            .decide_attempt(&d, Cost::Spend(100), &short(id, Start), None)
+            .await
+            .expect("decided");
+        assert_eq!((o.result, o.expired), (AttemptResult::First, 0));
+    }
+    let o = store
+        .decide_attempt(&d, Cost::Spend(100), &short("settled", Done), None)
+        .await
+        .expect("decided");
+    assert_eq!(o.result, AttemptResult::Settled);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let o = store
+        .decide_attempt(&d, Cost::Spend(100), &short("next", Start), None)
+        .await
+        .expect("decided");
+    assert_eq!(o.expired, 1, "the one never settled, once");
+    assert_eq!(
+        o.outcomes[0].remaining, 700,
+        "kept as spent: 1000 - 100 - 100 - 100"
+    );
+    let o = store
+        .decide_attempt(&d, Cost::Spend(100), &short("after", Start), None)
+        .await
+        .expect("decided");
+    assert_eq!(o.expired, 0, "counted once");
+}

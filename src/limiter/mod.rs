@@ -522,6 +522,13 @@ impl Limiter {
             Ok(outcome) => {
                 if let Some(rule) = rule {
                     self.metrics.attempts(rule.id, outcome.result.label(), 1);
+                    if outcome.expired > 0 {
+                        self.metrics.attempts(
+                            rule.id,
+                            AttemptResult::Expired.label(),
+                            outcome.expired,
+                        );
+                    }
                 }
                 self.count_forgiven(rule, &outcome.outcomes);
                 Ok(decision_from(rule, limits, &outcome.outcomes))

@@ -23,6 +23,16 @@ pub fn slots_key(tag: &[u8]) -> Vec<u8> {
     key
 }
 
+/// The key of the unsettled reservations of the descriptor of `tag` (on
+/// Redis: a sorted set of attempt id -> expiry): `r`, then the tag with its
+/// length in front.
+pub fn reservations_key(tag: &[u8]) -> Vec<u8> {
+    let mut key = Vec::with_capacity(tag.len() + 4);
+    key.push(b'r');
+    put(&mut key, tag);
+    key
+}
+
 /// Writes `bytes` with its length in front (LEB128), so that no two lists
 /// of strings encode alike.
 pub fn put(out: &mut Vec<u8>, bytes: &[u8]) {

@@ -236,6 +236,7 @@ impl<C: Clock> MemoryStore<C> {
                     &mut evicted,
                 ),
                 result: planned.result,
+                expired: 0,
             },
             Some(cost)
                 if planned.records
@@ -259,11 +260,13 @@ impl<C: Clock> MemoryStore<C> {
                     AttemptOutcome {
                         outcomes,
                         result: AttemptResult::Full,
+                        expired: 0,
                     }
                 } else {
                     AttemptOutcome {
                         outcomes: self.decide_in(&mut shard, descriptor, cost, now, &mut evicted),
                         result: AttemptResult::Full,
+                        expired: 0,
                     }
                 }
             }
@@ -288,6 +291,7 @@ impl<C: Clock> MemoryStore<C> {
                 AttemptOutcome {
                     outcomes,
                     result: planned.result,
+                    expired: 0,
                 }
             }
         };

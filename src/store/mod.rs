@@ -41,6 +41,9 @@ pub struct DescriptorBuckets {
 pub struct AttemptOutcome {
     pub outcomes: Vec<BucketOutcome>,
     pub result: AttemptResult,
+    /// Reservations of the descriptor found expired unsettled by this call
+    /// (kept as spent), to be counted; 0 where a sweep counts them.
+    pub expired: u64,
 }
 
 /// Why a store could not decide.

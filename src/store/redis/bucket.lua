@@ -23,8 +23,9 @@
 --   then per bucket: capacity, tokens_per_unit, unit_secs, max_debt (the
 --             most debt a charge may leave; -1: capacity)
 --   then, for a call of an attempt: phase (0 start, 1 done), mode (0
---             dedupe, 1 reserve), ttl_ms; its keys end with the attempt's
---             record (n + 1 keys)
+--             dedupe, 1 reserve), ttl_ms, the attempt id; its keys end with
+--             the attempt's record (n + 1 keys), and for a reservation the
+--             descriptor's unsettled reservations (n + 2 keys)
 --   then, for each decision after the first, its keys.
 --
 -- An attempt's record (src/attempt.rs has the Rust copy, `plan` and
@@ -35,7 +36,11 @@
 -- call (its cost a charge of what was used) charges or gives back the
 -- difference to what its start took, once; with no record it is charged
 -- in full. The answer then ends with the call's result: 0 first, 1 repeat,
--- 2 settled, 3 late, 4 unknown.
+-- 2 settled, 3 late, 4 unknown; and the reservations of the descriptor
+-- whose ttl passed unsettled since its last call (kept as spent: counted
+-- here, once). Those are a sorted set of attempt id -> expiry (ms), kept
+-- two ttls past its newest entry: an admitted reservation is added, a
+-- settled one removed.
 -- KEYS holds the first decision's keys, declared, so that the server checks
 -- their slot is its own before anything runs. A batch's other keys are not
 -- declared (one call may declare one slot only): a batch runs as the same
@@ -103,11 +108,12 @@ while a <= nargs do
   local keys, ka = KEYS, 0
   a = at + 4 * n + 1
   local nk = n
-  local phase, mode, ttl_ms = 0, 0, 0
+  local phase, mode, ttl_ms, id = 0, 0, 0, nil
   if attempt then
-    phase, mode, ttl_ms = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
-    a = a + 3
+    phase, mode, ttl_ms, id = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), ARGV[a + 3]
+    a = a + 4
     nk = n + 1
+    if mode == 1 then nk = n + 2 end
   end
   if d > 1 then
     keys, ka = ARGV, a - 1
@@ -121,10 +127,17 @@ while a <= nargs do
   local r_started, r_done, r_exp, r_forget = -1, 0, 0, 0
   local result = 0
   local again = false
+  local expired = 0
+  -- the record's key, and a reservation's unsettled set
+  local rk, pk = nil, nil
+  if attempt then
+    rk = keys[ka + n + 1]
+    if mode == 1 then pk = keys[ka + n + 2] end
+  end
   -- `repeat … until true`: a `break` from it ends this decision
   repeat
     if attempt then
-      local value = redis.pcall('GET', keys[ka + nk])
+      local value = redis.pcall('GET', rk)
       if type(value) == 'table' and value.err then
         if d == 1 then return value end
         here = false
@@ -155,6 +168,9 @@ while a <= nargs do
       if again then
         result = 1
         needed, deducted, charge = 0, 0, false
+      end
+      if pk then
+        expired = redis.call('ZREMRANGEBYSCORE', pk, '-inf', now_ms)
       end
     end
     for i = 1, n do
@@ -344,6 +360,10 @@ while a <= nargs do
         if all_admit and (deducted ~= 0 or charge) then
           r_started, r_exp, r_forget = max(0, deducted), now_ms + ttl_ms, now_ms + 2 * ttl_ms
           keep = true
+          if pk and r_started > 0 then
+            redis.call('ZADD', pk, r_exp, id)
+            redis.call('PEXPIRE', pk, 2 * ttl_ms)
+          end
         end
       elseif mode == 0 then
         keep = all_admit and (deducted ~= 0 or charge)
@@ -351,6 +371,7 @@ while a <= nargs do
         -- a settlement, or an unknown attempt's charge: done whatever the
         -- verdict
         keep = true
+        if pk and result == 2 then redis.call('ZREM', pk, id) end
       end
       if keep then
         if phase == 1 then
@@ -359,7 +380,7 @@ while a <= nargs do
             r_exp, r_forget = now_ms + ttl_ms, now_ms + 2 * ttl_ms
           end
         end
-        redis.call('SET', keys[ka + nk], struct.pack('<dddd', r_started, r_done, r_exp, r_forget),
+        redis.call('SET', rk, struct.pack('<dddd', r_started, r_done, r_exp, r_forget),
           'PX', string.format('%d', max(1, r_forget - now_ms)))
       end
     end
@@ -389,7 +410,7 @@ while a <= nargs do
       o = o + 5
     end
     out[o + 1] = taken
-    if attempt then out[o + 2] = result end
+    if attempt then out[o + 2], out[o + 3] = result, expired end
     if answers == nil then return out end
     answers[d] = out
   until true

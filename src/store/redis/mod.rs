@@ -602,6 +602,10 @@ impl RedisStore {
         if let Some(call) = attempt {
             let record = super::key::attempt_key(&descriptor.tag, &call.id);
             keys.push(Key::from(self.prefixed(redis_key(hash, &record))));
+            if call.mode == AttemptMode::Reserve {
+                let pending = super::key::reservations_key(&descriptor.tag);
+                keys.push(Key::from(self.prefixed(redis_key(hash, &pending))));
+            }
         }
         let mut args: Vec<Value> = Vec::with_capacity(8 + 4 * descriptor.buckets.len());
         // needed() is at most MAX_COST (2^53), so the cast keeps it positive.
@@ -635,6 +639,7 @@ impl RedisStore {
                         .unwrap_or(i64::MAX)
                         .max(1),
                 ),
+                Value::Bytes(Bytes::from(call.id.clone())),
             ]);
         }
         let patient = self.patient(patience);
@@ -839,8 +844,8 @@ impl Store for RedisStore {
         let reply = self
             .decide_call(descriptor, cost, Some(call), patience)
             .await?;
-        let Some((code, reply)) = reply.split_last() else {
-            return Err(StoreError::Script("an empty script reply".into()));
+        let [reply @ .., code, expired] = &reply[..] else {
+            return Err(StoreError::Script("a short script reply".into()));
         };
         let result = match code {
             0 => AttemptResult::First,
@@ -857,6 +862,7 @@ impl Store for RedisStore {
         Ok(AttemptOutcome {
             outcomes: outcomes(reply, descriptor.buckets.len())?,
             result,
+            expired: (*expired).max(0) as u64,
         })
     }
 
