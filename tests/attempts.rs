@@ -90,7 +90,39 @@ async fn scenarios(server: &RunningServer) {
 async fn memory_store() {
     let (server, _rules) = start().await;
     scenarios(&server).await;
+    shows_attempts_at_config(&server).await;
     server.shutdown().await.expect("stop");
+}
+
+/// `/config` shows what each rule does with attempts.
+async fn shows_attempts_at_config(server: &RunningServer) {
+    let text = reqwest::get(format!("http://{}/config", server.admin_addr))
+        .await
+        .expect("config")
+        .text()
+        .await
+        .expect("config text");
+    let config: serde_json::Value = serde_json::from_str(&text).expect("json");
+    let rule = |path: &str| {
+        config["domains"][0]["rules"]
+            .as_array()
+            .expect("rules")
+            .iter()
+            .find(|r| r["path"] == path)
+            .cloned()
+            .unwrap_or_else(|| panic!("rule {path}: {config}"))
+    };
+    let user = rule("user");
+    assert_eq!(user["attempts"]["mode"], "reserve", "{user}");
+    assert_eq!(user["attempts"]["reserve"], 600);
+    assert_eq!(user["attempts"]["ttl"], "1m");
+    assert_eq!(user["attempts"]["key"], "request_id");
+    assert_eq!(user["attempts"]["phase_key"], "phase");
+    assert_eq!(rule("api")["attempts"]["mode"], "dedupe");
+    let streams = rule("streams");
+    assert_eq!(streams["attempts"]["mode"], "slot");
+    assert_eq!(streams["action"]["concurrency"]["max"], 3, "{streams}");
+    assert_eq!(rule("team")["action"]["limited"][0]["max_debt"], 100);
 }
 
 #[tokio::test]

@@ -246,6 +246,7 @@ fn compile_rule(scope: &Scope<'_>, doc: &DescriptorDoc, errors: &mut ConfigError
         if let Some(RuleAction::Limited(limits)) = &mut action {
             for l in limits {
                 l.params.max_debt = Some(debt);
+                l.max_debt = Some(debt);
             }
         }
     }

@@ -159,6 +159,10 @@ pub struct Limit {
     pub replaces: Vec<String>,
     /// Tells this bucket apart from the rule's other buckets in the store key.
     pub bucket_id: String,
+    /// The rule's `max_debt` (shown at `/config`; the arithmetic reads it
+    /// from `params`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_debt: Option<u64>,
     #[serde(skip)]
     pub params: BucketParams,
 }
@@ -185,6 +189,7 @@ impl Limit {
             burst,
             replaces,
             bucket_id,
+            max_debt: None,
         }
     }
 }
