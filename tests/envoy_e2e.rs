@@ -1843,6 +1843,126 @@ async fn a_call_envoy_sends_again_is_charged_once() {
     drop(rls);
 }
 
+/// The retry through a real Envoy 1.40 (#39): Redis is paused
+/// (`CLIENT PAUSE … WRITE`) longer than the service waits for it, so the
+/// service answers UNAVAILABLE (the rule fails closed) while the script it
+/// sent waits in Redis; Envoy's `retry_policy` sends the call again, and
+/// again; when Redis runs them, the first charges and the others are
+/// repeats. The request is charged once.
+#[tokio::test]
+async fn a_call_envoy_retries_while_redis_is_paused_is_charged_once() {
+    let redis = common::redis::RedisServer::standalone();
+    let rules = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        rules.path().join("streams.yaml"),
+        "domain: streams\ndescriptors:\n  - key: user\n    rate_limit: {unit: day, requests_per_unit: 10, name: calls}\n    attempts: {key: request_id, ttl: 1m}\n",
+    )
+    .expect("rules");
+    // the request-time call only, and no deadline sent to the service (it
+    // waits --redis-timeout, then answers by the failure mode)
+    let bootstrap =
+        std::fs::read_to_string(Path::new(ROOT).join("examples/envoy/concurrency.yaml"))
+            .expect("bootstrap");
+    let done = "                    - actions:\n                      - request_headers: {header_name: x-user, descriptor_key: user}\n                      - request_headers: {header_name: x-request-id, descriptor_key: request_id}\n                      - generic_key: {descriptor_key: phase, descriptor_value: done}\n                      apply_on_stream_done: true\n";
+    assert!(bootstrap.contains(done) && bootstrap.contains("              timeout: 0.25s\n"));
+    let envoy_dir = tempfile::tempdir().expect("tempdir");
+    let bootstrap_path = envoy_dir.path().join("paused-envoy.yaml");
+    std::fs::write(
+        &bootstrap_path,
+        bootstrap
+            .replace(done, "")
+            .replace(
+                "              timeout: 0.25s\n",
+                "              timeout: 0s\n",
+            )
+            .replace("num_retries: 2", "num_retries: 10")
+            .replace(
+                "retry_back_off: {base_interval: 0.01s, max_interval: 0.05s}",
+                "retry_back_off: {base_interval: 0.05s, max_interval: 0.2s}",
+            ),
+    )
+    .expect("bootstrap");
+    let (grpc, admin) = (free_port(), free_port());
+    let env: Vec<(String, String)> = [
+        ("RLS_STORE", "redis".to_string()),
+        ("RLS_REDIS_URL", redis.url()),
+        ("RLS_REDIS_TIMEOUT", "50ms".to_string()),
+        ("RLS_FAILURE_MODE", "closed".to_string()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    let mut rls = vec![spawn_rls(rules.path(), grpc, admin, &env)];
+    let client = reqwest::Client::new();
+    wait_until(
+        &client,
+        &format!("http://127.0.0.1:{admin}/readyz"),
+        &mut rls,
+    )
+    .await
+    .expect("ready");
+    let mut envoy = None;
+    for _ in 0..4 {
+        envoy =
+            RunningEnvoy::start(&client, bootstrap_path.to_str().expect("utf-8"), &[grpc]).await;
+        if envoy.is_some() {
+            break;
+        }
+    }
+    let envoy = envoy.expect("envoy starts");
+    let get = || {
+        let (client, base) = (&client, &envoy.base);
+        async move {
+            let resp = client
+                .get(format!("{base}/"))
+                .header("x-user", "u1")
+                .send()
+                .await
+                .expect("envoy answers");
+            let remaining = resp
+                .headers()
+                .get("x-ratelimit-remaining")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string);
+            (resp.status().as_u16(), remaining)
+        }
+    };
+    let metric = |name: &'static str| {
+        let client = &client;
+        async move {
+            let text = client
+                .get(format!("http://127.0.0.1:{admin}/metrics"))
+                .send()
+                .await
+                .expect("metrics")
+                .text()
+                .await
+                .expect("metrics text");
+            common::sample(&text, name).unwrap_or(0.0)
+        }
+    };
+    assert_eq!(get().await, (200, Some("9".to_string())));
+    let paused = redis.cli(&["CLIENT", "PAUSE", "300", "WRITE"]);
+    assert!(paused.contains("OK"), "{paused}");
+    let started = Instant::now();
+    let (status, remaining) = get().await;
+    let took = started.elapsed();
+    assert!(
+        metric("rls_store_errors_total{kind=\"timeout\"}").await >= 1.0,
+        "the service gave up on the paused Redis at least once ({status} {remaining:?} in {took:?})"
+    );
+    assert_eq!(
+        (status, remaining.as_deref()),
+        (200, Some("8")),
+        "charged once"
+    );
+    // every call Redis ran after the pause was the same attempt: one token
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(get().await, (200, Some("7".to_string())));
+    drop(envoy);
+    drop(rls);
+}
+
 /// A global concurrency limit through a real Envoy 1.40
 /// (`examples/envoy/concurrency.yaml`, #39): ten slow requests of one user
 /// at once on `concurrency: 3`, three in flight and seven refused with
