@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Several regions sharing global budgets (README "Several regions"), in one
+# Several regions sharing global budgets (docs/regions.md), in one
 # run on one machine (release build, loopback, memory stores, bounded):
 #   1. the global tier's cost per (region, bucket) report: N regions, each
 #      loaded by rls-bench at RATE requests/s in open loop over KEYS values

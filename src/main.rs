@@ -97,7 +97,7 @@ fn main() -> ExitCode {
     }
 }
 
-/// One line per rule with `attempts:` (README, "Attempts"): what its calls
+/// One line per rule with `attempts:` (docs/usage.md, "Attempts"): what its calls
 /// do, and the entries that carry the attempt and its phase.
 fn print_attempts(set: &tokenbucket_rls::rules::RuleSet) {
     use tokenbucket_rls::attempt::AttemptMode;

@@ -139,7 +139,7 @@ fn refused_certificate(e: &std::io::Error) -> bool {
 /// Whether the client certificate `chain` (its first, the end entity's)
 /// names region `region`: a DNS subject alternative name
 /// `<region>.regions.<domain>` (any domain, compared without case), as
-/// README "Several regions" says to issue them.
+/// docs/regions.md says to issue them.
 pub fn names_region(chain: &[CertificateDer<'_>], region: &str) -> bool {
     let Some(leaf) = chain.first() else {
         return false;

@@ -1,5 +1,5 @@
 //! The documentation kept true (#42): every relative link and anchor in
-//! the Markdown files resolves, and the README's configuration table and
+//! the Markdown files resolves, and the configuration table (`docs/run.md`) and
 //! the binary's `--help` name the same flags and `RLS_*` variables.
 
 use std::collections::HashSet;
@@ -150,9 +150,9 @@ fn the_anchor_rule_is_githubs() {
     assert!(!a.contains("not-a-heading"));
 }
 
-/// The README's "Configuration" section.
+/// The "Configuration" section of `docs/run.md`.
 fn configuration_table() -> String {
-    let readme = std::fs::read_to_string(Path::new(ROOT).join("README.md")).expect("README");
+    let readme = std::fs::read_to_string(Path::new(ROOT).join("docs/run.md")).expect("docs/run.md");
     let start = readme
         .find("## Configuration\n")
         .expect("a Configuration section");
@@ -204,7 +204,7 @@ fn the_configuration_table_and_help_name_the_same_flags_and_variables() {
     missing.sort();
     assert!(
         missing.is_empty(),
-        "in --help, not in README's Configuration table: {missing:?}"
+        "in --help, not in docs/run.md's Configuration table: {missing:?}"
     );
     let mut stale: Vec<_> = table_flags
         .difference(&help_flags)
@@ -213,6 +213,6 @@ fn the_configuration_table_and_help_name_the_same_flags_and_variables() {
     stale.sort();
     assert!(
         stale.is_empty(),
-        "in README's Configuration table, not in --help: {stale:?}"
+        "in docs/run.md's Configuration table, not in --help: {stale:?}"
     );
 }

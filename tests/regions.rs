@@ -1037,7 +1037,7 @@ async fn a_restarted_region_spends_a_fresh_floor_only_on_the_memory_store() {
 
 /// A global tier that restarts knows nothing of the shares it gave: until
 /// each region's first new assignment (about a second here), a region
-/// spends its old share beside the new split. The README's bound for it:
+/// spends its old share beside the new split. The bound docs/regions.md states for it:
 /// at most one more burst B, plus r for that time; measured here.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_restarted_global_tier_overlaps_old_shares_by_at_most_one_burst() {

@@ -24,8 +24,8 @@ use crate::telemetry::tracing::LogFormat;
 envoyproxy/ratelimit's environment (REDIS_URL, CONFIG_TYPE, USE_STATSD, ...) is read too, \
 as the RLS_* variables it maps to: flags win over RLS_* variables, which win over it. \
 A variable of its that this service cannot honour stops the start, naming it; one that \
-changes nothing here is named in the start-up log. See the README's \
-\"Replacing envoyproxy/ratelimit in Envoy Gateway or Istio\"."
+changes nothing here is named in the start-up log. See \
+docs/replacing-ratelimit.md."
 )]
 #[command(args_conflicts_with_subcommands = true)]
 pub struct Cli {
@@ -139,11 +139,11 @@ pub struct ServeArgs {
     #[arg(long, env = "RLS_REDIS_BATCH", value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=crate::store::redis::batch::MAX as u64))]
     pub redis_batch: Option<usize>,
     /// Most buckets the memory store holds; past it, the buckets whose loss
-    /// costs least are evicted (README, "Limits on state").
+    /// costs least are evicted (docs/limits.md).
     #[arg(long, env = "RLS_MAX_BUCKETS", default_value_t = crate::store::memory::DEFAULT_MAX_BUCKETS, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub max_buckets: usize,
     /// Most attempt records the memory store holds, for rules with
-    /// `attempts:` (each counted at most 256 bytes; README, "Attempts").
+    /// `attempts:` (each counted at most 256 bytes; docs/usage.md, "Attempts").
     #[arg(long, env = "RLS_MAX_ATTEMPTS", default_value_t = crate::store::memory::DEFAULT_MAX_ATTEMPTS, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub max_attempts: usize,
     /// Store calls in flight at once; past it a call fails at once ("overloaded")

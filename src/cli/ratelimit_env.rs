@@ -127,9 +127,7 @@ fn is_true(v: &str) -> bool {
 }
 
 fn refused(name: &str, value: &str, why: &str) -> String {
-    format!(
-        "{name}={value}: {why} (unset it, or see the README's \"Replacing envoyproxy/ratelimit in Envoy Gateway or Istio\")"
-    )
+    format!("{name}={value}: {why} (unset it, or see docs/replacing-ratelimit.md)")
 }
 
 /// An OTLP endpoint as a URL: `host:port` (which OpenTelemetry's Go

@@ -15,7 +15,7 @@
 //! Over TLS (`https://`), the global tier's certificate is checked against
 //! `--quota-upstream-ca-file` for the URL's host (or
 //! `--quota-upstream-server-name`), and the region shows its own client
-//! certificate, which names it (README "Several regions"). The files are
+//! certificate, which names it (docs/regions.md). The files are
 //! read at each connection, and a connection is made again when they change
 //! on disk, so a renewed certificate is used without a restart.
 

@@ -69,7 +69,7 @@ pub struct DescriptorDoc {
     pub max_values: Option<u64>,
     /// `regional` (the default) or `global`: with `global`, the regions
     /// started with `--quota-upstream` share one budget for the rule
-    /// (README, "Several regions"; ours, not in envoyproxy/ratelimit).
+    /// (docs/regions.md; ours, not in envoyproxy/ratelimit).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scope: Option<String>,
     /// Attempt identity (ours): the descriptor entry naming the attempt,

@@ -253,7 +253,7 @@ impl QuotaHub {
         if self.instances > 1 {
             self.metrics.region_refused("instances");
             return Err(Status::failed_precondition(
-                "this global tier splits each budget with other instances (--instances above 1); regions need one global-tier instance (README, \"Several regions\")",
+                "this global tier splits each budget with other instances (--instances above 1); regions need one global-tier instance (docs/regions.md)",
             ));
         }
         let mut all = self.regions.lock();

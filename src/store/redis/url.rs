@@ -1,4 +1,4 @@
-//! Redis URLs as the README's "Configuration" spells them, turned into fred's configuration.
+//! Redis URLs as the docs/run.md spells them, turned into fred's configuration.
 //!
 //! Ours: `redis://`, `rediss://` (one server) and `redis-cluster://h1:p1,h2:p2`,
 //! `rediss-cluster://…` (seed nodes of a cluster), with `user:password@`
