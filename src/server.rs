@@ -206,6 +206,7 @@ pub async fn start(args: &ServeArgs) -> Result<RunningServer> {
                     cert: cert.clone(),
                     key: key.clone(),
                     client_ca: args.tls_client_ca.clone(),
+                    client_san: args.tls_client_san.clone(),
                 })?;
                 tls.spawn_reloader();
                 let serve = router()

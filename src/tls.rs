@@ -38,6 +38,9 @@ pub struct TlsFiles {
     pub key: PathBuf,
     /// Clients must present a certificate signed by this CA (mTLS).
     pub client_ca: Option<PathBuf>,
+    /// With `client_ca`: the client certificate must also carry this DNS
+    /// subject alternative name.
+    pub client_san: Option<String>,
 }
 
 /// The server's TLS configuration, swapped whole when its files change.
@@ -155,6 +158,77 @@ pub fn names_region(chain: &[CertificateDer<'_>], region: &str) -> bool {
     })
 }
 
+/// A client verifier that also requires a DNS subject alternative name
+/// (envoyproxy/ratelimit's `GRPC_CLIENT_TLS_SAN`): the chain is checked by
+/// `inner`, then the leaf must name `san`.
+#[derive(Debug)]
+struct SanVerifier {
+    inner: Arc<dyn rustls::server::danger::ClientCertVerifier>,
+    /// Lower case.
+    san: String,
+}
+
+impl rustls::server::danger::ClientCertVerifier for SanVerifier {
+    fn offer_client_auth(&self) -> bool {
+        self.inner.offer_client_auth()
+    }
+
+    fn client_auth_mandatory(&self) -> bool {
+        self.inner.client_auth_mandatory()
+    }
+
+    fn root_hint_subjects(&self) -> &[rustls::DistinguishedName] {
+        self.inner.root_hint_subjects()
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::server::danger::ClientCertVerified, rustls::Error> {
+        let verified = self
+            .inner
+            .verify_client_cert(end_entity, intermediates, now)?;
+        if names_dns(end_entity, &self.san) {
+            Ok(verified)
+        } else {
+            Err(rustls::Error::InvalidCertificate(
+                rustls::CertificateError::NotValidForName,
+            ))
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.inner.supported_verify_schemes()
+    }
+}
+
+/// Whether certificate `leaf` carries the DNS subject alternative name
+/// `name` (lower case; compared without case).
+fn names_dns(leaf: &CertificateDer<'_>, name: &str) -> bool {
+    webpki::EndEntityCert::try_from(leaf)
+        .is_ok_and(|cert| cert.valid_dns_names().any(|n| n.eq_ignore_ascii_case(name)))
+}
+
 fn fingerprint(files: &TlsFiles) -> u64 {
     let mut h = DefaultHasher::new();
     for path in [
@@ -206,15 +280,22 @@ fn build(files: &TlsFiles) -> Result<ServerConfig> {
     let builder = ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
         .context("TLS protocol versions")?;
-    let builder = match &files.client_ca {
-        Some(ca) => {
+    let builder = match (&files.client_ca, &files.client_san) {
+        (Some(ca), san) => {
             let verifier =
                 WebPkiClientVerifier::builder_with_provider(Arc::new(roots(ca)?), provider)
                     .build()
                     .with_context(|| format!("{}: cannot verify clients with it", ca.display()))?;
-            builder.with_client_cert_verifier(verifier)
+            match san {
+                Some(san) => builder.with_client_cert_verifier(Arc::new(SanVerifier {
+                    inner: verifier,
+                    san: san.to_ascii_lowercase(),
+                })),
+                None => builder.with_client_cert_verifier(verifier),
+            }
         }
-        None => builder.with_no_client_auth(),
+        (None, Some(_)) => bail!("a client SAN to check needs a client CA (--tls-client-ca)"),
+        (None, None) => builder.with_no_client_auth(),
     };
     let mut config = builder.with_single_cert(chain, key).with_context(|| {
         format!(

@@ -250,3 +250,53 @@ async fn redis_over_tls_with_a_client_certificate() {
     let e = server::start(&plain).await.err().expect("refused");
     assert!(e.to_string().contains("rediss://"), "{e}");
 }
+
+/// `--tls-client-san` (envoyproxy/ratelimit's GRPC_CLIENT_TLS_SAN): a
+/// client certificate from the CA must also carry that DNS SAN; one
+/// without it fails the handshake.
+#[tokio::test]
+async fn mtls_with_a_client_san_refuses_certificates_without_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca = Ca::new(dir.path(), "main");
+    let (cert, key) = ca.issue("server", true);
+    let (envoy_cert, envoy_key) = ca.issue_with(
+        "envoy",
+        "subjectAltName=DNS:Envoy.Edge.Test\nextendedKeyUsage=clientAuth\n",
+        "2",
+    );
+    let (other_cert, other_key) = ca.issue_with(
+        "other",
+        "subjectAltName=DNS:other.edge.test\nextendedKeyUsage=clientAuth\n",
+        "2",
+    );
+    let rules = rules_dir(RULES);
+    let mut args = serve_args(rules.path().to_path_buf());
+    args.tls_cert = Some(cert);
+    args.tls_key = Some(key);
+    args.tls_client_ca = Some(ca.pem());
+    args.tls_client_san = Some("envoy.edge.test".to_string());
+    let s = server::start(&args).await.expect("server starts");
+    assert_eq!(
+        call(&s, &ca.pem(), Some((&envoy_cert, &envoy_key))).await,
+        Ok(4),
+        "the named client (the SAN compared without case)"
+    );
+    assert!(
+        call(&s, &ca.pem(), Some((&other_cert, &other_key)))
+            .await
+            .is_err(),
+        "a certificate of the same CA without the SAN"
+    );
+    assert!(call(&s, &ca.pem(), None).await.is_err(), "no certificate");
+    // a SAN to check without a client CA stops the start
+    let mut args = serve_args(rules.path().to_path_buf());
+    let (cert, key) = ca.issue("server2", true);
+    args.tls_cert = Some(cert);
+    args.tls_key = Some(key);
+    args.tls_client_san = Some("envoy.edge.test".to_string());
+    let e = match server::start(&args).await {
+        Ok(_) => panic!("started without a client CA"),
+        Err(e) => format!("{e:#}"),
+    };
+    assert!(e.contains("needs a client CA"), "{e}");
+}

@@ -218,6 +218,11 @@ pub struct ServeArgs {
     /// PEM CA: clients must present a certificate it signed (mTLS).
     #[arg(long, env = "RLS_TLS_CLIENT_CA", requires = "tls_cert")]
     pub tls_client_ca: Option<PathBuf>,
+    /// With --tls-client-ca: a client certificate must also carry this DNS
+    /// subject alternative name (compared without case), as
+    /// envoyproxy/ratelimit's GRPC_CLIENT_TLS_SAN; others fail the handshake.
+    #[arg(long, env = "RLS_TLS_CLIENT_SAN", requires = "tls_client_ca")]
+    pub tls_client_san: Option<String>,
     /// OTLP/gRPC collector for traces, e.g. http://127.0.0.1:4317 (none:
     /// tracing off). OpenTelemetry's OTEL_EXPORTER_OTLP_ENDPOINT is read as
     /// its default, unless envoyproxy/ratelimit's TRACING_ENABLED says

@@ -251,13 +251,6 @@ pub fn translate(env: &BTreeMap<String, String>) -> Result<Translated, String> {
             return Err(refused(name, get(name).unwrap_or_default(), why));
         }
     }
-    if let Some(v) = get("GRPC_CLIENT_TLS_SAN") {
-        return Err(refused(
-            "GRPC_CLIENT_TLS_SAN",
-            v,
-            "client certificates are checked against GRPC_CLIENT_TLS_CACERT only",
-        ));
-    }
     if let Some(prefix) = get("CACHE_KEY_PREFIX") {
         if prefix.contains(['{', '}']) {
             return Err(refused(
@@ -463,6 +456,17 @@ pub fn translate(env: &BTreeMap<String, String>) -> Result<Translated, String> {
     }
 
     // TLS on the gRPC port, and client certificates
+    let client_ca = get("GRPC_CLIENT_TLS_CACERT").or(get("GRPC_SERVER_TLS_CA_CERT"));
+    if let (Some(san), false) = (
+        get("GRPC_CLIENT_TLS_SAN"),
+        on("GRPC_SERVER_USE_TLS") && client_ca.is_some(),
+    ) {
+        return Err(refused(
+            "GRPC_CLIENT_TLS_SAN",
+            san,
+            "a client certificate's SAN is checked with mTLS only: set GRPC_SERVER_USE_TLS and GRPC_CLIENT_TLS_CACERT too",
+        ));
+    }
     if on("GRPC_SERVER_USE_TLS") {
         let (Some(cert), Some(key)) = (get("GRPC_SERVER_TLS_CERT"), get("GRPC_SERVER_TLS_KEY"))
         else {
@@ -475,8 +479,11 @@ pub fn translate(env: &BTreeMap<String, String>) -> Result<Translated, String> {
         set("RLS_TLS_CERT", cert.to_string());
         set("RLS_TLS_KEY", key.to_string());
         // Envoy Gateway names the client CA GRPC_SERVER_TLS_CA_CERT
-        if let Some(ca) = get("GRPC_CLIENT_TLS_CACERT").or(get("GRPC_SERVER_TLS_CA_CERT")) {
+        if let Some(ca) = client_ca {
             set("RLS_TLS_CLIENT_CA", ca.to_string());
+            if let Some(san) = get("GRPC_CLIENT_TLS_SAN") {
+                set("RLS_TLS_CLIENT_SAN", san.to_string());
+            }
         }
     }
 

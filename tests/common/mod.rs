@@ -91,6 +91,7 @@ pub fn serve_args(config: PathBuf) -> ServeArgs {
         tls_cert: None,
         tls_key: None,
         tls_client_ca: None,
+        tls_client_san: None,
         log_format: tokenbucket_rls::telemetry::tracing::LogFormat::Text,
     }
 }

@@ -85,6 +85,25 @@ fn addresses_ports_and_tls() {
     assert_eq!(setting(&t, "RLS_GRPC_ADDR").as_deref(), Some("[::]:8081"));
     let err = translate(&env(&[("GRPC_SERVER_USE_TLS", "true")])).expect_err("no cert");
     assert!(err.contains("GRPC_SERVER_TLS_CERT"), "{err}");
+    // the client certificate's SAN, with mTLS only
+    let t = translate(&env(&[
+        ("GRPC_SERVER_USE_TLS", "true"),
+        ("GRPC_SERVER_TLS_CERT", "/certs/tls.crt"),
+        ("GRPC_SERVER_TLS_KEY", "/certs/tls.key"),
+        ("GRPC_CLIENT_TLS_CACERT", "/certs/ca.crt"),
+        ("GRPC_CLIENT_TLS_SAN", "envoy.edge.example"),
+    ]))
+    .expect("translated");
+    assert_eq!(
+        setting(&t, "RLS_TLS_CLIENT_SAN").as_deref(),
+        Some("envoy.edge.example")
+    );
+    let err =
+        translate(&env(&[("GRPC_CLIENT_TLS_SAN", "envoy.edge.example")])).expect_err("no mTLS");
+    assert!(
+        err.contains("GRPC_CLIENT_TLS_SAN") && err.contains("mTLS only"),
+        "{err}"
+    );
 }
 
 #[test]
