@@ -425,7 +425,13 @@ async fn open_store(
                     .zip(args.redis_client_key.clone()),
                 layout: args.redis_bucket_layout,
                 key_prefix: args.redis_key_prefix.clone(),
+                skip_hostname_verification: args.redis_tls_skip_hostname_verification,
             };
+            if settings.skip_hostname_verification {
+                tracing::warn!(
+                    "--redis-tls-skip-hostname-verification: Redis servers' certificates are checked against the CA but not their names; any certificate the CA signed is taken for any server"
+                );
+            }
             let redis = RedisStore::connect(&settings)
                 .await
                 .map_err(anyhow::Error::msg)?

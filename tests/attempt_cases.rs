@@ -154,6 +154,7 @@ async fn lua_and_rust_settle_attempts_alike() {
         client_cert: None,
         layout: BucketLayout::Packed,
         key_prefix: String::new(),
+        skip_hostname_verification: false,
     })
     .await
     .expect("connect");
@@ -218,6 +219,7 @@ async fn attempts_in_a_batch_with_plain_decisions_are_each_decided_alone() {
         client_cert: None,
         layout: BucketLayout::Packed,
         key_prefix: String::new(),
+        skip_hostname_verification: false,
     })
     .await
     .expect("connect");
@@ -292,6 +294,7 @@ async fn lua_and_rust_hold_slots_alike() {
         client_cert: None,
         layout: BucketLayout::Packed,
         key_prefix: String::new(),
+        skip_hostname_verification: false,
     })
     .await
     .expect("connect");
@@ -383,6 +386,7 @@ async fn redis_counts_reservations_that_expire_unsettled() {
         client_cert: None,
         layout: BucketLayout::Packed,
         key_prefix: String::new(),
+        skip_hostname_verification: false,
     })
     .await
     .expect("connect");

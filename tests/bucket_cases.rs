@@ -361,6 +361,7 @@ async fn store_and_client(redis: &RedisServer, layout: BucketLayout) -> (RedisSt
         client_cert: None,
         layout,
         key_prefix: String::new(),
+        skip_hostname_verification: false,
     })
     .await
     .expect("connect");

@@ -152,6 +152,21 @@ async fn a_renewed_certificate_is_used_without_a_restart() {
 /// A redis-server that only speaks TLS and requires client certificates.
 fn tls_redis(dir: &Path, ca: &Ca) -> (common::ChildGuard, u16) {
     let (cert, key) = ca.issue("redis", true);
+    tls_redis_with(dir, ca, &cert, &key)
+}
+
+/// As [`tls_redis`], its certificate naming `san` (e.g. `DNS:redis.internal`)
+/// instead of localhost and 127.0.0.1.
+fn tls_redis_named(dir: &Path, ca: &Ca, san: &str) -> (common::ChildGuard, u16) {
+    let (cert, key) = ca.issue_with(
+        "redis-named",
+        &format!("subjectAltName={san}\nextendedKeyUsage=serverAuth\n"),
+        "2",
+    );
+    tls_redis_with(dir, ca, &cert, &key)
+}
+
+fn tls_redis_with(dir: &Path, ca: &Ca, cert: &Path, key: &Path) -> (common::ChildGuard, u16) {
     let port = common::free_port();
     let child = std::process::Command::new("redis-server")
         .args([
@@ -163,9 +178,9 @@ fn tls_redis(dir: &Path, ca: &Ca) -> (common::ChildGuard, u16) {
             "127.0.0.1",
         ])
         .arg("--tls-cert-file")
-        .arg(&cert)
+        .arg(cert)
         .arg("--tls-key-file")
-        .arg(&key)
+        .arg(key)
         .arg("--tls-ca-cert-file")
         .arg(ca.pem())
         .args(["--save", "", "--appendonly", "no", "--dir"])
@@ -299,4 +314,52 @@ async fn mtls_with_a_client_san_refuses_certificates_without_it() {
         Err(e) => format!("{e:#}"),
     };
     assert!(e.contains("needs a client CA"), "{e}");
+}
+
+/// `--redis-tls-skip-hostname-verification` (envoyproxy/ratelimit's
+/// REDIS_TLS_SKIP_HOSTNAME_VERIFICATION): a Redis whose certificate names
+/// another host is refused as usual, and taken with the flag, its chain
+/// still checked against the CA (a server of another CA stays refused).
+#[tokio::test]
+async fn redis_tls_may_skip_the_hostname_but_never_the_chain() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca = Ca::new(dir.path(), "redis");
+    let (_redis, port) = tls_redis_named(dir.path(), &ca, "DNS:redis.internal");
+    let (client_cert, client_key) = ca.issue("rls", false);
+    let rules = rules_dir("domain: d\ndescriptors:\n  - key: k\n    failure_mode: closed\n    rate_limit: {unit: minute, requests_per_unit: 5}\n");
+    let args = |skip: bool, ca_file: std::path::PathBuf| {
+        let mut args = serve_args(rules.path().to_path_buf());
+        args.store = tokenbucket_rls::cli::StoreKind::Redis;
+        args.redis_url = Some(format!("rediss://127.0.0.1:{port}"));
+        args.redis_timeout = Duration::from_millis(500);
+        args.redis_ca_file = Some(ca_file);
+        args.redis_client_cert = Some(client_cert.clone());
+        args.redis_client_key = Some(client_key.clone());
+        args.redis_tls_skip_hostname_verification = skip;
+        args
+    };
+    let decide = |s: &RunningServer| {
+        let addr = s.grpc_addr;
+        async move {
+            let mut c = RateLimitServiceClient::connect(format!("http://{addr}"))
+                .await
+                .expect("connect");
+            c.should_rate_limit(request("d", vec![descriptor(&[("k", "v")])]))
+                .await
+                .map(|r| r.into_inner().statuses[0].limit_remaining)
+                .map_err(|e| e.code())
+        }
+    };
+    // the name 127.0.0.1 is not the certificate's: refused
+    let s = server::start(&args(false, ca.pem())).await.expect("start");
+    assert_eq!(decide(&s).await, Err(tonic::Code::Unavailable));
+    // with the flag: decided in Redis
+    let s = server::start(&args(true, ca.pem())).await.expect("start");
+    assert_eq!(decide(&s).await, Ok(4));
+    // and a CA that did not sign the server is still refused
+    let other = Ca::new(dir.path(), "other");
+    let s = server::start(&args(true, other.pem()))
+        .await
+        .expect("start");
+    assert_eq!(decide(&s).await, Err(tonic::Code::Unavailable));
 }

@@ -114,6 +114,11 @@ pub struct ServeArgs {
     /// PEM private key of --redis-client-cert.
     #[arg(long, env = "RLS_REDIS_CLIENT_KEY", requires = "redis_client_cert")]
     pub redis_client_key: Option<PathBuf>,
+    /// For `rediss://`: check the servers' certificates against the CA but
+    /// not their names (envoyproxy/ratelimit's
+    /// REDIS_TLS_SKIP_HOSTNAME_VERIFICATION; warned about at start).
+    #[arg(long, env = "RLS_REDIS_TLS_SKIP_HOSTNAME_VERIFICATION")]
+    pub redis_tls_skip_hostname_verification: bool,
     /// How buckets are written in Redis (both are read): `hash` only for the
     /// first step of a rolling upgrade from a version before 0.2.
     #[arg(

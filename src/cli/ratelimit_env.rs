@@ -242,14 +242,16 @@ pub fn translate(env: &BTreeMap<String, String>) -> Result<Translated, String> {
             "USE_DOG_STATSD",
             "DogStatsD tags are not sent: plain statsd (USE_STATSD=true) or Prometheus (USE_PROMETHEUS=true, or /metrics on HOST:PORT)",
         ),
-        (
-            "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
-            "a Redis server's certificate is always checked",
-        ),
     ] {
         if on(name) {
             return Err(refused(name, get(name).unwrap_or_default(), why));
         }
+    }
+    if on("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION") {
+        set(
+            "RLS_REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
+            "true".to_string(),
+        );
     }
     if let Some(prefix) = get("CACHE_KEY_PREFIX") {
         if prefix.contains(['{', '}']) {

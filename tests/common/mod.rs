@@ -44,6 +44,7 @@ pub fn serve_args(config: PathBuf) -> ServeArgs {
         redis_ca_file: None,
         redis_client_cert: None,
         redis_client_key: None,
+        redis_tls_skip_hostname_verification: false,
         max_buckets: tokenbucket_rls::store::memory::DEFAULT_MAX_BUCKETS,
         max_attempts: tokenbucket_rls::store::memory::DEFAULT_MAX_ATTEMPTS,
         max_in_flight: 10_000,

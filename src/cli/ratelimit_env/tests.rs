@@ -98,6 +98,12 @@ fn addresses_ports_and_tls() {
         setting(&t, "RLS_TLS_CLIENT_SAN").as_deref(),
         Some("envoy.edge.example")
     );
+    let t =
+        translate(&env(&[("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", "true")])).expect("translated");
+    assert_eq!(
+        setting(&t, "RLS_REDIS_TLS_SKIP_HOSTNAME_VERIFICATION").as_deref(),
+        Some("true")
+    );
     let err =
         translate(&env(&[("GRPC_CLIENT_TLS_SAN", "envoy.edge.example")])).expect_err("no mTLS");
     assert!(

@@ -123,6 +123,9 @@ pub struct RedisSettings {
     /// `CACHE_KEY_PREFIX`), to share a Redis with others; without braces,
     /// which would move the keys' slots.
     pub key_prefix: String,
+    /// For `rediss://`: check the servers' certificates against the CA but
+    /// not their names.
+    pub skip_hostname_verification: bool,
 }
 
 /// Time allowed for the breaker's probe of each server.
@@ -170,7 +173,7 @@ impl RedisStore {
         let mut config = url::parse(&settings.url)?;
         if let Some(tls) = tls_client_config(settings)? {
             if config.tls.is_none() {
-                return Err("--redis-ca-file and --redis-client-cert need a rediss:// or rediss-cluster:// URL".into());
+                return Err("--redis-ca-file, --redis-client-cert and --redis-tls-skip-hostname-verification need a rediss:// or rediss-cluster:// URL".into());
             }
             config.tls = Some(tls.into());
         }
