@@ -59,11 +59,11 @@ const NO_MEANING_HERE: &[(&str, &str)] = &[
     ),
     (
         "REDIS_PIPELINE_WINDOW",
-        "the Redis client pipelines on its own",
+        "the decisions queued for a primary go out in one write when its connection wakes, with no window to wait (batched into script calls by --redis-batch)",
     ),
     (
         "REDIS_PIPELINE_LIMIT",
-        "the Redis client pipelines on its own",
+        "the decisions queued for a primary go out in one write, up to 256 KB (batched into script calls of up to --redis-batch decisions)",
     ),
     (
         "REDIS_CLUSTER_PIPELINE_PARALLELISM",
