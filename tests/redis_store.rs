@@ -812,7 +812,7 @@ async fn a_demoted_primary_is_followed_without_an_outage() {
     let replica = cluster.replica_of(owner);
     let mut c = client(&s).await;
     let (mut admitted, mut unavailable) = (0u64, 0u64);
-    let mut decide = |c: &mut RateLimitServiceClient<tonic::transport::Channel>| {
+    let decide = |c: &mut RateLimitServiceClient<tonic::transport::Channel>| {
         let mut c = c.clone();
         async move { call(&mut c, &[("hot", "demoted")]).await }
     };
