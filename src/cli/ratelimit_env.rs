@@ -141,6 +141,58 @@ fn otlp_url(endpoint: &str) -> String {
 }
 
 /// Percent-encodes what may not stand in a URL's user information.
+/// envoyproxy/ratelimit's `REDIS_SOCKET_TYPE=unix`: `REDIS_URL` is the
+/// socket's path (or our `unix://` URL), `REDIS_AUTH` its credentials; a
+/// socket reaches one server, without TLS.
+fn unix_url<'a>(
+    url: &'a str,
+    get: &dyn Fn(&str) -> Option<&'a str>,
+    on: &dyn Fn(&str) -> bool,
+) -> Result<String, String> {
+    if let Some(kind) = get("REDIS_TYPE").filter(|k| !k.eq_ignore_ascii_case("single")) {
+        return Err(refused(
+            "REDIS_TYPE",
+            kind,
+            "a unix socket (REDIS_SOCKET_TYPE=unix) reaches one server",
+        ));
+    }
+    if on("REDIS_TLS") {
+        return Err(refused(
+            "REDIS_TLS",
+            "true",
+            "a unix socket (REDIS_SOCKET_TYPE=unix) is not reached over TLS here",
+        ));
+    }
+    let path = url.strip_prefix("unix://").unwrap_or(url);
+    let (own_auth, path) = match path.split_once('@') {
+        Some((auth, path)) => (Some(auth), path),
+        None => (None, path),
+    };
+    if !path.starts_with('/') {
+        return Err(refused(
+            "REDIS_URL",
+            url,
+            "with REDIS_SOCKET_TYPE=unix, REDIS_URL is the socket's absolute path",
+        ));
+    }
+    let auth = match (get("REDIS_AUTH"), own_auth) {
+        (Some(_), Some(_)) => {
+            return Err(refused(
+                "REDIS_AUTH",
+                "***",
+                "REDIS_URL carries its own user:password@; give one of them",
+            ))
+        }
+        (None, None) => String::new(),
+        (None, Some(own)) => format!("{own}@"),
+        (Some(a), None) => match a.split_once(':') {
+            Some((user, password)) => format!("{}:{}@", userinfo(user), userinfo(password)),
+            None => format!(":{}@", userinfo(a)),
+        },
+    };
+    Ok(format!("unix://{auth}{path}"))
+}
+
 fn userinfo(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for b in s.bytes() {
@@ -356,31 +408,39 @@ pub fn translate(env: &BTreeMap<String, String>) -> Result<Translated, String> {
 
     // Redis
     if let Some(url) = get("REDIS_URL") {
-        if get("REDIS_SOCKET_TYPE").is_some_and(|t| !t.eq_ignore_ascii_case("tcp")) {
-            return Err(refused(
-                "REDIS_SOCKET_TYPE",
-                get("REDIS_SOCKET_TYPE").unwrap_or_default(),
-                "Redis is reached over TCP only (REDIS_SOCKET_TYPE=tcp)",
-            ));
-        }
-        let kind = get("REDIS_TYPE").map(str::to_ascii_lowercase);
-        let mut cluster = match kind.as_deref() {
-            None | Some("single") => false,
-            Some("cluster") => true,
-            Some(other) => {
+        let unix = match get("REDIS_SOCKET_TYPE") {
+            None => false,
+            Some(t) if t.eq_ignore_ascii_case("tcp") => false,
+            Some(t) if t.eq_ignore_ascii_case("unix") => true,
+            Some(t) => {
                 return Err(refused(
-                    "REDIS_TYPE",
-                    other,
-                    "Redis is single or cluster (no sentinel)",
+                    "REDIS_SOCKET_TYPE",
+                    t,
+                    "Redis is reached over tcp or unix",
                 ))
             }
         };
-        let mut tls = on("REDIS_TLS");
-        // a URL with a scheme: REDIS_TYPE, REDIS_TLS and REDIS_AUTH apply to
-        // it too, or the start is refused naming the conflict
-        let (mut hosts, mut has_auth) = (url, false);
-        if let Some((scheme, rest)) = url.split_once("://") {
-            let (scheme_tls, scheme_cluster) = match scheme {
+        let url = if unix {
+            unix_url(url, &get, &on)?
+        } else {
+            let kind = get("REDIS_TYPE").map(str::to_ascii_lowercase);
+            let mut cluster = match kind.as_deref() {
+                None | Some("single") => false,
+                Some("cluster") => true,
+                Some(other) => {
+                    return Err(refused(
+                        "REDIS_TYPE",
+                        other,
+                        "Redis is single or cluster (no sentinel)",
+                    ))
+                }
+            };
+            let mut tls = on("REDIS_TLS");
+            // a URL with a scheme: REDIS_TYPE, REDIS_TLS and REDIS_AUTH apply to
+            // it too, or the start is refused naming the conflict
+            let (mut hosts, mut has_auth) = (url, false);
+            if let Some((scheme, rest)) = url.split_once("://") {
+                let (scheme_tls, scheme_cluster) = match scheme {
                 "redis" => (false, false),
                 "rediss" => (true, false),
                 "redis-cluster" => (false, true),
@@ -393,47 +453,48 @@ pub fn translate(env: &BTreeMap<String, String>) -> Result<Translated, String> {
                     ))
                 }
             };
-            // redis:// is also what one writes for a cluster's seed node
-            if kind.as_deref() == Some("single") && scheme_cluster {
-                return Err(refused(
-                    "REDIS_TYPE",
-                    get("REDIS_TYPE").unwrap_or_default(),
-                    &format!("REDIS_URL's scheme {scheme}:// says otherwise"),
-                ));
+                // redis:// is also what one writes for a cluster's seed node
+                if kind.as_deref() == Some("single") && scheme_cluster {
+                    return Err(refused(
+                        "REDIS_TYPE",
+                        get("REDIS_TYPE").unwrap_or_default(),
+                        &format!("REDIS_URL's scheme {scheme}:// says otherwise"),
+                    ));
+                }
+                if get("REDIS_TLS").is_some() && !tls && scheme_tls {
+                    return Err(refused(
+                        "REDIS_TLS",
+                        get("REDIS_TLS").unwrap_or_default(),
+                        &format!("REDIS_URL's scheme {scheme}:// is TLS"),
+                    ));
+                }
+                cluster |= scheme_cluster;
+                tls |= scheme_tls;
+                hosts = rest;
+                has_auth = rest.contains('@');
             }
-            if get("REDIS_TLS").is_some() && !tls && scheme_tls {
-                return Err(refused(
-                    "REDIS_TLS",
-                    get("REDIS_TLS").unwrap_or_default(),
-                    &format!("REDIS_URL's scheme {scheme}:// is TLS"),
-                ));
-            }
-            cluster |= scheme_cluster;
-            tls |= scheme_tls;
-            hosts = rest;
-            has_auth = rest.contains('@');
-        }
-        let scheme = match (cluster, tls) {
-            (false, false) => "redis",
-            (false, true) => "rediss",
-            (true, false) => "redis-cluster",
-            (true, true) => "rediss-cluster",
+            let scheme = match (cluster, tls) {
+                (false, false) => "redis",
+                (false, true) => "rediss",
+                (true, false) => "redis-cluster",
+                (true, true) => "rediss-cluster",
+            };
+            let auth = match get("REDIS_AUTH") {
+                None => String::new(),
+                Some(_) if has_auth => {
+                    return Err(refused(
+                        "REDIS_AUTH",
+                        "***",
+                        "REDIS_URL carries its own user:password@; give one of them",
+                    ))
+                }
+                Some(a) => match a.split_once(':') {
+                    Some((user, password)) => format!("{}:{}@", userinfo(user), userinfo(password)),
+                    None => format!(":{}@", userinfo(a)),
+                },
+            };
+            format!("{scheme}://{auth}{hosts}")
         };
-        let auth = match get("REDIS_AUTH") {
-            None => String::new(),
-            Some(_) if has_auth => {
-                return Err(refused(
-                    "REDIS_AUTH",
-                    "***",
-                    "REDIS_URL carries its own user:password@; give one of them",
-                ))
-            }
-            Some(a) => match a.split_once(':') {
-                Some((user, password)) => format!("{}:{}@", userinfo(user), userinfo(password)),
-                None => format!(":{}@", userinfo(a)),
-            },
-        };
-        let url = format!("{scheme}://{auth}{hosts}");
         set("RLS_STORE", "redis".into());
         set("RLS_REDIS_URL", url);
         // as envoyproxy/ratelimit: a store failure is answered with an

@@ -199,9 +199,9 @@ fn what_has_a_meaning_we_lack_is_refused() {
         (
             vec![
                 ("REDIS_URL", "/var/run/r.sock"),
-                ("REDIS_SOCKET_TYPE", "unix"),
+                ("REDIS_SOCKET_TYPE", "udp"),
             ],
-            "REDIS_SOCKET_TYPE=unix",
+            "REDIS_SOCKET_TYPE=udp",
         ),
         (
             vec![("REDIS_URL", "r:1"), ("REDIS_TYPE", "SENTINEL")],
@@ -471,4 +471,48 @@ fn tracing_follows_tracing_enabled() {
     ]))
     .expect_err("http is its default protocol");
     assert!(e.contains("TRACING_EXPORTER_PROTOCOL=http"), "{e}");
+}
+
+#[test]
+fn a_redis_on_a_unix_socket() {
+    let t = translate(&env(&[
+        ("REDIS_SOCKET_TYPE", "unix"),
+        ("REDIS_URL", "/var/run/redis/redis.sock"),
+        ("REDIS_AUTH", "s3cret"),
+    ]))
+    .expect("translated");
+    assert_eq!(
+        setting(&t, "RLS_REDIS_URL").as_deref(),
+        Some("unix://:s3cret@/var/run/redis/redis.sock")
+    );
+    assert_eq!(setting(&t, "RLS_STORE").as_deref(), Some("redis"));
+    for (bad, why) in [
+        (
+            vec![("REDIS_SOCKET_TYPE", "unix"), ("REDIS_URL", "redis.sock")],
+            "absolute path",
+        ),
+        (
+            vec![
+                ("REDIS_SOCKET_TYPE", "unix"),
+                ("REDIS_URL", "/r.sock"),
+                ("REDIS_TYPE", "cluster"),
+            ],
+            "reaches one server",
+        ),
+        (
+            vec![
+                ("REDIS_SOCKET_TYPE", "unix"),
+                ("REDIS_URL", "/r.sock"),
+                ("REDIS_TLS", "true"),
+            ],
+            "not reached over TLS",
+        ),
+        (
+            vec![("REDIS_SOCKET_TYPE", "udp"), ("REDIS_URL", "/r.sock")],
+            "tcp or unix",
+        ),
+    ] {
+        let err = translate(&env(&bad)).expect_err("refused");
+        assert!(err.contains(why), "{bad:?}: {err}");
+    }
 }

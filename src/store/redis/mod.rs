@@ -221,6 +221,7 @@ impl RedisStore {
             _ => {
                 let name: Arc<str> = Arc::from(match &config.server {
                     ServerConfig::Centralized { server } => server.to_string(),
+                    ServerConfig::Unix { path } => path.display().to_string(),
                     _ => "redis".to_string(),
                 });
                 let clients = NodeClients::connect(&recipe, config.clone())?;

@@ -16,6 +16,7 @@ pub async fn reach(server: &ServerConfig) -> Result<(), String> {
         ServerConfig::Clustered { hosts, .. } => {
             hosts.iter().map(|h| (h.host.to_string(), h.port)).collect()
         }
+        ServerConfig::Unix { path } => return reach_socket(path).await,
         _ => return Ok(()),
     };
     let mut why = Vec::new();
@@ -41,6 +42,28 @@ pub async fn reach(server: &ServerConfig) -> Result<(), String> {
         }
     }
     Err(why.join("; "))
+}
+
+/// Whether the unix socket at `path` takes a connection within a second;
+/// else why not: no such file, not a socket, nobody listening.
+async fn reach_socket(path: &std::path::Path) -> Result<(), String> {
+    use std::os::unix::fs::FileTypeExt;
+    let shown = path.display();
+    match std::fs::metadata(path) {
+        Err(e) => return Err(format!("{shown}: {e}")),
+        Ok(m) if !m.file_type().is_socket() => return Err(format!("{shown} is not a unix socket")),
+        Ok(_) => {}
+    }
+    match tokio::time::timeout(
+        Duration::from_secs(1),
+        tokio::net::UnixStream::connect(path),
+    )
+    .await
+    {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => Err(format!("{shown}: {e}")),
+        Err(_) => Err(format!("{shown} did not answer within 1 s")),
+    }
 }
 
 pub fn log_connect<E: std::fmt::Display>(

@@ -3,8 +3,12 @@
 //! Ours: `redis://`, `rediss://` (one server) and `redis-cluster://h1:p1,h2:p2`,
 //! `rediss-cluster://…` (seed nodes of a cluster), with `user:password@`
 //! allowed. fred lists extra cluster seeds as `?node=h:p` parameters instead.
+//! And a server on a unix socket: `unix:///path/to/redis.sock` (or
+//! `redis+unix://`), with `user:password@` before the path.
 
-use fred::types::config::Config;
+use std::path::PathBuf;
+
+use fred::types::config::{Config, ServerConfig};
 
 /// Parses a Redis URL into fred's configuration; errors say what is wrong.
 pub fn parse(url: &str) -> Result<Config, String> {
@@ -12,6 +16,7 @@ pub fn parse(url: &str) -> Result<Config, String> {
         .split_once("://")
         .ok_or_else(|| format!("'{}' is not a Redis URL (expected redis://, rediss://, redis-cluster:// or rediss-cluster://)", redact(url)))?;
     let fred_url = match scheme {
+        "unix" | "redis+unix" => return unix(url, rest),
         "redis" | "rediss" => url.to_string(),
         "redis-cluster" | "rediss-cluster" => {
             let (auth, hosts) = match rest.rsplit_once('@') {
@@ -39,11 +44,72 @@ pub fn parse(url: &str) -> Result<Config, String> {
         }
         other => {
             return Err(format!(
-                "unsupported Redis URL scheme '{other}' (expected redis, rediss, redis-cluster or rediss-cluster)"
+                "unsupported Redis URL scheme '{other}' (expected redis, rediss, redis-cluster, rediss-cluster or unix)"
             ))
         }
     };
     Config::from_url(&fred_url).map_err(|e| format!("invalid Redis URL '{}': {e}", redact(url)))
+}
+
+/// `unix://[user:password@]/path`: one server on a unix socket.
+fn unix(url: &str, rest: &str) -> Result<Config, String> {
+    let (auth, path) = match rest.split_once('@') {
+        Some((auth, path)) => (Some(auth), path),
+        None => (None, rest),
+    };
+    if !path.starts_with('/') {
+        return Err(format!(
+            "'{}': a unix socket URL names an absolute path, e.g. unix:///var/run/redis/redis.sock",
+            redact(url)
+        ));
+    }
+    if path.contains('?') {
+        return Err(format!(
+            "'{}': a unix socket URL takes no parameters",
+            redact(url)
+        ));
+    }
+    let (username, password) = match auth {
+        None => (None, None),
+        Some(auth) => {
+            let (user, password) = auth.split_once(':').unwrap_or(("", auth));
+            let decode = |s: &str| {
+                urlencoding_decode(s)
+                    .ok_or_else(|| format!("'{}': a badly escaped user or password", redact(url)))
+            };
+            (
+                (!user.is_empty()).then(|| decode(user)).transpose()?,
+                Some(decode(password)?),
+            )
+        }
+    };
+    Ok(Config {
+        server: ServerConfig::Unix {
+            path: PathBuf::from(path),
+        },
+        username,
+        password,
+        ..Config::default()
+    })
+}
+
+/// `%XX` escapes decoded (a user or password in a URL); `None` for a bad
+/// escape or bytes that are not UTF-8.
+fn urlencoding_decode(s: &str) -> Option<String> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = s.get(i + 1..i + 3)?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
 }
 
 /// The URL with any password replaced, for messages and logs.
@@ -62,6 +128,29 @@ pub fn redact(url: &str) -> String {
 mod tests {
     use super::*;
     use fred::types::config::ServerConfig;
+
+    #[test]
+    fn unix_socket_urls_name_a_path() {
+        let c = parse("unix:///var/run/redis/redis.sock").expect("valid");
+        match &c.server {
+            ServerConfig::Unix { path } => {
+                assert_eq!(path, &PathBuf::from("/var/run/redis/redis.sock"))
+            }
+            other => panic!("unix, got {other:?}"),
+        }
+        assert_eq!((c.username, c.password), (None, None));
+        let c = parse("redis+unix://user:p%40ss@/tmp/r.sock").expect("valid");
+        assert_eq!(
+            (c.username.as_deref(), c.password.as_deref()),
+            (Some("user"), Some("p@ss"))
+        );
+        let c = parse("unix://:secret@/tmp/r.sock").expect("valid");
+        assert_eq!((c.username, c.password.as_deref()), (None, Some("secret")));
+        let e = parse("unix://tmp/r.sock").expect_err("relative");
+        assert!(e.contains("absolute path"), "{e}");
+        let e = parse("unix:///tmp/r.sock?db=2").expect_err("parameters");
+        assert!(e.contains("no parameters"), "{e}");
+    }
 
     #[test]
     fn cluster_seed_lists_become_fred_nodes() {

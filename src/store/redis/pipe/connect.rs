@@ -19,6 +19,8 @@ use crate::store::redis::resp::encode;
 pub struct Target {
     pub(super) host: String,
     pub(super) port: u16,
+    /// A server on a unix socket (then `host` shows its path, `port` is 0).
+    pub(super) unix: Option<std::path::PathBuf>,
     /// `rediss://`: the connector and the name to check.
     pub(super) tls: Option<(tokio_rustls::TlsConnector, String)>,
     pub(super) username: Option<String>,
@@ -30,6 +32,18 @@ impl Target {
     /// The one server of `config` (a centralized configuration, as each
     /// primary's is); `None` for anything else, or TLS other than rustls.
     pub fn of(config: &Config, connect_timeout: Duration) -> Option<Self> {
+        if let ServerConfig::Unix { path } = &config.server {
+            // TLS over a local socket is not offered (url::parse makes none)
+            return config.tls.is_none().then(|| Self {
+                host: path.display().to_string(),
+                port: 0,
+                unix: Some(path.clone()),
+                tls: None,
+                username: config.username.clone(),
+                password: config.password.clone(),
+                connect_timeout,
+            });
+        }
         let ServerConfig::Centralized { server } = &config.server else {
             return None;
         };
@@ -50,6 +64,7 @@ impl Target {
         Some(Self {
             host: server.host.to_string(),
             port: server.port,
+            unix: None,
             tls,
             username: config.username.clone(),
             password: config.password.clone(),
@@ -66,16 +81,21 @@ impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
 pub(super) async fn open(target: &Target) -> Result<Box<dyn Io>, RedisError> {
     let io = |e: std::io::Error| RedisError::new(ErrorKind::IO, e.to_string());
     let connect = async {
-        let tcp = TcpStream::connect((target.host.as_str(), target.port))
-            .await
-            .map_err(io)?;
-        tcp.set_nodelay(true).map_err(io)?;
-        let mut stream: Box<dyn Io> = match &target.tls {
-            None => Box::new(tcp),
-            Some((connector, name)) => {
-                let name = rustls::pki_types::ServerName::try_from(name.clone())
-                    .map_err(|e| RedisError::new(ErrorKind::Tls, e.to_string()))?;
-                Box::new(connector.connect(name, tcp).await.map_err(io)?)
+        let mut stream: Box<dyn Io> = match (&target.unix, &target.tls) {
+            (Some(path), _) => Box::new(tokio::net::UnixStream::connect(path).await.map_err(io)?),
+            (None, tls) => {
+                let tcp = TcpStream::connect((target.host.as_str(), target.port))
+                    .await
+                    .map_err(io)?;
+                tcp.set_nodelay(true).map_err(io)?;
+                match tls {
+                    None => Box::new(tcp),
+                    Some((connector, name)) => {
+                        let name = rustls::pki_types::ServerName::try_from(name.clone())
+                            .map_err(|e| RedisError::new(ErrorKind::Tls, e.to_string()))?;
+                        Box::new(connector.connect(name, tcp).await.map_err(io)?)
+                    }
+                }
             }
         };
         if let Some(password) = &target.password {

@@ -21,10 +21,13 @@ fn every_url_form_has_a_target() {
         "rediss://redis.example:6380",
         "redis-cluster://127.0.0.1:7000,127.0.0.1:7001",
         "rediss-cluster://u:p@127.0.0.1:7000",
+        "unix:///tmp/redis.sock",
+        "unix://u:secret@/tmp/redis.sock",
     ] {
         let target = Target::of(&centralized(url), Duration::from_millis(250))
             .unwrap_or_else(|| panic!("{url}: no target"));
         assert_eq!(target.tls.is_some(), url.starts_with("rediss"), "{url}");
+        assert_eq!(target.unix.is_some(), url.starts_with("unix"), "{url}");
         assert_eq!(target.password.is_some(), url.contains('@'), "{url}");
     }
     let t = Target::of(

@@ -95,6 +95,7 @@ fn target(port: u16) -> Target {
     Target {
         host: "127.0.0.1".into(),
         port,
+        unix: None,
         tls: None,
         username: None,
         password: None,

@@ -1,0 +1,113 @@
+//! Redis on a unix socket (#40): `unix:///path` (ours) and
+//! envoyproxy/ratelimit's `REDIS_SOCKET_TYPE=unix` with `REDIS_URL` the
+//! path, against a real redis-server listening on a socket; and a socket
+//! that is not there answered by the failure mode, said at start.
+
+mod common;
+
+use std::time::Duration;
+
+use common::redis::{free_redis_port, RedisServer};
+use common::{client, descriptor, request, rules_dir, serve_args};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+
+const RULES: &str = "domain: d\ndescriptors:\n  - key: k\n    failure_mode: closed\n    rate_limit: {unit: day, requests_per_unit: 5}\n";
+
+#[tokio::test]
+async fn decisions_go_to_a_redis_on_a_unix_socket() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("redis.sock");
+    let redis = RedisServer::start(
+        free_redis_port(),
+        &[
+            "--unixsocket",
+            socket.to_str().expect("utf-8"),
+            "--unixsocketperm",
+            "700",
+        ],
+    );
+    let rules = rules_dir(RULES);
+    let mut args = serve_args(rules.path().to_path_buf());
+    args.store = tokenbucket_rls::cli::StoreKind::Redis;
+    args.redis_url = Some(format!("unix://{}", socket.display()));
+    args.redis_timeout = Duration::from_millis(500);
+    let s = tokenbucket_rls::server::start(&args).await.expect("start");
+    let mut c = client(&s).await;
+    for left in [4, 3, 2] {
+        let r = c
+            .should_rate_limit(request("d", vec![descriptor(&[("k", "v")])]))
+            .await
+            .expect("decided")
+            .into_inner();
+        assert_eq!(
+            (r.overall_code, r.statuses[0].limit_remaining),
+            (Code::Ok as i32, left)
+        );
+    }
+    // the bucket is in that Redis, reached through the socket
+    let keys = redis.cli(&["DBSIZE"]);
+    assert_eq!(keys.trim(), "1", "{keys}");
+    s.shutdown().await.expect("stop");
+}
+
+#[tokio::test]
+async fn a_socket_that_is_not_there_is_answered_by_the_failure_mode() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let rules = rules_dir(RULES);
+    let mut args = serve_args(rules.path().to_path_buf());
+    args.store = tokenbucket_rls::cli::StoreKind::Redis;
+    args.redis_url = Some(format!(
+        "unix://{}",
+        dir.path().join("nobody.sock").display()
+    ));
+    args.redis_timeout = Duration::from_millis(200);
+    let s = tokenbucket_rls::server::start(&args).await.expect("start");
+    let mut c = client(&s).await;
+    let e = c
+        .should_rate_limit(request("d", vec![descriptor(&[("k", "v")])]))
+        .await
+        .expect_err("a closed rule without its store");
+    assert_eq!(e.code(), tonic::Code::Unavailable);
+    s.shutdown().await.expect("stop");
+}
+
+/// The binary started with envoyproxy/ratelimit's environment for a Redis
+/// sidecar on a socket.
+#[tokio::test]
+async fn envoyproxy_ratelimits_unix_socket_settings_reach_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("redis.sock");
+    let _redis = RedisServer::start(
+        free_redis_port(),
+        &["--unixsocket", socket.to_str().expect("utf-8")],
+    );
+    let rules = tempfile::tempdir().expect("tempdir");
+    std::fs::write(rules.path().join("config.yaml"), RULES).expect("write");
+    let (grpc, admin) = (common::free_port(), common::free_port());
+    let _child = common::ChildGuard(
+        common::binary_without_rls_env()
+            .env("RUNTIME_ROOT", rules.path())
+            .env("RUNTIME_SUBDIRECTORY", ".")
+            .env("RUNTIME_APPDIRECTORY", ".")
+            .env("GRPC_HOST", "127.0.0.1")
+            .env("GRPC_PORT", grpc.to_string())
+            .env("HOST", "127.0.0.1")
+            .env("PORT", admin.to_string())
+            .env("REDIS_SOCKET_TYPE", "unix")
+            .env("REDIS_URL", &socket)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start the binary"),
+    );
+    common::until_ok(&format!("http://127.0.0.1:{admin}/readyz"), "ready").await;
+    let mut c = envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient::connect(format!("http://127.0.0.1:{grpc}"))
+        .await
+        .expect("connect");
+    let r = c
+        .should_rate_limit(request("d", vec![descriptor(&[("k", "v")])]))
+        .await
+        .expect("decided in Redis over the socket")
+        .into_inner();
+    assert_eq!(r.statuses[0].limit_remaining, 4);
+}
