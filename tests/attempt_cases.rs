@@ -130,6 +130,24 @@ fn descriptor(tag: &str, bursts: &[u64]) -> DescriptorBuckets {
     }
 }
 
+/// A Redis store on `redis`, batching decisions or not.
+async fn connect(redis: &RedisServer, batched: bool) -> RedisStore {
+    RedisStore::connect(&RedisSettings {
+        url: redis.url(),
+        timeout: Duration::from_secs(2),
+        pool_size: 1,
+        serving_threads: 0,
+        batch: batched.then_some(tokenbucket_rls::store::redis::batch::DEFAULT_MAX),
+        ca_file: None,
+        client_cert: None,
+        layout: BucketLayout::Packed,
+        key_prefix: String::new(),
+        skip_hostname_verification: false,
+    })
+    .await
+    .expect("connect")
+}
+
 /// The call as the stores get it from the limiter: a reservation's done
 /// call carries what was used.
 fn call(id: &str, phase: Phase, mode: AttemptMode) -> AttemptCall {
@@ -144,20 +162,7 @@ fn call(id: &str, phase: Phase, mode: AttemptMode) -> AttemptCall {
 #[tokio::test]
 async fn lua_and_rust_settle_attempts_alike() {
     let redis = RedisServer::standalone();
-    let redis_store = RedisStore::connect(&RedisSettings {
-        url: redis.url(),
-        timeout: Duration::from_secs(2),
-        pool_size: 1,
-        serving_threads: 0,
-        batch: Some(tokenbucket_rls::store::redis::batch::DEFAULT_MAX),
-        ca_file: None,
-        client_cert: None,
-        layout: BucketLayout::Packed,
-        key_prefix: String::new(),
-        skip_hostname_verification: false,
-    })
-    .await
-    .expect("connect");
+    let redis_store = connect(&redis, true).await;
     let memory = MemoryStore::new(MonotonicClock::new());
     for (n, seq) in sequences().into_iter().enumerate() {
         let d = descriptor(&format!("seq{n}"), &seq.bursts);
@@ -209,20 +214,7 @@ async fn lua_and_rust_settle_attempts_alike() {
 #[tokio::test]
 async fn attempts_in_a_batch_with_plain_decisions_are_each_decided_alone() {
     let redis = RedisServer::standalone();
-    let store = RedisStore::connect(&RedisSettings {
-        url: redis.url(),
-        timeout: Duration::from_secs(2),
-        pool_size: 1,
-        serving_threads: 0,
-        batch: Some(tokenbucket_rls::store::redis::batch::DEFAULT_MAX),
-        ca_file: None,
-        client_cert: None,
-        layout: BucketLayout::Packed,
-        key_prefix: String::new(),
-        skip_hostname_verification: false,
-    })
-    .await
-    .expect("connect");
+    let store = connect(&redis, true).await;
     let round = |first: bool| {
         let store = &store;
         futures::future::join_all((0..32).map(move |i| async move {
@@ -284,20 +276,7 @@ async fn attempts_in_a_batch_with_plain_decisions_are_each_decided_alone() {
 async fn lua_and_rust_hold_slots_alike() {
     use AttemptResult::{First, Released, Repeat, Unknown};
     let redis = RedisServer::standalone();
-    let store = RedisStore::connect(&RedisSettings {
-        url: redis.url(),
-        timeout: Duration::from_secs(2),
-        pool_size: 1,
-        serving_threads: 0,
-        batch: None,
-        ca_file: None,
-        client_cert: None,
-        layout: BucketLayout::Packed,
-        key_prefix: String::new(),
-        skip_hostname_verification: false,
-    })
-    .await
-    .expect("connect");
+    let store = connect(&redis, false).await;
     let memory = MemoryStore::new(MonotonicClock::new());
     let rule = RuleId::of("cases", "slots");
     // (id, phase, admitted, in flight after, result)
@@ -376,20 +355,7 @@ async fn lua_and_rust_hold_slots_alike() {
 #[tokio::test]
 async fn redis_counts_reservations_that_expire_unsettled() {
     let redis = RedisServer::standalone();
-    let store = RedisStore::connect(&RedisSettings {
-        url: redis.url(),
-        timeout: Duration::from_secs(2),
-        pool_size: 1,
-        serving_threads: 0,
-        batch: None,
-        ca_file: None,
-        client_cert: None,
-        layout: BucketLayout::Packed,
-        key_prefix: String::new(),
-        skip_hostname_verification: false,
-    })
-    .await
-    .expect("connect");
+    let store = connect(&redis, false).await;
     let d = descriptor("expiring-reservations", &[1000]);
     let short = |id: &str, phase| AttemptCall {
         ttl_micros: 200_000,

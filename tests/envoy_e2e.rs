@@ -1346,6 +1346,23 @@ async fn llm_tokens_are_charged_exactly_on_a_redis_cluster() {
     .await;
 }
 
+/// `examples/envoy/llm.yaml` with the stand-in LLM's answer made long
+/// enough (4,000 bytes) to stream for seconds when asked to
+/// (x-envoy-fault-throughput-response), written into `dir`.
+fn llm_bootstrap_with_a_long_answer(dir: &Path) -> std::path::PathBuf {
+    let long_answer = "token ".repeat(666);
+    let bootstrap = std::fs::read_to_string(Path::new(ROOT).join("examples/envoy/llm.yaml"))
+        .expect("bootstrap")
+        .replace(
+            r#"inline_string: "a stand-in LLM answer\n""#,
+            &format!(r#"inline_string: "{long_answer}""#),
+        );
+    assert!(bootstrap.contains(&long_answer), "the answer was replaced");
+    let path = dir.join("llm-envoy.yaml");
+    std::fs::write(&path, bootstrap).expect("bootstrap");
+    path
+}
+
 async fn llm_tokens_hold(env: Vec<(&str, String)>) {
     let rules = tempfile::tempdir().expect("tempdir");
     std::fs::write(
@@ -1362,19 +1379,8 @@ descriptors:
 "#,
     )
     .expect("rules");
-    // the stand-in LLM's answer made long enough (4,000 bytes) to stream
-    // for seconds when asked to (x-envoy-fault-throughput-response)
-    let long_answer = "token ".repeat(666);
-    let bootstrap = std::fs::read_to_string(Path::new(ROOT).join("examples/envoy/llm.yaml"))
-        .expect("bootstrap")
-        .replace(
-            r#"inline_string: "a stand-in LLM answer\n""#,
-            &format!(r#"inline_string: "{long_answer}""#),
-        );
-    assert!(bootstrap.contains(&long_answer), "the answer was replaced");
     let envoy_dir = tempfile::tempdir().expect("tempdir");
-    let bootstrap_path = envoy_dir.path().join("llm-envoy.yaml");
-    std::fs::write(&bootstrap_path, bootstrap).expect("bootstrap");
+    let bootstrap_path = llm_bootstrap_with_a_long_answer(envoy_dir.path());
     let edge = Edge::start_full(
         rules.path(),
         bootstrap_path.to_str().expect("utf-8"),
@@ -1536,19 +1542,8 @@ descriptors:
 "#,
     )
     .expect("rules");
-    // the stand-in LLM's answer made long enough (4,000 bytes) to stream
-    // for seconds when asked to (x-envoy-fault-throughput-response)
-    let long_answer = "token ".repeat(666);
-    let bootstrap = std::fs::read_to_string(Path::new(ROOT).join("examples/envoy/llm.yaml"))
-        .expect("bootstrap")
-        .replace(
-            r#"inline_string: "a stand-in LLM answer\n""#,
-            &format!(r#"inline_string: "{long_answer}""#),
-        );
-    assert!(bootstrap.contains(&long_answer), "the answer was replaced");
     let envoy_dir = tempfile::tempdir().expect("tempdir");
-    let bootstrap_path = envoy_dir.path().join("llm-envoy.yaml");
-    std::fs::write(&bootstrap_path, bootstrap).expect("bootstrap");
+    let bootstrap_path = llm_bootstrap_with_a_long_answer(envoy_dir.path());
     let edge = Edge::start_full(
         rules.path(),
         bootstrap_path.to_str().expect("utf-8"),
@@ -1746,6 +1741,69 @@ async fn lossy_proxy(target: u16) -> (u16, std::sync::Arc<std::sync::atomic::Ato
     (port, cut)
 }
 
+/// `examples/envoy/concurrency.yaml` with only its request-time call (a
+/// plain charge, identified), edited by `edit`, written into `dir`.
+fn request_time_bootstrap(dir: &Path, edit: impl Fn(String) -> String) -> std::path::PathBuf {
+    let bootstrap =
+        std::fs::read_to_string(Path::new(ROOT).join("examples/envoy/concurrency.yaml"))
+            .expect("bootstrap");
+    let done = "                    - actions:\n                      - request_headers: {header_name: x-user, descriptor_key: user}\n                      - request_headers: {header_name: x-request-id, descriptor_key: request_id}\n                      - generic_key: {descriptor_key: phase, descriptor_value: done}\n                      apply_on_stream_done: true\n";
+    assert!(bootstrap.contains(done), "the done call's rate limit");
+    assert!(bootstrap.contains("retry_policy:"), "the example retries");
+    let path = dir.join("request-time-envoy.yaml");
+    std::fs::write(&path, edit(bootstrap.replace(done, ""))).expect("bootstrap");
+    path
+}
+
+/// An Envoy from `bootstrap` in front of the gRPC ports `grpc` (tried
+/// again on new ports when one is taken at start).
+async fn envoy_in_front(client: &reqwest::Client, bootstrap: &Path, grpc: &[u16]) -> RunningEnvoy {
+    for _ in 0..4 {
+        if let Some(envoy) =
+            RunningEnvoy::start(client, bootstrap.to_str().expect("utf-8"), grpc).await
+        {
+            return envoy;
+        }
+    }
+    panic!("envoy never started");
+}
+
+/// A request of `user` through `envoy`: its status and x-ratelimit-remaining.
+async fn as_user(
+    client: &reqwest::Client,
+    envoy: &RunningEnvoy,
+    user: &str,
+) -> (u16, Option<String>) {
+    let resp = client
+        .get(format!("{}/", envoy.base))
+        .header("x-user", user)
+        .send()
+        .await
+        .expect("envoy answers");
+    let remaining = resp
+        .headers()
+        .get("x-ratelimit-remaining")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    (resp.status().as_u16(), remaining)
+}
+
+/// The sample `name` of the service whose admin port is `admin` (0 when
+/// absent).
+async fn admin_metric(client: &reqwest::Client, admin: u16, name: &str) -> f64 {
+    let text = client
+        .get(format!("http://127.0.0.1:{admin}/metrics"))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("metrics text");
+    common::sample(&text, name).unwrap_or(0.0)
+}
+
+const STREAMS_CALLS: &str = "domain: streams\ndescriptors:\n  - key: user\n    rate_limit: {unit: day, requests_per_unit: 10, name: calls}\n    attempts: {key: request_id, ttl: 1m}\n";
+
 /// A retried call charged once through a real Envoy 1.40 (#39): Envoy's
 /// rate limit `grpc_service` has a `retry_policy` (as
 /// `examples/envoy/concurrency.yaml` sets it), and a proxy between Envoy
@@ -1756,22 +1814,9 @@ async fn lossy_proxy(target: u16) -> (u16, std::sync::Arc<std::sync::atomic::Ato
 async fn a_call_envoy_sends_again_is_charged_once() {
     use std::sync::atomic::Ordering;
     let rules = tempfile::tempdir().expect("tempdir");
-    std::fs::write(
-        rules.path().join("streams.yaml"),
-        "domain: streams\ndescriptors:\n  - key: user\n    rate_limit: {unit: day, requests_per_unit: 10, name: calls}\n    attempts: {key: request_id, ttl: 1m}\n",
-    )
-    .expect("rules");
-    // the request-time call only: a plain charge, identified
-    let bootstrap =
-        std::fs::read_to_string(Path::new(ROOT).join("examples/envoy/concurrency.yaml"))
-            .expect("bootstrap");
-    let done = "                    - actions:\n                      - request_headers: {header_name: x-user, descriptor_key: user}\n                      - request_headers: {header_name: x-request-id, descriptor_key: request_id}\n                      - generic_key: {descriptor_key: phase, descriptor_value: done}\n                      apply_on_stream_done: true\n";
-    assert!(bootstrap.contains(done), "the done call's rate limit");
-    assert!(bootstrap.contains("retry_policy:"), "the example retries");
+    std::fs::write(rules.path().join("streams.yaml"), STREAMS_CALLS).expect("rules");
     let envoy_dir = tempfile::tempdir().expect("tempdir");
-    let bootstrap_path = envoy_dir.path().join("retry-envoy.yaml");
-    std::fs::write(&bootstrap_path, bootstrap.replace(done, "")).expect("bootstrap");
-
+    let bootstrap = request_time_bootstrap(envoy_dir.path(), |b| b);
     let (grpc, admin) = (free_port(), free_port());
     let mut rls = vec![spawn_rls(rules.path(), grpc, admin, &[])];
     let client = reqwest::Client::new();
@@ -1783,50 +1828,14 @@ async fn a_call_envoy_sends_again_is_charged_once() {
     .await
     .expect("ready");
     let (proxy, cut) = lossy_proxy(grpc).await;
-    let mut envoy = None;
-    for _ in 0..4 {
-        envoy =
-            RunningEnvoy::start(&client, bootstrap_path.to_str().expect("utf-8"), &[proxy]).await;
-        if envoy.is_some() {
-            break;
-        }
-    }
-    let envoy = envoy.expect("envoy starts");
-    let get = |user: &'static str| {
-        let (client, base) = (&client, &envoy.base);
-        async move {
-            let resp = client
-                .get(format!("{base}/"))
-                .header("x-user", user)
-                .send()
-                .await
-                .expect("envoy answers");
-            let remaining = resp
-                .headers()
-                .get("x-ratelimit-remaining")
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_string);
-            (resp.status().as_u16(), remaining)
-        }
-    };
-    let metric = |name: &'static str| {
-        let client = &client;
-        async move {
-            let text = client
-                .get(format!("http://127.0.0.1:{admin}/metrics"))
-                .send()
-                .await
-                .expect("metrics")
-                .text()
-                .await
-                .expect("metrics text");
-            common::sample(&text, name).unwrap_or(0.0)
-        }
-    };
-    assert_eq!(get("u1").await, (200, Some("9".to_string())));
+    let envoy = envoy_in_front(&client, &bootstrap, &[proxy]).await;
+    assert_eq!(
+        as_user(&client, &envoy, "u1").await,
+        (200, Some("9".to_string()))
+    );
     cut.store(true, Ordering::SeqCst);
     // the answer is lost after the service took its token; Envoy retries
-    let (status, remaining) = get("u1").await;
+    let (status, remaining) = as_user(&client, &envoy, "u1").await;
     assert!(!cut.load(Ordering::SeqCst), "an answer was lost");
     assert_eq!(
         (status, remaining.as_deref()),
@@ -1834,11 +1843,19 @@ async fn a_call_envoy_sends_again_is_charged_once() {
         "charged once"
     );
     assert_eq!(
-        metric("rls_attempts_total{domain=\"streams\",result=\"repeat\",rule=\"calls\"}").await,
+        admin_metric(
+            &client,
+            admin,
+            "rls_attempts_total{domain=\"streams\",result=\"repeat\",rule=\"calls\"}"
+        )
+        .await,
         1.0,
         "the retry was a repeat"
     );
-    assert_eq!(get("u1").await, (200, Some("7".to_string())));
+    assert_eq!(
+        as_user(&client, &envoy, "u1").await,
+        (200, Some("7".to_string()))
+    );
     drop(envoy);
     drop(rls);
 }
@@ -1853,35 +1870,22 @@ async fn a_call_envoy_sends_again_is_charged_once() {
 async fn a_call_envoy_retries_while_redis_is_paused_is_charged_once() {
     let redis = common::redis::RedisServer::standalone();
     let rules = tempfile::tempdir().expect("tempdir");
-    std::fs::write(
-        rules.path().join("streams.yaml"),
-        "domain: streams\ndescriptors:\n  - key: user\n    rate_limit: {unit: day, requests_per_unit: 10, name: calls}\n    attempts: {key: request_id, ttl: 1m}\n",
-    )
-    .expect("rules");
-    // the request-time call only, and no deadline sent to the service (it
-    // waits --redis-timeout, then answers by the failure mode)
-    let bootstrap =
-        std::fs::read_to_string(Path::new(ROOT).join("examples/envoy/concurrency.yaml"))
-            .expect("bootstrap");
-    let done = "                    - actions:\n                      - request_headers: {header_name: x-user, descriptor_key: user}\n                      - request_headers: {header_name: x-request-id, descriptor_key: request_id}\n                      - generic_key: {descriptor_key: phase, descriptor_value: done}\n                      apply_on_stream_done: true\n";
-    assert!(bootstrap.contains(done) && bootstrap.contains("              timeout: 0.25s\n"));
+    std::fs::write(rules.path().join("streams.yaml"), STREAMS_CALLS).expect("rules");
+    // no deadline sent to the service (it waits --redis-timeout, then
+    // answers by the failure mode), and retries enough to outlast the pause
     let envoy_dir = tempfile::tempdir().expect("tempdir");
-    let bootstrap_path = envoy_dir.path().join("paused-envoy.yaml");
-    std::fs::write(
-        &bootstrap_path,
-        bootstrap
-            .replace(done, "")
-            .replace(
-                "              timeout: 0.25s\n",
-                "              timeout: 0s\n",
-            )
-            .replace("num_retries: 2", "num_retries: 10")
-            .replace(
-                "retry_back_off: {base_interval: 0.01s, max_interval: 0.05s}",
-                "retry_back_off: {base_interval: 0.05s, max_interval: 0.2s}",
-            ),
-    )
-    .expect("bootstrap");
+    let bootstrap = request_time_bootstrap(envoy_dir.path(), |b| {
+        assert!(b.contains("              timeout: 0.25s\n"));
+        b.replace(
+            "              timeout: 0.25s\n",
+            "              timeout: 0s\n",
+        )
+        .replace("num_retries: 2", "num_retries: 10")
+        .replace(
+            "retry_back_off: {base_interval: 0.01s, max_interval: 0.05s}",
+            "retry_back_off: {base_interval: 0.05s, max_interval: 0.2s}",
+        )
+    });
     let (grpc, admin) = (free_port(), free_port());
     let env: Vec<(String, String)> = [
         ("RLS_STORE", "redis".to_string()),
@@ -1901,54 +1905,18 @@ async fn a_call_envoy_retries_while_redis_is_paused_is_charged_once() {
     )
     .await
     .expect("ready");
-    let mut envoy = None;
-    for _ in 0..4 {
-        envoy =
-            RunningEnvoy::start(&client, bootstrap_path.to_str().expect("utf-8"), &[grpc]).await;
-        if envoy.is_some() {
-            break;
-        }
-    }
-    let envoy = envoy.expect("envoy starts");
-    let get = || {
-        let (client, base) = (&client, &envoy.base);
-        async move {
-            let resp = client
-                .get(format!("{base}/"))
-                .header("x-user", "u1")
-                .send()
-                .await
-                .expect("envoy answers");
-            let remaining = resp
-                .headers()
-                .get("x-ratelimit-remaining")
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_string);
-            (resp.status().as_u16(), remaining)
-        }
-    };
-    let metric = |name: &'static str| {
-        let client = &client;
-        async move {
-            let text = client
-                .get(format!("http://127.0.0.1:{admin}/metrics"))
-                .send()
-                .await
-                .expect("metrics")
-                .text()
-                .await
-                .expect("metrics text");
-            common::sample(&text, name).unwrap_or(0.0)
-        }
-    };
-    assert_eq!(get().await, (200, Some("9".to_string())));
+    let envoy = envoy_in_front(&client, &bootstrap, &[grpc]).await;
+    assert_eq!(
+        as_user(&client, &envoy, "u1").await,
+        (200, Some("9".to_string()))
+    );
     let paused = redis.cli(&["CLIENT", "PAUSE", "300", "WRITE"]);
     assert!(paused.contains("OK"), "{paused}");
     let started = Instant::now();
-    let (status, remaining) = get().await;
+    let (status, remaining) = as_user(&client, &envoy, "u1").await;
     let took = started.elapsed();
     assert!(
-        metric("rls_store_errors_total{kind=\"timeout\"}").await >= 1.0,
+        admin_metric(&client, admin, "rls_store_errors_total{kind=\"timeout\"}").await >= 1.0,
         "the service gave up on the paused Redis at least once ({status} {remaining:?} in {took:?})"
     );
     assert_eq!(
@@ -1958,7 +1926,10 @@ async fn a_call_envoy_retries_while_redis_is_paused_is_charged_once() {
     );
     // every call Redis ran after the pause was the same attempt: one token
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(get().await, (200, Some("7".to_string())));
+    assert_eq!(
+        as_user(&client, &envoy, "u1").await,
+        (200, Some("7".to_string()))
+    );
     drop(envoy);
     drop(rls);
 }

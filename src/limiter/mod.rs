@@ -772,6 +772,18 @@ fn plan<'a, E: DescriptorEntry>(
             let Some(m) = m else {
                 return Plan::Done(Decision::without_limit(Verdict::NoRule, None));
             };
+            // the descriptor's tag: its entries and the values they matched
+            let tag_of = || {
+                key::descriptor_tag(
+                    KeyOrigin::Rule,
+                    domain,
+                    d.entries
+                        .iter()
+                        .filter(matching)
+                        .map(|e| e.key())
+                        .zip(m.values.iter().copied()),
+                )
+            };
             let limits: Vec<&Limit> = match &m.rule.action {
                 RuleAction::Unlimited {
                     name: Some(name), ..
@@ -792,15 +804,7 @@ fn plan<'a, E: DescriptorEntry>(
                     .filter(|l| l.name.as_deref().is_none_or(|n| !replaced.contains(n)))
                     .collect(),
                 RuleAction::Concurrency { max } => {
-                    let tag = key::descriptor_tag(
-                        KeyOrigin::Rule,
-                        domain,
-                        d.entries
-                            .iter()
-                            .filter(matching)
-                            .map(|e| e.key())
-                            .zip(m.values.iter().copied()),
-                    );
+                    let tag = tag_of();
                     return Plan::Slots {
                         rule: m.rule,
                         slots: DescriptorBuckets {
@@ -822,15 +826,7 @@ fn plan<'a, E: DescriptorEntry>(
                     Some(m.rule.clone()),
                 ));
             }
-            let tag = key::descriptor_tag(
-                KeyOrigin::Rule,
-                domain,
-                d.entries
-                    .iter()
-                    .filter(matching)
-                    .map(|e| e.key())
-                    .zip(m.values.iter().copied()),
-            );
+            let tag = tag_of();
             let buckets = limits
                 .iter()
                 .map(|l| BucketRef {
