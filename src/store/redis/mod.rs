@@ -22,6 +22,7 @@ pub mod nodes;
 pub mod pipe;
 mod reach;
 mod redirect;
+mod reply;
 pub mod resp;
 mod tls_config;
 pub mod url;
@@ -30,6 +31,7 @@ pub mod url;
 use self::keys::hex16;
 pub use self::keys::{redis_key, slot_of, tag_hash};
 use self::redirect::{redirect_of, Redirect, MAX_REDIRECTIONS};
+use self::reply::{outcomes, store_error};
 use self::tls_config::tls_client_config;
 
 use std::path::PathBuf;
@@ -48,7 +50,7 @@ use self::nodes::{ClientRecipe, NodeClients, Routing};
 use super::breaker::Nodes;
 use super::{AttemptOutcome, DescriptorBuckets, Store, StoreError};
 use crate::attempt::{self, AttemptCall, AttemptMode, AttemptResult, Phase, SlotOutcome};
-use crate::bucket::{BucketOutcome, Cost, NeverReason, MAX_COST};
+use crate::bucket::{BucketOutcome, Cost, MAX_COST};
 use crate::labels::RuleId;
 use crate::telemetry::Metrics;
 
@@ -722,49 +724,6 @@ fn within<T>(
     }
 }
 
-fn store_error(e: RedisError) -> StoreError {
-    match e.kind() {
-        ErrorKind::Timeout => StoreError::Timeout,
-        ErrorKind::IO
-        | ErrorKind::Canceled
-        | ErrorKind::Routing
-        | ErrorKind::Cluster
-        | ErrorKind::Backpressure => StoreError::Connection(e.to_string()),
-        _ if e.details().contains("OOM command not allowed") => {
-            StoreError::OutOfMemory(e.details().to_string())
-        }
-        _ => StoreError::Script(e.to_string()),
-    }
-}
-
-/// Reads the script's reply: `{admitted, then 5 numbers per bucket, taken}`.
-fn outcomes(reply: &[i64], buckets: usize) -> Result<Vec<BucketOutcome>, StoreError> {
-    if reply.len() != 2 + 5 * buckets {
-        return Err(StoreError::Script(format!(
-            "unexpected script reply of {} values for {buckets} buckets",
-            reply.len()
-        )));
-    }
-    let admitted = reply[0] == 1;
-    let taken = reply[reply.len() - 1].max(0) as u64;
-    Ok(reply[1..reply.len() - 1]
-        .chunks_exact(5)
-        .map(|c| BucketOutcome {
-            admitted,
-            remaining: c[0].max(0) as u64,
-            retry_after_secs: (c[1] >= 0).then_some(c[1] as u64),
-            full_in_secs: c[2].max(0) as u64,
-            never: match c[3] {
-                1 => Some(NeverReason::ZeroRate),
-                2 => Some(NeverReason::CostAboveCapacity),
-                _ => None,
-            },
-            taken,
-            forgiven: c[4].max(0) as u64,
-        })
-        .collect())
-}
-
 #[async_trait]
 impl Nodes for RedisStore {
     fn node_of(&self, descriptor: &DescriptorBuckets) -> Arc<str> {
@@ -990,15 +949,5 @@ mod tests {
         assert_eq!(redirect_of(&down), None);
         let tryagain = RedisError::new(ErrorKind::Unknown, "TRYAGAIN Multiple keys request");
         assert_eq!(redirect_of(&tryagain), None);
-    }
-
-    #[test]
-    fn replies_are_checked() {
-        assert!(outcomes(&[1, 5], 1).is_err());
-        assert!(outcomes(&[0, 0, 3, 7, 0, 0], 1).is_err());
-        let o = outcomes(&[0, 0, 3, 7, 0, 12, 0], 1).expect("valid");
-        assert_eq!(o[0].forgiven, 12);
-        assert_eq!(o[0].retry_after_secs, Some(3));
-        assert!(!o[0].admitted);
     }
 }
