@@ -129,19 +129,6 @@ pub enum AttemptResult {
 }
 
 impl AttemptResult {
-    /// Every value, in the order the metric lists them.
-    pub const ALL: [AttemptResult; 9] = [
-        AttemptResult::First,
-        AttemptResult::Repeat,
-        AttemptResult::Settled,
-        AttemptResult::Late,
-        AttemptResult::Unknown,
-        AttemptResult::Full,
-        AttemptResult::Expired,
-        AttemptResult::NoId,
-        AttemptResult::Released,
-    ];
-
     /// The `result` label.
     pub fn label(self) -> &'static str {
         match self {

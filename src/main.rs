@@ -97,69 +97,73 @@ fn main() -> ExitCode {
     }
 }
 
+/// Every rule with its domain, domains and then paths in order.
+fn sorted_rules(
+    set: &tokenbucket_rls::rules::RuleSet,
+) -> Vec<(&str, &std::sync::Arc<tokenbucket_rls::rules::Rule>)> {
+    let mut domains: Vec<&str> = set.domains().map(|d| &*d.name).collect();
+    domains.sort_unstable();
+    domains
+        .into_iter()
+        .flat_map(|domain| {
+            let mut rules = set.rules(domain);
+            rules.sort_by(|a, b| a.path.cmp(&b.path));
+            rules.into_iter().map(move |rule| (domain, rule))
+        })
+        .collect()
+}
+
 /// One line per rule with `attempts:` (docs/usage.md, "Attempts"): what its calls
 /// do, and the entries that carry the attempt and its phase.
 fn print_attempts(set: &tokenbucket_rls::rules::RuleSet) {
     use tokenbucket_rls::attempt::AttemptMode;
-    let mut domains: Vec<&str> = set.domains().map(|d| &*d.name).collect();
-    domains.sort_unstable();
-    for domain in domains {
-        let mut rules = set.rules(domain);
-        rules.sort_by(|a, b| a.path.cmp(&b.path));
-        for rule in rules {
-            let Some(a) = &rule.attempts else { continue };
-            let what = match (a.mode, &rule.action) {
-                (_, tokenbucket_rls::rules::RuleAction::Concurrency { max }) => format!(
-                    "at most {max} in flight per value: a start takes a slot, the done call releases it, a slot not released returns after {}",
-                    humantime::format_duration(a.ttl)
-                ),
-                (AttemptMode::Reserve, _) => format!(
-                    "reservations: a start reserves {}, refused unless held; the done call settles the difference; unsettled after {}: kept as spent",
-                    a.reserve.map_or_else(|| "its own hits_addend".to_string(), |n| format!("its own hits_addend, else {n}")),
-                    humantime::format_duration(a.ttl)
-                ),
-                _ => format!(
-                    "dedupe: a repeat of an admitted call is answered OK and charged nothing, for {}",
-                    humantime::format_duration(a.ttl)
-                ),
-            };
-            println!(
-                "attempts: domain {domain}, rule {}: {what} (attempt entry '{}', done when '{}' is 'done')",
-                rule.path, a.key, a.phase_key
-            );
-        }
+    for (domain, rule) in sorted_rules(set) {
+        let Some(a) = &rule.attempts else { continue };
+        let what = match (a.mode, &rule.action) {
+            (_, tokenbucket_rls::rules::RuleAction::Concurrency { max }) => format!(
+                "at most {max} in flight per value: a start takes a slot, the done call releases it, a slot not released returns after {}",
+                humantime::format_duration(a.ttl)
+            ),
+            (AttemptMode::Reserve, _) => format!(
+                "reservations: a start reserves {}, refused unless held; the done call settles the difference; unsettled after {}: kept as spent",
+                a.reserve.map_or_else(|| "its own hits_addend".to_string(), |n| format!("its own hits_addend, else {n}")),
+                humantime::format_duration(a.ttl)
+            ),
+            _ => format!(
+                "dedupe: a repeat of an admitted call is answered OK and charged nothing, for {}",
+                humantime::format_duration(a.ttl)
+            ),
+        };
+        println!(
+            "attempts: domain {domain}, rule {}: {what} (attempt entry '{}', done when '{}' is 'done')",
+            rule.path, a.key, a.phase_key
+        );
     }
 }
 
 /// One line per rule: its bucket id keys, what RLQS assigns, and notes.
 fn print_rlqs(set: &tokenbucket_rls::rules::RuleSet) {
-    let mut domains: Vec<&str> = set.domains().map(|d| &*d.name).collect();
-    domains.sort_unstable();
-    for domain in domains {
-        let mut rules = set.rules(domain);
-        rules.sort_by(|a, b| a.path.cmp(&b.path));
-        for rule in rules {
-            let assignment = match Policy::of_rule(rule) {
-                Policy::AllowAll => "ALLOW_ALL".to_string(),
-                Policy::DenyAll => "DENY_ALL".to_string(),
-                Policy::Shared(b) => format!(
-                    "split between Envoys: burst {}, {}/s",
-                    b.burst,
-                    short(b.rate)
-                ),
-            };
-            println!(
-                "rlqs: domain {domain}, bucket_id keys {{{}}} -> {}: {assignment}",
-                rule.keys.join(", "),
-                rule.path
-            );
-            println!(
-                "rlqs:   expired_assignment_behavior: {}",
-                expired_behavior(rule)
-            );
-            for note in rule_notes(rule) {
-                println!("rlqs:   note: {note}");
-            }
+    for (domain, rule) in sorted_rules(set) {
+        let assignment = match Policy::of_rule(rule) {
+            Policy::AllowAll => "ALLOW_ALL".to_string(),
+            Policy::DenyAll => "DENY_ALL".to_string(),
+            Policy::Shared(b) => format!(
+                "split between Envoys: burst {}, {}/s",
+                b.burst,
+                short(b.rate)
+            ),
+        };
+        println!(
+            "rlqs: domain {domain}, bucket_id keys {{{}}} -> {}: {assignment}",
+            rule.keys.join(", "),
+            rule.path
+        );
+        println!(
+            "rlqs:   expired_assignment_behavior: {}",
+            expired_behavior(rule)
+        );
+        for note in rule_notes(rule) {
+            println!("rlqs:   note: {note}");
         }
     }
 }

@@ -475,13 +475,13 @@ impl Limiter {
                         .decide_attempt(rule, limits, buckets, cost, call, budget, started)
                         .await;
                 }
-                let call = self
-                    .store
-                    .decide_patiently(buckets, cost, budget)
-                    .instrument(tracing::info_span!(target: SPAN_TARGET, "store.decide", store = self.store.name()));
-                let result = within(budget, call).await;
-                self.metrics
-                    .observe_store_call(self.store.name(), started.elapsed().as_secs_f64());
+                let result = self
+                    .store_call(
+                        started,
+                        budget,
+                        self.store.decide_patiently(buckets, cost, budget),
+                    )
+                    .await;
                 match result {
                     Ok(outcomes) => {
                         self.count_forgiven(rule, &outcomes);
@@ -509,26 +509,17 @@ impl Limiter {
         budget: Option<std::time::Duration>,
         started: Instant,
     ) -> Result<Decision, Unavailable> {
-        let decided = self
-            .store
-            .decide_attempt(buckets, cost, call, budget)
-            .instrument(
-                tracing::info_span!(target: SPAN_TARGET, "store.decide", store = self.store.name()),
-            );
-        let result = within(budget, decided).await;
-        self.metrics
-            .observe_store_call(self.store.name(), started.elapsed().as_secs_f64());
+        let result = self
+            .store_call(
+                started,
+                budget,
+                self.store.decide_attempt(buckets, cost, call, budget),
+            )
+            .await;
         match result {
             Ok(outcome) => {
                 if let Some(rule) = rule {
-                    self.metrics.attempts(rule.id, outcome.result.label(), 1);
-                    if outcome.expired > 0 {
-                        self.metrics.attempts(
-                            rule.id,
-                            AttemptResult::Expired.label(),
-                            outcome.expired,
-                        );
-                    }
+                    self.count_attempt(rule, outcome.result, outcome.expired);
                 }
                 self.count_forgiven(rule, &outcome.outcomes);
                 Ok(decision_from(rule, limits, &outcome.outcomes))
@@ -559,14 +550,12 @@ impl Limiter {
         let started = Instant::now();
         let result = match self.in_flight.try_acquire() {
             Ok(_permit) => {
-                let call = self
-                    .store
-                    .decide_slot(slots, max, call, rule.id, budget)
-                    .instrument(tracing::info_span!(target: SPAN_TARGET, "store.decide", store = self.store.name()));
-                let result = within(budget, call).await;
-                self.metrics
-                    .observe_store_call(self.store.name(), started.elapsed().as_secs_f64());
-                result
+                self.store_call(
+                    started,
+                    budget,
+                    self.store.decide_slot(slots, max, call, rule.id, budget),
+                )
+                .await
             }
             Err(_) => Err(StoreError::Overloaded),
         };
@@ -594,17 +583,40 @@ impl Limiter {
                 }
             }
         };
-        self.metrics.attempts(rule.id, outcome.result.label(), 1);
-        if outcome.expired > 0 {
-            self.metrics
-                .attempts(rule.id, AttemptResult::Expired.label(), outcome.expired);
-        }
+        self.count_attempt(rule, outcome.result, outcome.expired);
         Ok(slot_decision(
             rule,
             outcome.admitted,
             outcome.in_flight,
             max,
         ))
+    }
+
+    /// `call` to the store, traced, cut off after `budget`, its time
+    /// observed from `started`.
+    async fn store_call<T>(
+        &self,
+        started: Instant,
+        budget: Option<std::time::Duration>,
+        call: impl std::future::Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        let call = call.instrument(
+            tracing::info_span!(target: SPAN_TARGET, "store.decide", store = self.store.name()),
+        );
+        let result = within(budget, call).await;
+        self.metrics
+            .observe_store_call(self.store.name(), started.elapsed().as_secs_f64());
+        result
+    }
+
+    /// Counts one call of `rule`'s attempts as `result`, and the attempts
+    /// the store found expired on the way.
+    fn count_attempt(&self, rule: &Rule, result: AttemptResult, expired: u64) {
+        self.metrics.attempts(rule.id, result.label(), 1);
+        if expired > 0 {
+            self.metrics
+                .attempts(rule.id, AttemptResult::Expired.label(), expired);
+        }
     }
 
     /// Counts what the debt bound cut off a charge (summed over the rule's
@@ -659,7 +671,7 @@ impl Limiter {
                     Some(call) => {
                         let outcome = self.local.decide_attempt_now(&share, cost, call);
                         if let Some(rule) = rule {
-                            self.metrics.attempts(rule.id, outcome.result.label(), 1);
+                            self.count_attempt(rule, outcome.result, outcome.expired);
                         }
                         outcome.outcomes
                     }
