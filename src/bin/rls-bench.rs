@@ -74,6 +74,11 @@ struct Args {
     /// (as Envoy sends x-request-id for a rule with `attempts:`).
     #[arg(long)]
     attempt_key: Option<String>,
+    /// With --attempt-key, closed loop: each admitted call is followed by
+    /// its done call (the same descriptors and id, and `phase: done`), as
+    /// Envoy settles a stream; both calls count as requests.
+    #[arg(long, requires = "attempt_key")]
+    settle: bool,
     /// HTTP/2 connections.
     #[arg(long, default_value_t = 8)]
     connections: usize,
@@ -341,18 +346,43 @@ async fn closed_loop(
             tasks.push(generators.of(c).spawn(async move {
                 let mut rng = Rng(seed);
                 let mut hist = histogram();
+                let mut done_call = None;
                 while Instant::now() < until && shared.take() {
-                    let req = shared.request(&mut rng);
+                    let req = done_call.take().unwrap_or_else(|| shared.request(&mut rng));
                     let start = Instant::now();
                     let result = client.should_rate_limit(&req).await;
                     let _ = hist.record(start.elapsed().as_micros().max(1) as u64);
                     shared.record(&result);
+                    let admitted = matches!(&result, Ok(r) if r.overall_code == Code::Ok as i32);
+                    if shared.args.settle && admitted && !is_done_call(&req) {
+                        done_call = Some(into_done_call(req));
+                    }
                 }
                 hist
             }));
         }
     }
     merged(tasks).await
+}
+
+/// The entry that marks a done call (the service's default `phase_key`).
+const PHASE_DONE: (&str, &str) = ("phase", "done");
+
+fn is_done_call(req: &RateLimitRequest) -> bool {
+    req.descriptors
+        .iter()
+        .any(|d| d.entries.iter().any(|e| e.key == PHASE_DONE.0))
+}
+
+/// A start's done call: the same descriptors, each marked done.
+fn into_done_call(mut req: RateLimitRequest) -> RateLimitRequest {
+    for descriptor in &mut req.descriptors {
+        descriptor.entries.push(Entry {
+            key: PHASE_DONE.0.into(),
+            value: PHASE_DONE.1.into(),
+        });
+    }
+    req
 }
 
 /// The open loop's pacer sleeps at least this long between batches.
@@ -475,6 +505,9 @@ fn main() -> Result<()> {
 }
 
 async fn run(args: Args) -> Result<()> {
+    if args.settle && args.rate.is_some() {
+        anyhow::bail!("--settle follows each call by its done call: closed loop only (no --rate)");
+    }
     if let Some(mode) = args.rlqs {
         return rlqs::run(
             mode,

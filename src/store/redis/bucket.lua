@@ -381,7 +381,7 @@ while a <= nargs do
           end
         end
         redis.call('SET', rk, struct.pack('<dddd', r_started, r_done, r_exp, r_forget),
-          'PX', string.format('%d', max(1, r_forget - now_ms)))
+          'PX', max(1, r_forget - now_ms))
       end
     end
     -- one bucket (most descriptors): the answer's table made at its size
