@@ -16,10 +16,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::R
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use fred::prelude::*;
 use fred::types::config::Options;
-use tokenbucket_rls::limiter::key::{bucket_key, descriptor_tag, KeyOrigin};
-use tokenbucket_rls::rules::BucketValue;
 use tokenbucket_rls::server::RunningServer;
-use tokenbucket_rls::store::redis::{redis_key, tag_hash};
 use tonic::transport::Channel;
 
 const RULES: &str = r#"
@@ -66,12 +63,7 @@ async fn call(
 
 /// The Redis key of bucket `id` of the descriptor `entries` in domain `d`.
 fn key_of(entries: &[(&str, &str)], id: &str) -> fred::bytes::Bytes {
-    let tag = descriptor_tag(
-        KeyOrigin::Rule,
-        "d",
-        entries.iter().map(|(k, v)| (*k, BucketValue::Value(v))),
-    );
-    redis_key(tag_hash(&tag), &bucket_key(&tag, id))
+    common::redis::bucket_key_in("d", entries, id)
 }
 
 async fn raw_client(url: &str) -> Client {

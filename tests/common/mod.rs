@@ -9,6 +9,7 @@ use std::process::Child;
 pub mod ads;
 pub mod footprint;
 pub mod redis;
+pub mod sentinel;
 pub mod tls;
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;

@@ -374,3 +374,18 @@ pub fn command_calls(commandstats: &str, command: &str) -> u64 {
         .and_then(|v| v.parse::<u64>().ok())
         .unwrap_or(0)
 }
+
+/// The Redis key of bucket `id` of the descriptor `entries` in `domain`,
+/// as the store names it (no key prefix).
+#[allow(dead_code)] // not every test binary reads buckets
+pub fn bucket_key_in(domain: &str, entries: &[(&str, &str)], id: &str) -> fred::bytes::Bytes {
+    use tokenbucket_rls::limiter::key::{bucket_key, descriptor_tag, KeyOrigin};
+    use tokenbucket_rls::rules::BucketValue;
+    use tokenbucket_rls::store::redis::{redis_key, tag_hash};
+    let tag = descriptor_tag(
+        KeyOrigin::Rule,
+        domain,
+        entries.iter().map(|(k, v)| (*k, BucketValue::Value(v))),
+    );
+    redis_key(tag_hash(&tag), &bucket_key(&tag, id))
+}

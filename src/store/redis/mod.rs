@@ -24,6 +24,7 @@ mod reach;
 mod redirect;
 mod reply;
 pub mod resp;
+pub mod sentinel;
 mod tls_config;
 pub mod url;
 
@@ -159,6 +160,9 @@ pub struct RedisStore {
     status: Arc<RwLock<RedisStatus>>,
     /// Where calls sent again after `TRYAGAIN` are counted.
     metrics: Option<Arc<Metrics>>,
+    /// For a `redis-sentinel://` URL: the sentinels, asked again at once
+    /// when a decision meets `READONLY`.
+    sentinels: Option<Arc<sentinel::Sentinels>>,
 }
 
 impl RedisStore {
@@ -184,7 +188,10 @@ impl RedisStore {
             pool_size: settings.pool_size,
             serving_threads: settings.serving_threads,
             batch: settings.batch.unwrap_or(match config.server {
-                ServerConfig::Clustered { .. } => batch::DEFAULT_MAX,
+                // a primary found through sentinels is a Redis, not a proxy
+                ServerConfig::Clustered { .. } | ServerConfig::Sentinel { .. } => {
+                    batch::DEFAULT_MAX
+                }
                 _ => 1,
             }),
             command_timeout: settings.timeout,
@@ -201,7 +208,13 @@ impl RedisStore {
         } else {
             Duration::ZERO
         };
+        let mut sentinels = None;
         let (cluster, routing) = match &config.server {
+            ServerConfig::Sentinel { .. } => {
+                let (watched, routing) = sentinel::connect(&config, &recipe, &redacted).await?;
+                sentinels = Some(watched);
+                (None, routing)
+            }
             ServerConfig::Clustered { .. } => {
                 // one connection per primary is plenty for redirections
                 let cluster = ClientRecipe {
@@ -240,6 +253,9 @@ impl RedisStore {
         if let Some(cluster) = &cluster {
             nodes::spawn_refresh(cluster.clone(), recipe.clone(), Arc::downgrade(&routing));
         }
+        if let Some(watched) = &sentinels {
+            sentinel::spawn_watch(watched.clone(), recipe.clone(), Arc::downgrade(&routing));
+        }
         let store = Self {
             recipe: cluster.is_some().then(|| recipe.clone()),
             cluster,
@@ -265,6 +281,7 @@ impl RedisStore {
             },
             status: Arc::default(),
             metrics: None,
+            sentinels,
         };
         if reached.is_ok() {
             store.check_eviction_policy().await;
@@ -465,7 +482,15 @@ impl RedisStore {
                 self.run_on(script, &node, keys, args, options).await
             };
             let redirect = match &result {
-                Err(e) => redirect_of(e),
+                Err(e) => {
+                    // a demoted primary: the sentinels are asked again now
+                    if let Some(sentinels) = &self.sentinels {
+                        if e.details().contains("READONLY") {
+                            sentinels.wake();
+                        }
+                    }
+                    redirect_of(e)
+                }
                 Ok(_) => None,
             };
             match redirect {

@@ -158,7 +158,7 @@ impl NodeClients {
     }
 
     /// Closes both, in the background.
-    fn close(self) {
+    pub(super) fn close(self) {
         tokio::spawn(async move {
             let _ = self.pool.quit().await;
             let _ = self.probe.quit().await;

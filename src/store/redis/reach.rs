@@ -17,7 +17,10 @@ pub async fn reach(server: &ServerConfig) -> Result<(), String> {
             hosts.iter().map(|h| (h.host.to_string(), h.port)).collect()
         }
         ServerConfig::Unix { path } => return reach_socket(path).await,
-        _ => return Ok(()),
+        // the sentinels: whether any answers
+        ServerConfig::Sentinel { hosts, .. } => {
+            hosts.iter().map(|h| (h.host.to_string(), h.port)).collect()
+        }
     };
     let mut why = Vec::new();
     for (host, port) in servers {

@@ -4,7 +4,11 @@
 //! `rediss-cluster://…` (seed nodes of a cluster), with `user:password@`
 //! allowed. fred lists extra cluster seeds as `?node=h:p` parameters instead.
 //! And a server on a unix socket: `unix:///path/to/redis.sock` (or
-//! `redis+unix://`), with `user:password@` before the path.
+//! `redis+unix://`), with `user:password@` before the path. And a primary
+//! found through Redis Sentinel: `redis-sentinel://h1:p1,h2:p2/master-name`
+//! (`rediss-sentinel://` for TLS to the sentinels and the servers), with
+//! `user:password@` for the servers and `?sentinel_password=…` (and
+//! `sentinel_username=…`) for the sentinels.
 
 use std::path::PathBuf;
 
@@ -17,6 +21,7 @@ pub fn parse(url: &str) -> Result<Config, String> {
         .ok_or_else(|| format!("'{}' is not a Redis URL (expected redis://, rediss://, redis-cluster:// or rediss-cluster://)", redact(url)))?;
     let fred_url = match scheme {
         "unix" | "redis+unix" => return unix(url, rest),
+        "redis-sentinel" | "rediss-sentinel" => return sentinel(url, scheme, rest),
         "redis" | "rediss" => url.to_string(),
         "redis-cluster" | "rediss-cluster" => {
             let (auth, hosts) = match rest.rsplit_once('@') {
@@ -44,7 +49,7 @@ pub fn parse(url: &str) -> Result<Config, String> {
         }
         other => {
             return Err(format!(
-                "unsupported Redis URL scheme '{other}' (expected redis, rediss, redis-cluster, rediss-cluster or unix)"
+                "unsupported Redis URL scheme '{other}' (expected redis, rediss, redis-cluster, rediss-cluster, redis-sentinel, rediss-sentinel or unix)"
             ))
         }
     };
@@ -93,6 +98,105 @@ fn unix(url: &str, rest: &str) -> Result<Config, String> {
     })
 }
 
+/// `redis-sentinel://[user:password@]h1:p1[,h2:p2…]/master-name[?sentinel_password=…&sentinel_username=…]`:
+/// the sentinels to ask and the master's name; the credentials before `@`
+/// are the servers', those in the parameters the sentinels'.
+fn sentinel(url: &str, scheme: &str, rest: &str) -> Result<Config, String> {
+    let shown = redact(url);
+    let (rest, query) = match rest.split_once('?') {
+        Some((r, q)) => (r, Some(q)),
+        None => (rest, None),
+    };
+    let (auth, rest) = match rest.rsplit_once('@') {
+        Some((auth, rest)) => (Some(auth), rest),
+        None => (None, rest),
+    };
+    let (hosts, master) = rest.split_once('/').ok_or_else(|| {
+        format!("'{shown}' names no master: redis-sentinel://host:port,host:port/master-name")
+    })?;
+    let master = urlencoding_decode(master.trim_end_matches('/'))
+        .filter(|m| !m.is_empty() && !m.contains('/'))
+        .ok_or_else(|| {
+            format!("'{shown}' names no master: redis-sentinel://host:port,host:port/master-name")
+        })?;
+    let mut sentinels = Vec::new();
+    for host in hosts.split(',').map(str::trim).filter(|h| !h.is_empty()) {
+        let (name, port) = host
+            .rsplit_once(':')
+            .and_then(|(h, p)| Some((h, p.parse::<u16>().ok().filter(|p| *p > 0)?)))
+            .ok_or_else(|| format!("'{shown}': the sentinel '{host}' is not host:port"))?;
+        sentinels.push((
+            name.trim_start_matches('[')
+                .trim_end_matches(']')
+                .to_string(),
+            port,
+        ));
+    }
+    if sentinels.is_empty() {
+        return Err(format!("'{shown}' names no sentinel"));
+    }
+    let decode = |s: &str| {
+        urlencoding_decode(s).ok_or_else(|| format!("'{shown}': a badly escaped user or password"))
+    };
+    let (username, password) = match auth {
+        None => (None, None),
+        Some(auth) => {
+            let (user, password) = auth.split_once(':').unwrap_or(("", auth));
+            (
+                (!user.is_empty()).then(|| decode(user)).transpose()?,
+                Some(decode(password)?),
+            )
+        }
+    };
+    let (mut sentinel_username, mut sentinel_password) = (None, None);
+    for pair in query
+        .into_iter()
+        .flat_map(|q| q.split('&'))
+        .filter(|p| !p.is_empty())
+    {
+        match pair.split_once('=') {
+            Some(("sentinel_password", v)) => sentinel_password = Some(decode(v)?),
+            Some(("sentinel_username", v)) => sentinel_username = Some(decode(v)?),
+            _ => {
+                let name = pair.split_once('=').map_or(pair, |(k, _)| k);
+                return Err(format!(
+                    "'{shown}': unknown parameter '{name}' (a sentinel URL takes sentinel_password and sentinel_username)"
+                ));
+            }
+        }
+    }
+    if sentinel_username.is_some() && sentinel_password.is_none() {
+        return Err(format!(
+            "'{shown}': sentinel_username without sentinel_password"
+        ));
+    }
+    let tls = if scheme == "rediss-sentinel" {
+        Some(
+            fred::types::config::TlsConnector::default_rustls()
+                .map_err(|e| format!("'{shown}': cannot set up TLS: {e}"))?
+                .into(),
+        )
+    } else {
+        None
+    };
+    let mut server = ServerConfig::new_sentinel(sentinels, master);
+    if let ServerConfig::Sentinel {
+        username: su,
+        password: sp,
+        ..
+    } = &mut server
+    {
+        (*su, *sp) = (sentinel_username, sentinel_password);
+    }
+    Ok(Config {
+        server,
+        username,
+        password,
+        tls,
+        ..Config::default()
+    })
+}
+
 /// `%XX` escapes decoded (a user or password in a URL); `None` for a bad
 /// escape or bytes that are not UTF-8.
 fn urlencoding_decode(s: &str) -> Option<String> {
@@ -114,6 +218,19 @@ fn urlencoding_decode(s: &str) -> Option<String> {
 
 /// The URL with any password replaced, for messages and logs.
 pub fn redact(url: &str) -> String {
+    // a sentinel URL's own password, a parameter
+    if let Some((head, query)) = url.split_once('?') {
+        if query.contains("sentinel_password=") {
+            let query: Vec<String> = query
+                .split('&')
+                .map(|p| match p.split_once('=') {
+                    Some(("sentinel_password", _)) => "sentinel_password=***".to_string(),
+                    _ => p.to_string(),
+                })
+                .collect();
+            return format!("{}?{}", redact(head), query.join("&"));
+        }
+    }
     match (url.split_once("://"), url.rfind('@')) {
         (Some((scheme, rest)), Some(_)) => {
             let (auth, hosts) = rest.rsplit_once('@').unwrap_or(("", rest));
@@ -164,6 +281,59 @@ mod tests {
         assert_eq!(c.password.as_deref(), Some("p"));
         let single = parse("redis-cluster://127.0.0.1:7000").expect("valid");
         assert!(single.server.is_clustered());
+    }
+
+    #[test]
+    fn sentinel_urls_name_the_sentinels_and_the_master() {
+        let c = parse("redis-sentinel://u:p%40ss@127.0.0.1:26379,[::1]:26380/my%20master?sentinel_password=s3&sentinel_username=watch")
+            .expect("valid");
+        match &c.server {
+            ServerConfig::Sentinel {
+                hosts,
+                service_name,
+                username,
+                password,
+            } => {
+                let hosts: Vec<(String, u16)> =
+                    hosts.iter().map(|h| (h.host.to_string(), h.port)).collect();
+                assert_eq!(
+                    hosts,
+                    [("127.0.0.1".to_string(), 26379), ("::1".to_string(), 26380)]
+                );
+                assert_eq!(service_name, "my master");
+                assert_eq!(
+                    (username.as_deref(), password.as_deref()),
+                    (Some("watch"), Some("s3"))
+                );
+            }
+            other => panic!("sentinel, got {other:?}"),
+        }
+        assert_eq!(
+            (c.username.as_deref(), c.password.as_deref()),
+            (Some("u"), Some("p@ss"))
+        );
+        assert!(c.tls.is_none());
+        assert!(parse("rediss-sentinel://h:26379/m")
+            .expect("valid")
+            .tls
+            .is_some());
+        for (bad, says) in [
+            ("redis-sentinel://h:26379", "names no master"),
+            ("redis-sentinel://h:26379/", "names no master"),
+            ("redis-sentinel:///m", "names no sentinel"),
+            ("redis-sentinel://h/m", "is not host:port"),
+            ("redis-sentinel://h:0/m", "is not host:port"),
+            ("redis-sentinel://h:1/m?db=2", "unknown parameter 'db'"),
+            (
+                "redis-sentinel://h:1/m?sentinel_username=x",
+                "without sentinel_password",
+            ),
+        ] {
+            let e = parse(bad).expect_err(bad);
+            assert!(e.contains(says), "{bad}: {e}");
+        }
+        let shown = redact("redis-sentinel://u:hunter2@h:1/m?sentinel_password=hunter3");
+        assert!(!shown.contains("hunter"), "{shown}");
     }
 
     #[test]

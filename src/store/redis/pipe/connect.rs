@@ -17,8 +17,8 @@ use crate::store::redis::resp::encode;
 /// Where to connect, and how.
 #[derive(Clone)]
 pub struct Target {
-    pub(super) host: String,
-    pub(super) port: u16,
+    pub(in crate::store::redis) host: String,
+    pub(in crate::store::redis) port: u16,
     /// A server on a unix socket (then `host` shows its path, `port` is 0).
     pub(super) unix: Option<std::path::PathBuf>,
     /// `rediss://`: the connector and the name to check.
@@ -74,11 +74,14 @@ impl Target {
 }
 
 /// A connection's byte stream: TCP, or TLS over it.
-pub(super) trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
+pub(in crate::store::redis) trait Io:
+    AsyncRead + AsyncWrite + Unpin + Send
+{
+}
 impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
 
 /// A connection to `target`, authenticated, within its connect timeout.
-pub(super) async fn open(target: &Target) -> Result<Box<dyn Io>, RedisError> {
+pub(in crate::store::redis) async fn open(target: &Target) -> Result<Box<dyn Io>, RedisError> {
     let io = |e: std::io::Error| RedisError::new(ErrorKind::IO, e.to_string());
     let connect = async {
         let mut stream: Box<dyn Io> = match (&target.unix, &target.tls) {
@@ -117,6 +120,34 @@ pub(super) async fn open(target: &Target) -> Result<Box<dyn Io>, RedisError> {
                 "Redis connect timed out",
             ))
         })
+}
+
+/// Sends one command on `stream` and reads its reply (a connection that
+/// carries nothing else: a sentinel's, a role check's).
+pub(in crate::store::redis) async fn request(
+    stream: &mut Box<dyn Io>,
+    command: &[&[u8]],
+) -> Result<BytesFrame, RedisError> {
+    let io = |e: std::io::Error| RedisError::new(ErrorKind::IO, e.to_string());
+    stream
+        .write_all(&encode(command.iter().copied()))
+        .await
+        .map_err(io)?;
+    stream.flush().await.map_err(io)?;
+    let mut buf = BytesMut::with_capacity(256);
+    loop {
+        if stream.read_buf(&mut buf).await.map_err(io)? == 0 {
+            return Err(RedisError::new(
+                ErrorKind::IO,
+                "Redis closed the connection",
+            ));
+        }
+        match decode_bytes_mut(&mut buf) {
+            Ok(Some((frame, _, _))) => return Ok(frame),
+            Ok(None) => {}
+            Err(e) => return Err(RedisError::new(ErrorKind::Protocol, e.to_string())),
+        }
+    }
 }
 
 /// Sends `command` and expects `+OK`.

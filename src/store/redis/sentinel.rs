@@ -1,0 +1,472 @@
+//! Redis Sentinel: which server is the primary of a named master, asked of
+//! the sentinels, checked with `ROLE`, and followed through failovers.
+//!
+//! A `redis-sentinel://` URL names the sentinels and the master. At start
+//! and then every [`SENTINEL_REFRESH`] (or at once when a decision meets a
+//! `READONLY` answer: [`Sentinels::wake`]), every sentinel is asked
+//! `SENTINEL GET-MASTER-ADDR-BY-NAME`; the address most of those that answer
+//! name (the earlier sentinel in the URL breaking a tie) is taken only if
+//! that server says it is a primary (`ROLE`), so a sentinel that has not yet
+//! seen a failover, or that disagrees with the others, cannot send
+//! decisions to a replica. When the primary changes, the routing's one node
+//! is replaced by connections to the new primary and the old ones close:
+//! decisions in flight on them are answered as they stand (an error if
+//! the connection goes first), never sent again.
+//!
+//! What the sentinels said is read by [`agree`], pure; the asking (one
+//! connection kept per sentinel, within [`CLIENT_STALL_BOUND`]) and the
+//! watch are the I/O around it.
+//!
+//! **Layer:** store (the Redis store's rooms). Uses the pipes' connect
+//! (TCP, TLS, `AUTH`) and the RESP wire; builds [`nodes::Routing`].
+
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use fred::types::config::{Config, Server, ServerConfig};
+use parking_lot::RwLock;
+use redis_protocol::resp2::types::BytesFrame;
+use tokio::sync::{Mutex, Notify};
+
+use super::nodes::{ClientRecipe, NodeClients, Routing, CLIENT_STALL_BOUND};
+use super::pipe::{open_connection, request, Io, Target};
+
+/// How often the sentinels are asked again.
+pub const SENTINEL_REFRESH: Duration = Duration::from_millis(100);
+
+/// What one sentinel said about the master.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Said {
+    /// The primary's address.
+    Primary(String, u16),
+    /// No master of that name (a nil reply).
+    Unknown,
+    /// No answer: why.
+    Failed(String),
+}
+
+/// What the sentinels said together.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Agreement {
+    /// The addresses named, most named first (ties: the earlier sentinel),
+    /// with how many named each.
+    pub candidates: Vec<((String, u16), usize)>,
+    /// The sentinels that know no master of that name.
+    pub unknown: Vec<String>,
+    /// The sentinels that did not answer, and why.
+    pub failed: Vec<(String, String)>,
+}
+
+impl Agreement {
+    /// Sentinels answered, and none named a primary: the name is wrong.
+    pub fn unknown_master(&self) -> bool {
+        self.candidates.is_empty() && !self.unknown.is_empty()
+    }
+
+    /// Several addresses named.
+    pub fn disagree(&self) -> bool {
+        self.candidates.len() > 1
+    }
+}
+
+/// Reads the sentinels' answers (in the URL's order).
+pub fn agree(said: &[(String, Said)]) -> Agreement {
+    let mut candidates: Vec<((String, u16), usize)> = Vec::new();
+    let (mut unknown, mut failed) = (Vec::new(), Vec::new());
+    for (sentinel, answer) in said {
+        match answer {
+            Said::Primary(host, port) => {
+                match candidates
+                    .iter_mut()
+                    .find(|((h, p), _)| h == host && p == port)
+                {
+                    Some((_, votes)) => *votes += 1,
+                    None => candidates.push(((host.clone(), *port), 1)),
+                }
+            }
+            Said::Unknown => unknown.push(sentinel.clone()),
+            Said::Failed(why) => failed.push((sentinel.clone(), why.clone())),
+        }
+    }
+    // stable: among equals, the first named stays first
+    candidates.sort_by_key(|c| std::cmp::Reverse(c.1));
+    Agreement {
+        candidates,
+        unknown,
+        failed,
+    }
+}
+
+/// One sentinel: where it is, and the connection kept to it.
+struct Sentinel {
+    name: String,
+    target: Target,
+    connection: Mutex<Option<Box<dyn Io>>>,
+}
+
+impl Sentinel {
+    /// `SENTINEL GET-MASTER-ADDR-BY-NAME master`, within the stall bound.
+    async fn ask(&self, master: &str) -> Said {
+        let mut connection = self.connection.lock().await;
+        let asked = tokio::time::timeout(CLIENT_STALL_BOUND, async {
+            if connection.is_none() {
+                *connection = Some(
+                    open_connection(&self.target)
+                        .await
+                        .map_err(|e| e.to_string())?,
+                );
+            }
+            let Some(io) = connection.as_mut() else {
+                return Err("no connection".to_string());
+            };
+            let command: [&[u8]; 3] = [b"SENTINEL", b"GET-MASTER-ADDR-BY-NAME", master.as_bytes()];
+            request(io, &command).await.map_err(|e| e.to_string())
+        })
+        .await
+        .unwrap_or_else(|_| Err(format!("no answer within {CLIENT_STALL_BOUND:?}")));
+        let said = match asked {
+            Ok(frame) => said_of(&frame),
+            Err(why) => Said::Failed(why),
+        };
+        if matches!(said, Said::Failed(_)) {
+            // a connection in an unknown state is not used again
+            *connection = None;
+        }
+        said
+    }
+}
+
+/// A sentinel's reply read.
+fn said_of(frame: &BytesFrame) -> Said {
+    match frame {
+        BytesFrame::Null => Said::Unknown,
+        BytesFrame::Array(parts) => match parts.as_slice() {
+            [BytesFrame::BulkString(host), BytesFrame::BulkString(port)] => {
+                let host = String::from_utf8_lossy(host).to_string();
+                match std::str::from_utf8(port).ok().and_then(|p| p.parse().ok()) {
+                    Some(port) => Said::Primary(host, port),
+                    None => Said::Failed(format!("a port that is not a number: {port:?}")),
+                }
+            }
+            [] => Said::Unknown,
+            _ => Said::Failed("an address that is not [host, port]".into()),
+        },
+        BytesFrame::Error(e) => Said::Failed(e.to_string()),
+        other => Said::Failed(format!("an unexpected reply: {other:?}")),
+    }
+}
+
+/// The sentinels of one master.
+pub struct Sentinels {
+    master: String,
+    sentinels: Vec<Sentinel>,
+    /// Asks the watch to look again now.
+    wake: Arc<Notify>,
+}
+
+impl Sentinels {
+    /// The sentinels a `redis-sentinel://` configuration names; `None` for
+    /// any other configuration.
+    pub fn of(config: &Config) -> Option<Self> {
+        let ServerConfig::Sentinel {
+            hosts,
+            service_name,
+            username,
+            password,
+        } = &config.server
+        else {
+            return None;
+        };
+        let sentinels = hosts
+            .iter()
+            .filter_map(|server| {
+                let mut own = config.clone();
+                own.server = ServerConfig::Centralized {
+                    server: server.clone(),
+                };
+                (own.username, own.password) = (username.clone(), password.clone());
+                Some(Sentinel {
+                    name: format!("{}:{}", server.host, server.port),
+                    target: Target::of(&own, CLIENT_STALL_BOUND)?,
+                    connection: Mutex::new(None),
+                })
+            })
+            .collect();
+        Some(Self {
+            master: service_name.clone(),
+            sentinels,
+            wake: Arc::new(Notify::new()),
+        })
+    }
+
+    pub fn master(&self) -> &str {
+        &self.master
+    }
+
+    /// Asks the watch to ask the sentinels again now (a decision met
+    /// `READONLY`: its server is no longer the primary).
+    pub fn wake(&self) {
+        self.wake.notify_one();
+    }
+
+    /// What every sentinel says, asked together.
+    pub async fn ask(&self) -> Agreement {
+        let answers = futures::future::join_all(
+            self.sentinels
+                .iter()
+                .map(|s| async { (s.name.clone(), s.ask(&self.master).await) }),
+        )
+        .await;
+        agree(&answers)
+    }
+
+    /// The primary: the candidate most sentinels name that says it is one;
+    /// else why none is.
+    pub async fn primary(&self, recipe: &ClientRecipe) -> Result<(Server, Agreement), NoPrimary> {
+        let agreement = self.ask().await;
+        if agreement.unknown_master() {
+            return Err(NoPrimary {
+                why: format!(
+                    "the sentinels {} know no master named '{}'",
+                    agreement.unknown.join(", "),
+                    self.master
+                ),
+                unknown_master: true,
+            });
+        }
+        let mut why = Vec::new();
+        for ((host, port), _) in &agreement.candidates {
+            let server = Server::new(host.as_str(), *port);
+            match role(recipe, &server).await {
+                Ok(role) if role == "master" => return Ok((server, agreement)),
+                Ok(role) => why.push(format!("{host}:{port} is a {role}")),
+                Err(e) => why.push(format!("{host}:{port}: {e}")),
+            }
+        }
+        for (sentinel, e) in &agreement.failed {
+            why.push(format!("sentinel {sentinel}: {e}"));
+        }
+        if why.is_empty() {
+            why.push("no sentinel named one".into());
+        }
+        Err(NoPrimary {
+            why: format!("no primary for '{}': {}", self.master, why.join("; ")),
+            unknown_master: false,
+        })
+    }
+}
+
+/// Why no primary was found.
+#[derive(Debug)]
+pub struct NoPrimary {
+    pub why: String,
+    /// The sentinels that answered know no master of that name.
+    pub unknown_master: bool,
+}
+
+/// `ROLE` of `server` ("master", "slave", …), on a connection of its own.
+async fn role(recipe: &ClientRecipe, server: &Server) -> Result<String, String> {
+    let target = Target::of(&recipe.for_server(server), CLIENT_STALL_BOUND)
+        .ok_or("a TLS set-up the connections cannot use")?;
+    let asked = tokio::time::timeout(CLIENT_STALL_BOUND, async {
+        let mut io = open_connection(&target).await.map_err(|e| e.to_string())?;
+        request(&mut io, &[b"ROLE"])
+            .await
+            .map_err(|e| e.to_string())
+    })
+    .await
+    .unwrap_or_else(|_| Err(format!("no answer within {CLIENT_STALL_BOUND:?}")))?;
+    match asked {
+        BytesFrame::Array(parts) => match parts.first() {
+            Some(BytesFrame::BulkString(role)) => Ok(String::from_utf8_lossy(role).to_string()),
+            _ => Err("an empty ROLE reply".into()),
+        },
+        BytesFrame::Error(e) => Err(e.to_string()),
+        other => Err(format!("an unexpected ROLE reply: {other:?}")),
+    }
+}
+
+/// The routing of one primary found through the sentinels.
+pub fn routing_of(recipe: &ClientRecipe, server: &Server) -> Result<Routing, String> {
+    let clients = NodeClients::connect(recipe, recipe.for_server(server))?;
+    Ok(Routing::single(
+        Arc::from(format!("{}:{}", server.host, server.port)),
+        clients,
+    ))
+}
+
+/// The sentinels of `config` (a `redis-sentinel://` URL) and the routing
+/// to the primary they name now. A master no sentinel knows stops the
+/// start (a wrong name, not an outage); sentinels or a primary that do not
+/// answer leave the routing empty (the rules' failure modes answer) until
+/// the watch finds the primary.
+pub async fn connect(
+    config: &Config,
+    recipe: &ClientRecipe,
+    shown: &str,
+) -> Result<(Arc<Sentinels>, Routing), String> {
+    let sentinels = Sentinels::of(config)
+        .filter(|s| !s.sentinels.is_empty())
+        .ok_or_else(|| format!("'{shown}': no sentinel the connections can reach"))?;
+    let routing = match sentinels.primary(recipe).await {
+        Ok((server, agreement)) => {
+            let routing = routing_of(recipe, &server)?;
+            routing.nodes[0].clients.wait(Duration::from_secs(2)).await;
+            tracing::info!(
+                master = %sentinels.master,
+                primary = %routing.nodes[0].name,
+                sentinels_answering = agreement.candidates.iter().map(|c| c.1).sum::<usize>(),
+                "Redis Sentinel: primary found"
+            );
+            routing
+        }
+        Err(e) if e.unknown_master => return Err(format!("'{shown}': {}", e.why)),
+        Err(e) => {
+            tracing::warn!(url = %shown, "Redis Sentinel: {} at start-up; failure policies answer until a primary is found (asked again every {SENTINEL_REFRESH:?})", e.why);
+            Routing::default()
+        }
+    };
+    Ok((Arc::new(sentinels), routing))
+}
+
+/// Asks the sentinels every [`SENTINEL_REFRESH`] (or when woken) while the
+/// routing lives, and moves it to the primary they name when it changes.
+pub fn spawn_watch(
+    sentinels: Arc<Sentinels>,
+    recipe: ClientRecipe,
+    routing: Weak<RwLock<Arc<Routing>>>,
+) {
+    tokio::spawn(async move {
+        // what was last said of a failure, said again only when it changes
+        let mut last_problem = String::new();
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep(SENTINEL_REFRESH) => {}
+                () = sentinels.wake.notified() => {}
+            }
+            let Some(shared) = routing.upgrade() else {
+                return;
+            };
+            let current = shared.read().nodes.first().map(|n| n.name.clone());
+            drop(shared);
+            let problem = match sentinels.primary(&recipe).await {
+                Ok((server, agreement)) => {
+                    let name = format!("{}:{}", server.host, server.port);
+                    let mut problem = String::new();
+                    if agreement.disagree() {
+                        problem = format!(
+                            "the sentinels of '{}' disagree: {}; following {name}, which says it is the primary",
+                            sentinels.master,
+                            agreement
+                                .candidates
+                                .iter()
+                                .map(|((h, p), n)| format!("{h}:{p} (named by {n})"))
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        );
+                    }
+                    if current.as_deref() != Some(name.as_str()) {
+                        match routing_of(&recipe, &server) {
+                            Ok(next) => {
+                                let Some(shared) = routing.upgrade() else {
+                                    return;
+                                };
+                                next.nodes[0].clients.wait(CLIENT_STALL_BOUND).await;
+                                let old = std::mem::replace(&mut *shared.write(), Arc::new(next));
+                                tracing::warn!(
+                                    master = %sentinels.master,
+                                    primary = %name,
+                                    was = current.as_deref().unwrap_or("none"),
+                                    "Redis Sentinel: the primary changed; decisions go to the new one"
+                                );
+                                for node in &old.nodes {
+                                    node.clients.clone().close();
+                                }
+                            }
+                            Err(e) => problem = e,
+                        }
+                    }
+                    problem
+                }
+                Err(e) => e.why,
+            };
+            if problem != last_problem {
+                if !problem.is_empty() {
+                    tracing::warn!(master = %sentinels.master, "Redis Sentinel: {problem}");
+                }
+                last_problem = problem;
+            }
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn named(host: &str, port: u16) -> Said {
+        Said::Primary(host.into(), port)
+    }
+
+    #[test]
+    fn the_address_most_sentinels_name_comes_first() {
+        let a = agree(&[
+            ("s1".into(), named("10.0.0.1", 6379)),
+            ("s2".into(), named("10.0.0.2", 6379)),
+            ("s3".into(), named("10.0.0.2", 6379)),
+        ]);
+        assert_eq!(
+            a.candidates,
+            [
+                (("10.0.0.2".into(), 6379), 2),
+                (("10.0.0.1".into(), 6379), 1)
+            ]
+        );
+        assert!(a.disagree());
+        assert!(!a.unknown_master());
+    }
+
+    #[test]
+    fn a_tie_goes_to_the_earlier_sentinel() {
+        let a = agree(&[
+            ("s1".into(), named("a", 1)),
+            ("s2".into(), named("b", 2)),
+            ("s3".into(), Said::Failed("refused".into())),
+        ]);
+        assert_eq!(a.candidates[0].0, ("a".to_string(), 1));
+        assert_eq!(a.failed, [("s3".to_string(), "refused".to_string())]);
+    }
+
+    #[test]
+    fn an_unknown_master_is_told_from_no_answer() {
+        let unknown = agree(&[
+            ("s1".into(), Said::Unknown),
+            ("s2".into(), Said::Failed("refused".into())),
+        ]);
+        assert!(unknown.unknown_master());
+        let silent = agree(&[("s1".into(), Said::Failed("refused".into()))]);
+        assert!(!silent.unknown_master());
+        // one sentinel that knows it is enough
+        let known = agree(&[("s1".into(), Said::Unknown), ("s2".into(), named("a", 1))]);
+        assert!(!known.unknown_master());
+    }
+
+    #[test]
+    fn replies_are_read() {
+        use fred::bytes::Bytes;
+        let bulk = |s: &str| BytesFrame::BulkString(Bytes::from(s.to_string()));
+        assert_eq!(
+            said_of(&BytesFrame::Array(vec![bulk("127.0.0.1"), bulk("6380")])),
+            named("127.0.0.1", 6380)
+        );
+        assert_eq!(said_of(&BytesFrame::Null), Said::Unknown);
+        assert!(matches!(
+            said_of(&BytesFrame::Array(vec![bulk("h"), bulk("x")])),
+            Said::Failed(_)
+        ));
+        assert!(matches!(
+            said_of(&BytesFrame::Error("NOAUTH".into())),
+            Said::Failed(_)
+        ));
+    }
+}
