@@ -265,3 +265,59 @@ async fn sentinels_that_do_not_answer_leave_the_failure_mode_answering() {
     assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}");
     s.shutdown().await.expect("stop");
 }
+
+/// The binary started with envoyproxy/ratelimit's environment for
+/// Sentinel (`REDIS_TYPE=sentinel`, `REDIS_URL=master,sentinel,…`), the
+/// sentinels asking for a password of their own (`REDIS_SENTINEL_AUTH`):
+/// decisions land on the primary.
+#[tokio::test]
+async fn envoyproxy_ratelimits_sentinel_settings_reach_the_primary() {
+    let set = SentinelSet::start();
+    let primary = set.servers[set.primary()].port;
+    for s in &set.sentinels {
+        assert_eq!(
+            s.cli(&["ACL", "SETUSER", "default", "on", ">watch"]).trim(),
+            "OK"
+        );
+    }
+    let rules = rules_dir(RULES);
+    let (grpc, admin) = (common::free_port(), common::free_port());
+    let sentinels: Vec<String> = set
+        .sentinels
+        .iter()
+        .map(|s| format!("127.0.0.1:{}", s.port))
+        .collect();
+    let _child = common::ChildGuard(
+        common::binary_without_rls_env()
+            .env("RUNTIME_ROOT", rules.path())
+            .env("RUNTIME_SUBDIRECTORY", ".")
+            .env("RUNTIME_APPDIRECTORY", ".")
+            .env("GRPC_HOST", "127.0.0.1")
+            .env("GRPC_PORT", grpc.to_string())
+            .env("HOST", "127.0.0.1")
+            .env("PORT", admin.to_string())
+            .env("REDIS_TYPE", "sentinel")
+            .env(
+                "REDIS_URL",
+                format!("{},{}", common::sentinel::MASTER, sentinels.join(",")),
+            )
+            .env("REDIS_SENTINEL_AUTH", "watch")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start the binary"),
+    );
+    common::until_ok(&format!("http://127.0.0.1:{admin}/readyz"), "ready").await;
+    let mut c = envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient::connect(format!("http://127.0.0.1:{grpc}"))
+        .await
+        .expect("connect");
+    for _ in 0..3 {
+        let r = c
+            .should_rate_limit(request("d", vec![descriptor(&[("hot", "env")])]))
+            .await
+            .expect("decided on the primary")
+            .into_inner();
+        assert_eq!(r.overall_code, Code::Ok as i32);
+    }
+    assert_eq!(tokens_on(primary, "env").await.round(), BURST - 3.0);
+}

@@ -96,7 +96,8 @@ pub struct ServeArgs {
     /// Where buckets live.
     #[arg(long, env = "RLS_STORE", value_enum, default_value = "memory")]
     pub store: StoreKind,
-    /// redis://, rediss://, redis-cluster://h1:p1,h2:p2, rediss-cluster:// or
+    /// redis://, rediss://, redis-cluster://h1:p1,h2:p2, rediss-cluster://,
+    /// redis-sentinel://s1:p1,s2:p2/master, rediss-sentinel:// or
     /// unix:///path/to/redis.sock; user:password@ allowed.
     #[arg(long, env = "RLS_REDIS_URL")]
     pub redis_url: Option<String>,

@@ -193,6 +193,56 @@ fn unix_url<'a>(
     Ok(format!("unix://{auth}{path}"))
 }
 
+/// `REDIS_TYPE=sentinel`: `REDIS_URL` is `master-name,host:port[,…]` (the
+/// sentinels), `REDIS_AUTH` the servers' credentials, `REDIS_SENTINEL_AUTH`
+/// (`password` or `user:password`) the sentinels', `REDIS_TLS` for both.
+fn sentinel_url<'a>(
+    url: &'a str,
+    get: &dyn Fn(&str) -> Option<&'a str>,
+    on: &dyn Fn(&str) -> bool,
+) -> Result<String, String> {
+    let form = "with REDIS_TYPE=sentinel, REDIS_URL is master-name,host:port[,host:port…] (the master's name, then the sentinels)";
+    if url.contains("://") || url.contains('@') {
+        return Err(refused(
+            "REDIS_URL",
+            &crate::store::redis::url::redact(url),
+            form,
+        ));
+    }
+    let mut parts = url.split(',').map(str::trim).filter(|p| !p.is_empty());
+    let master = parts.next().unwrap_or_default();
+    let sentinels: Vec<&str> = parts.collect();
+    if master.contains(':') || sentinels.is_empty() {
+        return Err(refused("REDIS_URL", url, form));
+    }
+    let scheme = if on("REDIS_TLS") {
+        "rediss-sentinel"
+    } else {
+        "redis-sentinel"
+    };
+    let credentials = |a: &str| match a.split_once(':') {
+        Some((user, password)) => (Some(userinfo(user)), userinfo(password)),
+        None => (None, userinfo(a)),
+    };
+    let auth = match get("REDIS_AUTH").map(credentials) {
+        None => String::new(),
+        Some((Some(user), password)) => format!("{user}:{password}@"),
+        Some((None, password)) => format!(":{password}@"),
+    };
+    let query = match get("REDIS_SENTINEL_AUTH").map(credentials) {
+        None => String::new(),
+        Some((Some(user), password)) => {
+            format!("?sentinel_username={user}&sentinel_password={password}")
+        }
+        Some((None, password)) => format!("?sentinel_password={password}"),
+    };
+    Ok(format!(
+        "{scheme}://{auth}{}/{}{query}",
+        sentinels.join(","),
+        userinfo(master)
+    ))
+}
+
 fn userinfo(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for b in s.bytes() {
@@ -420,8 +470,18 @@ pub fn translate(env: &BTreeMap<String, String>) -> Result<Translated, String> {
                 ))
             }
         };
+        let sentinel = get("REDIS_TYPE").is_some_and(|k| k.eq_ignore_ascii_case("sentinel"));
+        if let (Some(_), false) = (get("REDIS_SENTINEL_AUTH"), sentinel) {
+            return Err(refused(
+                "REDIS_SENTINEL_AUTH",
+                "***",
+                "the sentinels' credentials, with REDIS_TYPE=sentinel only",
+            ));
+        }
         let url = if unix {
             unix_url(url, &get, &on)?
+        } else if sentinel {
+            sentinel_url(url, &get, &on)?
         } else {
             let kind = get("REDIS_TYPE").map(str::to_ascii_lowercase);
             let mut cluster = match kind.as_deref() {
@@ -431,7 +491,7 @@ pub fn translate(env: &BTreeMap<String, String>) -> Result<Translated, String> {
                     return Err(refused(
                         "REDIS_TYPE",
                         other,
-                        "Redis is single or cluster (no sentinel)",
+                        "Redis is single, cluster or sentinel",
                     ))
                 }
             };

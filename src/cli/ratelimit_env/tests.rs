@@ -113,6 +113,59 @@ fn addresses_ports_and_tls() {
 }
 
 #[test]
+fn sentinel_as_envoyproxy_ratelimit_names_it() {
+    let url = |pairs: &[(&str, &str)]| {
+        setting(
+            &translate(&env(pairs)).expect("translated"),
+            "RLS_REDIS_URL",
+        )
+        .expect("url")
+    };
+    assert_eq!(
+        url(&[
+            ("REDIS_TYPE", "sentinel"),
+            ("REDIS_URL", "mymaster,s1:26379, s2:26379")
+        ]),
+        "redis-sentinel://s1:26379,s2:26379/mymaster"
+    );
+    assert_eq!(
+        url(&[
+            ("REDIS_TYPE", "SENTINEL"),
+            ("REDIS_URL", "mymaster,s1:26379"),
+            ("REDIS_AUTH", "rls:p@ss"),
+            ("REDIS_SENTINEL_AUTH", "watch:s3"),
+            ("REDIS_TLS", "true"),
+        ]),
+        "rediss-sentinel://rls:p%40ss@s1:26379/mymaster?sentinel_username=watch&sentinel_password=s3"
+    );
+    assert_eq!(
+        url(&[
+            ("REDIS_TYPE", "sentinel"),
+            ("REDIS_URL", "m,s1:1"),
+            ("REDIS_SENTINEL_AUTH", "s3"),
+        ]),
+        "redis-sentinel://s1:1/m?sentinel_password=s3"
+    );
+    // what it becomes is a URL the store reads as such
+    let parsed = master_of(&url(&[
+        ("REDIS_TYPE", "sentinel"),
+        ("REDIS_URL", "my master,s1:1"),
+        ("REDIS_AUTH", "p"),
+    ]));
+    assert_eq!(parsed, "my master");
+}
+
+fn master_of(url: &str) -> String {
+    match crate::store::redis::url::parse(url)
+        .expect("a URL the store reads")
+        .server
+    {
+        fred::types::config::ServerConfig::Sentinel { service_name, .. } => service_name,
+        other => panic!("sentinel, got {other:?}"),
+    }
+}
+
+#[test]
 fn redis_forms() {
     let url = |pairs: &[(&str, &str)]| {
         setting(
@@ -205,7 +258,23 @@ fn what_has_a_meaning_we_lack_is_refused() {
         ),
         (
             vec![("REDIS_URL", "r:1"), ("REDIS_TYPE", "SENTINEL")],
-            "REDIS_TYPE=sentinel",
+            "REDIS_URL=r:1",
+        ),
+        (
+            vec![("REDIS_URL", "mymaster"), ("REDIS_TYPE", "sentinel")],
+            "REDIS_URL=mymaster",
+        ),
+        (
+            vec![("REDIS_URL", "redis://u:p@s:1"), ("REDIS_TYPE", "sentinel")],
+            "REDIS_URL=redis://u:***@s:1",
+        ),
+        (
+            vec![("REDIS_URL", "r:1"), ("REDIS_SENTINEL_AUTH", "x")],
+            "REDIS_SENTINEL_AUTH=***",
+        ),
+        (
+            vec![("REDIS_URL", "r:1"), ("REDIS_TYPE", "ring")],
+            "REDIS_TYPE=ring",
         ),
         (vec![("REDIS_PERSECOND", "true")], "REDIS_PERSECOND=true"),
         (vec![("USE_DOG_STATSD", "true")], "USE_DOG_STATSD=true"),
