@@ -51,7 +51,10 @@ const LEASE_RETURN_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// A started server: its bound addresses and a way to stop it.
 pub struct RunningServer {
+    /// Where gRPC is served (port 0 when it is served on `--grpc-uds`).
     pub grpc_addr: SocketAddr,
+    /// `--grpc-uds`: removed at shutdown.
+    grpc_uds: Option<std::path::PathBuf>,
     pub admin_addr: SocketAddr,
     pub rules: SharedRules,
     pub reloader: Arc<Reloader>,
@@ -91,6 +94,9 @@ impl RunningServer {
         if returned > 0 {
             tracing::info!(tokens = returned, "returned unspent lease tokens");
         }
+        if let Some(path) = &self.grpc_uds {
+            let _ = std::fs::remove_file(path);
+        }
         Ok(())
     }
 
@@ -100,6 +106,12 @@ impl RunningServer {
         self.tasks = rest;
         result.context("server task panicked")?
     }
+}
+
+/// Where gRPC is served: `--grpc-addr`, or `--grpc-uds`.
+enum GrpcListener {
+    Tcp(TcpListener),
+    Unix(tokio::net::UnixListener),
 }
 
 /// `--legacy-header-names`: three header names.
@@ -158,13 +170,26 @@ pub async fn start(args: &ServeArgs) -> Result<RunningServer> {
         },
     );
 
-    let grpc_listener = TcpListener::bind(args.grpc_addr)
-        .await
-        .with_context(|| format!("cannot listen for gRPC on {}", args.grpc_addr))?;
+    let grpc_listener = match &args.grpc_uds {
+        Some(path) => {
+            if args.tls_cert.is_some() {
+                anyhow::bail!("--grpc-uds with --tls-cert: TLS over the unix socket is not offered (a socket's permissions say who may connect)");
+            }
+            GrpcListener::Unix(serving::bind_unix(path, args.grpc_uds_mode)?)
+        }
+        None => GrpcListener::Tcp(
+            TcpListener::bind(args.grpc_addr)
+                .await
+                .with_context(|| format!("cannot listen for gRPC on {}", args.grpc_addr))?,
+        ),
+    };
     let admin_listener = TcpListener::bind(args.admin_addr)
         .await
         .with_context(|| format!("cannot listen for admin HTTP on {}", args.admin_addr))?;
-    let grpc_addr = grpc_listener.local_addr()?;
+    let grpc_addr = match &grpc_listener {
+        GrpcListener::Tcp(listener) => listener.local_addr()?,
+        GrpcListener::Unix(_) => SocketAddr::from(([0, 0, 0, 0], 0)),
+    };
     let admin_addr = admin_listener.local_addr()?;
 
     let (stop, stopped) = watch::channel(false);
@@ -200,8 +225,14 @@ pub async fn start(args: &ServeArgs) -> Result<RunningServer> {
     let grpc_stopped = until_stopped(stopped.clone());
     let threads = args.serving_threads();
     let grpc: futures::future::BoxFuture<'static, Result<()>> =
-        match (&args.tls_cert, &args.tls_key) {
-            (Some(cert), Some(key)) => {
+        match (grpc_listener, &args.tls_cert, &args.tls_key) {
+            // on the main runtime: a sidecar's one Envoy, no serving threads
+            (GrpcListener::Unix(listener), _, _) => {
+                let serve = router()
+                    .serve_with_incoming_shutdown(serving::unix_incoming(listener), grpc_stopped);
+                Box::pin(async move { serve.await.context("gRPC server failed") })
+            }
+            (GrpcListener::Tcp(grpc_listener), Some(cert), Some(key)) => {
                 let tls = ReloadingTls::load(TlsFiles {
                     cert: cert.clone(),
                     key: key.clone(),
@@ -213,14 +244,14 @@ pub async fn start(args: &ServeArgs) -> Result<RunningServer> {
                     .serve_with_incoming_shutdown(tls.incoming(grpc_listener), grpc_stopped);
                 Box::pin(async move { serve.await.context("gRPC server failed") })
             }
-            _ if threads > 0 => {
+            (GrpcListener::Tcp(grpc_listener), _, _) if threads > 0 => {
                 let serve: serving::ServeFn = Arc::new(move |incoming, stopped| {
                     Box::pin(router().serve_with_incoming_shutdown(incoming, stopped))
                 });
                 let serving = serving::start(grpc_listener, threads, serve, stopped.clone())?;
                 Box::pin(async move { serving.await.context("serving threads panicked")? })
             }
-            _ => {
+            (GrpcListener::Tcp(grpc_listener), _, _) => {
                 let serve = router().serve_with_incoming_shutdown(
                     tonic::transport::server::TcpIncoming::from(grpc_listener)
                         .with_nodelay(Some(true)),
@@ -260,6 +291,7 @@ pub async fn start(args: &ServeArgs) -> Result<RunningServer> {
     tracing::info!(
         version = env!("CARGO_PKG_VERSION"),
         %grpc_addr,
+        grpc_uds = ?args.grpc_uds,
         %admin_addr,
         store = limiter.store_name(),
         generation = rules.load().generation(),
@@ -268,6 +300,7 @@ pub async fn start(args: &ServeArgs) -> Result<RunningServer> {
     );
     Ok(RunningServer {
         grpc_addr,
+        grpc_uds: args.grpc_uds.clone(),
         admin_addr,
         rules,
         reloader,

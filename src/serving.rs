@@ -48,6 +48,64 @@ pub type ServeFn = Arc<
         + Sync,
 >;
 
+/// `--grpc-uds`: a unix socket at `path` with permissions `mode`. A socket
+/// nobody listens on (left by a process that was killed) is replaced; a
+/// live one, or a file that is not a socket, stops the start.
+pub fn bind_unix(path: &std::path::Path, mode: u32) -> Result<tokio::net::UnixListener> {
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        if !meta.file_type().is_socket() {
+            anyhow::bail!(
+                "--grpc-uds {}: a file that is not a socket is there; remove it or choose another path",
+                path.display()
+            );
+        }
+        if std::os::unix::net::UnixStream::connect(path).is_ok() {
+            anyhow::bail!(
+                "--grpc-uds {}: another process is listening on it",
+                path.display()
+            );
+        }
+        std::fs::remove_file(path).with_context(|| {
+            format!(
+                "--grpc-uds {}: cannot remove the stale socket",
+                path.display()
+            )
+        })?;
+    }
+    let listener = tokio::net::UnixListener::bind(path).with_context(|| {
+        format!(
+            "cannot listen for gRPC on the unix socket {}",
+            path.display()
+        )
+    })?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).with_context(|| {
+        format!(
+            "--grpc-uds {}: cannot set its mode {mode:o}",
+            path.display()
+        )
+    })?;
+    Ok(listener)
+}
+
+/// The connections `listener` accepts, for tonic (a failed accept is
+/// logged and skipped, as on TCP).
+pub fn unix_incoming(
+    listener: tokio::net::UnixListener,
+) -> impl futures::Stream<Item = Result<tokio::net::UnixStream, std::io::Error>> {
+    futures::stream::unfold(listener, |listener| async move {
+        loop {
+            match listener.accept().await {
+                Ok((stream, _)) => return Some((Ok(stream), listener)),
+                Err(e) => {
+                    tracing::debug!(error = %e, "cannot accept a gRPC connection on the unix socket");
+                    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                }
+            }
+        }
+    })
+}
+
 /// Starts `threads` serving threads and the acceptor that feeds them.
 /// The returned task ends when every thread has drained after `stop`.
 pub fn start(

@@ -2237,3 +2237,78 @@ async fn envoy_charges_llm_tokens_on_rules_over_xds_in_a_usage_domain() {
     assert_eq!(llm_chat(&edge, "alice", "1").await.status, 200, "repaid");
     ads.stop().await;
 }
+
+/// gRPC on a unix socket (#40): the binary started with envoyproxy/ratelimit's
+/// `GRPC_UDS`, over a stale socket file a killed process left there, serves
+/// on the socket with the stated mode (0660), and a real Envoy reaches it
+/// as a `pipe` address: the example login burst holds, then 429.
+#[tokio::test]
+async fn envoy_reaches_the_service_on_a_unix_socket() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("ratelimit.sock");
+    // a socket file nobody listens on, as a killed process leaves it
+    drop(std::os::unix::net::UnixListener::bind(&socket).expect("bind"));
+    let admin = free_port();
+    let mut rls = vec![ChildGuard(
+        common::binary_without_rls_env()
+            .env("RUNTIME_ROOT", ROOT)
+            .env("RUNTIME_SUBDIRECTORY", ".")
+            .env("RUNTIME_APPDIRECTORY", "config")
+            .env("HOST", "127.0.0.1")
+            .env("PORT", admin.to_string())
+            .env("GRPC_UDS", &socket)
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start the binary"),
+    )];
+    let client = reqwest::Client::new();
+    wait_until(
+        &client,
+        &format!("http://127.0.0.1:{admin}/readyz"),
+        &mut rls,
+    )
+    .await
+    .expect("ready");
+    let mode = std::fs::metadata(&socket)
+        .expect("the socket")
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o660, "the socket's mode: {mode:o}");
+
+    let bootstrap = std::fs::read_to_string(Path::new(ROOT).join("examples/envoy/envoy.yaml"))
+        .expect("bootstrap");
+    let tcp =
+        "        - endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: 8081}}}";
+    assert!(bootstrap.contains(tcp), "the service's endpoint");
+    let path = dir.path().join("envoy-uds.yaml");
+    std::fs::write(
+        &path,
+        bootstrap.replace(
+            tcp,
+            &format!(
+                "        - endpoint: {{address: {{pipe: {{path: {}}}}}}}",
+                socket.display()
+            ),
+        ),
+    )
+    .expect("bootstrap");
+    let envoy = envoy_in_front(&client, &path, &[]).await;
+    let mut codes = Vec::new();
+    for _ in 0..6 {
+        let r = client
+            .get(format!("{}/login", envoy.base))
+            .send()
+            .await
+            .expect("envoy answers");
+        codes.push(r.status().as_u16());
+    }
+    assert_eq!(
+        codes,
+        [200, 200, 200, 200, 200, 429],
+        "the login burst of 5, over the socket"
+    );
+    drop(envoy);
+    drop(rls);
+}

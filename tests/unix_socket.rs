@@ -1,7 +1,9 @@
 //! Redis on a unix socket (#40): `unix:///path` (ours) and
 //! envoyproxy/ratelimit's `REDIS_SOCKET_TYPE=unix` with `REDIS_URL` the
 //! path, against a real redis-server listening on a socket; and a socket
-//! that is not there answered by the failure mode, said at start.
+//! that is not there answered by the failure mode, said at start. And gRPC
+//! served on a unix socket (`--grpc-uds`): what is already at its path
+//! (tests/envoy_e2e.rs has a real Envoy reaching it).
 
 mod common;
 
@@ -110,4 +112,48 @@ async fn envoyproxy_ratelimits_unix_socket_settings_reach_it() {
         .expect("decided in Redis over the socket")
         .into_inner();
     assert_eq!(r.statuses[0].limit_remaining, 4);
+}
+
+/// `--grpc-uds` over what is already at the path: a stale socket is
+/// replaced, a live one or a file that is not a socket stops the start
+/// naming it, a mode past 777 is refused; the socket goes at shutdown.
+#[tokio::test]
+async fn grpc_on_a_unix_socket_over_what_is_there() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let rules = rules_dir(RULES);
+    let socket = dir.path().join("rls.sock");
+    let with = |path: &std::path::Path, mode: u32| {
+        let mut args = serve_args(rules.path().to_path_buf());
+        args.grpc_uds = Some(path.to_path_buf());
+        args.grpc_uds_mode = mode;
+        args
+    };
+    drop(std::os::unix::net::UnixListener::bind(&socket).expect("bind"));
+    let s = tokenbucket_rls::server::start(&with(&socket, 0o600))
+        .await
+        .expect("a stale socket is replaced");
+    let mode = std::fs::metadata(&socket)
+        .expect("socket")
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600);
+    std::os::unix::net::UnixStream::connect(&socket).expect("listening");
+    let second = tokenbucket_rls::server::start(&with(&socket, 0o660)).await;
+    let e = format!("{:#}", second.err().expect("a live socket stops the start"));
+    assert!(e.contains("another process is listening on it"), "{e}");
+    s.shutdown().await.expect("stop");
+    assert!(!socket.exists(), "the socket is removed at shutdown");
+
+    let file = dir.path().join("not-a-socket");
+    std::fs::write(&file, "keep me").expect("write");
+    let e = format!(
+        "{:#}",
+        tokenbucket_rls::server::start(&with(&file, 0o660))
+            .await
+            .err()
+            .expect("a file that is not a socket stops the start")
+    );
+    assert!(e.contains("a file that is not a socket is there"), "{e}");
+    assert_eq!(std::fs::read_to_string(&file).expect("kept"), "keep me");
 }

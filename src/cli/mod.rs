@@ -90,6 +90,15 @@ pub struct ServeArgs {
     /// Where ShouldRateLimit is served.
     #[arg(long, env = "RLS_GRPC_ADDR", default_value = "0.0.0.0:8081")]
     pub grpc_addr: SocketAddr,
+    /// Serve gRPC on this unix socket instead of --grpc-addr (a sidecar's
+    /// Envoy reaching it as a `pipe` address); a socket left by a stopped
+    /// process is replaced, any other file there stops the start.
+    #[arg(long, env = "RLS_GRPC_UDS")]
+    pub grpc_uds: Option<PathBuf>,
+    /// Permissions of the --grpc-uds socket, octal: who may connect (a
+    /// process needs write permission on a socket to connect to it).
+    #[arg(long, env = "RLS_GRPC_UDS_MODE", default_value = "660", value_parser = parse_socket_mode)]
+    pub grpc_uds_mode: u32,
     /// Where /metrics, /healthz, /readyz and /config are served.
     #[arg(long, env = "RLS_ADMIN_ADDR", default_value = "0.0.0.0:8080")]
     pub admin_addr: SocketAddr,
@@ -334,6 +343,14 @@ pub struct ServeArgs {
     pub log_format: LogFormat,
 }
 
+/// `--grpc-uds-mode`: octal permission bits, at most 777.
+fn parse_socket_mode(s: &str) -> Result<u32, String> {
+    u32::from_str_radix(s.trim_start_matches("0o"), 8)
+        .ok()
+        .filter(|m| *m <= 0o777)
+        .ok_or_else(|| format!("'{s}' is not an octal file mode such as 660 or 600"))
+}
+
 impl ServeArgs {
     /// Where rules come from when not from --config.
     /// `--quota-upstream`, `--region`, `--regions`, when this is a region.
@@ -375,5 +392,21 @@ impl ServeArgs {
     pub fn serving_threads(&self) -> usize {
         self.serving_threads
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_socket_mode;
+
+    #[test]
+    fn socket_modes_are_octal() {
+        assert_eq!(parse_socket_mode("660"), Ok(0o660));
+        assert_eq!(parse_socket_mode("0600"), Ok(0o600));
+        assert_eq!(parse_socket_mode("0o770"), Ok(0o770));
+        for bad in ["888", "1777", "rw-rw----", ""] {
+            let e = parse_socket_mode(bad).expect_err(bad);
+            assert!(e.contains("octal file mode"), "{e}");
+        }
     }
 }

@@ -321,12 +321,16 @@ pub fn translate(env: &BTreeMap<String, String>) -> Result<Translated, String> {
             set("RLS_XDS_READY_WITHOUT_RULES", "true".into());
         }
     }
+    // gRPC on a unix socket instead of GRPC_HOST:GRPC_PORT, as there
     if let Some(v) = get("GRPC_UDS") {
-        return Err(refused(
-            "GRPC_UDS",
-            v,
-            "gRPC is served on TCP only (GRPC_HOST, GRPC_PORT)",
-        ));
+        if !v.starts_with('/') {
+            return Err(refused(
+                "GRPC_UDS",
+                v,
+                "the socket's absolute path, e.g. /var/run/ratelimit/ratelimit.sock",
+            ));
+        }
+        set("RLS_GRPC_UDS", v.to_string());
     }
     if let Some(v) = get("BACKEND_TYPE").filter(|v| !v.eq_ignore_ascii_case("redis")) {
         return Err(refused(

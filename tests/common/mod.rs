@@ -36,6 +36,8 @@ pub fn serve_args(config: PathBuf) -> ServeArgs {
     ServeArgs {
         config,
         grpc_addr: any,
+        grpc_uds: None,
+        grpc_uds_mode: 0o660,
         admin_addr: any,
         store: StoreKind::Memory,
         redis_url: None,

@@ -52,6 +52,15 @@ fn istios_sample_environment() {
 }
 
 #[test]
+fn grpc_on_a_unix_socket() {
+    let t = translate(&env(&[("GRPC_UDS", "/var/run/rl/ratelimit.sock")])).expect("translated");
+    assert_eq!(
+        setting(&t, "RLS_GRPC_UDS").as_deref(),
+        Some("/var/run/rl/ratelimit.sock")
+    );
+}
+
+#[test]
 fn addresses_ports_and_tls() {
     let t = translate(&env(&[
         ("PORT", "18080"),
@@ -280,7 +289,10 @@ fn what_has_a_meaning_we_lack_is_refused() {
         (vec![("USE_DOG_STATSD", "true")], "USE_DOG_STATSD=true"),
         (vec![("BACKEND_TYPE", "memcache")], "BACKEND_TYPE=memcache"),
         (vec![("LOG_LEVEL", "loud")], "LOG_LEVEL=loud"),
-        (vec![("GRPC_UDS", "/tmp/s")], "GRPC_UDS=/tmp/s"),
+        (
+            vec![("GRPC_UDS", "ratelimit.sock")],
+            "GRPC_UDS=ratelimit.sock",
+        ),
     ] {
         let err = translate(&env(&pairs)).expect_err(named);
         assert!(err.starts_with(named), "{err}");
