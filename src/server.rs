@@ -32,6 +32,7 @@ use crate::sources::reload::Reloader;
 use crate::sources::xds::XdsSettings;
 use crate::store::breaker::Breakers;
 use crate::store::memory::MemoryStore;
+use crate::store::per_second::PerSecondSplit;
 use crate::store::redis::{RedisSettings, RedisStore};
 use crate::store::Store;
 use crate::telemetry::statsd::{self, StatsdCounters};
@@ -445,38 +446,83 @@ async fn open_store(
                 .redis_url
                 .clone()
                 .context("--store redis needs --redis-url (or RLS_REDIS_URL)")?;
-            let settings = RedisSettings {
-                url,
-                timeout: args.redis_timeout,
-                pool_size: args.redis_pool_size as usize,
-                serving_threads: args.serving_threads(),
-                batch: args.redis_batch,
-                ca_file: args.redis_ca_file.clone(),
-                client_cert: args
-                    .redis_client_cert
-                    .clone()
-                    .zip(args.redis_client_key.clone()),
-                layout: args.redis_bucket_layout,
-                key_prefix: args.redis_key_prefix.clone(),
-                skip_hostname_verification: args.redis_tls_skip_hostname_verification,
-            };
-            if settings.skip_hostname_verification {
-                tracing::warn!(
-                    "--redis-tls-skip-hostname-verification: Redis servers' certificates are checked against the CA but not their names; any certificate the CA signed is taken for any server"
-                );
-            }
-            let redis = RedisStore::connect(&settings)
-                .await
-                .map_err(anyhow::Error::msg)?
-                .with_metrics(metrics.clone());
-            let redis = Arc::new(redis);
-            redis.spawn_memory_watch(metrics.clone());
+            let (redis, settings) = open_redis(args, url, None, metrics).await?;
             // RLQS budgets are split across replicas in the same Redis
             quota_ledger = Some(Arc::new(RedisLedger::new(redis.clone())));
-            Arc::new(Breakers::new(redis, metrics.clone()))
+            let main: Arc<dyn Store> = Arc::new(Breakers::new(redis, metrics.clone()));
+            match &args.redis_persecond_url {
+                None => main,
+                Some(url) => {
+                    let per_second = PerSecondSettings {
+                        pool_size: args.redis_persecond_pool_size,
+                        timeout: args.redis_persecond_timeout,
+                    };
+                    let (redis, _) = open_redis(args, url.clone(), Some(per_second), metrics)
+                        .await
+                        .context("the per-second Redis (--redis-persecond-url)")?;
+                    tracing::info!(url = %crate::store::redis::url::redact(url), main = %crate::store::redis::url::redact(&settings.url), "rules whose every bucket refills per second are decided in the per-second Redis");
+                    Arc::new(PerSecondSplit::new(
+                        main,
+                        Arc::new(Breakers::new(redis, metrics.clone())),
+                    ))
+                }
+            }
         }
     };
+    if args.redis_persecond_url.is_some() && args.store != StoreKind::Redis {
+        anyhow::bail!("--redis-persecond-url needs --store redis: per-second rules go to a second Redis beside the first");
+    }
     Ok((store, quota_ledger))
+}
+
+/// What the per-second Redis sets apart from the main one.
+struct PerSecondSettings {
+    pool_size: Option<u32>,
+    timeout: Option<Duration>,
+}
+
+/// Connects one Redis store (the main one, or with `per_second` the
+/// per-second one) with the TLS files, layout and key prefix of `args`.
+async fn open_redis(
+    args: &ServeArgs,
+    url: String,
+    per_second: Option<PerSecondSettings>,
+    metrics: &Arc<Metrics>,
+) -> Result<(Arc<RedisStore>, RedisSettings)> {
+    let (pool_size, timeout) = match &per_second {
+        None => (args.redis_pool_size, args.redis_timeout),
+        Some(p) => (
+            p.pool_size.unwrap_or(args.redis_pool_size),
+            p.timeout.unwrap_or(args.redis_timeout),
+        ),
+    };
+    let settings = RedisSettings {
+        url,
+        timeout,
+        pool_size: pool_size as usize,
+        serving_threads: args.serving_threads(),
+        batch: args.redis_batch,
+        ca_file: args.redis_ca_file.clone(),
+        client_cert: args
+            .redis_client_cert
+            .clone()
+            .zip(args.redis_client_key.clone()),
+        layout: args.redis_bucket_layout,
+        key_prefix: args.redis_key_prefix.clone(),
+        skip_hostname_verification: args.redis_tls_skip_hostname_verification,
+    };
+    if settings.skip_hostname_verification && per_second.is_none() {
+        tracing::warn!(
+            "--redis-tls-skip-hostname-verification: Redis servers' certificates are checked against the CA but not their names; any certificate the CA signed is taken for any server"
+        );
+    }
+    let redis = RedisStore::connect(&settings)
+        .await
+        .map_err(anyhow::Error::msg)?
+        .with_metrics(metrics.clone());
+    let redis = Arc::new(redis);
+    redis.spawn_memory_watch(metrics.clone());
+    Ok((redis, settings))
 }
 
 /// Step 5: the limiter over the store and, on a region, its share of the

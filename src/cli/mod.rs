@@ -110,6 +110,17 @@ pub struct ServeArgs {
     /// unix:///path/to/redis.sock; user:password@ allowed.
     #[arg(long, env = "RLS_REDIS_URL")]
     pub redis_url: Option<String>,
+    /// A second Redis for the rules whose every bucket refills per second
+    /// (envoyproxy/ratelimit's REDIS_PERSECOND layout); the same URL forms
+    /// as --redis-url, and the same TLS files and key prefix.
+    #[arg(long, env = "RLS_REDIS_PERSECOND_URL")]
+    pub redis_persecond_url: Option<String>,
+    /// --redis-pool-size for the per-second Redis (default: the same).
+    #[arg(long, env = "RLS_REDIS_PERSECOND_POOL_SIZE")]
+    pub redis_persecond_pool_size: Option<u32>,
+    /// --redis-timeout for the per-second Redis (default: the same).
+    #[arg(long, env = "RLS_REDIS_PERSECOND_TIMEOUT", value_parser = humantime::parse_duration)]
+    pub redis_persecond_timeout: Option<Duration>,
     /// Time allowed for one decision in Redis while its node is suspect or
     /// the caller sends no deadline. A caller's deadline (Envoy sends its
     /// filter timeout as grpc-timeout) caps it at 90 % of that; a node its

@@ -140,27 +140,165 @@ fn otlp_url(endpoint: &str) -> String {
     }
 }
 
+/// The variables of one Redis in envoyproxy/ratelimit's environment.
+struct RedisVars {
+    prefix: &'static str,
+}
+
+impl RedisVars {
+    const MAIN: Self = Self { prefix: "REDIS_" };
+    const PER_SECOND: Self = Self {
+        prefix: "REDIS_PERSECOND_",
+    };
+
+    fn name(&self, suffix: &str) -> String {
+        format!("{}{suffix}", self.prefix)
+    }
+}
+
+/// The Redis URL of envoyproxy/ratelimit's variables `v` (`REDIS_*`, or
+/// `REDIS_PERSECOND_*`), `url` being its `_URL`; `default_unix` when its
+/// `_SOCKET_TYPE` defaults to unix (as `REDIS_PERSECOND_SOCKET_TYPE` does).
+fn redis_url<'a>(
+    v: &RedisVars,
+    url: &'a str,
+    get: &dyn Fn(&str) -> Option<&'a str>,
+    on: &dyn Fn(&str) -> bool,
+    default_unix: bool,
+) -> Result<String, String> {
+    let unix = match get(&v.name("SOCKET_TYPE")) {
+        None => default_unix,
+        Some(t) if t.eq_ignore_ascii_case("tcp") => false,
+        Some(t) if t.eq_ignore_ascii_case("unix") => true,
+        Some(t) => {
+            return Err(refused(
+                &v.name("SOCKET_TYPE"),
+                t,
+                "Redis is reached over tcp or unix",
+            ))
+        }
+    };
+    let sentinel = get(&v.name("TYPE")).is_some_and(|k| k.eq_ignore_ascii_case("sentinel"));
+    if let (Some(_), false) = (get(&v.name("SENTINEL_AUTH")), sentinel) {
+        return Err(refused(
+            &v.name("SENTINEL_AUTH"),
+            "***",
+            &format!(
+                "the sentinels' credentials, with {}=sentinel only",
+                v.name("TYPE")
+            ),
+        ));
+    }
+    Ok(if unix {
+        unix_url(v, url, get, on)?
+    } else if sentinel {
+        sentinel_url(v, url, get, on)?
+    } else {
+        let kind = get(&v.name("TYPE")).map(str::to_ascii_lowercase);
+        let mut cluster = match kind.as_deref() {
+            None | Some("single") => false,
+            Some("cluster") => true,
+            Some(other) => {
+                return Err(refused(
+                    &v.name("TYPE"),
+                    other,
+                    "Redis is single, cluster or sentinel",
+                ))
+            }
+        };
+        let mut tls = on(&v.name("TLS"));
+        // a URL with a scheme: REDIS_TYPE, REDIS_TLS and REDIS_AUTH apply to
+        // it too, or the start is refused naming the conflict
+        let (mut hosts, mut has_auth) = (url, false);
+        if let Some((scheme, rest)) = url.split_once("://") {
+            let (scheme_tls, scheme_cluster) = match scheme {
+            "redis" => (false, false),
+            "rediss" => (true, false),
+            "redis-cluster" => (false, true),
+            "rediss-cluster" => (true, true),
+            other => {
+                return Err(refused(
+&v.name("URL"),
+                    &crate::store::redis::url::redact(url),
+                    &format!("the scheme {other}:// is not redis://, rediss://, redis-cluster:// or rediss-cluster:// (or give host:port)"),
+                ))
+            }
+        };
+            // redis:// is also what one writes for a cluster's seed node
+            if kind.as_deref() == Some("single") && scheme_cluster {
+                return Err(refused(
+                    &v.name("TYPE"),
+                    get(&v.name("TYPE")).unwrap_or_default(),
+                    &format!("{}'s scheme {scheme}:// says otherwise", v.name("URL")),
+                ));
+            }
+            if get(&v.name("TLS")).is_some() && !tls && scheme_tls {
+                return Err(refused(
+                    &v.name("TLS"),
+                    get(&v.name("TLS")).unwrap_or_default(),
+                    &format!("{}'s scheme {scheme}:// is TLS", v.name("URL")),
+                ));
+            }
+            cluster |= scheme_cluster;
+            tls |= scheme_tls;
+            hosts = rest;
+            has_auth = rest.contains('@');
+        }
+        let scheme = match (cluster, tls) {
+            (false, false) => "redis",
+            (false, true) => "rediss",
+            (true, false) => "redis-cluster",
+            (true, true) => "rediss-cluster",
+        };
+        let auth = match get(&v.name("AUTH")) {
+            None => String::new(),
+            Some(_) if has_auth => {
+                return Err(refused(
+                    &v.name("AUTH"),
+                    "***",
+                    &format!(
+                        "{} carries its own user:password@; give one of them",
+                        v.name("URL")
+                    ),
+                ))
+            }
+            Some(a) => match a.split_once(':') {
+                Some((user, password)) => format!("{}:{}@", userinfo(user), userinfo(password)),
+                None => format!(":{}@", userinfo(a)),
+            },
+        };
+        format!("{scheme}://{auth}{hosts}")
+    })
+}
+
 /// Percent-encodes what may not stand in a URL's user information.
 /// envoyproxy/ratelimit's `REDIS_SOCKET_TYPE=unix`: `REDIS_URL` is the
 /// socket's path (or our `unix://` URL), `REDIS_AUTH` its credentials; a
 /// socket reaches one server, without TLS.
 fn unix_url<'a>(
+    v: &RedisVars,
     url: &'a str,
     get: &dyn Fn(&str) -> Option<&'a str>,
     on: &dyn Fn(&str) -> bool,
 ) -> Result<String, String> {
-    if let Some(kind) = get("REDIS_TYPE").filter(|k| !k.eq_ignore_ascii_case("single")) {
+    if let Some(kind) = get(&v.name("TYPE")).filter(|k| !k.eq_ignore_ascii_case("single")) {
         return Err(refused(
-            "REDIS_TYPE",
+            &v.name("TYPE"),
             kind,
-            "a unix socket (REDIS_SOCKET_TYPE=unix) reaches one server",
+            &format!(
+                "a unix socket ({}=unix) reaches one server",
+                v.name("SOCKET_TYPE")
+            ),
         ));
     }
-    if on("REDIS_TLS") {
+    if on(&v.name("TLS")) {
         return Err(refused(
-            "REDIS_TLS",
+            &v.name("TLS"),
             "true",
-            "a unix socket (REDIS_SOCKET_TYPE=unix) is not reached over TLS here",
+            &format!(
+                "a unix socket ({}=unix) is not reached over TLS here",
+                v.name("SOCKET_TYPE")
+            ),
         ));
     }
     let path = url.strip_prefix("unix://").unwrap_or(url);
@@ -170,17 +308,24 @@ fn unix_url<'a>(
     };
     if !path.starts_with('/') {
         return Err(refused(
-            "REDIS_URL",
+            &v.name("URL"),
             url,
-            "with REDIS_SOCKET_TYPE=unix, REDIS_URL is the socket's absolute path",
+            &format!(
+                "with {}=unix, {} is the socket's absolute path",
+                v.name("SOCKET_TYPE"),
+                v.name("URL")
+            ),
         ));
     }
-    let auth = match (get("REDIS_AUTH"), own_auth) {
+    let auth = match (get(&v.name("AUTH")), own_auth) {
         (Some(_), Some(_)) => {
             return Err(refused(
-                "REDIS_AUTH",
+                &v.name("AUTH"),
                 "***",
-                "REDIS_URL carries its own user:password@; give one of them",
+                &format!(
+                    "{} carries its own user:password@; give one of them",
+                    v.name("URL")
+                ),
             ))
         }
         (None, None) => String::new(),
@@ -197,14 +342,15 @@ fn unix_url<'a>(
 /// sentinels), `REDIS_AUTH` the servers' credentials, `REDIS_SENTINEL_AUTH`
 /// (`password` or `user:password`) the sentinels', `REDIS_TLS` for both.
 fn sentinel_url<'a>(
+    v: &RedisVars,
     url: &'a str,
     get: &dyn Fn(&str) -> Option<&'a str>,
     on: &dyn Fn(&str) -> bool,
 ) -> Result<String, String> {
-    let form = "with REDIS_TYPE=sentinel, REDIS_URL is master-name,host:port[,host:port…] (the master's name, then the sentinels)";
+    let form = &format!("with {}=sentinel, {} is master-name,host:port[,host:port…] (the master's name, then the sentinels)", v.name("TYPE"), v.name("URL"));
     if url.contains("://") || url.contains('@') {
         return Err(refused(
-            "REDIS_URL",
+            &v.name("URL"),
             &crate::store::redis::url::redact(url),
             form,
         ));
@@ -213,9 +359,9 @@ fn sentinel_url<'a>(
     let master = parts.next().unwrap_or_default();
     let sentinels: Vec<&str> = parts.collect();
     if master.contains(':') || sentinels.is_empty() {
-        return Err(refused("REDIS_URL", url, form));
+        return Err(refused(&v.name("URL"), url, form));
     }
-    let scheme = if on("REDIS_TLS") {
+    let scheme = if on(&v.name("TLS")) {
         "rediss-sentinel"
     } else {
         "redis-sentinel"
@@ -224,12 +370,12 @@ fn sentinel_url<'a>(
         Some((user, password)) => (Some(userinfo(user)), userinfo(password)),
         None => (None, userinfo(a)),
     };
-    let auth = match get("REDIS_AUTH").map(credentials) {
+    let auth = match get(&v.name("AUTH")).map(credentials) {
         None => String::new(),
         Some((Some(user), password)) => format!("{user}:{password}@"),
         Some((None, password)) => format!(":{password}@"),
     };
-    let query = match get("REDIS_SENTINEL_AUTH").map(credentials) {
+    let query = match get(&v.name("SENTINEL_AUTH")).map(credentials) {
         None => String::new(),
         Some((Some(user), password)) => {
             format!("?sentinel_username={user}&sentinel_password={password}")
@@ -340,10 +486,6 @@ pub fn translate(env: &BTreeMap<String, String>) -> Result<Translated, String> {
         ));
     }
     for (name, why) in [
-        (
-            "REDIS_PERSECOND",
-            "one Redis (or Redis Cluster) holds every bucket",
-        ),
         (
             "USE_DOG_STATSD",
             "DogStatsD tags are not sent: plain statsd (USE_STATSD=true) or Prometheus (USE_PROMETHEUS=true, or /metrics on HOST:PORT)",
@@ -462,103 +604,7 @@ pub fn translate(env: &BTreeMap<String, String>) -> Result<Translated, String> {
 
     // Redis
     if let Some(url) = get("REDIS_URL") {
-        let unix = match get("REDIS_SOCKET_TYPE") {
-            None => false,
-            Some(t) if t.eq_ignore_ascii_case("tcp") => false,
-            Some(t) if t.eq_ignore_ascii_case("unix") => true,
-            Some(t) => {
-                return Err(refused(
-                    "REDIS_SOCKET_TYPE",
-                    t,
-                    "Redis is reached over tcp or unix",
-                ))
-            }
-        };
-        let sentinel = get("REDIS_TYPE").is_some_and(|k| k.eq_ignore_ascii_case("sentinel"));
-        if let (Some(_), false) = (get("REDIS_SENTINEL_AUTH"), sentinel) {
-            return Err(refused(
-                "REDIS_SENTINEL_AUTH",
-                "***",
-                "the sentinels' credentials, with REDIS_TYPE=sentinel only",
-            ));
-        }
-        let url = if unix {
-            unix_url(url, &get, &on)?
-        } else if sentinel {
-            sentinel_url(url, &get, &on)?
-        } else {
-            let kind = get("REDIS_TYPE").map(str::to_ascii_lowercase);
-            let mut cluster = match kind.as_deref() {
-                None | Some("single") => false,
-                Some("cluster") => true,
-                Some(other) => {
-                    return Err(refused(
-                        "REDIS_TYPE",
-                        other,
-                        "Redis is single, cluster or sentinel",
-                    ))
-                }
-            };
-            let mut tls = on("REDIS_TLS");
-            // a URL with a scheme: REDIS_TYPE, REDIS_TLS and REDIS_AUTH apply to
-            // it too, or the start is refused naming the conflict
-            let (mut hosts, mut has_auth) = (url, false);
-            if let Some((scheme, rest)) = url.split_once("://") {
-                let (scheme_tls, scheme_cluster) = match scheme {
-                "redis" => (false, false),
-                "rediss" => (true, false),
-                "redis-cluster" => (false, true),
-                "rediss-cluster" => (true, true),
-                other => {
-                    return Err(refused(
-                        "REDIS_URL",
-                        &crate::store::redis::url::redact(url),
-                        &format!("the scheme {other}:// is not redis://, rediss://, redis-cluster:// or rediss-cluster:// (or give host:port)"),
-                    ))
-                }
-            };
-                // redis:// is also what one writes for a cluster's seed node
-                if kind.as_deref() == Some("single") && scheme_cluster {
-                    return Err(refused(
-                        "REDIS_TYPE",
-                        get("REDIS_TYPE").unwrap_or_default(),
-                        &format!("REDIS_URL's scheme {scheme}:// says otherwise"),
-                    ));
-                }
-                if get("REDIS_TLS").is_some() && !tls && scheme_tls {
-                    return Err(refused(
-                        "REDIS_TLS",
-                        get("REDIS_TLS").unwrap_or_default(),
-                        &format!("REDIS_URL's scheme {scheme}:// is TLS"),
-                    ));
-                }
-                cluster |= scheme_cluster;
-                tls |= scheme_tls;
-                hosts = rest;
-                has_auth = rest.contains('@');
-            }
-            let scheme = match (cluster, tls) {
-                (false, false) => "redis",
-                (false, true) => "rediss",
-                (true, false) => "redis-cluster",
-                (true, true) => "rediss-cluster",
-            };
-            let auth = match get("REDIS_AUTH") {
-                None => String::new(),
-                Some(_) if has_auth => {
-                    return Err(refused(
-                        "REDIS_AUTH",
-                        "***",
-                        "REDIS_URL carries its own user:password@; give one of them",
-                    ))
-                }
-                Some(a) => match a.split_once(':') {
-                    Some((user, password)) => format!("{}:{}@", userinfo(user), userinfo(password)),
-                    None => format!(":{}@", userinfo(a)),
-                },
-            };
-            format!("{scheme}://{auth}{hosts}")
-        };
+        let url = redis_url(&RedisVars::MAIN, url, &get, &on, false)?;
         set("RLS_STORE", "redis".into());
         set("RLS_REDIS_URL", url);
         // as envoyproxy/ratelimit: a store failure is answered with an
@@ -579,6 +625,31 @@ pub fn translate(env: &BTreeMap<String, String>) -> Result<Translated, String> {
             if let Some(v) = get(theirs) {
                 set(ours, v.to_string());
             }
+        }
+    }
+
+    // a second Redis for per-second limits; its socket type defaults to
+    // unix and its URL to a twemproxy socket there, as in
+    // envoyproxy/ratelimit's settings
+    if on("REDIS_PERSECOND") {
+        if get("REDIS_URL").is_none() {
+            return Err(refused(
+                "REDIS_PERSECOND",
+                "true",
+                "the per-second Redis sits beside the main one: set REDIS_URL too",
+            ));
+        }
+        let url =
+            get("REDIS_PERSECOND_URL").unwrap_or("/var/run/nutcracker/ratelimitpersecond.sock");
+        set(
+            "RLS_REDIS_PERSECOND_URL",
+            redis_url(&RedisVars::PER_SECOND, url, &get, &on, true)?,
+        );
+        if let Some(size) = get("REDIS_PERSECOND_POOL_SIZE") {
+            set("RLS_REDIS_PERSECOND_POOL_SIZE", size.to_string());
+        }
+        if let Some(t) = get("REDIS_PERSECOND_TIMEOUT") {
+            set("RLS_REDIS_PERSECOND_TIMEOUT", t.to_string());
         }
     }
 
@@ -742,6 +813,19 @@ pub fn translate(env: &BTreeMap<String, String>) -> Result<Translated, String> {
                 Some("statsd lines carry no tags (plain statsd, as without EXTRA_TAGS)")
             }
             "USE_STATSD" => None,
+            // the per-second Redis's: read above, or as the main one's
+            n if on("REDIS_PERSECOND") && n.starts_with("REDIS_PERSECOND_") => {
+                match &n["REDIS_PERSECOND_".len()..] {
+                    "URL" | "SOCKET_TYPE" | "TYPE" | "AUTH" | "TLS" | "SENTINEL_AUTH"
+                    | "POOL_SIZE" | "TIMEOUT" => None,
+                    rest => Some(
+                        NO_MEANING_HERE
+                            .iter()
+                            .find(|(n, _)| n.strip_prefix("REDIS_") == Some(rest))
+                            .map_or("not read for the per-second Redis", |(_, why)| *why),
+                    ),
+                }
+            }
             _ => why,
         };
         if let Some(why) = why {
@@ -759,6 +843,11 @@ mod tests;
 const ORIGINS: &[(&str, &[&str])] = &[
     ("RLS_REDIS_TIMEOUT", &["REDIS_TIMEOUT"]),
     ("RLS_REDIS_POOL_SIZE", &["REDIS_POOL_SIZE"]),
+    ("RLS_REDIS_PERSECOND_TIMEOUT", &["REDIS_PERSECOND_TIMEOUT"]),
+    (
+        "RLS_REDIS_PERSECOND_POOL_SIZE",
+        &["REDIS_PERSECOND_POOL_SIZE"],
+    ),
     (
         "RLS_REDIS_URL",
         &["REDIS_URL", "REDIS_AUTH", "REDIS_TYPE", "REDIS_TLS"],

@@ -9,6 +9,7 @@
 pub mod breaker;
 pub mod key;
 pub mod memory;
+pub mod per_second;
 pub mod redis;
 
 use async_trait::async_trait;

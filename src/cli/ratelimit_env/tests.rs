@@ -597,3 +597,81 @@ fn a_redis_on_a_unix_socket() {
         assert!(err.contains(why), "{bad:?}: {err}");
     }
 }
+
+#[test]
+fn a_per_second_redis_as_envoyproxy_ratelimit_lays_it_out() {
+    let t = translate(&env(&[
+        ("REDIS_URL", "r:6379"),
+        ("REDIS_PERSECOND", "true"),
+        ("REDIS_PERSECOND_SOCKET_TYPE", "tcp"),
+        ("REDIS_PERSECOND_URL", "p:6380"),
+        ("REDIS_PERSECOND_AUTH", "s3"),
+        ("REDIS_PERSECOND_POOL_SIZE", "3"),
+        ("REDIS_PERSECOND_TIMEOUT", "20ms"),
+        ("REDIS_PERSECOND_PIPELINE_WINDOW", "150us"),
+    ]))
+    .expect("translated");
+    assert_eq!(
+        setting(&t, "RLS_REDIS_URL").as_deref(),
+        Some("redis://r:6379")
+    );
+    assert_eq!(
+        setting(&t, "RLS_REDIS_PERSECOND_URL").as_deref(),
+        Some("redis://:s3@p:6380")
+    );
+    assert_eq!(
+        setting(&t, "RLS_REDIS_PERSECOND_POOL_SIZE").as_deref(),
+        Some("3")
+    );
+    assert_eq!(
+        setting(&t, "RLS_REDIS_PERSECOND_TIMEOUT").as_deref(),
+        Some("20ms")
+    );
+    assert_eq!(t.unused.len(), 1, "{:?}", t.unused);
+    assert!(
+        t.unused[0].starts_with("REDIS_PERSECOND_PIPELINE_WINDOW: the decisions queued"),
+        "{:?}",
+        t.unused
+    );
+
+    // their defaults: a twemproxy socket
+    let t = translate(&env(&[
+        ("REDIS_URL", "r:6379"),
+        ("REDIS_PERSECOND", "true"),
+    ]))
+    .expect("translated");
+    assert_eq!(
+        setting(&t, "RLS_REDIS_PERSECOND_URL").as_deref(),
+        Some("unix:///var/run/nutcracker/ratelimitpersecond.sock")
+    );
+    // any form the main one takes, named by its own variables when wrong
+    let t = translate(&env(&[
+        ("REDIS_URL", "r:6379"),
+        ("REDIS_PERSECOND", "true"),
+        ("REDIS_PERSECOND_SOCKET_TYPE", "tcp"),
+        ("REDIS_PERSECOND_TYPE", "sentinel"),
+        ("REDIS_PERSECOND_URL", "m,s1:26379"),
+        ("REDIS_PERSECOND_SENTINEL_AUTH", "w"),
+    ]))
+    .expect("translated");
+    assert_eq!(
+        setting(&t, "RLS_REDIS_PERSECOND_URL").as_deref(),
+        Some("redis-sentinel://s1:26379/m?sentinel_password=w")
+    );
+    let e = translate(&env(&[
+        ("REDIS_URL", "r:6379"),
+        ("REDIS_PERSECOND", "true"),
+        ("REDIS_PERSECOND_SOCKET_TYPE", "tcp"),
+        ("REDIS_PERSECOND_TYPE", "ring"),
+        ("REDIS_PERSECOND_URL", "p:1"),
+    ]))
+    .expect_err("an unknown type");
+    assert!(e.starts_with("REDIS_PERSECOND_TYPE=ring"), "{e}");
+    // off: its variables change nothing, and say so
+    let t = translate(&env(&[
+        ("REDIS_URL", "r:6379"),
+        ("REDIS_PERSECOND_URL", "p:1"),
+    ]))
+    .expect("translated");
+    assert_eq!(t.unused, ["REDIS_PERSECOND_URL: REDIS_PERSECOND is off"]);
+}
