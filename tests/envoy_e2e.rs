@@ -2312,3 +2312,90 @@ async fn envoy_reaches_the_service_on_a_unix_socket() {
     drop(envoy);
     drop(rls);
 }
+
+const SENTINEL_RULES: &str = "domain: edge\ndescriptors:\n  - key: tenant\n    descriptors:\n      - key: user\n        failure_mode: closed\n        rate_limit: {unit: day, requests_per_unit: 1, burst: 100000}\n";
+
+/// Redis Sentinel through a real Envoy on two instances (#40): traffic of
+/// one user through `examples/envoy/envoy.yaml` (`failure_mode_deny`, 503
+/// on a service error) while the primary fails over (`kill`: killed
+/// outright; else `SENTINEL FAILOVER`); decisions resume on the new
+/// primary, none is charged twice, and what the failover lost is said.
+async fn sentinel_failover_through_envoy(kill: bool) {
+    use common::sentinel::{Seen, SentinelSet};
+    use std::sync::atomic::Ordering;
+    let mut set = SentinelSet::start();
+    let rules = tempfile::tempdir().expect("tempdir");
+    std::fs::write(rules.path().join("edge.yaml"), SENTINEL_RULES).expect("rules");
+    let env = vec![
+        ("RLS_STORE", "redis".to_string()),
+        ("RLS_REDIS_URL", set.url()),
+    ];
+    let edge = Edge::start_with_rules(rules.path(), &[env.clone(), env]).await;
+    let user = if kill { "killed" } else { "commanded" };
+    let seen = std::sync::Arc::new(Seen::new());
+    let traffic = {
+        let (client, base, seen) = (edge.client.clone(), edge.base.clone(), seen.clone());
+        tokio::spawn(async move {
+            let mut calls = 0;
+            while !seen.stopped() && calls < 30_000 {
+                calls += 1;
+                let status = client
+                    .get(format!("{base}/"))
+                    .header("x-tenant", "t")
+                    .header("x-user", user)
+                    .send()
+                    .await
+                    .expect("envoy answers")
+                    .status()
+                    .as_u16();
+                match status {
+                    200 => seen.admitted(),
+                    503 => seen.failed(),
+                    other => panic!("{other} with 100,000 tokens of burst"),
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(seen.admitted.load(Ordering::SeqCst) > 0, "traffic flowed");
+    let failover = set.fail_over(kill, &seen).await;
+    seen.stop.store(true, Ordering::SeqCst);
+    traffic.await.expect("traffic");
+    let key = common::redis::bucket_key_in("edge", &[("tenant", "t"), ("user", user)], "0");
+    let config = tokenbucket_rls::store::redis::url::parse(&format!(
+        "redis://127.0.0.1:{}",
+        failover.new_port
+    ))
+    .expect("url");
+    let raw = fred::prelude::Builder::from_config(config)
+        .build()
+        .expect("client");
+    fred::prelude::ClientLike::init(&raw)
+        .await
+        .expect("connects");
+    let tokens = common::redis::stored_bucket(&raw, &key)
+        .await
+        .expect("bucket")
+        .0;
+    failover.check_budget(
+        if kill {
+            "Envoy, two instances, primary killed"
+        } else {
+            "Envoy, two instances, SENTINEL FAILOVER"
+        },
+        &seen,
+        tokens,
+        100_000.0,
+    );
+}
+
+#[tokio::test]
+async fn envoy_on_two_instances_follows_a_sentinel_failover() {
+    sentinel_failover_through_envoy(false).await;
+}
+
+#[tokio::test]
+async fn envoy_on_two_instances_follows_a_killed_sentinel_primary() {
+    sentinel_failover_through_envoy(true).await;
+}

@@ -187,3 +187,192 @@ impl SentinelSet {
         }
     }
 }
+
+/// What traffic saw through a failover, counted by the traffic's task.
+#[derive(Default)]
+pub struct Seen {
+    pub admitted: std::sync::atomic::AtomicU64,
+    /// Answered by the failure mode (UNAVAILABLE, or Envoy's 503).
+    pub unavailable: std::sync::atomic::AtomicU64,
+    /// When the sentinels named the new primary (ms since the run's
+    /// epoch; 0: not yet).
+    announced_at: std::sync::atomic::AtomicU64,
+    /// The first admission at or after `announced_at` (ms since the epoch).
+    first_after: std::sync::atomic::AtomicU64,
+    pub stop: std::sync::atomic::AtomicBool,
+    epoch: std::sync::OnceLock<Instant>,
+}
+
+impl Seen {
+    pub fn new() -> Self {
+        let seen = Self::default();
+        let _ = seen.epoch.set(Instant::now());
+        seen
+    }
+
+    fn since_epoch(&self) -> u64 {
+        self.epoch
+            .get()
+            .map_or(0, |e| e.elapsed().as_millis() as u64)
+    }
+
+    pub fn admitted(&self) {
+        use std::sync::atomic::Ordering::SeqCst;
+        self.admitted.fetch_add(1, SeqCst);
+        let announced = self.announced_at.load(SeqCst);
+        let now = self.since_epoch();
+        if announced > 0 && now >= announced {
+            let _ = self.first_after.compare_exchange(0, now, SeqCst, SeqCst);
+        }
+    }
+
+    pub fn failed(&self) {
+        self.unavailable
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    pub fn stopped(&self) -> bool {
+        self.stop.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// What a failover took, as the traffic saw it.
+pub struct Failover {
+    /// The new primary's port.
+    pub new_port: u16,
+    /// From the command (or the kill) until every sentinel named it.
+    pub announced_after: Duration,
+    /// From the announcement until the new primary ran its first decision.
+    pub switched_ms: i64,
+    /// From the announcement until the next admission.
+    pub resumed_ms: u64,
+    /// Admitted from the failover's start to 300 ms after the
+    /// announcement: the most writes the old primary can have taken unseen.
+    pub in_window: f64,
+}
+
+impl SentinelSet {
+    /// Fails the primary over while `seen`'s traffic runs (with `kill`: the
+    /// primary killed outright; else `SENTINEL FAILOVER`), and waits until
+    /// the sentinels name another primary, decisions reach it and are
+    /// admitted again. The replicas catch up first: this blocks the test's
+    /// runtime (traffic and service included), so that no write comes
+    /// between them having everything and the failover.
+    pub async fn fail_over(&mut self, kill: bool, seen: &Seen) -> Failover {
+        use std::sync::atomic::Ordering::SeqCst;
+        let old = self.primary();
+        let old_port = self.servers[old].port;
+        self.replicas_caught_up(old);
+        let started = Instant::now();
+        let admitted_before = seen.admitted.load(SeqCst);
+        if kill {
+            self.servers[old].kill();
+        } else {
+            let out = self.sentinels[0].cli(&["SENTINEL", "FAILOVER", MASTER]);
+            assert_eq!(out.trim(), "OK", "SENTINEL FAILOVER: {out}");
+        }
+        // off the runtime: every sentinel names another primary
+        let ports: Vec<u16> = self.sentinels.iter().map(|s| s.port).collect();
+        let new_port = tokio::task::spawn_blocking(move || {
+            let deadline = Instant::now() + Duration::from_secs(60);
+            loop {
+                let named: Vec<Option<u16>> = ports
+                    .iter()
+                    .map(|p| {
+                        redis_cli(*p, &["SENTINEL", "GET-MASTER-ADDR-BY-NAME", MASTER])
+                            .lines()
+                            .nth(1)
+                            .and_then(|p| p.trim().parse().ok())
+                    })
+                    .collect();
+                if let Some(Some(port)) = named.first() {
+                    if *port != old_port && named.iter().all(|n| *n == Some(*port)) {
+                        return *port;
+                    }
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "the sentinels never named a new primary: {named:?}"
+                );
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        })
+        .await
+        .expect("poll");
+        let announced = seen.since_epoch().max(1);
+        seen.announced_at.store(announced, SeqCst);
+        let announced_after = started.elapsed();
+        // the new primary's first script call
+        let switched = tokio::task::spawn_blocking(move || {
+            let deadline = Instant::now() + Duration::from_secs(30);
+            loop {
+                let stats = redis_cli(new_port, &["INFO", "commandstats"]);
+                if super::redis::command_calls(&stats, "evalsha")
+                    + super::redis::command_calls(&stats, "eval")
+                    > 0
+                {
+                    return Instant::now();
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "decisions never reached the new primary"
+                );
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        })
+        .await
+        .expect("poll");
+        let switched_ms = seen
+            .epoch
+            .get()
+            .map_or(0, |e| (switched - *e).as_millis() as i64)
+            - announced as i64;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while seen.first_after.load(SeqCst) == 0 {
+            assert!(
+                Instant::now() < deadline,
+                "decisions never resumed after the failover"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        Failover {
+            new_port,
+            announced_after,
+            switched_ms,
+            resumed_ms: seen.first_after.load(SeqCst) - announced,
+            in_window: (seen.admitted.load(SeqCst) - admitted_before) as f64,
+        }
+    }
+}
+
+impl Failover {
+    /// Checks the bucket's `tokens` (of `burst`, refilling 1 a day) after
+    /// the traffic `seen` stopped, and says what the failover cost.
+    /// Without failures, tokens = burst − admitted. Writes the old primary
+    /// acknowledged and never replicated are lost, and their tokens spent
+    /// again (positive); a call answered by the failure mode that ran anyway
+    /// spent a token nobody used (negative, one per such call at most). A
+    /// decision sent twice would spend one more than both allow.
+    pub fn check_budget(&self, label: &str, seen: &Seen, tokens: f64, burst: f64) {
+        use std::sync::atomic::Ordering::SeqCst;
+        let admitted = seen.admitted.load(SeqCst) as f64;
+        let unavailable = seen.unavailable.load(SeqCst);
+        let drift = (tokens - (burst - admitted)).round();
+        eprintln!(
+            "{label}: new primary named {:?} after the failover began; its first decision {} ms after, an admission {} ms after; \
+             {admitted} admitted ({} from the failover's start to 300 ms after the announcement), {unavailable} answered by the failure mode; \
+             tokens left minus expected: {drift} (lost writes minus calls that ran unanswered)",
+            self.announced_after, self.switched_ms, self.resumed_ms, self.in_window
+        );
+        assert!(
+            drift >= -(unavailable as f64),
+            "no more tokens gone than admitted requests plus unanswered calls: {tokens} left after {admitted} admitted"
+        );
+        assert!(
+            drift <= self.in_window,
+            "at most the writes between the failover's start and the switch are lost: {drift} of {}",
+            self.in_window
+        );
+    }
+}
