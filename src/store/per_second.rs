@@ -123,7 +123,7 @@ mod tests {
 
     fn descriptor(units: &[u64]) -> DescriptorBuckets {
         DescriptorBuckets {
-            tag: b"t".to_vec(),
+            tag: format!("{units:?}").into_bytes(),
             buckets: units
                 .iter()
                 .enumerate()
