@@ -50,8 +50,44 @@ pub struct ShownLimit {
     pub name: String,
     pub requests_per_unit: u32,
     pub unit: Unit,
+    /// The window `requests_per_unit` is per, in seconds: the unit's
+    /// length, times the rule's `unit_multiplier`.
+    pub window_secs: u64,
     /// B: the most tokens its bucket holds.
     pub burst: u64,
+}
+
+impl ShownLimit {
+    /// The rate as Envoy's `RateLimit` can carry it (a count per one
+    /// unit, no multiplier): as the rule says when its window is one unit;
+    /// else the same rate per the shortest unit, from the rule's own up,
+    /// in which it is a whole number ("3 per 30 s" is 6 per minute); else
+    /// per the longest unit whose count fits, rounded down (the closest
+    /// a whole count comes: "5 per 13 s" is 12,129,230 a year).
+    pub fn on_the_wire(&self) -> (u32, Unit) {
+        if self.window_secs == self.unit.seconds() || self.window_secs == 0 {
+            return (self.requests_per_unit, self.unit);
+        }
+        let rate = u128::from(self.requests_per_unit);
+        let window = u128::from(self.window_secs);
+        for unit in Unit::ALL.into_iter().filter(|u| *u >= self.unit) {
+            let scaled = rate * u128::from(unit.seconds());
+            if scaled % window == 0 {
+                if let Ok(n) = u32::try_from(scaled / window) {
+                    return (n, unit);
+                }
+            }
+        }
+        Unit::ALL
+            .into_iter()
+            .rev()
+            .filter(|u| *u >= self.unit)
+            .find_map(|unit| {
+                let n = u32::try_from(rate * u128::from(unit.seconds()) / window).ok()?;
+                Some((n, unit))
+            })
+            .unwrap_or((u32::MAX, self.unit))
+    }
 }
 
 /// The answer for one descriptor.
@@ -77,5 +113,39 @@ impl Decision {
             reset_secs: None,
             rule,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shown(rpu: u32, unit: Unit, window_secs: u64) -> (u32, Unit) {
+        ShownLimit {
+            name: String::new(),
+            requests_per_unit: rpu,
+            unit,
+            window_secs,
+            burst: u64::from(rpu),
+        }
+        .on_the_wire()
+    }
+
+    #[test]
+    fn a_window_of_several_units_goes_on_the_wire_as_the_same_rate() {
+        // one unit: as written, even where a shorter unit would do
+        assert_eq!(shown(120, Unit::Minute, 60), (120, Unit::Minute));
+        // 3 per 30 s is 6 a minute; 100 per 10 min is 10 a minute; 7
+        // per 10 min is 42 an hour
+        assert_eq!(shown(3, Unit::Second, 30), (6, Unit::Minute));
+        assert_eq!(shown(100, Unit::Minute, 600), (10, Unit::Minute));
+        assert_eq!(shown(7, Unit::Minute, 600), (42, Unit::Hour));
+        // 4 per 2 s is 2 a second
+        assert_eq!(shown(4, Unit::Second, 2), (2, Unit::Second));
+        // 5 per 7 s: a whole number first in a week
+        assert_eq!(shown(5, Unit::Second, 7), (432_000, Unit::Week));
+        // 5 per 13 s: never whole; per year, rounded down
+        assert_eq!(shown(5, Unit::Second, 13), (12_129_230, Unit::Year));
+        assert_eq!(shown(0, Unit::Second, 30), (0, Unit::Second));
     }
 }

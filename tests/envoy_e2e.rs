@@ -2399,3 +2399,41 @@ async fn envoy_on_two_instances_follows_a_sentinel_failover() {
 async fn envoy_on_two_instances_follows_a_killed_sentinel_primary() {
     sentinel_failover_through_envoy(true).await;
 }
+
+const PER_30_SECONDS: &str = "domain: edge\ndescriptors:\n  - key: tenant\n    descriptors:\n      - key: user\n        rate_limit: {unit: second, unit_multiplier: 30, requests_per_unit: 3}\n";
+
+/// "3 per 30 s" (#41, `unit_multiplier`) through a real Envoy: three pass,
+/// the fourth is 429 with a Retry-After of 10 s (a token comes back every
+/// 10 s), and Envoy's `x-ratelimit-limit` carries the same rate as Envoy's
+/// response can name it (6 a minute).
+async fn three_per_thirty_seconds(instances: &[Vec<(&str, String)>]) {
+    let rules = tempfile::tempdir().expect("tempdir");
+    std::fs::write(rules.path().join("edge.yaml"), PER_30_SECONDS).expect("rules");
+    let edge = Edge::start_with_rules(rules.path(), instances).await;
+    let who = [("x-tenant", "t"), ("x-user", "thirty")];
+    let first = edge.get("/", &who).await;
+    assert_eq!(first.status, 200);
+    let (limit, remaining, _) = first.x_ratelimit.expect("x-ratelimit-* headers");
+    assert!(limit.starts_with("6, 6;w=60"), "x-ratelimit-limit {limit}");
+    assert_eq!(remaining, "2");
+    assert_eq!(edge.codes(2, "/", &who).await, [200, 200]);
+    let over = edge.get("/", &who).await;
+    assert_eq!(over.status, 429);
+    assert_eq!(over.retry_after.as_deref(), Some("10"));
+}
+
+#[tokio::test]
+async fn envoy_enforces_three_per_thirty_seconds() {
+    three_per_thirty_seconds(&[vec![]]).await;
+}
+
+#[tokio::test]
+async fn envoy_enforces_three_per_thirty_seconds_on_a_redis_cluster_with_two_instances() {
+    let cluster = common::redis::RedisCluster::start();
+    let env = vec![
+        ("RLS_STORE", "redis".to_string()),
+        ("RLS_REDIS_URL", cluster.url()),
+        ("RLS_REDIS_TIMEOUT", "200ms".to_string()),
+    ];
+    three_per_thirty_seconds(&[env.clone(), env]).await;
+}

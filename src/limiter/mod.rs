@@ -97,12 +97,14 @@ impl LimitRef<'_> {
                 name: l.name.clone().unwrap_or_default(),
                 requests_per_unit: l.requests_per_unit,
                 unit: l.unit,
+                window_secs: l.window_secs,
                 burst: l.params.capacity,
             },
             LimitRef::Override(rpu, unit) => ShownLimit {
                 name: String::new(),
                 requests_per_unit: *rpu,
                 unit: *unit,
+                window_secs: unit.seconds(),
                 burst: u64::from(*rpu),
             },
         }

@@ -828,15 +828,43 @@ fn compile_limit(
         None => requests_per_unit,
     };
     let replaces = check_replaces(scope, at, rl, errors)?;
-    Some(Limit::new(
-        rl.name.clone(),
-        unit?,
-        requests_per_unit,
-        burst,
-        replaces,
-        bucket_id.to_string(),
-    ))
+    let unit = unit?;
+    let multiplier = match rl.unit_multiplier {
+        None => 1,
+        Some(0) => {
+            scope.error(
+                errors,
+                format!("{at}: unit_multiplier is 0, a window of no length; use 1 or more (unit_multiplier: 30 with unit: second is \"per 30 seconds\")"),
+            );
+            return None;
+        }
+        Some(m) => {
+            let window = unit.seconds() * u64::from(m);
+            if window > MAX_WINDOW_SECS {
+                scope.error(
+                    errors,
+                    format!("{at}: unit_multiplier {m} makes a window of {window} s ({m} × {}), longer than a year ({MAX_WINDOW_SECS} s)", unit.as_str()),
+                );
+                return None;
+            }
+            m
+        }
+    };
+    Some(
+        Limit::new(
+            rl.name.clone(),
+            unit,
+            requests_per_unit,
+            burst,
+            replaces,
+            bucket_id.to_string(),
+        )
+        .with_multiplier(multiplier),
+    )
 }
+
+/// The longest window a limit may name: a year (365 days).
+const MAX_WINDOW_SECS: u64 = 31_536_000;
 
 fn check_replaces(
     scope: &Scope<'_>,

@@ -154,6 +154,11 @@ pub enum RuleAction {
 pub struct Limit {
     pub name: Option<String>,
     pub unit: Unit,
+    /// The window is this many units (1: one unit).
+    #[serde(skip_serializing_if = "is_one")]
+    pub unit_multiplier: u32,
+    /// The window's length in seconds (unit × unit_multiplier).
+    pub window_secs: u64,
     pub requests_per_unit: u32,
     pub burst: u32,
     pub replaces: Vec<String>,
@@ -185,6 +190,8 @@ impl Limit {
             },
             name,
             unit,
+            unit_multiplier: 1,
+            window_secs: unit.seconds(),
             requests_per_unit,
             burst,
             replaces,
@@ -192,6 +199,18 @@ impl Limit {
             max_debt: None,
         }
     }
+
+    /// The same limit over a window of `multiplier` units.
+    pub fn with_multiplier(mut self, multiplier: u32) -> Self {
+        self.unit_multiplier = multiplier;
+        self.window_secs = self.unit.seconds() * u64::from(multiplier);
+        self.params.unit_secs = self.window_secs;
+        self
+    }
+}
+
+fn is_one(n: &u32) -> bool {
+    *n == 1
 }
 
 /// One level of the tree: the descriptors at one depth under one parent.

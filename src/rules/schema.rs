@@ -138,6 +138,10 @@ pub struct RateLimitDoc {
     pub unit: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub requests_per_unit: Option<u32>,
+    /// The window is this many units (Envoy's and Envoy Gateway's name):
+    /// `unit: second, unit_multiplier: 30` is "per 30 seconds".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unit_multiplier: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub burst: Option<u32>,
     #[serde(default, skip_serializing_if = "is_false")]

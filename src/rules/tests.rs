@@ -740,3 +740,51 @@ fn max_debt_bounds_an_overdraft_rules_charges_and_needs_overdraft() {
         "{e}"
     );
 }
+
+#[test]
+fn a_window_of_several_units() {
+    let r = load("domain: d\ndescriptors:\n  - key: user\n    rate_limit: {unit: second, unit_multiplier: 30, requests_per_unit: 3}\n  - key: team\n    limits:\n      - {unit: minute, unit_multiplier: 10, requests_per_unit: 100, name: ten}\n      - {unit: day, requests_per_unit: 1000}\n")
+        .expect("valid");
+    let limits = |entries: &[(&str, &str)]| {
+        let m = r.lookup("d", entries).expect("match");
+        match &m.rule.action {
+            RuleAction::Limited(limits) => limits
+                .iter()
+                .map(|l| {
+                    (
+                        l.unit_multiplier,
+                        l.window_secs,
+                        l.params.unit_secs,
+                        l.burst,
+                    )
+                })
+                .collect::<Vec<_>>(),
+            _ => panic!("limited"),
+        }
+    };
+    assert_eq!(limits(&[("user", "u")]), [(30, 30, 30, 3)]);
+    assert_eq!(
+        limits(&[("team", "t")]),
+        [(10, 600, 600, 100), (1, 86_400, 86_400, 1000)]
+    );
+}
+
+#[test]
+fn windows_of_no_length_or_past_a_year_are_refused_naming_the_place() {
+    let e = errors("domain: d\ndescriptors:\n  - key: user\n    rate_limit: {unit: second, unit_multiplier: 0, requests_per_unit: 3}\n");
+    assert!(
+        e.contains("rules.yaml") && e.contains("user") && e.contains("unit_multiplier is 0"),
+        "{e}"
+    );
+    let e = errors("domain: d\ndescriptors:\n  - key: user\n    rate_limit: {unit: year, unit_multiplier: 2, requests_per_unit: 3}\n");
+    assert!(
+        e.contains("unit_multiplier 2 makes a window of 63072000 s (2 × year), longer than a year"),
+        "{e}"
+    );
+    let e = errors("domain: d\ndescriptors:\n  - key: user\n    rate_limit: {unit: day, unit_multiplier: 366, requests_per_unit: 3}\n");
+    assert!(e.contains("longer than a year"), "{e}");
+    load("domain: d\ndescriptors:\n  - key: user\n    rate_limit: {unit: day, unit_multiplier: 365, requests_per_unit: 3}\n")
+        .expect("a year to the day");
+    let e = errors("domain: d\ndescriptors:\n  - key: user\n    rate_limit: {unit: second, unit_multiplier: -1, requests_per_unit: 3}\n");
+    assert!(e.contains("unit_multiplier"), "{e}");
+}

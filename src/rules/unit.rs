@@ -3,7 +3,7 @@
 use serde::Serialize;
 
 /// The time unit of a `requests_per_unit` figure, with envoyproxy/ratelimit's lengths.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Unit {
     Second,
@@ -31,6 +31,30 @@ impl Unit {
             _ => return None,
         })
     }
+
+    /// The name rules write.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Unit::Second => "second",
+            Unit::Minute => "minute",
+            Unit::Hour => "hour",
+            Unit::Day => "day",
+            Unit::Week => "week",
+            Unit::Month => "month",
+            Unit::Year => "year",
+        }
+    }
+
+    /// Units from the shortest.
+    pub const ALL: [Unit; 7] = [
+        Unit::Second,
+        Unit::Minute,
+        Unit::Hour,
+        Unit::Day,
+        Unit::Week,
+        Unit::Month,
+        Unit::Year,
+    ];
 
     /// Length in seconds; a month is 30 days and a year 365, as in envoyproxy/ratelimit.
     pub fn seconds(self) -> u64 {

@@ -212,7 +212,7 @@ fn rate_limit_fields(
         HeaderFormat::Legacy => {
             let [limit_name, remaining_name, reset_name] = &*names.0;
             vec![
-                header(limit_name, limit.requests_per_unit.to_string()),
+                header(limit_name, limit.on_the_wire().0.to_string()),
                 header(remaining_name, d.remaining.to_string()),
                 header(reset_name, reset.unwrap_or(0).to_string()),
             ]
@@ -224,7 +224,7 @@ fn rate_limit_fields(
                 _ => "limit",
             });
             let mut policy = format!("{name};q={}", limit.burst);
-            let per_sec = f64::from(limit.requests_per_unit) / limit.unit.seconds() as f64;
+            let per_sec = f64::from(limit.requests_per_unit) / limit.window_secs.max(1) as f64;
             if per_sec > 0.0 {
                 let window = (limit.burst as f64 / per_sec).ceil().max(1.0) as u64;
                 policy.push_str(&format!(";w={window}"));
@@ -268,10 +268,13 @@ fn status(d: &Decision) -> DescriptorStatus {
     };
     DescriptorStatus {
         code: code as i32,
-        current_limit: d.limit.as_ref().map(|l| RateLimit {
-            name: l.name.clone(),
-            requests_per_unit: l.requests_per_unit,
-            unit: l.unit.to_proto(),
+        current_limit: d.limit.as_ref().map(|l| {
+            let (requests_per_unit, unit) = l.on_the_wire();
+            RateLimit {
+                name: l.name.clone(),
+                requests_per_unit,
+                unit: unit.to_proto(),
+            }
         }),
         limit_remaining: u32::try_from(d.remaining).unwrap_or(u32::MAX),
         duration_until_reset: match (&d.limit, d.reset_secs) {

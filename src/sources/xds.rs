@@ -141,6 +141,9 @@ fn policy_doc(p: &RateLimitPolicy) -> RateLimitDoc {
             Some(unit_name(p.unit).unwrap_or("unknown").to_string())
         },
         requests_per_unit: (!p.unlimited).then_some(p.requests_per_unit),
+        // not in the RateLimitPolicy message this service reads
+        // (envoyproxy/ratelimit's): one unit
+        unit_multiplier: None,
         burst: None,
         unlimited: p.unlimited,
         replaces: (!p.replaces.is_empty()).then(|| {
