@@ -363,3 +363,73 @@ async fn redis_tls_may_skip_the_hostname_but_never_the_chain() {
         .expect("start");
     assert_eq!(decide(&s).await, Err(tonic::Code::Unavailable));
 }
+
+/// `rediss-sentinel://` (#40): a sentinel and a primary that both speak only
+/// TLS and ask for client certificates; the service finds the primary
+/// through the sentinel over TLS (the same CA file and client certificate
+/// for both), checks its role over TLS, and decides there.
+#[tokio::test]
+async fn a_primary_found_through_a_sentinel_over_tls() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca = Ca::new(dir.path(), "redis");
+    let (_redis, primary) = tls_redis(dir.path(), &ca);
+    let (cert, key) = ca.issue("redis", true);
+    let (sentinel_cert, sentinel_key) = ca.issue("sentinel-client", false);
+    let sentinel_port = common::free_port();
+    let sentinel_dir = dir.path().join("sentinel");
+    std::fs::create_dir_all(&sentinel_dir).expect("dir");
+    let conf = sentinel_dir.join("sentinel.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "port 0\ntls-port {sentinel_port}\nbind 127.0.0.1\ndir {}\n\
+             tls-cert-file {}\ntls-key-file {}\ntls-ca-cert-file {}\n\
+             tls-client-cert-file {}\ntls-client-key-file {}\ntls-replication yes\n\
+             sentinel monitor mymaster 127.0.0.1 {primary} 1\n",
+            sentinel_dir.display(),
+            cert.display(),
+            key.display(),
+            ca.pem().display(),
+            sentinel_cert.display(),
+            sentinel_key.display(),
+        ),
+    )
+    .expect("sentinel.conf");
+    let _sentinel = common::ChildGuard(
+        std::process::Command::new("redis-server")
+            .arg(&conf)
+            .arg("--sentinel")
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("redis-server --sentinel"),
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", sentinel_port)).is_err() {
+        assert!(Instant::now() < deadline, "the sentinel never listened");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (client_cert, client_key) = ca.issue("rls", false);
+    let rules = rules_dir("domain: d\ndescriptors:\n  - key: k\n    failure_mode: closed\n    rate_limit: {unit: minute, requests_per_unit: 5}\n");
+    let mut args = serve_args(rules.path().to_path_buf());
+    args.store = tokenbucket_rls::cli::StoreKind::Redis;
+    args.redis_url = Some(format!(
+        "rediss-sentinel://127.0.0.1:{sentinel_port}/mymaster"
+    ));
+    args.redis_timeout = Duration::from_millis(500);
+    args.redis_ca_file = Some(ca.pem());
+    args.redis_client_cert = Some(client_cert);
+    args.redis_client_key = Some(client_key);
+    let s = server::start(&args).await.expect("start");
+    let mut c = RateLimitServiceClient::connect(format!("http://{}", s.grpc_addr))
+        .await
+        .expect("connect");
+    for left in [4, 3] {
+        let r = c
+            .should_rate_limit(request("d", vec![descriptor(&[("k", "v")])]))
+            .await
+            .expect("decided on the primary the sentinel named, over TLS")
+            .into_inner();
+        assert_eq!(r.statuses[0].limit_remaining, left);
+    }
+    s.shutdown().await.expect("stop");
+}
