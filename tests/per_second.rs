@@ -124,34 +124,21 @@ async fn envoyproxy_ratelimits_per_second_settings_split_the_rules() {
     let main = RedisServer::standalone();
     let per_second = RedisServer::standalone();
     let rules = rules_dir(RULES);
-    let (grpc, admin) = (common::free_port(), common::free_port());
-    let _child = common::ChildGuard(
-        common::binary_without_rls_env()
-            .env("RUNTIME_ROOT", rules.path())
-            .env("RUNTIME_SUBDIRECTORY", ".")
-            .env("RUNTIME_APPDIRECTORY", ".")
-            .env("GRPC_HOST", "127.0.0.1")
-            .env("GRPC_PORT", grpc.to_string())
-            .env("HOST", "127.0.0.1")
-            .env("PORT", admin.to_string())
-            .env("REDIS_SOCKET_TYPE", "tcp")
-            .env("REDIS_URL", format!("127.0.0.1:{}", main.port))
-            .env("REDIS_PERSECOND", "true")
-            .env("REDIS_PERSECOND_SOCKET_TYPE", "tcp")
-            .env(
+    let (_child, mut c) = common::ratelimit_binary(
+        rules.path(),
+        &[
+            ("REDIS_SOCKET_TYPE", "tcp".to_string()),
+            ("REDIS_URL", format!("127.0.0.1:{}", main.port)),
+            ("REDIS_PERSECOND", "true".to_string()),
+            ("REDIS_PERSECOND_SOCKET_TYPE", "tcp".to_string()),
+            (
                 "REDIS_PERSECOND_URL",
                 format!("127.0.0.1:{}", per_second.port),
-            )
-            .env("REDIS_PERSECOND_POOL_SIZE", "2")
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .expect("start the binary"),
-    );
-    common::until_ok(&format!("http://127.0.0.1:{admin}/readyz"), "ready").await;
-    let mut c = envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient::connect(format!("http://127.0.0.1:{grpc}"))
-        .await
-        .expect("connect");
+            ),
+            ("REDIS_PERSECOND_POOL_SIZE", "2".to_string()),
+        ],
+    )
+    .await;
     assert_eq!(decide(&mut c, "per_sec").await, Ok(4));
     assert_eq!(decide(&mut c, "per_min").await, Ok(4));
     assert_eq!((keys(&main), keys(&per_second)), (1, 1));

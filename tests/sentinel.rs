@@ -154,36 +154,23 @@ async fn envoyproxy_ratelimits_sentinel_settings_reach_the_primary() {
         );
     }
     let rules = rules_dir(RULES);
-    let (grpc, admin) = (common::free_port(), common::free_port());
     let sentinels: Vec<String> = set
         .sentinels
         .iter()
         .map(|s| format!("127.0.0.1:{}", s.port))
         .collect();
-    let _child = common::ChildGuard(
-        common::binary_without_rls_env()
-            .env("RUNTIME_ROOT", rules.path())
-            .env("RUNTIME_SUBDIRECTORY", ".")
-            .env("RUNTIME_APPDIRECTORY", ".")
-            .env("GRPC_HOST", "127.0.0.1")
-            .env("GRPC_PORT", grpc.to_string())
-            .env("HOST", "127.0.0.1")
-            .env("PORT", admin.to_string())
-            .env("REDIS_TYPE", "sentinel")
-            .env(
+    let (_child, mut c) = common::ratelimit_binary(
+        rules.path(),
+        &[
+            ("REDIS_TYPE", "sentinel".to_string()),
+            (
                 "REDIS_URL",
                 format!("{},{}", common::sentinel::MASTER, sentinels.join(",")),
-            )
-            .env("REDIS_SENTINEL_AUTH", "watch")
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .expect("start the binary"),
-    );
-    common::until_ok(&format!("http://127.0.0.1:{admin}/readyz"), "ready").await;
-    let mut c = envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient::connect(format!("http://127.0.0.1:{grpc}"))
-        .await
-        .expect("connect");
+            ),
+            ("REDIS_SENTINEL_AUTH", "watch".to_string()),
+        ],
+    )
+    .await;
     for _ in 0..3 {
         let r = c
             .should_rate_limit(request("d", vec![descriptor(&[("hot", "env")])]))

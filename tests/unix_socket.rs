@@ -85,27 +85,14 @@ async fn envoyproxy_ratelimits_unix_socket_settings_reach_it() {
     );
     let rules = tempfile::tempdir().expect("tempdir");
     std::fs::write(rules.path().join("config.yaml"), RULES).expect("write");
-    let (grpc, admin) = (common::free_port(), common::free_port());
-    let _child = common::ChildGuard(
-        common::binary_without_rls_env()
-            .env("RUNTIME_ROOT", rules.path())
-            .env("RUNTIME_SUBDIRECTORY", ".")
-            .env("RUNTIME_APPDIRECTORY", ".")
-            .env("GRPC_HOST", "127.0.0.1")
-            .env("GRPC_PORT", grpc.to_string())
-            .env("HOST", "127.0.0.1")
-            .env("PORT", admin.to_string())
-            .env("REDIS_SOCKET_TYPE", "unix")
-            .env("REDIS_URL", &socket)
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .expect("start the binary"),
-    );
-    common::until_ok(&format!("http://127.0.0.1:{admin}/readyz"), "ready").await;
-    let mut c = envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient::connect(format!("http://127.0.0.1:{grpc}"))
-        .await
-        .expect("connect");
+    let (_child, mut c) = common::ratelimit_binary(
+        rules.path(),
+        &[
+            ("REDIS_SOCKET_TYPE", "unix".to_string()),
+            ("REDIS_URL", socket.display().to_string()),
+        ],
+    )
+    .await;
     let r = c
         .should_rate_limit(request("d", vec![descriptor(&[("k", "v")])]))
         .await

@@ -262,10 +262,7 @@ fn redis_url<'a>(
                     ),
                 ))
             }
-            Some(a) => match a.split_once(':') {
-                Some((user, password)) => format!("{}:{}@", userinfo(user), userinfo(password)),
-                None => format!(":{}@", userinfo(a)),
-            },
+            Some(a) => userinfo_of(a),
         };
         format!("{scheme}://{auth}{hosts}")
     })
@@ -330,10 +327,7 @@ fn unix_url<'a>(
         }
         (None, None) => String::new(),
         (None, Some(own)) => format!("{own}@"),
-        (Some(a), None) => match a.split_once(':') {
-            Some((user, password)) => format!("{}:{}@", userinfo(user), userinfo(password)),
-            None => format!(":{}@", userinfo(a)),
-        },
+        (Some(a), None) => userinfo_of(a),
     };
     Ok(format!("unix://{auth}{path}"))
 }
@@ -366,15 +360,7 @@ fn sentinel_url<'a>(
     } else {
         "redis-sentinel"
     };
-    let credentials = |a: &str| match a.split_once(':') {
-        Some((user, password)) => (Some(userinfo(user)), userinfo(password)),
-        None => (None, userinfo(a)),
-    };
-    let auth = match get(&v.name("AUTH")).map(credentials) {
-        None => String::new(),
-        Some((Some(user), password)) => format!("{user}:{password}@"),
-        Some((None, password)) => format!(":{password}@"),
-    };
+    let auth = get(&v.name("AUTH")).map(userinfo_of).unwrap_or_default();
     let query = match get(&v.name("SENTINEL_AUTH")).map(credentials) {
         None => String::new(),
         Some((Some(user), password)) => {
@@ -387,6 +373,23 @@ fn sentinel_url<'a>(
         sentinels.join(","),
         userinfo(master)
     ))
+}
+
+/// `password` or `user:password` (as `REDIS_AUTH` is written), each
+/// percent-encoded.
+fn credentials(auth: &str) -> (Option<String>, String) {
+    match auth.split_once(':') {
+        Some((user, password)) => (Some(userinfo(user)), userinfo(password)),
+        None => (None, userinfo(auth)),
+    }
+}
+
+/// A URL's user information from `password` or `user:password`, with its `@`.
+fn userinfo_of(auth: &str) -> String {
+    match credentials(auth) {
+        (Some(user), password) => format!("{user}:{password}@"),
+        (None, password) => format!(":{password}@"),
+    }
 }
 
 fn userinfo(s: &str) -> String {

@@ -208,6 +208,43 @@ pub fn binary_without_rls_env() -> std::process::Command {
     command
 }
 
+/// The binary as a Deployment written for envoyproxy/ratelimit starts it:
+/// rules under `RUNTIME_ROOT` (`rules` itself), gRPC on
+/// `GRPC_HOST:GRPC_PORT`, the admin port on `HOST:PORT`, its output
+/// dropped; the caller adds the variables under test. With its gRPC client
+/// once it is ready.
+pub async fn ratelimit_binary(
+    rules: &std::path::Path,
+    env: &[(&str, String)],
+) -> (
+    ChildGuard,
+    envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient<
+        tonic::transport::Channel,
+    >,
+){
+    let (grpc, admin) = (free_port(), free_port());
+    let child = ChildGuard(
+        binary_without_rls_env()
+            .env("RUNTIME_ROOT", rules)
+            .env("RUNTIME_SUBDIRECTORY", ".")
+            .env("RUNTIME_APPDIRECTORY", ".")
+            .env("GRPC_HOST", "127.0.0.1")
+            .env("GRPC_PORT", grpc.to_string())
+            .env("HOST", "127.0.0.1")
+            .env("PORT", admin.to_string())
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start the binary"),
+    );
+    until_ok(&format!("http://127.0.0.1:{admin}/readyz"), "ready").await;
+    let client = envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient::connect(format!("http://127.0.0.1:{grpc}"))
+        .await
+        .expect("connect");
+    (child, client)
+}
+
 /// Waits until `url` answers a 2xx (a process's probe path), for at most
 /// 30 s; `what` says what never happened.
 pub async fn until_ok(url: &str, what: &str) {
