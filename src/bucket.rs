@@ -36,6 +36,20 @@ pub struct BucketParams {
     /// On an `overdraft` rule, the most debt a charge may leave (`max_debt`);
     /// `None`: one burst (B).
     pub max_debt: Option<u64>,
+    /// How the bucket counts: a token bucket, or a fixed window
+    /// ([`crate::window`]).
+    pub algorithm: Algorithm,
+}
+
+/// How a rule counts (`algorithm:`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Algorithm {
+    /// Refills continuously (this file).
+    #[default]
+    TokenBucket,
+    /// envoyproxy/ratelimit's: `requests_per_unit` hits per window aligned
+    /// to the epoch, every hit counted ([`crate::window`]).
+    FixedWindow,
 }
 
 /// What a bucket remembers between decisions.
@@ -202,6 +216,15 @@ impl BucketParams {
     /// When a bucket in `state` will be full again; after that it can be
     /// forgotten, because a missing bucket is a full one. `None`: never refills.
     pub fn full_at_micros(&self, state: &BucketState) -> Option<u64> {
+        if self.algorithm == Algorithm::FixedWindow {
+            // a window's count is forgotten when the window ends
+            // (`updated_micros` is its start)
+            return Some(
+                state
+                    .updated_micros
+                    .saturating_add(self.unit_secs.max(1).saturating_mul(1_000_000)),
+            );
+        }
         let missing = self.capacity as f64 - state.tokens;
         if missing <= EPSILON {
             return Some(state.updated_micros);
@@ -345,6 +368,7 @@ mod tests {
             tokens_per_unit: rate,
             unit_secs: 1,
             max_debt: None,
+            algorithm: Default::default(),
         }
     }
 
@@ -367,6 +391,7 @@ mod tests {
             tokens_per_unit: 1000,
             unit_secs: 60,
             max_debt: None,
+            algorithm: Default::default(),
         };
         let (s, o) = one(p, None, SEC, Cost::Check);
         assert!(o.admitted);
@@ -410,6 +435,7 @@ mod tests {
             tokens_per_unit: 10,
             unit_secs: 60,
             max_debt: None,
+            algorithm: Default::default(),
         };
         let owing = BucketState {
             tokens: -98.0,
@@ -516,6 +542,7 @@ mod tests {
             tokens_per_unit: 0,
             unit_secs: 1,
             max_debt: None,
+            algorithm: Default::default(),
         };
         let (_, o) = one(p, None, SEC, Cost::Spend(1));
         assert!(!o.admitted);
@@ -565,6 +592,7 @@ mod tests {
             tokens_per_unit: 2,
             unit_secs: 3600,
             max_debt: None,
+            algorithm: Default::default(),
         };
         let params = [burst, hourly];
         let (states, outcomes) = decide(&params, &[None, None], SEC, Cost::Spend(2));
@@ -606,6 +634,7 @@ mod tests {
             tokens_per_unit: 0,
             unit_secs: 1,
             max_debt: None,
+            algorithm: Default::default(),
         };
         let (_, o) = one(zero, None, SEC, Cost::Refund(3));
         assert!(o.admitted);
@@ -636,6 +665,7 @@ mod tests {
             tokens_per_unit: 365,
             unit_secs: 365 * 86_400,
             max_debt: None,
+            algorithm: Default::default(),
         };
         let empty = Some(BucketState {
             tokens: 0.0,

@@ -2,8 +2,10 @@
 //!
 //! Bucket math never reads a clock itself: callers pass "now" in microseconds.
 //! The memory store uses a [`MonotonicClock`] so that wall-clock jumps (NTP,
-//! a VM resumed from suspend) neither mint nor destroy tokens; tests use a
-//! [`ManualClock`] they move by hand.
+//! a VM resumed from suspend) neither mint nor destroy tokens; it reads Unix
+//! time once, when made, and counts monotonic time from there, so that fixed
+//! windows are aligned to the epoch as Redis's `TIME` aligns them. Tests use
+//! a [`ManualClock`] they move by hand.
 //!
 //! **Layer** (docs/architecture.md, "Layers", kept by `tests/layers.rs`): a
 //! leaf: uses nothing of the crate.
@@ -17,16 +19,23 @@ pub trait Clock: Send + Sync + 'static {
     fn now_micros(&self) -> u64;
 }
 
-/// Monotonic time since the clock was created.
+/// Unix time when the clock was created, plus the monotonic time since.
 #[derive(Debug, Clone)]
 pub struct MonotonicClock {
     origin: Instant,
+    /// Unix time at `origin`, in µs.
+    origin_unix_micros: u64,
 }
 
 impl MonotonicClock {
     pub fn new() -> Self {
+        let unix = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_micros() as u64);
         Self {
             origin: Instant::now(),
+            // never near "0": a bucket made at start has a real timestamp
+            origin_unix_micros: unix.max(3_600_000_000),
         }
     }
 }
@@ -39,9 +48,7 @@ impl Default for MonotonicClock {
 
 impl Clock for MonotonicClock {
     fn now_micros(&self) -> u64 {
-        // Offset by one hour so that "0" never means "the origin": a bucket
-        // created at start-up has a real timestamp like any other.
-        self.origin.elapsed().as_micros() as u64 + 3_600_000_000
+        self.origin.elapsed().as_micros() as u64 + self.origin_unix_micros
     }
 }
 

@@ -28,3 +28,4 @@ pub mod sources;
 pub mod store;
 pub mod telemetry;
 pub mod tls;
+pub mod window;

@@ -123,6 +123,7 @@ fn descriptor(tag: &str, bursts: &[u64]) -> DescriptorBuckets {
                     tokens_per_unit: 1,
                     unit_secs: 86_400,
                     max_debt: None,
+                    algorithm: Default::default(),
                 },
                 rule: RuleId::of("cases", "attempts"),
             })

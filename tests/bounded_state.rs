@@ -36,6 +36,7 @@ fn a_flood_of_new_values_stays_within_the_cap_and_a_steady_client_keeps_its_budg
         tokens_per_unit: 10,
         unit_secs: 86_400,
         max_debt: None,
+        algorithm: Default::default(),
     };
     let descriptor = |value: &str| api_key(value, params, rule);
     let steady = descriptor("the-steady-client");

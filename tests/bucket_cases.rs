@@ -31,6 +31,7 @@ fn p(capacity: u64, tokens_per_unit: u64, unit_secs: u64) -> BucketParams {
         tokens_per_unit,
         unit_secs,
         max_debt: None,
+        algorithm: Default::default(),
     }
 }
 
@@ -702,4 +703,163 @@ async fn a_rolling_upgrade_shares_buckets_with_the_previous_version() {
         "step one reads packed too"
     );
     assert_eq!(kind().await, "string", "a rejection writes nothing");
+}
+
+/// A fixed window's bucket (#41): `limit` per `window_secs`.
+fn fw(limit: u64, window_secs: u64) -> BucketParams {
+    BucketParams {
+        capacity: limit,
+        tokens_per_unit: limit,
+        unit_secs: window_secs,
+        max_debt: None,
+        algorithm: tokenbucket_rls::bucket::Algorithm::FixedWindow,
+    }
+}
+
+/// A fixed-window case: its name; per bucket, its params and the stored
+/// count, of this window (`0`) or of the one before (`-1`); the cost.
+type FixedCase = (&'static str, Vec<(BucketParams, Option<(f64, i64)>)>, Cost);
+
+fn fixed_window_cases() -> Vec<FixedCase> {
+    vec![
+        ("a new window", vec![(fw(3, 60), None)], Cost::Spend(1)),
+        (
+            "the last hit within",
+            vec![(fw(3, 60), Some((2.0, 0)))],
+            Cost::Spend(1),
+        ),
+        (
+            "over: refused, and counted",
+            vec![(fw(3, 60), Some((3.0, 0)))],
+            Cost::Spend(1),
+        ),
+        (
+            "the window before is none",
+            vec![(fw(3, 60), Some((3.0, -1)))],
+            Cost::Spend(1),
+        ),
+        (
+            "a weighted hit over",
+            vec![(fw(10, 60), Some((7.0, 0)))],
+            Cost::Spend(4),
+        ),
+        (
+            "a check counts nothing",
+            vec![(fw(3, 60), Some((2.0, 0)))],
+            Cost::Check,
+        ),
+        (
+            "a check over",
+            vec![(fw(3, 60), Some((3.0, 0)))],
+            Cost::Check,
+        ),
+        (
+            "refused by one limit, counted by both",
+            vec![(fw(1, 60), Some((1.0, 0))), (fw(5, 3600), None)],
+            Cost::Spend(1),
+        ),
+        ("a limit of 0", vec![(fw(0, 60), None)], Cost::Spend(1)),
+        (
+            "a window of a second",
+            vec![(fw(2, 1), Some((1.0, 0)))],
+            Cost::Spend(1),
+        ),
+        (
+            "a window of 30 s",
+            vec![(fw(3, 30), Some((1.0, 0)))],
+            Cost::Spend(2),
+        ),
+    ]
+}
+
+/// The fixed window's two copies (`src/window.rs`, `bucket.lua` flag 8)
+/// give the same answers and store the same counts, with the window's end
+/// as the key's expiry. A case whose decision fell in another second than
+/// its set-up (the answer's wait would differ by a second) runs again.
+#[tokio::test]
+async fn fixed_windows_in_lua_and_rust_give_the_same_answers() {
+    let redis = RedisServer::standalone();
+    let (store, client) = store_and_client(&redis, BucketLayout::Packed).await;
+    for (n, (name, buckets, cost)) in fixed_window_cases().into_iter().enumerate() {
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let tag = format!("fixed-{n}-{tries}").into_bytes();
+            let now = server_now(&client).await;
+            let now_s = now / SEC;
+            let descriptor = DescriptorBuckets {
+                buckets: buckets
+                    .iter()
+                    .enumerate()
+                    .map(|(i, (params, _))| BucketRef {
+                        key: [tag.as_slice(), format!("#{i}").as_bytes()].concat(),
+                        params: *params,
+                        rule: Default::default(),
+                    })
+                    .collect(),
+                tag: tag.clone(),
+            };
+            let mut states = Vec::new();
+            for (b, (params, state)) in descriptor.buckets.iter().zip(&buckets) {
+                let length = params.unit_secs as i64;
+                let start = (now_s - now_s % length + state.map_or(0, |s| s.1) * length) * SEC;
+                let stored = state.map(|(count, _)| BucketState {
+                    tokens: count,
+                    updated_micros: start as u64,
+                });
+                if let Some(s) = stored {
+                    let packed: Vec<u8> = [s.tokens, start as f64, 0.0]
+                        .iter()
+                        .flat_map(|f| f.to_le_bytes())
+                        .collect();
+                    let key = redis_key(tag_hash(&descriptor.tag), &b.key);
+                    let _: () = client
+                        .set(key, packed.as_slice(), None, None, false)
+                        .await
+                        .expect("SET");
+                }
+                states.push(stored);
+            }
+            let lua = store.decide(&descriptor, cost).await.expect("script runs");
+            if server_now(&client).await / SEC != now_s {
+                assert!(tries < 5, "case '{name}': never within one second");
+                continue;
+            }
+            let params: Vec<_> = buckets.iter().map(|(p, _)| *p).collect();
+            let (rust_states, rust) =
+                tokenbucket_rls::window::decide(&params, &states, now as u64, cost);
+            assert_eq!(lua, rust, "case '{name}'");
+            for (((b, rust_state), before), outcome) in descriptor
+                .buckets
+                .iter()
+                .zip(&rust_states)
+                .zip(&states)
+                .zip(&rust)
+            {
+                let key = redis_key(tag_hash(&descriptor.tag), &b.key);
+                let stored = stored_bucket(&client, &key).await;
+                if cost.deducted() > 0 {
+                    let (count, start) = stored.unwrap_or_else(|| panic!("case '{name}': written"));
+                    assert_eq!(
+                        (count, start as u64),
+                        (rust_state.tokens, rust_state.updated_micros),
+                        "case '{name}': every hit counted, in this window"
+                    );
+                    let ttl: i64 = client.pttl(key).await.expect("PTTL");
+                    let until_end = outcome.full_in_secs as i64 * 1000;
+                    assert!(
+                        ttl > 0 && ttl <= until_end + 1000,
+                        "case '{name}': expires when the window ends (+1 s), TTL {ttl} ms"
+                    );
+                } else {
+                    assert_eq!(
+                        stored.map(|s| s.0),
+                        before.map(|s| s.tokens),
+                        "case '{name}': a check writes nothing"
+                    );
+                }
+            }
+            break;
+        }
+    }
 }

@@ -2437,3 +2437,56 @@ async fn envoy_enforces_three_per_thirty_seconds_on_a_redis_cluster_with_two_ins
     ];
     three_per_thirty_seconds(&[env.clone(), env]).await;
 }
+
+const FIXED_HOURLY: &str = "domain: edge\ndescriptors:\n  - key: tenant\n    descriptors:\n      - key: user\n        algorithm: fixed_window\n        rate_limit: {unit: hour, requests_per_unit: 3}\n";
+
+/// `algorithm: fixed_window` (#41) through a real Envoy: three a clock hour
+/// (windows aligned to the epoch, as envoyproxy/ratelimit's), then 429 with
+/// a Retry-After of the seconds left in the hour, and a refused hit is
+/// counted too (asked again, still refused, never a negative remainder).
+async fn fixed_window_through_envoy(instances: &[Vec<(&str, String)>]) {
+    let secs_to_hour = || {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("after 1970")
+            .as_secs();
+        3600 - now % 3600
+    };
+    // not across an hour's end while asking
+    if secs_to_hour() < 15 {
+        tokio::time::sleep(Duration::from_secs(secs_to_hour() + 1)).await;
+    }
+    let rules = tempfile::tempdir().expect("tempdir");
+    std::fs::write(rules.path().join("edge.yaml"), FIXED_HOURLY).expect("rules");
+    let edge = Edge::start_with_rules(rules.path(), instances).await;
+    let who = [("x-tenant", "t"), ("x-user", "fixed")];
+    assert_eq!(edge.codes(3, "/", &who).await, [200, 200, 200]);
+    for _ in 0..2 {
+        let over = edge.get("/", &who).await;
+        assert_eq!(over.status, 429);
+        let wait = over.retry_after_secs();
+        let left = secs_to_hour();
+        assert!(
+            wait.abs_diff(left) <= 2,
+            "Retry-After {wait} s, the hour ends in {left} s"
+        );
+        let (_, remaining, _) = over.x_ratelimit.expect("x-ratelimit-* headers");
+        assert_eq!(remaining, "0");
+    }
+}
+
+#[tokio::test]
+async fn envoy_enforces_a_fixed_window() {
+    fixed_window_through_envoy(&[vec![]]).await;
+}
+
+#[tokio::test]
+async fn envoy_enforces_a_fixed_window_on_a_redis_cluster_with_two_instances() {
+    let cluster = common::redis::RedisCluster::start();
+    let env = vec![
+        ("RLS_STORE", "redis".to_string()),
+        ("RLS_REDIS_URL", cluster.url()),
+        ("RLS_REDIS_TIMEOUT", "200ms".to_string()),
+    ];
+    fixed_window_through_envoy(&[env.clone(), env]).await;
+}

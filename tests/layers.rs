@@ -35,6 +35,7 @@ const ROOMS: &[&[&str]] = &[
         "labels",
         "pb_struct",
         "periodic",
+        "window",
     ],
 ];
 

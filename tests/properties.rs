@@ -21,6 +21,7 @@ fn params() -> impl Strategy<Value = BucketParams> {
             tokens_per_unit,
             unit_secs,
             max_debt: None,
+            algorithm: Default::default(),
         })
 }
 

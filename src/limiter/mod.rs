@@ -23,7 +23,7 @@ use futures::future::join_all;
 use tracing::Instrument;
 
 use crate::attempt::{AttemptCall, AttemptMode, AttemptResult, Phase};
-use crate::bucket::{BucketOutcome, BucketParams, Cost};
+use crate::bucket::{Algorithm, BucketOutcome, BucketParams, Cost};
 use crate::clock::{Clock, MonotonicClock};
 pub use crate::decision::{Decision, ShownLimit, Verdict};
 use crate::labels::RuleId;
@@ -664,6 +664,9 @@ impl Limiter {
                                 tokens_per_unit: b.params.tokens_per_unit,
                                 unit_secs: b.params.unit_secs * n,
                                 max_debt: b.params.max_debt.map(|d| d / n),
+                                // a fixed window's share too: B/N refilling
+                                // at r/N, continuously
+                                algorithm: Algorithm::TokenBucket,
                             },
                         })
                         .collect(),
@@ -755,6 +758,7 @@ fn plan<'a, E: DescriptorEntry>(
                     tokens_per_unit: u64::from(rpu),
                     unit_secs: unit.seconds(),
                     max_debt: None,
+                    algorithm: Algorithm::TokenBucket,
                 };
                 return Plan::Buckets {
                     rule: None,

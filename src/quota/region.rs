@@ -47,7 +47,7 @@ use envoy_types::pb::google::protobuf::Duration as PbDuration;
 use parking_lot::Mutex;
 
 use super::assignment::micros_of;
-use crate::bucket::BucketParams;
+use crate::bucket::{Algorithm, BucketParams};
 use crate::clock::{Clock, MonotonicClock};
 use crate::rules::FailureMode;
 
@@ -80,6 +80,7 @@ pub fn floor(params: BucketParams, regions: u32) -> BucketParams {
         tokens_per_unit: params.tokens_per_unit,
         unit_secs: params.unit_secs.saturating_mul(n),
         max_debt: None,
+        algorithm: Algorithm::TokenBucket,
     }
 }
 
@@ -518,6 +519,7 @@ fn params_of(strategy: &Strategy) -> Option<BucketParams> {
                 tokens_per_unit: u64::from(per_fill),
                 unit_secs: secs.max(1),
                 max_debt: None,
+                algorithm: Algorithm::TokenBucket,
             })
         }
         Strategy::BlanketRule(r) if *r == BlanketRule::DenyAll as i32 => Some(BucketParams {
@@ -525,6 +527,7 @@ fn params_of(strategy: &Strategy) -> Option<BucketParams> {
             tokens_per_unit: 0,
             unit_secs: 1,
             max_debt: None,
+            algorithm: Algorithm::TokenBucket,
         }),
         _ => None,
     }

@@ -16,6 +16,7 @@ use super::schema::{AttemptsDoc, DescriptorDoc, LeaseDoc, RateLimitDoc};
 use super::unit::{FailureMode, Unit};
 use super::wildcard::Wildcard;
 use crate::attempt::AttemptMode;
+use crate::bucket::Algorithm;
 
 /// What a descriptor passes down to the ones nested in it.
 #[derive(Clone)]
@@ -249,6 +250,9 @@ fn compile_rule(scope: &Scope<'_>, doc: &DescriptorDoc, errors: &mut ConfigError
                 l.max_debt = Some(debt);
             }
         }
+    }
+    if !compile_algorithm(scope, doc, &mut action, global, errors) {
+        return None;
     }
     // In a usage domain, every rule that could take `overdraft` charges
     // the costs descriptors bring (the others spend as usual).
@@ -695,6 +699,88 @@ fn compile_lease(
         size: u64::from(size),
         ttl,
     })
+}
+
+/// `algorithm:`: a fixed window sets every bucket of the rule counting so
+/// (and its own bucket ids, so that a rule switched between algorithms
+/// never reads one's state as the other's); what has no meaning in a fixed
+/// window is refused with its reason. False when refused.
+fn compile_algorithm(
+    scope: &Scope<'_>,
+    doc: &DescriptorDoc,
+    action: &mut Option<RuleAction>,
+    global: bool,
+    errors: &mut ConfigErrors,
+) -> bool {
+    match doc.algorithm.as_deref() {
+        None | Some("token_bucket") => return true,
+        Some("fixed_window") => {}
+        Some(other) => {
+            scope.error(
+                errors,
+                format!("algorithm '{other}' is not one of token_bucket, fixed_window"),
+            );
+            return false;
+        }
+    }
+    let refused = [
+        (
+            doc.overdraft,
+            "`overdraft` (a usage charge into debt; a fixed window counts hits)",
+        ),
+        (
+            doc.lease.is_some(),
+            "`lease` (tokens handed out ahead; a fixed window has none to hand out)",
+        ),
+        (
+            doc.attempts.is_some(),
+            "`attempts` (reservations and dedupe are the token bucket's)",
+        ),
+        (
+            doc.max_debt.is_some(),
+            "`max_debt` (a fixed window has no debt)",
+        ),
+        (
+            global,
+            "`scope: global` (regions share a token bucket's rate)",
+        ),
+        (
+            scope.usage,
+            "a usage domain (its rules charge costs into debt)",
+        ),
+    ];
+    for (set, what) in refused {
+        if set {
+            scope.error(
+                errors,
+                format!("`algorithm: fixed_window` with {what}: use the token bucket for it"),
+            );
+            return false;
+        }
+    }
+    let Some(RuleAction::Limited(limits)) = action else {
+        scope.error(
+            errors,
+            "`algorithm: fixed_window` on a rule with no limit to count: give it `rate_limit` or `limits`",
+        );
+        return false;
+    };
+    for l in limits.iter_mut() {
+        if l.burst != l.requests_per_unit {
+            scope.error(
+                errors,
+                format!(
+                    "`algorithm: fixed_window` with burst {} on a limit of {} per window: a fixed window allows requests_per_unit per window and has no burst; drop burst",
+                    l.burst, l.requests_per_unit
+                ),
+            );
+            return false;
+        }
+        l.params.algorithm = Algorithm::FixedWindow;
+        l.algorithm = Algorithm::FixedWindow;
+        l.bucket_id.push_str("~fixed");
+    }
+    true
 }
 
 fn compile_action(

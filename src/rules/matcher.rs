@@ -14,7 +14,7 @@ use serde::Serialize;
 
 use super::unit::{FailureMode, Unit};
 use super::wildcard::Wildcard;
-use crate::bucket::BucketParams;
+use crate::bucket::{Algorithm, BucketParams};
 
 fn metadata_as_yaml<S: serde::Serializer>(
     metadata: &Option<envoy_types::pb::google::protobuf::Struct>,
@@ -159,6 +159,9 @@ pub struct Limit {
     pub unit_multiplier: u32,
     /// The window's length in seconds (unit × unit_multiplier).
     pub window_secs: u64,
+    /// How it counts (the rule's `algorithm`).
+    #[serde(serialize_with = "algorithm_name")]
+    pub algorithm: Algorithm,
     pub requests_per_unit: u32,
     pub burst: u32,
     pub replaces: Vec<String>,
@@ -187,11 +190,13 @@ impl Limit {
                 tokens_per_unit: u64::from(requests_per_unit),
                 unit_secs: unit.seconds(),
                 max_debt: None,
+                algorithm: Algorithm::TokenBucket,
             },
             name,
             unit,
             unit_multiplier: 1,
             window_secs: unit.seconds(),
+            algorithm: Algorithm::TokenBucket,
             requests_per_unit,
             burst,
             replaces,
@@ -211,6 +216,13 @@ impl Limit {
 
 fn is_one(n: &u32) -> bool {
     *n == 1
+}
+
+fn algorithm_name<S: serde::Serializer>(a: &Algorithm, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(match a {
+        Algorithm::TokenBucket => "token_bucket",
+        Algorithm::FixedWindow => "fixed_window",
+    })
 }
 
 /// One level of the tree: the descriptors at one depth under one parent.

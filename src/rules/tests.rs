@@ -788,3 +788,77 @@ fn windows_of_no_length_or_past_a_year_are_refused_naming_the_place() {
     let e = errors("domain: d\ndescriptors:\n  - key: user\n    rate_limit: {unit: second, unit_multiplier: -1, requests_per_unit: 3}\n");
     assert!(e.contains("unit_multiplier"), "{e}");
 }
+
+#[test]
+fn a_fixed_window_rule() {
+    let r = load("domain: d\ndescriptors:\n  - key: user\n    algorithm: fixed_window\n    limits:\n      - {unit: minute, requests_per_unit: 3}\n      - {unit: hour, requests_per_unit: 100, name: hourly}\n  - key: team\n    algorithm: token_bucket\n    rate_limit: {unit: minute, requests_per_unit: 3}\n")
+        .expect("valid");
+    let limits = |entries: &[(&str, &str)]| {
+        let m = r.lookup("d", entries).expect("match");
+        match &m.rule.action {
+            RuleAction::Limited(limits) => limits
+                .iter()
+                .map(|l| (l.params.algorithm, l.bucket_id.clone()))
+                .collect::<Vec<_>>(),
+            _ => panic!("limited"),
+        }
+    };
+    use crate::bucket::Algorithm;
+    assert_eq!(
+        limits(&[("user", "u")]),
+        [
+            (Algorithm::FixedWindow, "#0~fixed".to_string()),
+            (Algorithm::FixedWindow, "hourly~fixed".to_string())
+        ]
+    );
+    assert_eq!(
+        limits(&[("team", "t")]),
+        [(Algorithm::TokenBucket, "0".to_string())]
+    );
+}
+
+#[test]
+fn what_a_fixed_window_cannot_honour_is_refused_naming_the_place() {
+    let rule = |extra: &str, limit: &str| {
+        format!("domain: d\ndescriptors:\n  - key: user\n    algorithm: fixed_window\n{extra}    rate_limit: {limit}\n")
+    };
+    for (extra, limit, says) in [
+        (
+            "",
+            "{unit: minute, requests_per_unit: 3, burst: 10}",
+            "has no burst",
+        ),
+        (
+            "    overdraft: true\n",
+            "{unit: minute, requests_per_unit: 3}",
+            "`overdraft`",
+        ),
+        (
+            "    lease: {size: 2}\n",
+            "{unit: minute, requests_per_unit: 3}",
+            "`lease`",
+        ),
+        (
+            "    attempts: {key: request_id, ttl: 1m}\n",
+            "{unit: minute, requests_per_unit: 3}",
+            "`attempts`",
+        ),
+        (
+            "    scope: global\n",
+            "{unit: minute, requests_per_unit: 3}",
+            "`scope: global`",
+        ),
+        ("", "{unlimited: true}", "no limit to count"),
+    ] {
+        let e = errors(&rule(extra, limit));
+        assert!(
+            e.contains("rules.yaml") && e.contains("user") && e.contains(says),
+            "{extra}{limit}: {e}"
+        );
+    }
+    let e = errors("domain: d\ndescriptors:\n  - key: user\n    algorithm: sliding\n    rate_limit: {unit: minute, requests_per_unit: 3}\n");
+    assert!(
+        e.contains("algorithm 'sliding' is not one of token_bucket, fixed_window"),
+        "{e}"
+    );
+}

@@ -52,7 +52,7 @@ pub use self::shard::{BUCKET_FIXED_BYTES, BYTES_PER_BUCKET};
 use super::key::{attempt_key, slots_key};
 use super::{AttemptOutcome, DescriptorBuckets, Store, StoreError};
 use crate::attempt::{self, AttemptCall, AttemptMode, AttemptResult, Phase, SlotOutcome};
-use crate::bucket::{self, BucketOutcome, BucketState, Cost};
+use crate::bucket::{self, Algorithm, BucketOutcome, BucketState, Cost};
 use crate::clock::Clock;
 use crate::labels::RuleId;
 use crate::telemetry::Metrics;
@@ -371,14 +371,23 @@ impl<C: Clock> MemoryStore<C> {
             .iter()
             .map(|k| shard.buckets.get(k.as_slice()).map(|e| e.state))
             .collect();
-        let (new_states, outcomes) = bucket::decide(&params, &states, now, cost);
+        let fixed_window = params
+            .first()
+            .is_some_and(|p| p.algorithm == Algorithm::FixedWindow);
+        let (new_states, outcomes) = if fixed_window {
+            crate::window::decide(&params, &states, now, cost)
+        } else {
+            bucket::decide(&params, &states, now, cost)
+        };
         // Only an admitted request that spends (or refunds), or a charge,
         // changes anything: a rejection or a check leaves the state as it
-        // was (refill is a pure function of it).
+        // was (refill is a pure function of it). In a fixed window every
+        // hit counts, refused or not.
         let admitted = outcomes.first().is_some_and(|o| o.admitted);
         let charged =
             matches!(cost, Cost::Charge(_)) && outcomes.first().is_some_and(|o| o.taken > 0);
-        let writes = (admitted && cost.deducted() != 0) || charged;
+        let writes =
+            (admitted && cost.deducted() != 0) || charged || (fixed_window && cost.deducted() > 0);
         if !writes {
             // Nothing to store, but a reload may have lowered the rate since
             // the bucket was written: it is full later now, not at the time

@@ -134,6 +134,7 @@ mod tests {
                         tokens_per_unit: 1,
                         unit_secs: *unit,
                         max_debt: None,
+                        algorithm: Default::default(),
                     },
                     rule: RuleId::default(),
                 })

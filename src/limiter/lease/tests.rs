@@ -271,6 +271,7 @@ fn bucket(capacity: u64, tokens_per_unit: u64, unit_secs: u64) -> DescriptorBuck
                 tokens_per_unit,
                 unit_secs,
                 max_debt: None,
+                algorithm: Default::default(),
             },
         }],
     }

@@ -14,6 +14,7 @@ const RULE: BucketParams = BucketParams {
     tokens_per_unit: 30,
     unit_secs: 1,
     max_debt: None,
+    algorithm: crate::bucket::Algorithm::TokenBucket,
 };
 
 fn id(pairs: &[(&str, &str)]) -> BucketId {
@@ -111,6 +112,7 @@ fn an_assignment_is_kept_until_it_expires_even_when_cut_off() {
         tokens_per_unit: 20,
         unit_secs: 1,
         max_debt: None,
+        algorithm: Default::default(),
     });
     // one decision settles at the floor (the share grew past it), then
     // the share
@@ -335,6 +337,7 @@ fn an_assignment_beyond_the_rule_or_the_longest_ttl_is_cut() {
         tokens_per_unit: 100,
         unit_secs: 10,
         max_debt: None,
+        algorithm: Default::default(),
     };
     let strategy = Strategy::TokenBucket(envoy_types::pb::envoy::r#type::v3::TokenBucket {
         max_tokens: 20,
@@ -382,12 +385,14 @@ fn a_share_that_grows_settles_once_at_the_numbers_before_it() {
         tokens_per_unit: 5,
         unit_secs: 1,
         max_debt: None,
+        algorithm: Default::default(),
     };
     let big = BucketParams {
         capacity: 40,
         tokens_per_unit: 20,
         unit_secs: 1,
         max_debt: None,
+        algorithm: Default::default(),
     };
     let strategy = |p: BucketParams| {
         token_bucket(Budget {
@@ -450,6 +455,7 @@ fn settling_is_bounded_and_never_at_numbers_that_cannot_admit() {
         tokens_per_unit: 25,
         unit_secs: 1,
         max_debt: None,
+        algorithm: Default::default(),
     };
     shares.apply("d", &[assign(&pairs, share(80.0, 25.0), 10)], 2 * S);
     assert_eq!(

@@ -18,6 +18,7 @@ fn descriptor(key: &str, capacity: u64, rate: u64) -> DescriptorBuckets {
                 tokens_per_unit: rate,
                 unit_secs: 1,
                 max_debt: None,
+                algorithm: Default::default(),
             },
         }],
     }
@@ -118,6 +119,7 @@ fn entry(capacity: u64, tokens: f64, rejected: Option<u64>, rule: RuleId) -> Ent
         tokens_per_unit: 1,
         unit_secs: 1,
         max_debt: None,
+        algorithm: Default::default(),
     };
     let state = BucketState {
         tokens,
@@ -226,6 +228,7 @@ fn login(user: &str) -> DescriptorBuckets {
                 tokens_per_unit: 1,
                 unit_secs: 3600,
                 max_debt: None,
+                algorithm: Default::default(),
             },
         }],
     }
@@ -548,4 +551,39 @@ fn one_hot_descriptor_may_hold_the_whole_attempt_bound() {
     clock.advance_micros(21_000_000);
     store.evict_full();
     assert_eq!(store.attempts(), 0);
+}
+
+/// A fixed window (#41) in the memory store: every hit counts, the refused
+/// ones too (a refusal is stored, unlike a token bucket's), the next window
+/// starts from nothing, and the count is forgotten when its window ends.
+#[test]
+fn a_fixed_window_counts_every_hit_and_is_forgotten_at_its_end() {
+    let clock = ManualClock::new(600 * 1_000_000 + 30 * 1_000_000);
+    let store = MemoryStore::new(clock.clone());
+    let mut d = descriptor("fw", 2, 2);
+    d.buckets[0].params.unit_secs = 60;
+    d.buckets[0].params.algorithm = crate::bucket::Algorithm::FixedWindow;
+    let outcomes: Vec<(bool, u64, Option<u64>)> = (0..4)
+        .map(|_| {
+            let o = store.decide_now(&d, Cost::Spend(1))[0];
+            (o.admitted, o.remaining, o.retry_after_secs)
+        })
+        .collect();
+    assert_eq!(
+        outcomes,
+        [
+            (true, 1, None),
+            (true, 0, None),
+            (false, 0, Some(30)),
+            (false, 0, Some(30))
+        ]
+    );
+    assert_eq!(store.len(), 1, "the refused hits are stored");
+    clock.advance_secs_f64(30.0);
+    let next = store.decide_now(&d, Cost::Spend(1))[0];
+    assert!(next.admitted);
+    assert_eq!((next.remaining, next.full_in_secs), (1, 60));
+    clock.advance_secs_f64(60.0);
+    store.evict_full();
+    assert!(store.is_empty(), "forgotten when its window ended");
 }

@@ -19,7 +19,8 @@
 --             the packed one; + 2 for a charge (a rule's `overdraft`):
 --             deducted whatever the verdict (not on a rate of 0), down to
 --             -capacity at most (a balance already below it stays), its
---             wait counted from after it; + 4 for a call of an attempt
+--             wait counted from after it; + 4 for a call of an attempt;
+--             + 8 for a fixed window (below)
 --   then per bucket: capacity, tokens_per_unit, unit_secs, max_debt (the
 --             most debt a charge may leave; -1: capacity)
 --   then, for a call of an attempt: phase (0 start, 1 done), mode (0
@@ -41,6 +42,16 @@
 -- here, once). Those are a sorted set of attempt id -> expiry (ms), kept
 -- two ttls past its newest entry: an admitted reservation is added, a
 -- settled one removed.
+-- A fixed window (src/window.rs has the Rust copy): per bucket, capacity
+-- is unused, tokens_per_unit is the limit and unit_secs the window's
+-- length; windows are aligned to the epoch of this server's TIME. The
+-- bucket's value packs (the window's count, its start in µs, expiry set);
+-- a count of another window is none. Every hit counts, refused or not: the
+-- count after it is stored whatever the verdict, and a bucket is over when
+-- that count is above its limit (a check asks as one hit and counts none).
+-- It answers as a bucket does: remaining (0 when over), the wait until the
+-- window ends (for a bucket over, when refused), that same wait as
+-- full_in, never 0, forgiven 0, then what was counted when admitted.
 -- KEYS holds the first decision's keys, declared, so that the server checks
 -- their slot is its own before anything runs. A batch's other keys are not
 -- declared (one call may declare one slot only): a batch runs as the same
@@ -103,6 +114,7 @@ while a <= nargs do
   local write_hash = flags % 2 == 1
   local charge = floor(flags / 2) % 2 == 1
   local attempt = floor(flags / 4) % 2 == 1
+  local fixed = floor(flags / 8) % 2 == 1
   -- bucket i's numbers at ARGV[at + 4i - 3 ..], its key at keys[ka + i]
   local at = a + 4
   local keys, ka = KEYS, 0
@@ -136,6 +148,61 @@ while a <= nargs do
   end
   -- `repeat … until true`: a `break` from it ends this decision
   repeat
+    if fixed then
+      local now_s = floor(now / 1000000)
+      local counted = max(0, deducted)
+      local all_in = true
+      for i = 1, n do
+        local k = S * (i - 1)
+        local limit = tonumber(ARGV[at + 4 * i - 2])
+        local length = max(1, tonumber(ARGV[at + 4 * i - 1]))
+        local into = now_s % length
+        local start = (now_s - into) * 1000000
+        local count = 0
+        local value = redis.pcall('GET', keys[ka + i])
+        if type(value) == 'table' and value.err then
+          if string.sub(value.err, 1, 9) ~= 'WRONGTYPE' then
+            if d == 1 then return value end
+            here = false
+            break
+          end
+        elseif type(value) == 'string' and #value == 24 then
+          local st, su = struct.unpack('<ddd', value)
+          if su == start then count = max(0, st) end
+        end
+        local over = 0
+        if count + needed > limit then
+          over = 1
+          all_in = false
+        end
+        B[k + CAP], B[k + TOKENS], B[k + STAMP], B[k + UNIT], B[k + LAYOUT] =
+          limit, count, start, length - into, over
+        B[k + PER_SEC] = length
+      end
+      if not here then
+        answers[d] = { -1 }
+        break
+      end
+      local out = { all_in and 1 or 0 }
+      local o = 1
+      for i = 1, n do
+        local k = S * (i - 1)
+        local after = B[k + TOKENS] + counted
+        if counted > 0 then
+          local ms = ceil((B[k + STAMP] + B[k + PER_SEC] * 1000000 - now) / 1000) + margin_ms
+          redis.call('SET', keys[ka + i], struct.pack('<ddd', after, B[k + STAMP], now_ms + ms), 'PX', ms)
+        end
+        local remaining, retry = 0, -1
+        if B[k + LAYOUT] == 0 then remaining = B[k + CAP] - after end
+        if not all_in and B[k + LAYOUT] == 1 then retry = B[k + UNIT] end
+        out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5] = remaining, retry, B[k + UNIT], 0, 0
+        o = o + 5
+      end
+      out[o + 1] = (all_in and counted) or 0
+      if answers == nil then return out end
+      answers[d] = out
+      break
+    end
     if attempt then
       local value = redis.pcall('GET', rk)
       if type(value) == 'table' and value.err then

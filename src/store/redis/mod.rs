@@ -51,7 +51,7 @@ use self::nodes::{ClientRecipe, NodeClients, Routing};
 use super::breaker::Nodes;
 use super::{AttemptOutcome, DescriptorBuckets, Store, StoreError};
 use crate::attempt::{self, AttemptCall, AttemptMode, AttemptResult, Phase, SlotOutcome};
-use crate::bucket::{BucketOutcome, Cost, MAX_COST};
+use crate::bucket::{Algorithm, BucketOutcome, Cost, MAX_COST};
 use crate::labels::RuleId;
 use crate::telemetry::Metrics;
 
@@ -645,12 +645,18 @@ impl RedisStore {
             Value::Integer(cost.needed() as i64),
             Value::Integer(cost.deducted()),
             Value::Integer(EXPIRY_MARGIN_MS),
-            // flags: 1 the hash layout, 2 a charge, 4 an attempt (see
-            // bucket.lua)
+            // flags: 1 the hash layout, 2 a charge, 4 an attempt, 8 a
+            // fixed window (see bucket.lua)
             Value::Integer(
                 i64::from(self.layout == BucketLayout::Hash)
                     + 2 * i64::from(matches!(cost, Cost::Charge(_)))
-                    + 4 * i64::from(attempt.is_some()),
+                    + 4 * i64::from(attempt.is_some())
+                    + 8 * i64::from(
+                        descriptor
+                            .buckets
+                            .first()
+                            .is_some_and(|b| b.params.algorithm == Algorithm::FixedWindow),
+                    ),
             ),
         ]);
         for b in &descriptor.buckets {
