@@ -7,7 +7,9 @@
 //! the Unix epoch (a minute's window starts at :00). Every hit counts, the
 //! refused ones too: a hit is added to the window's count, and the call is
 //! OVER_LIMIT when the count after it is above the limit. What is left is
-//! the limit minus that count (0 when over), and the wait, for a refusal
+//! the limit minus that count (0 when over; a check, `hits_addend: 0`,
+//! counts nothing and is over when the count already is, as its `INCRBY 0`
+//! is), and the wait, for a refusal
 //! and for `duration_until_reset` alike, is the time until the window
 //! ends. A descriptor's buckets (`limits`) each count the hit; the call is
 //! admitted when every one is within its limit.
@@ -42,8 +44,8 @@ pub fn decide(
     now_micros: u64,
     cost: Cost,
 ) -> (Vec<BucketState>, Vec<BucketOutcome>) {
-    // a check asks as one hit would and counts nothing
-    let asked = cost.needed();
+    // a check (`hits_addend: 0`) counts nothing, and is over when the
+    // count already is: envoyproxy/ratelimit's `INCRBY key 0`
     let counted = cost.deducted().max(0) as u64;
     let counts: Vec<(u64, u64, u64)> = params
         .iter()
@@ -59,7 +61,7 @@ pub fn decide(
     let over: Vec<bool> = params
         .iter()
         .zip(&counts)
-        .map(|(p, (_, _, count))| count.saturating_add(asked) > p.tokens_per_unit)
+        .map(|(p, (_, _, count))| count.saturating_add(counted) > p.tokens_per_unit)
         .collect();
     let admitted = !over.iter().any(|o| *o);
     let states = counts
@@ -162,11 +164,70 @@ mod tests {
         assert!(!over.admitted);
         assert_eq!(over.remaining, 0);
         assert_eq!(s.map(|s| s.tokens), Some(11.0));
-        // a check asks as one hit and counts nothing
+        // a check counts nothing, and is over only when the count is
         let mut fresh = None;
         let check = one(w, &mut fresh, 60 * SEC, Cost::Check);
         assert!(check.admitted);
         assert_eq!((check.remaining, fresh.map(|s| s.tokens)), (10, Some(0.0)));
+        let mut full = Some(BucketState {
+            tokens: 10.0,
+            updated_micros: 60 * SEC,
+        });
+        assert!(
+            one(w, &mut full, 60 * SEC, Cost::Check).admitted,
+            "at the limit"
+        );
+        assert!(!one(w, &mut s, 60 * SEC, Cost::Check).admitted, "past it");
+    }
+
+    /// The scenarios of envoyproxy/ratelimit's own fixed-window tests
+    /// (`test/redis/fixed_cache_impl_test.go`: TestRedis, TestNearLimit and
+    /// its hits_addend cases): at its mocked Unix time, a limit per unit,
+    /// the hits, and the count its `INCRBY` returned; the same code,
+    /// `limit_remaining` and `duration_until_reset` here.
+    #[test]
+    fn answers_as_envoyproxy_ratelimits_own_tests() {
+        // (now s, limit, unit s, hits, count after, over, remaining, reset s)
+        let scenarios: [(u64, u64, u64, u64, u64, bool, u64, u64); 15] = [
+            (1234, 10, 1, 1, 5, false, 5, 1),
+            (1234, 10, 60, 1, 11, true, 0, 26),
+            (1_000_000, 10, 3600, 0, 11, true, 0, 800),
+            (1_000_000, 10, 86_400, 1, 13, true, 0, 36_800),
+            (1_000_000, 15, 3600, 1, 11, false, 4, 800),
+            (1_000_000, 15, 3600, 1, 13, false, 2, 800),
+            (1_000_000, 15, 3600, 1, 16, true, 0, 800),
+            (1234, 20, 1, 3, 5, false, 15, 1),
+            (1234, 8, 1, 2, 7, false, 1, 1),
+            (1234, 20, 1, 3, 19, false, 1, 1),
+            (1234, 20, 1, 3, 22, true, 0, 1),
+            (1234, 20, 1, 7, 22, true, 0, 1),
+            (1234, 10, 1, 3, 30, true, 0, 1),
+            (1_000_000, 15, 3600, 2, 13, false, 2, 800),
+            (1_000_000, 14, 3600, 2, 15, true, 0, 800),
+        ];
+        for (now, limit, unit, hits, after, over, remaining, reset) in scenarios {
+            let w = p(limit, unit);
+            let (start, _) = window_of(&w, now * SEC);
+            let mut state = Some(BucketState {
+                tokens: (after - hits) as f64,
+                updated_micros: start,
+            });
+            let cost = if hits == 0 {
+                Cost::Check
+            } else {
+                Cost::Spend(hits)
+            };
+            let o = one(w, &mut state, now * SEC, cost);
+            let case = (now, limit, unit, hits, after);
+            assert_eq!(o.admitted, !over, "{case:?}");
+            assert_eq!(o.remaining, remaining, "{case:?}");
+            assert_eq!(o.full_in_secs, reset, "{case:?}: duration_until_reset");
+            assert_eq!(
+                state.map(|s| s.tokens),
+                Some(after as f64),
+                "{case:?}: the count"
+            );
+        }
     }
 
     #[test]

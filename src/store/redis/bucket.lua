@@ -48,7 +48,8 @@
 -- bucket's value packs (the window's count, its start in µs, expiry set);
 -- a count of another window is none. Every hit counts, refused or not: the
 -- count after it is stored whatever the verdict, and a bucket is over when
--- that count is above its limit (a check asks as one hit and counts none).
+-- that count is above its limit (a check counts none, and is over when the
+-- count already is, as envoyproxy/ratelimit's INCRBY 0).
 -- It answers as a bucket does: remaining (0 when over), the wait until the
 -- window ends (for a bucket over, when refused), that same wait as
 -- full_in, never 0, forgiven 0, then what was counted when admitted.
@@ -171,7 +172,7 @@ while a <= nargs do
           if su == start then count = max(0, st) end
         end
         local over = 0
-        if count + needed > limit then
+        if count + counted > limit then
           over = 1
           all_in = false
         end
