@@ -188,7 +188,8 @@ mod tests {
     #[test]
     fn answers_as_envoyproxy_ratelimits_own_tests() {
         // (now s, limit, unit s, hits, count after, over, remaining, reset s)
-        let scenarios: [(u64, u64, u64, u64, u64, bool, u64, u64); 15] = [
+        type Scenario = (u64, u64, u64, u64, u64, bool, u64, u64);
+        let scenarios: [Scenario; 15] = [
             (1234, 10, 1, 1, 5, false, 5, 1),
             (1234, 10, 60, 1, 11, true, 0, 26),
             (1_000_000, 10, 3600, 0, 11, true, 0, 800),
