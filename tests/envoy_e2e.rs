@@ -1842,16 +1842,16 @@ async fn a_call_envoy_sends_again_is_charged_once() {
         (200, Some("8")),
         "charged once"
     );
-    assert_eq!(
-        admin_metric(
-            &client,
-            admin,
-            "rls_attempts_total{domain=\"streams\",result=\"repeat\",rule=\"calls\"}"
-        )
-        .await,
-        1.0,
-        "the retry was a repeat"
-    );
+    // at least one repeat: on a busy machine a retry can outlast Envoy's
+    // per-try timeout too and be sent again (ci17 saw two), each a repeat
+    // charged nothing, as the remaining count above and below says
+    let repeats = admin_metric(
+        &client,
+        admin,
+        "rls_attempts_total{domain=\"streams\",result=\"repeat\",rule=\"calls\"}",
+    )
+    .await;
+    assert!(repeats >= 1.0, "the retry was a repeat: {repeats}");
     assert_eq!(
         as_user(&client, &envoy, "u1").await,
         (200, Some("7".to_string()))
