@@ -59,8 +59,9 @@ fn main() -> ExitCode {
         Some(Command::CheckConfig {
             path,
             merge_domains,
+            algorithm,
             rlqs,
-        }) => check_config(&path, merge_domains, rlqs),
+        }) => check_config(&path, merge_domains, algorithm, rlqs),
         None => {
             let runtime = match tokio::runtime::Runtime::new() {
                 Ok(rt) => rt,
@@ -174,9 +175,15 @@ fn short(rate: f64) -> String {
     text.trim_end_matches('0').trim_end_matches('.').to_string()
 }
 
-fn check_config(path: &std::path::Path, merge_domains: bool, rlqs: bool) -> ExitCode {
+fn check_config(
+    path: &std::path::Path,
+    merge_domains: bool,
+    algorithm: tokenbucket_rls::bucket::Algorithm,
+    rlqs: bool,
+) -> ExitCode {
     let opts = LoadOptions {
         merge_domains,
+        default_algorithm: algorithm,
         ..LoadOptions::default()
     };
     match rules::load_path(path, opts) {

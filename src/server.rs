@@ -337,6 +337,7 @@ fn load_rules(args: &ServeArgs) -> Result<(SharedRules, LoadOptions, Option<XdsS
     let opts = LoadOptions {
         merge_domains: args.merge_domains,
         usage_domains: DomainPatterns::new(&args.usage_domains),
+        default_algorithm: args.algorithm,
     };
     let xds = args.xds_settings();
     if let Some(settings) = &xds {

@@ -13,6 +13,11 @@ fuzz_target!(|data: &[u8]| {
     let opts = LoadOptions {
         merge_domains: data.first().is_some_and(|b| b & 1 == 1),
         usage_domains: tokenbucket_rls::rules::DomainPatterns::new(&["*"]),
+        default_algorithm: if data.first().is_some_and(|b| b & 2 == 2) {
+            tokenbucket_rls::bucket::Algorithm::FixedWindow
+        } else {
+            tokenbucket_rls::bucket::Algorithm::TokenBucket
+        },
     };
     match load_sources(vec![(PathBuf::from("fuzz.yaml"), text.clone())], opts) {
         Ok(rules) => {

@@ -12,6 +12,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 
 pub mod ratelimit_env;
 
+use crate::bucket::Algorithm;
 use crate::rules::FailureMode;
 use crate::telemetry::tracing::LogFormat;
 
@@ -44,6 +45,10 @@ pub enum Command {
         /// One domain may span several files.
         #[arg(long, env = "RLS_MERGE_DOMAINS")]
         merge_domains: bool,
+        /// How a rule that names no algorithm counts, as the server's
+        /// --algorithm.
+        #[arg(long, env = "RLS_ALGORITHM", default_value = "token_bucket", value_parser = parse_algorithm)]
+        algorithm: Algorithm,
         /// Also print what RLQS assigns the buckets of each rule (the bucket
         /// id keys that reach it) and where it differs from ShouldRateLimit.
         #[arg(long)]
@@ -90,6 +95,10 @@ pub struct ServeArgs {
     /// Where ShouldRateLimit is served.
     #[arg(long, env = "RLS_GRPC_ADDR", default_value = "0.0.0.0:8081")]
     pub grpc_addr: SocketAddr,
+    /// How a rule that names no `algorithm` counts: token_bucket, or
+    /// fixed_window (envoyproxy/ratelimit's arithmetic).
+    #[arg(long, env = "RLS_ALGORITHM", default_value = "token_bucket", value_parser = parse_algorithm)]
+    pub algorithm: Algorithm,
     /// Serve gRPC on this unix socket instead of --grpc-addr (a sidecar's
     /// Envoy reaching it as a `pipe` address); a socket left by a stopped
     /// process is replaced, any other file there stops the start.
@@ -352,6 +361,17 @@ pub struct ServeArgs {
     /// Log lines as text or JSON (level from RUST_LOG, default info).
     #[arg(long, env = "RLS_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,
+}
+
+/// `--algorithm`: as rules name it.
+fn parse_algorithm(s: &str) -> Result<Algorithm, String> {
+    match s {
+        "token_bucket" => Ok(Algorithm::TokenBucket),
+        "fixed_window" => Ok(Algorithm::FixedWindow),
+        other => Err(format!(
+            "'{other}' is not one of token_bucket, fixed_window"
+        )),
+    }
 }
 
 /// `--grpc-uds-mode`: octal permission bits, at most 777.

@@ -35,6 +35,8 @@ struct Scope<'a> {
     detailed_metric: bool,
     /// The domain is one of `--usage-domains`.
     usage: bool,
+    /// `--algorithm`: how a rule that names none counts.
+    default_algorithm: Algorithm,
 }
 
 impl Scope<'_> {
@@ -51,7 +53,7 @@ impl Scope<'_> {
 pub(super) fn compile_top_level(
     root: &mut Level,
     domain: &Arc<str>,
-    usage: bool,
+    (usage, default_algorithm): (bool, Algorithm),
     file: &Path,
     docs: &[DescriptorDoc],
     errors: &mut ConfigErrors,
@@ -66,6 +68,7 @@ pub(super) fn compile_top_level(
         failure_mode: None,
         detailed_metric: false,
         usage,
+        default_algorithm,
     };
     compile_level(root, &scope, docs, errors);
 }
@@ -712,17 +715,28 @@ fn compile_algorithm(
     global: bool,
     errors: &mut ConfigErrors,
 ) -> bool {
-    match doc.algorithm.as_deref() {
-        None | Some("token_bucket") => return true,
-        Some("fixed_window") => {}
-        Some(other) => {
+    // said of a rule that names no algorithm of its own
+    let by_default = match (doc.algorithm.as_deref(), scope.default_algorithm) {
+        (Some("token_bucket"), _) | (None, Algorithm::TokenBucket) => return true,
+        (Some("fixed_window"), _) => "",
+        // a node with no limit (a parent, `unlimited`, `concurrency`) has
+        // nothing for the default to count
+        (None, Algorithm::FixedWindow)
+            if !matches!(action, Some(RuleAction::Limited(_))) =>
+        {
+            return true
+        }
+        (None, Algorithm::FixedWindow) => {
+            " (the service's default, --algorithm fixed_window; say `algorithm: token_bucket` on the rule to keep it a token bucket)"
+        }
+        (Some(other), _) => {
             scope.error(
                 errors,
                 format!("algorithm '{other}' is not one of token_bucket, fixed_window"),
             );
             return false;
         }
-    }
+    };
     let refused = [
         (
             doc.overdraft,
@@ -753,7 +767,7 @@ fn compile_algorithm(
         if set {
             scope.error(
                 errors,
-                format!("`algorithm: fixed_window` with {what}: use the token bucket for it"),
+                format!("`algorithm: fixed_window` with {what}: use the token bucket for it{by_default}"),
             );
             return false;
         }
@@ -761,7 +775,7 @@ fn compile_algorithm(
     let Some(RuleAction::Limited(limits)) = action else {
         scope.error(
             errors,
-            "`algorithm: fixed_window` on a rule with no limit to count: give it `rate_limit` or `limits`",
+            format!("`algorithm: fixed_window` on a rule with no limit to count: give it `rate_limit` or `limits`{by_default}"),
         );
         return false;
     };
@@ -770,7 +784,7 @@ fn compile_algorithm(
             scope.error(
                 errors,
                 format!(
-                    "`algorithm: fixed_window` with burst {} on a limit of {} per window: a fixed window allows requests_per_unit per window and has no burst; drop burst",
+                    "`algorithm: fixed_window` with burst {} on a limit of {} per window: a fixed window allows requests_per_unit per window and has no burst; drop burst{by_default}",
                     l.burst, l.requests_per_unit
                 ),
             );

@@ -23,6 +23,8 @@ pub struct LoadOptions {
     /// `--usage-domains`: in these domains a descriptor's own cost is a
     /// usage charge (see [`super::Rule::usage_charges`]).
     pub usage_domains: DomainPatterns,
+    /// `--algorithm`: how a rule that names none counts.
+    pub default_algorithm: crate::bucket::Algorithm,
 }
 
 /// Domain names, exact or with `*` (any run of characters), e.g. `*` for
@@ -161,7 +163,14 @@ pub fn load_sources(
         for &i in &files {
             let file = &parsed[i];
             if let Some(Some(docs)) = &file.doc.descriptors {
-                compile_top_level(&mut root, &name, usage, &file.path, docs, &mut errors);
+                compile_top_level(
+                    &mut root,
+                    &name,
+                    (usage, opts.default_algorithm),
+                    &file.path,
+                    docs,
+                    &mut errors,
+                );
             }
         }
         let attempt_keys = check_attempts(&root, &name, &parsed[files[0]].path, &mut errors);

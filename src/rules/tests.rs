@@ -862,3 +862,52 @@ fn what_a_fixed_window_cannot_honour_is_refused_naming_the_place() {
         "{e}"
     );
 }
+
+#[test]
+fn the_default_algorithm_counts_the_rules_that_name_none() {
+    use crate::bucket::Algorithm;
+    let fixed = LoadOptions {
+        default_algorithm: Algorithm::FixedWindow,
+        ..LoadOptions::default()
+    };
+    let yaml = "domain: d\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 3}\n  - key: team\n    algorithm: token_bucket\n    rate_limit: {unit: minute, requests_per_unit: 3, burst: 10}\n  - key: internal\n    rate_limit: {unlimited: true}\n  - key: parent\n    descriptors:\n      - key: child\n        rate_limit: {unit: hour, requests_per_unit: 5}\n";
+    let r = load_sources(
+        vec![(PathBuf::from("rules.yaml"), yaml.to_string())],
+        fixed.clone(),
+    )
+    .expect("valid");
+    let algorithm =
+        |entries: &[(&str, &str)]| match &r.lookup("d", entries).expect("match").rule.action {
+            RuleAction::Limited(limits) => Some(limits[0].params.algorithm),
+            _ => None,
+        };
+    assert_eq!(algorithm(&[("user", "u")]), Some(Algorithm::FixedWindow));
+    assert_eq!(algorithm(&[("team", "t")]), Some(Algorithm::TokenBucket));
+    assert_eq!(algorithm(&[("internal", "i")]), None);
+    assert_eq!(
+        algorithm(&[("parent", "p"), ("child", "c")]),
+        Some(Algorithm::FixedWindow)
+    );
+    // what the default cannot honour is named, with the way out
+    let e = load_sources(
+        vec![(
+            PathBuf::from("rules.yaml"),
+            "domain: d\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 3, burst: 10}\n".to_string(),
+        )],
+        fixed,
+    )
+    .expect_err("a burst under the fixed-window default")
+    .to_string();
+    assert!(
+        e.contains("user")
+            && e.contains("has no burst")
+            && e.contains("--algorithm fixed_window")
+            && e.contains("`algorithm: token_bucket`"),
+        "{e}"
+    );
+    // and the token bucket stays the default
+    assert_eq!(
+        LoadOptions::default().default_algorithm,
+        Algorithm::TokenBucket
+    );
+}

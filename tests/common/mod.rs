@@ -38,6 +38,7 @@ pub fn serve_args(config: PathBuf) -> ServeArgs {
         grpc_addr: any,
         grpc_uds: None,
         grpc_uds_mode: 0o660,
+        algorithm: tokenbucket_rls::bucket::Algorithm::TokenBucket,
         admin_addr: any,
         store: StoreKind::Memory,
         redis_url: None,
