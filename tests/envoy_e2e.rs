@@ -343,14 +343,19 @@ async fn envoy_enforces_the_example_rules() {
 #[tokio::test]
 async fn envoy_enforces_the_example_rules_with_two_instances_on_a_redis_cluster() {
     let cluster = common::redis::RedisCluster::start();
+    let edge = Edge::start(&two_on(&cluster)).await;
+    example_rules_hold(edge).await;
+}
+
+/// Two service instances on `cluster`, with a Redis timeout generous for a
+/// busy CI machine (still below Envoy's 0.25 s).
+fn two_on(cluster: &common::redis::RedisCluster) -> Vec<Vec<(&'static str, String)>> {
     let env = vec![
         ("RLS_STORE", "redis".to_string()),
         ("RLS_REDIS_URL", cluster.url()),
-        // generous for a busy CI machine; still below Envoy's 0.25 s
         ("RLS_REDIS_TIMEOUT", "200ms".to_string()),
     ];
-    let edge = Edge::start(&[env.clone(), env]).await;
-    example_rules_hold(edge).await;
+    vec![env.clone(), env]
 }
 
 /// The walkthrough's promises, whichever store and however many instances.
@@ -2324,8 +2329,7 @@ async fn sentinel_failover_through_envoy(kill: bool) {
     use common::sentinel::{Seen, SentinelSet};
     use std::sync::atomic::Ordering;
     let mut set = SentinelSet::start();
-    let rules = tempfile::tempdir().expect("tempdir");
-    std::fs::write(rules.path().join("edge.yaml"), SENTINEL_RULES).expect("rules");
+    let rules = common::rules_dir(SENTINEL_RULES);
     let env = vec![
         ("RLS_STORE", "redis".to_string()),
         ("RLS_REDIS_URL", set.url()),
@@ -2362,22 +2366,13 @@ async fn sentinel_failover_through_envoy(kill: bool) {
     let failover = set.fail_over(kill, &seen).await;
     seen.stop.store(true, Ordering::SeqCst);
     traffic.await.expect("traffic");
-    let key = common::redis::bucket_key_in("edge", &[("tenant", "t"), ("user", user)], "0");
-    let config = tokenbucket_rls::store::redis::url::parse(&format!(
-        "redis://127.0.0.1:{}",
-        failover.new_port
-    ))
-    .expect("url");
-    let raw = fred::prelude::Builder::from_config(config)
-        .build()
-        .expect("client");
-    fred::prelude::ClientLike::init(&raw)
-        .await
-        .expect("connects");
-    let tokens = common::redis::stored_bucket(&raw, &key)
-        .await
-        .expect("bucket")
-        .0;
+    let tokens = common::redis::tokens_on(
+        failover.new_port,
+        "edge",
+        &[("tenant", "t"), ("user", user)],
+        "0",
+    )
+    .await;
     failover.check_budget(
         if kill {
             "Envoy, two instances, primary killed"
@@ -2407,8 +2402,7 @@ const PER_30_SECONDS: &str = "domain: edge\ndescriptors:\n  - key: tenant\n    d
 /// 10 s), and Envoy's `x-ratelimit-limit` carries the same rate as Envoy's
 /// response can name it (6 a minute).
 async fn three_per_thirty_seconds(instances: &[Vec<(&str, String)>]) {
-    let rules = tempfile::tempdir().expect("tempdir");
-    std::fs::write(rules.path().join("edge.yaml"), PER_30_SECONDS).expect("rules");
+    let rules = common::rules_dir(PER_30_SECONDS);
     let edge = Edge::start_with_rules(rules.path(), instances).await;
     let who = [("x-tenant", "t"), ("x-user", "thirty")];
     let first = edge.get("/", &who).await;
@@ -2430,12 +2424,7 @@ async fn envoy_enforces_three_per_thirty_seconds() {
 #[tokio::test]
 async fn envoy_enforces_three_per_thirty_seconds_on_a_redis_cluster_with_two_instances() {
     let cluster = common::redis::RedisCluster::start();
-    let env = vec![
-        ("RLS_STORE", "redis".to_string()),
-        ("RLS_REDIS_URL", cluster.url()),
-        ("RLS_REDIS_TIMEOUT", "200ms".to_string()),
-    ];
-    three_per_thirty_seconds(&[env.clone(), env]).await;
+    three_per_thirty_seconds(&two_on(&cluster)).await;
 }
 
 const FIXED_HOURLY: &str = "domain: edge\ndescriptors:\n  - key: tenant\n    descriptors:\n      - key: user\n        algorithm: fixed_window\n        rate_limit: {unit: hour, requests_per_unit: 3}\n";
@@ -2456,8 +2445,7 @@ async fn fixed_window_through_envoy(instances: &[Vec<(&str, String)>]) {
     if secs_to_hour() < 15 {
         tokio::time::sleep(Duration::from_secs(secs_to_hour() + 1)).await;
     }
-    let rules = tempfile::tempdir().expect("tempdir");
-    std::fs::write(rules.path().join("edge.yaml"), FIXED_HOURLY).expect("rules");
+    let rules = common::rules_dir(FIXED_HOURLY);
     let edge = Edge::start_with_rules(rules.path(), instances).await;
     let who = [("x-tenant", "t"), ("x-user", "fixed")];
     assert_eq!(edge.codes(3, "/", &who).await, [200, 200, 200]);
@@ -2483,10 +2471,5 @@ async fn envoy_enforces_a_fixed_window() {
 #[tokio::test]
 async fn envoy_enforces_a_fixed_window_on_a_redis_cluster_with_two_instances() {
     let cluster = common::redis::RedisCluster::start();
-    let env = vec![
-        ("RLS_STORE", "redis".to_string()),
-        ("RLS_REDIS_URL", cluster.url()),
-        ("RLS_REDIS_TIMEOUT", "200ms".to_string()),
-    ];
-    fixed_window_through_envoy(&[env.clone(), env]).await;
+    fixed_window_through_envoy(&two_on(&cluster)).await;
 }

@@ -12,11 +12,9 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::redis::{bucket_key_in, stored_bucket};
 use common::sentinel::{Seen, SentinelSet};
 use common::{client, descriptor, request, rules_dir};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
-use fred::prelude::*;
 
 const RULES: &str = "domain: d\ndescriptors:\n  - key: hot\n    failure_mode: closed\n    rate_limit: {unit: day, requests_per_unit: 1, burst: 100000}\n";
 
@@ -24,15 +22,7 @@ const BURST: f64 = 100_000.0;
 
 /// Tokens left in the bucket of `hot=value`, read on the server at `port`.
 async fn tokens_on(port: u16, value: &str) -> f64 {
-    let config = tokenbucket_rls::store::redis::url::parse(&format!("redis://127.0.0.1:{port}"))
-        .expect("url");
-    let raw = Builder::from_config(config).build().expect("client");
-    raw.init().await.expect("raw client connects");
-    let key = bucket_key_in("d", &[("hot", value)], "0");
-    stored_bucket(&raw, &key)
-        .await
-        .expect("the bucket is there")
-        .0
+    common::redis::tokens_on(port, "d", &[("hot", value)], "0").await
 }
 
 async fn failover_keeps_the_budget(kill: bool) {

@@ -389,3 +389,18 @@ pub fn bucket_key_in(domain: &str, entries: &[(&str, &str)], id: &str) -> fred::
     );
     redis_key(tag_hash(&tag), &bucket_key(&tag, id))
 }
+
+/// Tokens left in the bucket `id` of the descriptor `entries` in `domain`,
+/// read on the standalone server at `port`.
+#[allow(dead_code)] // not every test binary reads buckets
+pub async fn tokens_on(port: u16, domain: &str, entries: &[(&str, &str)], id: &str) -> f64 {
+    use fred::prelude::*;
+    let config = tokenbucket_rls::store::redis::url::parse(&format!("redis://127.0.0.1:{port}"))
+        .expect("url");
+    let raw = Builder::from_config(config).build().expect("client");
+    raw.init().await.expect("raw client connects");
+    stored_bucket(&raw, &bucket_key_in(domain, entries, id))
+        .await
+        .expect("the bucket is there")
+        .0
+}

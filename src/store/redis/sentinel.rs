@@ -6,7 +6,7 @@
 //! `READONLY` answer: [`Sentinels::wake`]), every sentinel is asked
 //! `SENTINEL GET-MASTER-ADDR-BY-NAME`; the address most of those that answer
 //! name (the earlier sentinel in the URL breaking a tie) is taken only if
-//! that server says it is a primary (`ROLE`), so a sentinel that has not yet
+//! that server says it is a primary (`ROLE`, asked of a new one only), so a sentinel that has not yet
 //! seen a failover, or that disagrees with the others, cannot send
 //! decisions to a replica. When the primary changes, the routing's one node
 //! is replaced by connections to the new primary and the old ones close:
@@ -220,9 +220,15 @@ impl Sentinels {
         agree(&answers)
     }
 
-    /// The primary: the candidate most sentinels name that says it is one;
-    /// else why none is.
-    pub async fn primary(&self, recipe: &ClientRecipe) -> Result<(Server, Agreement), NoPrimary> {
+    /// The primary: the candidate most sentinels name that says it is one
+    /// (`current`, the primary decisions already go to, is not asked again:
+    /// a demoted one answers `READONLY`, which wakes the watch); else why
+    /// none is.
+    pub async fn primary(
+        &self,
+        recipe: &ClientRecipe,
+        current: Option<&str>,
+    ) -> Result<(Server, Agreement), NoPrimary> {
         let agreement = self.ask().await;
         if agreement.unknown_master() {
             return Err(NoPrimary {
@@ -237,6 +243,9 @@ impl Sentinels {
         let mut why = Vec::new();
         for ((host, port), _) in &agreement.candidates {
             let server = Server::new(host.as_str(), *port);
+            if current == Some(format!("{host}:{port}").as_str()) {
+                return Ok((server, agreement));
+            }
             match role(recipe, &server).await {
                 Ok(role) if role == "master" => return Ok((server, agreement)),
                 Ok(role) => why.push(format!("{host}:{port} is a {role}")),
@@ -308,7 +317,7 @@ pub async fn connect(
     let sentinels = Sentinels::of(config)
         .filter(|s| !s.sentinels.is_empty())
         .ok_or_else(|| format!("'{shown}': no sentinel the connections can reach"))?;
-    let routing = match sentinels.primary(recipe).await {
+    let routing = match sentinels.primary(recipe, None).await {
         Ok((server, agreement)) => {
             let routing = routing_of(recipe, &server)?;
             routing.nodes[0].clients.wait(Duration::from_secs(2)).await;
@@ -349,7 +358,7 @@ pub fn spawn_watch(
             };
             let current = shared.read().nodes.first().map(|n| n.name.clone());
             drop(shared);
-            let problem = match sentinels.primary(&recipe).await {
+            let problem = match sentinels.primary(&recipe, current.as_deref()).await {
                 Ok((server, agreement)) => {
                     let name = format!("{}:{}", server.host, server.port);
                     let mut problem = String::new();
