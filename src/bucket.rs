@@ -50,6 +50,37 @@ pub enum Algorithm {
     /// envoyproxy/ratelimit's: `requests_per_unit` hits per window aligned
     /// to the epoch, every hit counted ([`crate::window`]).
     FixedWindow,
+    /// The weighted two-window counter: `requests_per_unit` admitted hits
+    /// in any window's length, estimated ([`crate::window::sliding`]).
+    SlidingWindow,
+}
+
+impl Algorithm {
+    /// Every algorithm, in the order their names are listed.
+    pub const ALL: [Algorithm; 3] = [
+        Algorithm::TokenBucket,
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindow,
+    ];
+
+    /// Its name in rules, flags and `/config`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Algorithm::TokenBucket => "token_bucket",
+            Algorithm::FixedWindow => "fixed_window",
+            Algorithm::SlidingWindow => "sliding_window",
+        }
+    }
+
+    /// The algorithm a rule or a flag names; `None`: no such one.
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|a| a.name() == name)
+    }
+
+    /// The names, for a message: "token_bucket, fixed_window, sliding_window".
+    pub fn names() -> String {
+        Self::ALL.map(Algorithm::name).join(", ")
+    }
 }
 
 /// What a bucket remembers between decisions.
@@ -59,6 +90,32 @@ pub struct BucketState {
     pub tokens: f64,
     /// When `tokens` was last computed.
     pub updated_micros: u64,
+}
+
+/// The most hits a sliding window counts per window (2^26 − 1), so that
+/// both of its counts fit one float exactly (see
+/// [`BucketState::window_counts`]).
+pub const MAX_WINDOW_COUNT: u64 = (1 << 26) - 1;
+/// Where the window before's count starts in a sliding window's `tokens`.
+const WINDOW_SHIFT: f64 = (1u64 << 26) as f64;
+
+impl BucketState {
+    /// A sliding window's state: `tokens` packs the window before's count
+    /// and the current one's (`previous × 2^26 + current`, each at most
+    /// [`MAX_WINDOW_COUNT`]), `updated_micros` is the current window's start.
+    pub fn sliding_window(previous: f64, current: f64, start_micros: u64) -> Self {
+        let bound = MAX_WINDOW_COUNT as f64;
+        BucketState {
+            tokens: previous.clamp(0.0, bound) * WINDOW_SHIFT + current.clamp(0.0, bound),
+            updated_micros: start_micros,
+        }
+    }
+
+    /// A sliding window's two counts: (the window before's, the current one's).
+    pub fn window_counts(&self) -> (f64, f64) {
+        let previous = (self.tokens / WINDOW_SHIFT).floor();
+        (previous, self.tokens - previous * WINDOW_SHIFT)
+    }
 }
 
 /// How much a request spends.
@@ -216,14 +273,30 @@ impl BucketParams {
     /// When a bucket in `state` will be full again; after that it can be
     /// forgotten, because a missing bucket is a full one. `None`: never refills.
     pub fn full_at_micros(&self, state: &BucketState) -> Option<u64> {
-        if self.algorithm == Algorithm::FixedWindow {
+        match self.algorithm {
             // a window's count is forgotten when the window ends
             // (`updated_micros` is its start)
-            return Some(
-                state
-                    .updated_micros
-                    .saturating_add(self.unit_secs.max(1).saturating_mul(1_000_000)),
-            );
+            Algorithm::FixedWindow => {
+                return Some(
+                    state
+                        .updated_micros
+                        .saturating_add(self.unit_secs.max(1).saturating_mul(1_000_000)),
+                )
+            }
+            // it counts nothing two windows after the current one's start
+            // if that one counted, else one window after
+            Algorithm::SlidingWindow => {
+                let (previous, current) = state.window_counts();
+                let windows = if current > 0.0 {
+                    2
+                } else {
+                    u64::from(previous > 0.0)
+                };
+                return Some(state.updated_micros.saturating_add(
+                    windows.saturating_mul(self.unit_secs.max(1).saturating_mul(1_000_000)),
+                ));
+            }
+            Algorithm::TokenBucket => {}
         }
         let missing = self.capacity as f64 - state.tokens;
         if missing <= EPSILON {

@@ -19,10 +19,14 @@
 //! none. `store/redis/bucket.lua` has the Lua copy (flag 8), checked row by
 //! row against this one by `tests/bucket_cases.rs`.
 //!
+//! Sliding windows, which weigh the window before too, are [`sliding`].
+//!
 //! **Layer** (docs/architecture.md, "Layers", kept by `tests/layers.rs`): a
 //! leaf: uses only the bucket's types.
 
 use crate::bucket::{BucketOutcome, BucketParams, BucketState, Cost};
+
+pub mod sliding;
 
 const MICROS: u64 = 1_000_000;
 

@@ -863,3 +863,201 @@ async fn fixed_windows_in_lua_and_rust_give_the_same_answers() {
         }
     }
 }
+
+/// A sliding window's bucket (#41): `limit` per `window_secs`.
+fn sw(limit: u64, window_secs: u64) -> BucketParams {
+    BucketParams {
+        algorithm: tokenbucket_rls::bucket::Algorithm::SlidingWindow,
+        ..fw(limit, window_secs)
+    }
+}
+
+/// A sliding-window case: its name; per bucket, its params and the stored
+/// (window before's count, current count, window: `0` the one now
+/// running, `-1` the one before, `1` one later than now, as after a clock
+/// stepped back); the cost.
+type SlidingCase = (
+    &'static str,
+    Vec<(BucketParams, Option<(f64, f64, i64)>)>,
+    Cost,
+);
+
+fn sliding_window_cases() -> Vec<SlidingCase> {
+    let most = tokenbucket_rls::bucket::MAX_WINDOW_COUNT;
+    vec![
+        ("a new window", vec![(sw(10, 60), None)], Cost::Spend(1)),
+        (
+            "the window before weighs",
+            vec![(sw(10, 3600), Some((0.0, 10.0, -1)))],
+            Cost::Spend(1),
+        ),
+        (
+            "both windows count",
+            vec![(sw(10, 60), Some((4.0, 3.0, 0)))],
+            Cost::Spend(1),
+        ),
+        (
+            "a full window waits into the next",
+            vec![(sw(10, 60), Some((0.0, 10.0, 0)))],
+            Cost::Spend(1),
+        ),
+        (
+            "two windows old counts nothing",
+            vec![(sw(10, 60), Some((9.0, 9.0, -2)))],
+            Cost::Spend(1),
+        ),
+        (
+            "a clock stepped back",
+            vec![(sw(10, 60), Some((2.0, 5.0, 1)))],
+            Cost::Spend(1),
+        ),
+        (
+            "a weighted hit",
+            vec![(sw(10, 60), Some((0.0, 3.0, 0)))],
+            Cost::Spend(5),
+        ),
+        (
+            "a weighted hit refused",
+            vec![(sw(10, 3600), Some((8.0, 3.0, 0)))],
+            Cost::Spend(6),
+        ),
+        (
+            "a check",
+            vec![(sw(10, 3600), Some((0.0, 10.0, -1)))],
+            Cost::Check,
+        ),
+        (
+            "a refund",
+            vec![(sw(10, 60), Some((0.0, 5.0, 0)))],
+            Cost::Refund(2),
+        ),
+        (
+            "a refund below nothing",
+            vec![(sw(10, 60), Some((3.0, 1.0, 0)))],
+            Cost::Refund(5),
+        ),
+        (
+            "a cost above the limit",
+            vec![(sw(10, 60), None)],
+            Cost::Spend(11),
+        ),
+        ("a limit of 0", vec![(sw(0, 60), None)], Cost::Spend(1)),
+        (
+            "one limit of two refuses, neither counts",
+            vec![(sw(2, 60), Some((0.0, 2.0, 0))), (sw(5, 3600), None)],
+            Cost::Spend(1),
+        ),
+        (
+            "a window of 30 s",
+            vec![(sw(5, 30), Some((3.0, 1.0, 0)))],
+            Cost::Spend(1),
+        ),
+        (
+            "the most a window counts",
+            vec![(sw(most, 60), Some((0.0, (most - 1) as f64, 0)))],
+            Cost::Spend(1),
+        ),
+    ]
+}
+
+/// The sliding window's two copies (`src/window/sliding.rs`, `bucket.lua`
+/// flag 16) give the same answers and store the same counts. The answer
+/// depends on the microsecond (the weight of the window before falls
+/// continuously), which the script reads from the server's clock: Rust
+/// decides at the server's time read just before the script and just
+/// after; when both give the same answer, so must the script (every field
+/// moves one way as time passes), else the case runs again.
+#[tokio::test]
+async fn sliding_windows_in_lua_and_rust_give_the_same_answers() {
+    let redis = RedisServer::standalone();
+    let (store, client) = store_and_client(&redis, BucketLayout::Packed).await;
+    for (n, (name, buckets, cost)) in sliding_window_cases().into_iter().enumerate() {
+        let params: Vec<_> = buckets.iter().map(|(p, _)| *p).collect();
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            assert!(
+                tries <= 10,
+                "case '{name}': never decided within one answer"
+            );
+            let tag = format!("sliding-{n}-{tries}").into_bytes();
+            let before = server_now(&client).await;
+            let descriptor = DescriptorBuckets {
+                buckets: buckets
+                    .iter()
+                    .enumerate()
+                    .map(|(i, (params, _))| BucketRef {
+                        key: [tag.as_slice(), format!("#{i}").as_bytes()].concat(),
+                        params: *params,
+                        rule: Default::default(),
+                    })
+                    .collect(),
+                tag: tag.clone(),
+            };
+            let mut states = Vec::new();
+            for (b, (params, state)) in descriptor.buckets.iter().zip(&buckets) {
+                let length = params.unit_secs as i64 * SEC;
+                let start = before - before % length;
+                let stored = state.map(|(previous, current, window)| {
+                    BucketState::sliding_window(previous, current, (start + window * length) as u64)
+                });
+                if let Some(s) = stored {
+                    let packed: Vec<u8> = [s.tokens, s.updated_micros as f64, 0.0]
+                        .iter()
+                        .flat_map(|f| f.to_le_bytes())
+                        .collect();
+                    let key = redis_key(tag_hash(&descriptor.tag), &b.key);
+                    let _: () = client
+                        .set(key, packed.as_slice(), None, None, false)
+                        .await
+                        .expect("SET");
+                }
+                states.push(stored);
+            }
+            let lua = store.decide(&descriptor, cost).await.expect("script runs");
+            let after = server_now(&client).await;
+            let decide = |now: i64| {
+                tokenbucket_rls::window::sliding::decide(&params, &states, now as u64, cost)
+            };
+            let ((_, early), (rust_states, late)) = (decide(before), decide(after));
+            let same_windows = params.iter().all(|p| {
+                let length = p.unit_secs as i64 * SEC;
+                before / length == after / length
+            });
+            if early != late || !same_windows {
+                continue;
+            }
+            assert_eq!(lua, late, "case '{name}'");
+            let admitted = late[0].admitted;
+            for ((b, rust_state), seeded) in
+                descriptor.buckets.iter().zip(&rust_states).zip(&states)
+            {
+                let key = redis_key(tag_hash(&descriptor.tag), &b.key);
+                let stored = stored_bucket(&client, &key).await;
+                if admitted && cost.deducted() != 0 {
+                    let (tokens, start) =
+                        stored.unwrap_or_else(|| panic!("case '{name}': written"));
+                    assert_eq!(
+                        (tokens, start as u64),
+                        (rust_state.tokens, rust_state.updated_micros),
+                        "case '{name}': the counts stored"
+                    );
+                    let ttl: i64 = client.pttl(key).await.expect("PTTL");
+                    let two_windows = 2 * b.params.unit_secs as i64 * SEC;
+                    let until = (rust_state.updated_micros as i64 + two_windows - before) / 1000;
+                    assert!(
+                        ttl > until && ttl <= until + 2000,
+                        "case '{name}': expires two windows after the current one's start, plus the 1 s margin ({until} ms + 1 s), TTL {ttl} ms"
+                    );
+                } else {
+                    assert_eq!(
+                        stored.map(|s| s.0),
+                        seeded.map(|s| s.tokens),
+                        "case '{name}': refused or a check, nothing written"
+                    );
+                }
+            }
+            break;
+        }
+    }
+}

@@ -239,20 +239,24 @@ fn check_config_says_what_each_rule_does_with_attempts() {
 }
 
 /// A migration that asks for envoyproxy/ratelimit's fixed windows for every
-/// rule (`--algorithm fixed_window`, #41) loads every one of its own valid
-/// fixtures the same, and refuses the invalid ones as before; a burst (ours,
+/// rule (`--algorithm fixed_window`, #41), or sliding ones, loads every one
+/// of its own valid fixtures the same, and refuses the invalid ones as before; a burst (ours,
 /// not theirs) is named with the way out.
 #[test]
-fn the_peer_fixtures_load_under_the_fixed_window_default() {
-    for (pattern, valid) in expectations() {
-        for file in files_of(&pattern) {
-            let out = check_config(&[
-                file.to_str().expect("utf-8 path"),
-                "--algorithm",
-                "fixed_window",
-            ]);
-            let stdout = String::from_utf8_lossy(&out.stdout);
-            assert_eq!(out.status.success(), valid, "{}: {stdout}", file.display());
+fn the_peer_fixtures_load_under_a_window_default() {
+    for algorithm in ["fixed_window", "sliding_window"] {
+        for (pattern, valid) in expectations() {
+            for file in files_of(&pattern) {
+                let out =
+                    check_config(&[file.to_str().expect("utf-8 path"), "--algorithm", algorithm]);
+                let stdout = String::from_utf8_lossy(&out.stdout);
+                assert_eq!(
+                    out.status.success(),
+                    valid,
+                    "{} under {algorithm}: {stdout}",
+                    file.display()
+                );
+            }
         }
     }
     let dir = tempfile::tempdir().expect("tempdir");
@@ -276,7 +280,8 @@ fn the_peer_fixtures_load_under_the_fixed_window_default() {
     let out = check_config(&[rules.to_str().expect("utf-8"), "--algorithm", "sliding"]);
     assert!(!out.status.success());
     assert!(
-        String::from_utf8_lossy(&out.stderr).contains("not one of token_bucket, fixed_window"),
+        String::from_utf8_lossy(&out.stderr)
+            .contains("not one of token_bucket, fixed_window, sliding_window"),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );

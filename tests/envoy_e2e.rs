@@ -2473,3 +2473,73 @@ async fn envoy_enforces_a_fixed_window_on_a_redis_cluster_with_two_instances() {
     let cluster = common::redis::RedisCluster::start();
     fixed_window_through_envoy(&two_on(&cluster)).await;
 }
+
+const SLIDING_AND_FIXED: &str = "domain: edge\ndescriptors:\n  - key: tenant\n    value: sliding\n    descriptors:\n      - key: user\n        algorithm: sliding_window\n        rate_limit: {unit: second, unit_multiplier: 10, requests_per_unit: 3}\n  - key: tenant\n    value: fixed\n    descriptors:\n      - key: user\n        algorithm: fixed_window\n        rate_limit: {unit: second, unit_multiplier: 10, requests_per_unit: 3}\n";
+
+/// `algorithm: sliding_window` (#41) through a real Envoy: "3 per 10 s" as
+/// a sliding and as a fixed window, three calls to each late in one window
+/// and three more just after its edge. The fixed window admits all six (a
+/// double burst); the sliding one refuses the second three (the three
+/// before weigh until a third of the new window has gone by), with a
+/// Retry-After of what is left of that third. A run whose first calls
+/// strayed past the edge, or whose second ones came after that third, is
+/// no test of the edge and runs again (a busy machine), with new users.
+async fn sliding_window_through_envoy(instances: &[Vec<(&str, String)>]) {
+    let rules = common::rules_dir(SLIDING_AND_FIXED);
+    let edge = Edge::start_with_rules(rules.path(), instances).await;
+    let now = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("after 1970")
+            .as_secs_f64()
+    };
+    for run in 0..3 {
+        // 6.5 s into a 10 s window (the next such moment)
+        let into = now() % 10.0;
+        let to_first = (6.5 - into).rem_euclid(10.0);
+        tokio::time::sleep(Duration::from_secs_f64(to_first)).await;
+        let edge_at = (now() / 10.0).ceil() * 10.0;
+        let user = format!("u{run}");
+        let sliding = [("x-tenant", "sliding"), ("x-user", user.as_str())];
+        let fixed = [("x-tenant", "fixed"), ("x-user", user.as_str())];
+        let before = (
+            edge.codes(3, "/", &sliding).await,
+            edge.codes(3, "/", &fixed).await,
+        );
+        if now() >= edge_at {
+            continue;
+        }
+        assert_eq!(before, (vec![200; 3], vec![200; 3]), "before the edge");
+        tokio::time::sleep(Duration::from_secs_f64(edge_at + 0.2 - now())).await;
+        let after_sliding = edge.codes(3, "/", &sliding).await;
+        let over = edge.get("/", &sliding).await;
+        if now() >= edge_at + 10.0 / 3.0 {
+            continue;
+        }
+        let after_fixed = edge.codes(3, "/", &fixed).await;
+        assert_eq!(after_fixed, [200; 3], "the fixed window's double burst");
+        assert_eq!(
+            after_sliding, [429; 3],
+            "no double burst in the sliding one"
+        );
+        assert_eq!(over.status, 429);
+        let wait = over.retry_after_secs();
+        assert!(
+            (1..=4).contains(&wait),
+            "Retry-After {wait} s: the three before weigh 2 at 3.3 s into the window"
+        );
+        return;
+    }
+    panic!("three runs, none with its calls on both sides of the edge in time");
+}
+
+#[tokio::test]
+async fn envoy_enforces_a_sliding_window() {
+    sliding_window_through_envoy(&[vec![]]).await;
+}
+
+#[tokio::test]
+async fn envoy_enforces_a_sliding_window_on_a_redis_cluster_with_two_instances() {
+    let cluster = common::redis::RedisCluster::start();
+    sliding_window_through_envoy(&two_on(&cluster)).await;
+}

@@ -13,11 +13,9 @@ fuzz_target!(|data: &[u8]| {
     let opts = LoadOptions {
         merge_domains: data.first().is_some_and(|b| b & 1 == 1),
         usage_domains: tokenbucket_rls::rules::DomainPatterns::new(&["*"]),
-        default_algorithm: if data.first().is_some_and(|b| b & 2 == 2) {
-            tokenbucket_rls::bucket::Algorithm::FixedWindow
-        } else {
-            tokenbucket_rls::bucket::Algorithm::TokenBucket
-        },
+        // bits 2 and 4 of the first byte: token bucket, fixed, sliding
+        default_algorithm: tokenbucket_rls::bucket::Algorithm::ALL
+            [usize::from(data.first().map_or(0, |b| (b >> 1) & 3)) % 3],
     };
     match load_sources(vec![(PathBuf::from("fuzz.yaml"), text.clone())], opts) {
         Ok(rules) => {

@@ -95,8 +95,9 @@ pub struct ServeArgs {
     /// Where ShouldRateLimit is served.
     #[arg(long, env = "RLS_GRPC_ADDR", default_value = "0.0.0.0:8081")]
     pub grpc_addr: SocketAddr,
-    /// How a rule that names no `algorithm` counts: token_bucket, or
-    /// fixed_window (envoyproxy/ratelimit's arithmetic).
+    /// How a rule that names no `algorithm` counts: token_bucket,
+    /// fixed_window (envoyproxy/ratelimit's arithmetic) or sliding_window
+    /// (the weighted two-window counter).
     #[arg(long, env = "RLS_ALGORITHM", default_value = "token_bucket", value_parser = parse_algorithm)]
     pub algorithm: Algorithm,
     /// Serve gRPC on this unix socket instead of --grpc-addr (a sidecar's
@@ -365,13 +366,7 @@ pub struct ServeArgs {
 
 /// `--algorithm`: as rules name it.
 fn parse_algorithm(s: &str) -> Result<Algorithm, String> {
-    match s {
-        "token_bucket" => Ok(Algorithm::TokenBucket),
-        "fixed_window" => Ok(Algorithm::FixedWindow),
-        other => Err(format!(
-            "'{other}' is not one of token_bucket, fixed_window"
-        )),
-    }
+    Algorithm::from_name(s).ok_or_else(|| format!("'{s}' is not one of {}", Algorithm::names()))
 }
 
 /// `--grpc-uds-mode`: octal permission bits, at most 777.

@@ -16,7 +16,7 @@ use super::schema::{AttemptsDoc, DescriptorDoc, LeaseDoc, RateLimitDoc};
 use super::unit::{FailureMode, Unit};
 use super::wildcard::Wildcard;
 use crate::attempt::AttemptMode;
-use crate::bucket::Algorithm;
+use crate::bucket::{Algorithm, MAX_WINDOW_COUNT};
 
 /// What a descriptor passes down to the ones nested in it.
 #[derive(Clone)]
@@ -704,10 +704,10 @@ fn compile_lease(
     })
 }
 
-/// `algorithm:`: a fixed window sets every bucket of the rule counting so
-/// (and its own bucket ids, so that a rule switched between algorithms
-/// never reads one's state as the other's); what has no meaning in a fixed
-/// window is refused with its reason. False when refused.
+/// `algorithm:`: a fixed or sliding window sets every bucket of the rule
+/// counting so (and its own bucket ids, so that a rule switched between
+/// algorithms never reads one's state as another's); what has no meaning in
+/// a window is refused with its reason. False when refused.
 fn compile_algorithm(
     scope: &Scope<'_>,
     doc: &DescriptorDoc,
@@ -715,45 +715,50 @@ fn compile_algorithm(
     global: bool,
     errors: &mut ConfigErrors,
 ) -> bool {
+    let named = match doc.algorithm.as_deref() {
+        None => None,
+        Some(name) => match Algorithm::from_name(name) {
+            Some(a) => Some(a),
+            None => {
+                scope.error(
+                    errors,
+                    format!("algorithm '{name}' is not one of {}", Algorithm::names()),
+                );
+                return false;
+            }
+        },
+    };
+    let algorithm = named.unwrap_or(scope.default_algorithm);
+    let (suffix, most) = match algorithm {
+        Algorithm::TokenBucket => return true,
+        Algorithm::FixedWindow => ("~fixed", u64::MAX),
+        Algorithm::SlidingWindow => ("~sliding", MAX_WINDOW_COUNT),
+    };
+    let name = algorithm.name();
     // said of a rule that names no algorithm of its own
-    let by_default = match (doc.algorithm.as_deref(), scope.default_algorithm) {
-        (Some("token_bucket"), _) | (None, Algorithm::TokenBucket) => return true,
-        (Some("fixed_window"), _) => "",
+    let by_default = if named.is_some() {
+        String::new()
+    } else if !matches!(action, Some(RuleAction::Limited(_))) {
         // a node with no limit (a parent, `unlimited`, `concurrency`) has
         // nothing for the default to count
-        (None, Algorithm::FixedWindow)
-            if !matches!(action, Some(RuleAction::Limited(_))) =>
-        {
-            return true
-        }
-        (None, Algorithm::FixedWindow) => {
-            " (the service's default, --algorithm fixed_window; say `algorithm: token_bucket` on the rule to keep it a token bucket)"
-        }
-        (Some(other), _) => {
-            scope.error(
-                errors,
-                format!("algorithm '{other}' is not one of token_bucket, fixed_window"),
-            );
-            return false;
-        }
+        return true;
+    } else {
+        format!(" (the service's default, --algorithm {name}; say `algorithm: token_bucket` on the rule to keep it a token bucket)")
     };
     let refused = [
         (
             doc.overdraft,
-            "`overdraft` (a usage charge into debt; a fixed window counts hits)",
+            "`overdraft` (a usage charge into debt; a window counts hits)",
         ),
         (
             doc.lease.is_some(),
-            "`lease` (tokens handed out ahead; a fixed window has none to hand out)",
+            "`lease` (tokens handed out ahead; a window has none to hand out)",
         ),
         (
             doc.attempts.is_some(),
             "`attempts` (reservations and dedupe are the token bucket's)",
         ),
-        (
-            doc.max_debt.is_some(),
-            "`max_debt` (a fixed window has no debt)",
-        ),
+        (doc.max_debt.is_some(), "`max_debt` (a window has no debt)"),
         (
             global,
             "`scope: global` (regions share a token bucket's rate)",
@@ -767,7 +772,7 @@ fn compile_algorithm(
         if set {
             scope.error(
                 errors,
-                format!("`algorithm: fixed_window` with {what}: use the token bucket for it{by_default}"),
+                format!("`algorithm: {name}` with {what}: use the token bucket for it{by_default}"),
             );
             return false;
         }
@@ -775,7 +780,7 @@ fn compile_algorithm(
     let Some(RuleAction::Limited(limits)) = action else {
         scope.error(
             errors,
-            format!("`algorithm: fixed_window` on a rule with no limit to count: give it `rate_limit` or `limits`{by_default}"),
+            format!("`algorithm: {name}` on a rule with no limit to count: give it `rate_limit` or `limits`{by_default}"),
         );
         return false;
     };
@@ -784,15 +789,25 @@ fn compile_algorithm(
             scope.error(
                 errors,
                 format!(
-                    "`algorithm: fixed_window` with burst {} on a limit of {} per window: a fixed window allows requests_per_unit per window and has no burst; drop burst{by_default}",
+                    "`algorithm: {name}` with burst {} on a limit of {} per window: a window allows requests_per_unit per window and has no burst; drop burst{by_default}",
                     l.burst, l.requests_per_unit
                 ),
             );
             return false;
         }
-        l.params.algorithm = Algorithm::FixedWindow;
-        l.algorithm = Algorithm::FixedWindow;
-        l.bucket_id.push_str("~fixed");
+        if u64::from(l.requests_per_unit) > most {
+            scope.error(
+                errors,
+                format!(
+                    "`algorithm: {name}` with requests_per_unit {}: a sliding window counts at most {most} per window; use a fixed window or the token bucket for more{by_default}",
+                    l.requests_per_unit
+                ),
+            );
+            return false;
+        }
+        l.params.algorithm = algorithm;
+        l.algorithm = algorithm;
+        l.bucket_id.push_str(suffix);
     }
     true
 }

@@ -219,10 +219,7 @@ fn is_one(n: &u32) -> bool {
 }
 
 fn algorithm_name<S: serde::Serializer>(a: &Algorithm, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_str(match a {
-        Algorithm::TokenBucket => "token_bucket",
-        Algorithm::FixedWindow => "fixed_window",
-    })
+    s.serialize_str(a.name())
 }
 
 /// One level of the tree: the descriptors at one depth under one parent.

@@ -63,8 +63,9 @@ pub struct DescriptorDoc {
     /// debt down to minus its burst (ours, not in envoyproxy/ratelimit).
     #[serde(default, skip_serializing_if = "is_false")]
     pub overdraft: bool,
-    /// How the rule counts: `token_bucket` (the default) or `fixed_window`
-    /// (envoyproxy/ratelimit's arithmetic).
+    /// How the rule counts: `token_bucket` (the default), `fixed_window`
+    /// (envoyproxy/ratelimit's arithmetic) or `sliding_window` (the
+    /// weighted two-window counter).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub algorithm: Option<String>,
     /// At most this many distinct descriptors of the rule get buckets of

@@ -911,3 +911,82 @@ fn the_default_algorithm_counts_the_rules_that_name_none() {
         Algorithm::TokenBucket
     );
 }
+
+#[test]
+fn a_sliding_window_rule_counts_so_and_refuses_what_it_cannot_honour() {
+    use crate::bucket::{Algorithm, MAX_WINDOW_COUNT};
+    let rule = |extra: &str, limit: &str| {
+        format!("domain: d\ndescriptors:\n  - key: user\n    algorithm: sliding_window\n{extra}    rate_limit: {limit}\n")
+    };
+    let r = load_sources(
+        vec![(
+            PathBuf::from("rules.yaml"),
+            rule(
+                "",
+                "{unit: second, unit_multiplier: 30, requests_per_unit: 3}",
+            ),
+        )],
+        LoadOptions::default(),
+    )
+    .expect("valid");
+    match &r.lookup("d", &[("user", "u")]).expect("match").rule.action {
+        RuleAction::Limited(limits) => {
+            assert_eq!(limits[0].params.algorithm, Algorithm::SlidingWindow);
+            assert_eq!(limits[0].params.unit_secs, 30);
+            assert_eq!(limits[0].bucket_id, "0~sliding");
+        }
+        _ => panic!("limited"),
+    }
+    let most = MAX_WINDOW_COUNT;
+    for (extra, limit, says) in [
+        (
+            String::new(),
+            "{unit: minute, requests_per_unit: 3, burst: 10}".to_string(),
+            "has no burst".to_string(),
+        ),
+        (
+            "    overdraft: true\n".to_string(),
+            "{unit: minute, requests_per_unit: 3}".to_string(),
+            "`algorithm: sliding_window` with `overdraft`".to_string(),
+        ),
+        (
+            "    lease: {size: 2}\n".to_string(),
+            "{unit: minute, requests_per_unit: 3}".to_string(),
+            "`lease`".to_string(),
+        ),
+        (
+            String::new(),
+            format!("{{unit: minute, requests_per_unit: {}}}", most + 1),
+            format!("counts at most {most} per window"),
+        ),
+    ] {
+        let e = errors(&rule(&extra, &limit));
+        assert!(
+            e.contains("rules.yaml") && e.contains("user") && e.contains(&says),
+            "{extra}{limit}: {e}"
+        );
+    }
+    // the most it counts is a limit like any other
+    assert!(load_sources(
+        vec![(
+            PathBuf::from("rules.yaml"),
+            rule("", &format!("{{unit: minute, requests_per_unit: {most}}}")),
+        )],
+        LoadOptions::default(),
+    )
+    .is_ok());
+    // and the service-wide default may be it
+    let e = load_sources(
+        vec![(
+            PathBuf::from("rules.yaml"),
+            "domain: d\ndescriptors:\n  - key: user\n    overdraft: true\n    rate_limit: {unit: minute, requests_per_unit: 3}\n".to_string(),
+        )],
+        LoadOptions {
+            default_algorithm: Algorithm::SlidingWindow,
+            ..LoadOptions::default()
+        },
+    )
+    .expect_err("overdraft under the sliding default")
+    .to_string();
+    assert!(e.contains("--algorithm sliding_window"), "{e}");
+}

@@ -371,13 +371,14 @@ impl<C: Clock> MemoryStore<C> {
             .iter()
             .map(|k| shard.buckets.get(k.as_slice()).map(|e| e.state))
             .collect();
-        let fixed_window = params
+        let algorithm = params
             .first()
-            .is_some_and(|p| p.algorithm == Algorithm::FixedWindow);
-        let (new_states, outcomes) = if fixed_window {
-            crate::window::decide(&params, &states, now, cost)
-        } else {
-            bucket::decide(&params, &states, now, cost)
+            .map_or(Algorithm::TokenBucket, |p| p.algorithm);
+        let fixed_window = algorithm == Algorithm::FixedWindow;
+        let (new_states, outcomes) = match algorithm {
+            Algorithm::TokenBucket => bucket::decide(&params, &states, now, cost),
+            Algorithm::FixedWindow => crate::window::decide(&params, &states, now, cost),
+            Algorithm::SlidingWindow => crate::window::sliding::decide(&params, &states, now, cost),
         };
         // Only an admitted request that spends (or refunds), or a charge,
         // changes anything: a rejection or a check leaves the state as it

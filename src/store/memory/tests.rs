@@ -587,3 +587,40 @@ fn a_fixed_window_counts_every_hit_and_is_forgotten_at_its_end() {
     store.evict_full();
     assert!(store.is_empty(), "forgotten when its window ended");
 }
+
+#[test]
+fn a_sliding_window_counts_admitted_hits_and_is_forgotten_when_it_weighs_nothing() {
+    let clock = ManualClock::new(600 * 1_000_000 + 50 * 1_000_000);
+    let store = MemoryStore::new(clock.clone());
+    let mut d = descriptor("sw", 2, 2);
+    d.buckets[0].params.unit_secs = 60;
+    d.buckets[0].params.algorithm = crate::bucket::Algorithm::SlidingWindow;
+    let outcomes: Vec<(bool, u64, Option<u64>)> = (0..3)
+        .map(|_| {
+            let o = store.decide_now(&d, Cost::Spend(1))[0];
+            (o.admitted, o.remaining, o.retry_after_secs)
+        })
+        .collect();
+    // full 50 s into the window: the next starts in 10 s, where these two
+    // weigh 2, falling to 1 (room for one) 30 s after it
+    assert_eq!(
+        outcomes,
+        [(true, 1, None), (true, 0, None), (false, 0, Some(40))]
+    );
+    // 10 s on, the window's edge: a fixed window would admit two more
+    clock.advance_secs_f64(10.0);
+    assert!(!store.decide_now(&d, Cost::Spend(1))[0].admitted);
+    clock.advance_secs_f64(30.0);
+    assert!(store.decide_now(&d, Cost::Spend(1))[0].admitted);
+    assert!(!store.decide_now(&d, Cost::Spend(1))[0].admitted);
+    // the one counted at 690 s weighs until 780 s
+    clock.advance_secs_f64(89.0);
+    store.evict_full();
+    assert_eq!(store.len(), 1, "still weighs");
+    clock.advance_secs_f64(1.0);
+    store.evict_full();
+    assert!(
+        store.is_empty(),
+        "forgotten two windows after the one it counted in"
+    );
+}

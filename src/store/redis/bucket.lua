@@ -20,7 +20,7 @@
 --             deducted whatever the verdict (not on a rate of 0), down to
 --             -capacity at most (a balance already below it stays), its
 --             wait counted from after it; + 4 for a call of an attempt;
---             + 8 for a fixed window (below)
+--             + 8 for a fixed window, + 16 for a sliding one (below)
 --   then per bucket: capacity, tokens_per_unit, unit_secs, max_debt (the
 --             most debt a charge may leave; -1: capacity)
 --   then, for a call of an attempt: phase (0 start, 1 done), mode (0
@@ -53,6 +53,20 @@
 -- It answers as a bucket does: remaining (0 when over), the wait until the
 -- window ends (for a bucket over, when refused), that same wait as
 -- full_in, never 0, forgiven 0, then what was counted when admitted.
+-- A sliding window (src/window/sliding.rs has the Rust copy): per bucket,
+-- tokens_per_unit is the limit and unit_secs the window's length; windows
+-- are aligned as a fixed window's. The bucket's value packs (the window
+-- before's count * SHIFT + the current one's, the current window's start
+-- in µs, expiry set); a stored window one before the current one is the
+-- window before, one later than now (a clock stepped back) is read as at
+-- its start, any other is none. The estimate, previous * (1 - elapsed
+-- share of the current window) + current, must have room for the hit;
+-- only an admitted hit counts (a refund takes off the current count, never
+-- below 0), and only then is the key written, expiring two windows after
+-- the current one's start. It answers as a bucket does: remaining (of the
+-- estimate), the wait until the estimate has room (for a bucket refusing),
+-- the wait until the estimate is 0 as full_in, never (1 a limit of 0, 2 a
+-- cost above the limit), forgiven 0, then what was counted when admitted.
 -- KEYS holds the first decision's keys, declared, so that the server checks
 -- their slot is its own before anything runs. A batch's other keys are not
 -- declared (one call may declare one slot only): a batch runs as the same
@@ -87,6 +101,8 @@
 
 local min, max, floor, ceil = math.min, math.max, math.floor, math.ceil
 local EPSILON = 1e-9
+-- a sliding window's two counts share one number: previous * SHIFT + current
+local SHIFT = 67108864
 local MAX_TTL_MS = 3153600000000 -- 100 years
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
@@ -116,6 +132,7 @@ while a <= nargs do
   local charge = floor(flags / 2) % 2 == 1
   local attempt = floor(flags / 4) % 2 == 1
   local fixed = floor(flags / 8) % 2 == 1
+  local sliding = floor(flags / 16) % 2 == 1
   -- bucket i's numbers at ARGV[at + 4i - 3 ..], its key at keys[ka + i]
   local at = a + 4
   local keys, ka = KEYS, 0
@@ -200,6 +217,99 @@ while a <= nargs do
         o = o + 5
       end
       out[o + 1] = (all_in and counted) or 0
+      if answers == nil then return out end
+      answers[d] = out
+      break
+    end
+    if sliding then
+      local all_in = true
+      for i = 1, n do
+        local k = S * (i - 1)
+        local limit = tonumber(ARGV[at + 4 * i - 2])
+        local secs = max(1, tonumber(ARGV[at + 4 * i - 1]))
+        local length = secs * 1000000
+        local now_s = floor(now / 1000000)
+        local start = (now_s - now_s % secs) * 1000000
+        local at_now, prev, cur = now, 0, 0
+        local value = redis.pcall('GET', keys[ka + i])
+        if type(value) == 'table' and value.err then
+          if string.sub(value.err, 1, 9) ~= 'WRONGTYPE' then
+            if d == 1 then return value end
+            here = false
+            break
+          end
+        elseif type(value) == 'string' and #value == 24 then
+          local st, su = struct.unpack('<ddd', value)
+          local sp = floor(st / SHIFT)
+          local sc = st - sp * SHIFT
+          if su == start then
+            prev, cur = sp, sc
+          elseif su + length == start then
+            prev = sc
+          elseif su > start then
+            start, at_now, prev, cur = su, su, sp, sc
+          end
+        end
+        local estimate = prev * (1 - (at_now - start) / length) + cur
+        -- LAYOUT: 0 fits, 1 wait, 2 never (zero rate), 3 never (cost)
+        local verdict = 0
+        if needed == 0 and deducted <= 0 then
+          verdict = 0
+        elseif limit == 0 then
+          verdict = 2
+        elseif needed > limit then
+          verdict = 3
+        elseif estimate + needed > limit + EPSILON then
+          verdict = 1
+        end
+        if verdict ~= 0 then all_in = false end
+        B[k + CAP], B[k + RATE], B[k + UNIT], B[k + PER_SEC] = limit, length, start, at_now
+        B[k + TOKENS], B[k + STAMP], B[k + LAYOUT] = prev, cur, verdict
+      end
+      if not here then
+        answers[d] = { -1 }
+        break
+      end
+      local counted = needed
+      if deducted < needed then counted = deducted end
+      local out = { all_in and 1 or 0 }
+      local o = 1
+      for i = 1, n do
+        local k = S * (i - 1)
+        local limit, length, start, at_now = B[k + CAP], B[k + RATE], B[k + UNIT], B[k + PER_SEC]
+        local prev, cur = B[k + TOKENS], B[k + STAMP]
+        if all_in and counted ~= 0 then
+          cur = max(0, cur + counted)
+          local ms = ceil((start + 2 * length - now) / 1000) + margin_ms
+          redis.call('SET', keys[ka + i], struct.pack('<ddd', prev * SHIFT + cur, start, now_ms + ms), 'PX', ms)
+        end
+        local estimate = prev * (1 - (at_now - start) / length) + cur
+        local remaining = max(0, floor(limit - estimate + EPSILON))
+        local retry, never = -1, 0
+        local verdict = B[k + LAYOUT]
+        if verdict == 1 then
+          local until_us
+          if cur + needed <= limit + EPSILON then
+            until_us = start + (1 - (limit - cur - needed) / prev) * length
+          else
+            until_us = start + length + (1 - (limit - needed) / cur) * length
+          end
+          retry = max(1, ceil((until_us - at_now) / 1000000 - EPSILON))
+        elseif verdict == 2 then
+          never = 1
+        elseif verdict == 3 then
+          never = 2
+        end
+        local full_in = 0
+        if cur > 0 then
+          full_in = ceil((start + 2 * length - at_now) / 1000000)
+        elseif prev > 0 then
+          full_in = ceil((start + length - at_now) / 1000000)
+        end
+        out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5] = remaining, retry, full_in, never, 0
+        o = o + 5
+      end
+      out[o + 1] = (all_in and max(0, counted)) or 0
       if answers == nil then return out end
       answers[d] = out
       break

@@ -646,17 +646,16 @@ impl RedisStore {
             Value::Integer(cost.deducted()),
             Value::Integer(EXPIRY_MARGIN_MS),
             // flags: 1 the hash layout, 2 a charge, 4 an attempt, 8 a
-            // fixed window (see bucket.lua)
+            // fixed window, 16 a sliding one (see bucket.lua)
             Value::Integer(
                 i64::from(self.layout == BucketLayout::Hash)
                     + 2 * i64::from(matches!(cost, Cost::Charge(_)))
                     + 4 * i64::from(attempt.is_some())
-                    + 8 * i64::from(
-                        descriptor
-                            .buckets
-                            .first()
-                            .is_some_and(|b| b.params.algorithm == Algorithm::FixedWindow),
-                    ),
+                    + match descriptor.buckets.first().map(|b| b.params.algorithm) {
+                        Some(Algorithm::FixedWindow) => 8,
+                        Some(Algorithm::SlidingWindow) => 16,
+                        _ => 0,
+                    },
             ),
         ]);
         for b in &descriptor.buckets {
