@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # CPU per decision by algorithm (#41): a token-bucket rule against the same
-# rule with `algorithm: fixed_window`, on both stores, side by side in one
+# rule with `algorithm: fixed_window` and `sliding_window`, on both stores, side by side in one
 # run: the service's utime+stime from /proc over a fixed number of
 # ShouldRateLimit calls (rls-bench closed loop, 8 connections x 16 in
 # flight, one hot key), and on Redis redis-server's CPU beside it. Rounds
@@ -20,6 +20,9 @@ descriptors:
   - key: fixed
     algorithm: fixed_window
     rate_limit: {unit: hour, requests_per_unit: 1000000000}
+  - key: sliding
+    algorithm: sliding_window
+    rate_limit: {unit: hour, requests_per_unit: 67108863}
 RULES
 # shellcheck source=integration/cpu-per-decision.sh
 . integration/cpu-per-decision.sh
@@ -28,5 +31,6 @@ for round in $(seq "$rounds"); do
   for store in ${STORES:-memory redis}; do
     run "$store, token bucket" "$store" bench bucket
     run "$store, fixed window" "$store" bench fixed
+    run "$store, sliding window" "$store" bench sliding
   done
 done
