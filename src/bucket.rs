@@ -19,10 +19,12 @@
 //! backwards as far as a bucket is concerned: an earlier "now" adds no tokens.
 //!
 //! **Layer** (docs/architecture.md, "Layers", kept by `tests/layers.rs`): a
-//! leaf: uses nothing of the crate.
+//! leaf: uses only the calendar's periods (a bucket's parameter).
 
 /// Tolerance for float comparisons, so that 0.1 s at 10/s refills exactly one token.
 pub const EPSILON: f64 = 1e-9;
+
+use crate::calendar::Periods;
 
 /// The parameters of one bucket, straight from a rule.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -39,6 +41,10 @@ pub struct BucketParams {
     /// How the bucket counts: a token bucket, or a fixed window
     /// ([`crate::window`]).
     pub algorithm: Algorithm,
+    /// For a calendar period ([`Algorithm::CalendarWindow`]): the period
+    /// holding now and the one after it, as the limiter found them at the
+    /// decision; `None` for every other bucket.
+    pub period: Option<Periods>,
 }
 
 /// How a rule counts (`algorithm:`).
@@ -53,10 +59,15 @@ pub enum Algorithm {
     /// The weighted two-window counter: `requests_per_unit` admitted hits
     /// in any window's length, estimated ([`crate::window::sliding`]).
     SlidingWindow,
+    /// A budget per calendar period in a time zone (a limit's `calendar:`,
+    /// never named as an `algorithm`): admitted hits and charges counted
+    /// until the period ends ([`crate::window::decide`]).
+    CalendarWindow,
 }
 
 impl Algorithm {
-    /// Every algorithm, in the order their names are listed.
+    /// Every algorithm a rule's `algorithm:` (or `--algorithm`) may name,
+    /// in the order their names are listed.
     pub const ALL: [Algorithm; 3] = [
         Algorithm::TokenBucket,
         Algorithm::FixedWindow,
@@ -69,6 +80,7 @@ impl Algorithm {
             Algorithm::TokenBucket => "token_bucket",
             Algorithm::FixedWindow => "fixed_window",
             Algorithm::SlidingWindow => "sliding_window",
+            Algorithm::CalendarWindow => "calendar",
         }
     }
 
@@ -296,6 +308,18 @@ impl BucketParams {
                     windows.saturating_mul(self.unit_secs.max(1).saturating_mul(1_000_000)),
                 ));
             }
+            // a period's count is forgotten when the period ends
+            // (`updated_micros` is its start; one the periods do not know
+            // is over)
+            Algorithm::CalendarWindow => {
+                let micros = |secs: i64| u64::try_from(secs).unwrap_or(0).saturating_mul(1_000_000);
+                let start = state.updated_micros;
+                return Some(match self.period {
+                    Some(p) if start == micros(p.start) => micros(p.end),
+                    Some(p) if start == micros(p.end) => micros(p.next_end),
+                    _ => start,
+                });
+            }
             Algorithm::TokenBucket => {}
         }
         let missing = self.capacity as f64 - state.tokens;
@@ -442,6 +466,7 @@ mod tests {
             unit_secs: 1,
             max_debt: None,
             algorithm: Default::default(),
+            period: None,
         }
     }
 
@@ -465,6 +490,7 @@ mod tests {
             unit_secs: 60,
             max_debt: None,
             algorithm: Default::default(),
+            period: None,
         };
         let (s, o) = one(p, None, SEC, Cost::Check);
         assert!(o.admitted);
@@ -509,6 +535,7 @@ mod tests {
             unit_secs: 60,
             max_debt: None,
             algorithm: Default::default(),
+            period: None,
         };
         let owing = BucketState {
             tokens: -98.0,
@@ -616,6 +643,7 @@ mod tests {
             unit_secs: 1,
             max_debt: None,
             algorithm: Default::default(),
+            period: None,
         };
         let (_, o) = one(p, None, SEC, Cost::Spend(1));
         assert!(!o.admitted);
@@ -666,6 +694,7 @@ mod tests {
             unit_secs: 3600,
             max_debt: None,
             algorithm: Default::default(),
+            period: None,
         };
         let params = [burst, hourly];
         let (states, outcomes) = decide(&params, &[None, None], SEC, Cost::Spend(2));
@@ -708,6 +737,7 @@ mod tests {
             unit_secs: 1,
             max_debt: None,
             algorithm: Default::default(),
+            period: None,
         };
         let (_, o) = one(zero, None, SEC, Cost::Refund(3));
         assert!(o.admitted);
@@ -739,6 +769,7 @@ mod tests {
             unit_secs: 365 * 86_400,
             max_debt: None,
             algorithm: Default::default(),
+            period: None,
         };
         let empty = Some(BucketState {
             tokens: 0.0,

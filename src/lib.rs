@@ -11,6 +11,7 @@ pub mod admin;
 pub mod attempt;
 pub mod background;
 pub mod bucket;
+pub mod calendar;
 pub mod cli;
 pub mod clock;
 pub mod decision;

@@ -142,6 +142,31 @@ fn print_attempts(set: &tokenbucket_rls::rules::RuleSet) {
     }
 }
 
+/// One line per calendar limit (docs/rules.md, "Calendar periods"): its
+/// period, and the one running now.
+fn print_calendars(set: &tokenbucket_rls::rules::RuleSet) {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
+    for (domain, rule) in sorted_rules(set) {
+        let tokenbucket_rls::rules::RuleAction::Limited(limits) = &rule.action else {
+            continue;
+        };
+        for l in limits {
+            let Some(periods) = &l.calendar else { continue };
+            let c = periods.calendar();
+            let p = c.periods_at(now);
+            println!(
+                "calendar: domain {domain}, rule {}: {} {c}, admitted hits and charges counted; now from {} to {}",
+                rule.path,
+                l.requests_per_unit,
+                c.show(p.start),
+                c.show(p.end)
+            );
+        }
+    }
+}
+
 /// One line per rule: its bucket id keys, what RLQS assigns, and notes.
 fn print_rlqs(set: &tokenbucket_rls::rules::RuleSet) {
     for (domain, rule) in sorted_rules(set) {
@@ -195,6 +220,7 @@ fn check_config(
                 path.display()
             );
             print_attempts(&set);
+            print_calendars(&set);
             if rlqs {
                 print_rlqs(&set);
             }

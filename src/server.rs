@@ -540,7 +540,8 @@ fn build_limiter(
         args.instances,
         metrics.clone(),
         usize::try_from(args.max_in_flight).unwrap_or(usize::MAX),
-    );
+    )
+    .with_calendar_offset(args.calendar_clock_offset);
     let mut upstream_task = None;
     if let Some(upstream) = args.upstream_settings() {
         upstream.validate()?;

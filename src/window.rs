@@ -24,7 +24,7 @@
 //! **Layer** (docs/architecture.md, "Layers", kept by `tests/layers.rs`): a
 //! leaf: uses only the bucket's types.
 
-use crate::bucket::{BucketOutcome, BucketParams, BucketState, Cost};
+use crate::bucket::{Algorithm, BucketOutcome, BucketParams, BucketState, Cost, NeverReason};
 
 pub mod sliding;
 
@@ -41,13 +41,20 @@ pub fn window_of(params: &BucketParams, now_micros: u64) -> (u64, u64) {
 
 /// Decides `cost` against fixed-window buckets; returns the states to
 /// store (every bucket's count after the hit, refused or not) and one
-/// outcome per bucket.
+/// outcome per bucket. Calendar periods count their own way
+/// ([`decide_calendar`]).
 pub fn decide(
     params: &[BucketParams],
     states: &[Option<BucketState>],
     now_micros: u64,
     cost: Cost,
 ) -> (Vec<BucketState>, Vec<BucketOutcome>) {
+    if params
+        .first()
+        .is_some_and(|p| p.algorithm == Algorithm::CalendarWindow)
+    {
+        return decide_calendar(params, states, now_micros, cost);
+    }
     // a check (`hits_addend: 0`) counts nothing, and is over when the
     // count already is: envoyproxy/ratelimit's `INCRBY key 0`
     let counted = cost.deducted().max(0) as u64;
@@ -96,10 +103,112 @@ pub fn decide(
     (states, outcomes)
 }
 
+/// The calendar period holding `now_micros`: its start and end (µs), from
+/// the periods the limiter found (the second once the first has ended); a
+/// bucket without them counts in epoch-aligned windows of its unit.
+pub fn period_of(params: &BucketParams, now_micros: u64) -> (u64, u64) {
+    match params.period {
+        Some(p) => p.window_at(now_micros),
+        None => {
+            let (start, _) = window_of(params, now_micros);
+            (start, start + params.unit_secs.max(1) * MICROS)
+        }
+    }
+}
+
+/// Decides `cost` against calendar-period buckets (a budget per period):
+/// a hit is admitted when every period's count has room for it, and only
+/// an admitted hit counts; a charge (`overdraft`, a usage domain) counts
+/// whatever the verdict, past the limit too, and is answered OVER_LIMIT
+/// when the count had no room; a refund takes off the count, never below
+/// 0; a check counts nothing and answers as a hit of one. A refusal waits,
+/// and `duration_until_reset` is, the time until the period ends; a cost
+/// above the limit, or a limit of 0, is never admitted (no wait).
+pub fn decide_calendar(
+    params: &[BucketParams],
+    states: &[Option<BucketState>],
+    now_micros: u64,
+    cost: Cost,
+) -> (Vec<BucketState>, Vec<BucketOutcome>) {
+    let needed = cost.needed();
+    let deducted = cost.deducted();
+    let periods: Vec<(u64, u64, u64)> = params
+        .iter()
+        .zip(states)
+        .map(|(p, s)| {
+            let (start, end) = period_of(p, now_micros);
+            let count = s
+                .filter(|s| s.updated_micros == start)
+                .map_or(0, |s| s.tokens.max(0.0) as u64);
+            (start, end, count)
+        })
+        .collect();
+    let verdicts: Vec<Result<(), Option<NeverReason>>> = params
+        .iter()
+        .zip(&periods)
+        .map(|(p, (_, _, count))| {
+            if needed == 0 {
+                Ok(())
+            } else if p.tokens_per_unit == 0 {
+                Err(Some(NeverReason::ZeroRate))
+            } else if needed > p.tokens_per_unit {
+                Err(Some(NeverReason::CostAboveCapacity))
+            } else if count.saturating_add(needed) <= p.tokens_per_unit {
+                Ok(())
+            } else {
+                Err(None)
+            }
+        })
+        .collect();
+    let admitted = verdicts.iter().all(Result::is_ok);
+    let applies = admitted
+        || (matches!(cost, Cost::Charge(_))
+            && !verdicts.contains(&Err(Some(NeverReason::ZeroRate))));
+    let after: Vec<u64> = periods
+        .iter()
+        .map(|(_, _, count)| match (applies, deducted) {
+            (true, d) if d >= 0 => count.saturating_add(d as u64),
+            (true, d) => count.saturating_sub(d.unsigned_abs()),
+            (false, _) => *count,
+        })
+        .collect();
+    let states = periods
+        .iter()
+        .zip(&after)
+        .map(|((start, _, _), count)| BucketState {
+            tokens: *count as f64,
+            updated_micros: *start,
+        })
+        .collect();
+    let outcomes = params
+        .iter()
+        .zip(&periods)
+        .zip(&after)
+        .zip(verdicts)
+        .map(|(((p, (_, end, _)), count), verdict)| {
+            let left = end.saturating_sub(now_micros).div_ceil(MICROS);
+            let (retry_after_secs, never) = match verdict {
+                Ok(()) => (None, None),
+                Err(Some(reason)) => (None, Some(reason)),
+                Err(None) => (Some(left.max(1)), None),
+            };
+            BucketOutcome {
+                admitted,
+                remaining: p.tokens_per_unit.saturating_sub(*count),
+                retry_after_secs,
+                full_in_secs: left,
+                never,
+                taken: if applies { deducted.max(0) as u64 } else { 0 },
+                forgiven: 0,
+            }
+        })
+        .collect();
+    (states, outcomes)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bucket::Algorithm;
 
     const SEC: u64 = MICROS;
 
@@ -110,6 +219,7 @@ mod tests {
             unit_secs: window_secs,
             max_debt: None,
             algorithm: Algorithm::FixedWindow,
+            period: None,
         }
     }
 
@@ -267,5 +377,108 @@ mod tests {
         assert!(one(w, &mut s, 600 * SEC, Cost::Spend(1)).admitted);
         assert!(one(w, &mut s, 540 * SEC, Cost::Spend(1)).admitted);
         assert_eq!(w.full_at_micros(&s.expect("state")), Some(600 * SEC));
+    }
+
+    /// A calendar period's bucket: `limit` a period, the periods given.
+    fn cal(limit: u64, start: i64, end: i64, next_end: i64) -> BucketParams {
+        BucketParams {
+            algorithm: Algorithm::CalendarWindow,
+            period: Some(crate::calendar::Periods {
+                start,
+                end,
+                next_end,
+            }),
+            ..p(limit, 30 * 86_400)
+        }
+    }
+
+    #[test]
+    fn a_calendar_period_counts_admitted_hits_until_it_ends() {
+        // a period of 23 hours (a daylight-saving day), then one of 24
+        let (start, end, next) = (86_400, 86_400 + 23 * 3600, 86_400 + 47 * 3600);
+        let c = cal(3, start, end, next);
+        let mut s = None;
+        let t = (start as u64 + 3600) * SEC;
+        let remaining: Vec<u64> = (0..3)
+            .map(|_| one(c, &mut s, t, Cost::Spend(1)).remaining)
+            .collect();
+        assert_eq!(remaining, [2, 1, 0]);
+        let over = one(c, &mut s, t, Cost::Spend(1));
+        assert!(!over.admitted);
+        assert_eq!(over.retry_after_secs, Some(22 * 3600));
+        assert_eq!(over.full_in_secs, 22 * 3600);
+        // a refused hit counts nothing (a budget), a weighted one that does
+        // not fit neither
+        assert_eq!(s.map(|s| s.tokens), Some(3.0));
+        // the last microsecond of the period is in it
+        let last = end as u64 * SEC - 1;
+        let at_last = one(c, &mut s, last, Cost::Spend(1));
+        assert!(!at_last.admitted);
+        assert_eq!(at_last.retry_after_secs, Some(1));
+        // and at its end the next period starts from nothing
+        let next_period = one(c, &mut s, end as u64 * SEC, Cost::Spend(1));
+        assert!(next_period.admitted);
+        assert_eq!(
+            (next_period.remaining, next_period.full_in_secs),
+            (2, 24 * 3600)
+        );
+        assert_eq!(s.map(|s| s.updated_micros), Some(end as u64 * SEC));
+        assert_eq!(
+            c.full_at_micros(&s.expect("state")),
+            Some(next as u64 * SEC)
+        );
+    }
+
+    #[test]
+    fn a_calendar_period_counts_charges_past_its_limit_and_takes_refunds_off() {
+        let c = cal(1_000, 0, 1_000, 2_000);
+        let mut s = None;
+        let t = 10 * SEC;
+        // a charge (usage) counts whatever the verdict
+        assert!(one(c, &mut s, t, Cost::Charge(900)).admitted);
+        let over = one(c, &mut s, t, Cost::Charge(300));
+        assert!(!over.admitted);
+        assert_eq!((over.taken, over.remaining), (300, 0));
+        assert_eq!(s.map(|s| s.tokens), Some(1_200.0));
+        // checks are refused until the period ends
+        let check = one(c, &mut s, t, Cost::Check);
+        assert_eq!((check.admitted, check.retry_after_secs), (false, Some(990)));
+        // a refund takes off the count
+        let refund = one(c, &mut s, t, Cost::Refund(500));
+        assert!(refund.admitted);
+        assert_eq!(refund.remaining, 300);
+        one(c, &mut s, t, Cost::Refund(5_000));
+        assert_eq!(s.map(|s| s.tokens), Some(0.0), "never below nothing");
+    }
+
+    #[test]
+    fn a_calendar_period_says_what_it_can_never_admit() {
+        let mut s = None;
+        let above = one(cal(10, 0, 1_000, 2_000), &mut s, SEC, Cost::Spend(11));
+        assert_eq!(
+            (above.admitted, above.never, above.retry_after_secs),
+            (
+                false,
+                Some(crate::bucket::NeverReason::CostAboveCapacity),
+                None
+            )
+        );
+        let zero = one(cal(0, 0, 1_000, 2_000), &mut s, SEC, Cost::Charge(1));
+        assert_eq!(zero.never, Some(crate::bucket::NeverReason::ZeroRate));
+        assert_eq!(zero.taken, 0, "no charge on a limit of 0");
+    }
+
+    #[test]
+    fn a_store_clock_behind_or_ahead_of_the_periods_counts_in_the_right_one() {
+        let c = cal(2, 100, 200, 300);
+        // behind (before the first period started): counted in the first
+        let mut s = None;
+        one(c, &mut s, 90 * SEC, Cost::Spend(1));
+        assert_eq!(s.map(|s| s.updated_micros), Some(100 * SEC));
+        // ahead (past the first's end): in the second
+        let mut s = None;
+        let o = one(c, &mut s, 250 * SEC, Cost::Spend(1));
+        assert_eq!(s.map(|s| s.updated_micros), Some(200 * SEC));
+        assert_eq!(o.full_in_secs, 50);
     }
 }

@@ -124,6 +124,7 @@ fn descriptor(tag: &str, bursts: &[u64]) -> DescriptorBuckets {
                     unit_secs: 86_400,
                     max_debt: None,
                     algorithm: Default::default(),
+                    period: None,
                 },
                 rule: RuleId::of("cases", "attempts"),
             })

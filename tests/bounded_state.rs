@@ -37,6 +37,7 @@ fn a_flood_of_new_values_stays_within_the_cap_and_a_steady_client_keeps_its_budg
         unit_secs: 86_400,
         max_debt: None,
         algorithm: Default::default(),
+        period: None,
     };
     let descriptor = |value: &str| api_key(value, params, rule);
     let steady = descriptor("the-steady-client");

@@ -32,6 +32,7 @@ fn p(capacity: u64, tokens_per_unit: u64, unit_secs: u64) -> BucketParams {
         unit_secs,
         max_debt: None,
         algorithm: Default::default(),
+        period: None,
     }
 }
 
@@ -713,6 +714,7 @@ fn fw(limit: u64, window_secs: u64) -> BucketParams {
         unit_secs: window_secs,
         max_debt: None,
         algorithm: tokenbucket_rls::bucket::Algorithm::FixedWindow,
+        period: None,
     }
 }
 
@@ -1048,6 +1050,222 @@ async fn sliding_windows_in_lua_and_rust_give_the_same_answers() {
                     assert!(
                         ttl > until && ttl <= until + 2000,
                         "case '{name}': expires two windows after the current one's start, plus the 1 s margin ({until} ms + 1 s), TTL {ttl} ms"
+                    );
+                } else {
+                    assert_eq!(
+                        stored.map(|s| s.0),
+                        seeded.map(|s| s.tokens),
+                        "case '{name}': refused or a check, nothing written"
+                    );
+                }
+            }
+            break;
+        }
+    }
+}
+
+/// A calendar period's bucket (#41): `limit` a period, its periods placed
+/// around the test's present: (start, end, next end) in seconds from now.
+fn cp(limit: u64, period: (i64, i64, i64)) -> (BucketParams, (i64, i64, i64)) {
+    (
+        BucketParams {
+            algorithm: tokenbucket_rls::bucket::Algorithm::CalendarWindow,
+            ..fw(limit, 30 * 86_400)
+        },
+        period,
+    )
+}
+
+/// A calendar case: its name; per bucket, its params with its periods
+/// around now, and the stored count with the period it is of (`0` the
+/// first, `1` the second, `-1` one before the first); the cost.
+type CalendarCase = (
+    &'static str,
+    Vec<((BucketParams, (i64, i64, i64)), Option<(f64, i64)>)>,
+    Cost,
+);
+
+fn calendar_cases() -> Vec<CalendarCase> {
+    // a day that began an hour ago, and the next
+    let day = (-3600, 23 * 3600, 47 * 3600);
+    vec![
+        ("a new period", vec![(cp(3, day), None)], Cost::Spend(1)),
+        (
+            "the last hit within",
+            vec![(cp(3, day), Some((2.0, 0)))],
+            Cost::Spend(1),
+        ),
+        (
+            "full: refused, and not counted",
+            vec![(cp(3, day), Some((3.0, 0)))],
+            Cost::Spend(1),
+        ),
+        (
+            "a weighted hit that does not fit",
+            vec![(cp(10, day), Some((7.0, 0)))],
+            Cost::Spend(4),
+        ),
+        (
+            "the period before is none",
+            vec![(cp(3, day), Some((3.0, -1)))],
+            Cost::Spend(1),
+        ),
+        (
+            "a charge past the limit",
+            vec![(cp(1000, day), Some((900.0, 0)))],
+            Cost::Charge(300),
+        ),
+        (
+            "a check over",
+            vec![(cp(3, day), Some((3.0, 0)))],
+            Cost::Check,
+        ),
+        (
+            "a refund",
+            vec![(cp(10, day), Some((5.0, 0)))],
+            Cost::Refund(2),
+        ),
+        (
+            "a refund below nothing",
+            vec![(cp(10, day), Some((1.0, 0)))],
+            Cost::Refund(5),
+        ),
+        (
+            "a cost above the limit",
+            vec![(cp(10, day), None)],
+            Cost::Spend(11),
+        ),
+        ("a limit of 0", vec![(cp(0, day), None)], Cost::Spend(1)),
+        (
+            "a charge on a limit of 0",
+            vec![(cp(0, day), None)],
+            Cost::Charge(3),
+        ),
+        (
+            "one period of two refuses, neither counts",
+            vec![
+                (cp(1, day), Some((1.0, 0))),
+                (cp(5, (-86_400, 30 * 86_400, 61 * 86_400)), None),
+            ],
+            Cost::Spend(1),
+        ),
+        (
+            "the first period has ended by the server's clock",
+            vec![(cp(3, (-7200, -10, 86_390)), Some((2.0, 1)))],
+            Cost::Spend(1),
+        ),
+        (
+            "the first period has not begun by the server's clock",
+            vec![(cp(3, (30, 3630, 7230)), Some((1.0, 0)))],
+            Cost::Spend(1),
+        ),
+        (
+            "a period's last seconds",
+            vec![(cp(3, (-3600, 2, 3602)), Some((1.0, 0)))],
+            Cost::Spend(1),
+        ),
+    ]
+}
+
+/// The calendar period's two copies (`src/window.rs` `decide_calendar`,
+/// `bucket.lua` flag 32) give the same answers and store the same counts,
+/// the periods handed to both as the limiter hands them. Rust decides at
+/// the server's time read just before the script and just after; when
+/// both answers agree, the script's must too (the waits move one way as
+/// time passes), else the case runs again.
+#[tokio::test]
+async fn calendar_periods_in_lua_and_rust_give_the_same_answers() {
+    let redis = RedisServer::standalone();
+    let (store, client) = store_and_client(&redis, BucketLayout::Packed).await;
+    for (n, (name, buckets, cost)) in calendar_cases().into_iter().enumerate() {
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            assert!(
+                tries <= 10,
+                "case '{name}': never decided within one answer"
+            );
+            let tag = format!("calendar-{n}-{tries}").into_bytes();
+            let before = server_now(&client).await;
+            let now_s = before / SEC;
+            let params: Vec<BucketParams> = buckets
+                .iter()
+                .map(|((p, (start, end, next_end)), _)| BucketParams {
+                    period: Some(tokenbucket_rls::calendar::Periods {
+                        start: now_s + start,
+                        end: now_s + end,
+                        next_end: now_s + next_end,
+                    }),
+                    ..*p
+                })
+                .collect();
+            let descriptor = DescriptorBuckets {
+                buckets: params
+                    .iter()
+                    .enumerate()
+                    .map(|(i, params)| BucketRef {
+                        key: [tag.as_slice(), format!("#{i}").as_bytes()].concat(),
+                        params: *params,
+                        rule: Default::default(),
+                    })
+                    .collect(),
+                tag: tag.clone(),
+            };
+            let mut states = Vec::new();
+            for ((b, p), (_, state)) in descriptor.buckets.iter().zip(&params).zip(&buckets) {
+                let period = p.period.expect("periods");
+                let stored = state.map(|(count, which)| {
+                    let start = match which {
+                        0 => period.start,
+                        1 => period.end,
+                        _ => period.start - 86_400,
+                    };
+                    BucketState {
+                        tokens: count,
+                        updated_micros: (start * SEC) as u64,
+                    }
+                });
+                if let Some(s) = stored {
+                    let packed: Vec<u8> = [s.tokens, s.updated_micros as f64, 0.0]
+                        .iter()
+                        .flat_map(|f| f.to_le_bytes())
+                        .collect();
+                    let key = redis_key(tag_hash(&descriptor.tag), &b.key);
+                    let _: () = client
+                        .set(key, packed.as_slice(), None, None, false)
+                        .await
+                        .expect("SET");
+                }
+                states.push(stored);
+            }
+            let lua = store.decide(&descriptor, cost).await.expect("script runs");
+            let after = server_now(&client).await;
+            let decide =
+                |now: i64| tokenbucket_rls::window::decide(&params, &states, now as u64, cost);
+            let ((_, early), (rust_states, late)) = (decide(before), decide(after));
+            if early != late {
+                continue;
+            }
+            assert_eq!(lua, late, "case '{name}'");
+            let applied = late[0].admitted || late.iter().any(|o| o.taken > 0);
+            for ((b, rust_state), seeded) in
+                descriptor.buckets.iter().zip(&rust_states).zip(&states)
+            {
+                let key = redis_key(tag_hash(&descriptor.tag), &b.key);
+                let stored = stored_bucket(&client, &key).await;
+                if applied && cost.deducted() != 0 {
+                    let (count, start) = stored.unwrap_or_else(|| panic!("case '{name}': written"));
+                    assert_eq!(
+                        (count, start as u64),
+                        (rust_state.tokens, rust_state.updated_micros),
+                        "case '{name}': the count stored, in its period"
+                    );
+                    let ttl: i64 = client.pttl(key).await.expect("PTTL");
+                    let (_, end) = tokenbucket_rls::window::period_of(&b.params, after as u64);
+                    let until = (end as i64 - before) / 1000;
+                    assert!(
+                        ttl > until - 1000 && ttl <= until + 2000,
+                        "case '{name}': expires when the period ends, plus the 1 s margin ({until} ms + 1 s), TTL {ttl} ms"
                     );
                 } else {
                     assert_eq!(

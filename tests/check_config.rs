@@ -286,3 +286,46 @@ fn the_peer_fixtures_load_under_a_window_default() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// A calendar limit (#41): `check-config` says what it counts and which
+/// period runs now, `--rlqs` what RLQS makes of it, and a zone that is not
+/// one is refused naming the file, the rule and the field.
+#[test]
+fn check_config_shows_calendar_periods_and_refuses_an_unknown_zone() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let rules = dir.path().join("rules.yaml");
+    std::fs::write(
+        &rules,
+        "domain: billing\ndescriptors:\n  - key: tenant\n    overdraft: true\n    rate_limit: {unit: month, requests_per_unit: 1000000, calendar: {time_zone: America/New_York, starts: 15}}\n",
+    )
+    .expect("write");
+    let out = check_config(&[rules.to_str().expect("utf-8"), "--rlqs"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(
+        stdout.contains("calendar: domain billing, rule tenant: 1000000 a calendar month in America/New_York from day 15, admitted hits and charges counted; now from ")
+            && stdout.contains("-15T00:00:00-0")
+            && stdout.contains("[America/New_York]"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("note: calendar: RLQS's token buckets have no windows or calendar periods"),
+        "{stdout}"
+    );
+    std::fs::write(
+        &rules,
+        "domain: billing\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: month, requests_per_unit: 10, calendar: {time_zone: US/Gotham}}\n",
+    )
+    .expect("write");
+    let out = check_config(&[rules.to_str().expect("utf-8")]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success());
+    assert!(
+        stdout.contains("rules.yaml")
+            && stdout.contains("tenant")
+            && stdout.contains(
+                "calendar: time_zone 'US/Gotham' is not a time zone of the IANA database"
+            ),
+        "{stdout}"
+    );
+}

@@ -2543,3 +2543,108 @@ async fn envoy_enforces_a_sliding_window_on_a_redis_cluster_with_two_instances()
     let cluster = common::redis::RedisCluster::start();
     sliding_window_through_envoy(&two_on(&cluster)).await;
 }
+
+const NEW_YORK_MONTH: &str = "domain: edge\ndescriptors:\n  - key: tenant\n    descriptors:\n      - key: user\n        rate_limit: {unit: month, requests_per_unit: 3, calendar: {time_zone: America/New_York}}\n";
+
+/// A calendar month in America/New_York (#41) through a real Envoy, its
+/// end moved to the test's present by `RLS_CALENDAR_CLOCK_OFFSET` (every
+/// instance given the same): three pass, the fourth is 429 with a
+/// Retry-After of the seconds to midnight on the 1st in New York; at that
+/// moment the month starts again (three pass), and the next refusal waits
+/// for the whole of the month after (January: 31 days). Every answer
+/// seen before the end was a refusal, every answer after it admitted the
+/// new month's three: the reset is where the calendar puts it.
+async fn calendar_month_through_envoy(instances: &[Vec<(&str, String)>]) {
+    use jiff::{civil::Date, tz::TimeZone, Timestamp};
+    let tz = TimeZone::get("America/New_York").expect("the zone");
+    let today = Timestamp::now().to_zoned_datetime(tz.clone()).date();
+    let (year, month) = if today.month() == 12 {
+        (today.year() + 1, 1)
+    } else {
+        (today.year(), today.month() + 1)
+    };
+    let first = Date::new(year, month, 1).expect("a date");
+    let month_end = first
+        .to_zoned_datetime(tz.clone())
+        .expect("midnight")
+        .timestamp()
+        .as_second();
+    let month_after_end = first
+        .last_of_month()
+        .tomorrow()
+        .expect("a date")
+        .to_zoned_datetime(tz)
+        .expect("midnight")
+        .timestamp()
+        .as_second();
+    let real_now = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("after 1970")
+            .as_secs_f64()
+    };
+    // the month ends 15 s after the services start (Envoy and the
+    // instances start within that on a busy machine)
+    let offset = month_end - (real_now() as i64 + 15);
+    let reset_at = (month_end - offset) as f64;
+    let instances: Vec<Vec<(&str, String)>> = instances
+        .iter()
+        .map(|env| {
+            let mut env = env.clone();
+            env.push(("RLS_CALENDAR_CLOCK_OFFSET", offset.to_string()));
+            env
+        })
+        .collect();
+    let rules = common::rules_dir(NEW_YORK_MONTH);
+    let edge = Edge::start_with_rules(rules.path(), &instances).await;
+    assert!(
+        real_now() < reset_at - 1.0,
+        "started too late to see the month end"
+    );
+    let who = [("x-tenant", "t"), ("x-user", "calendar")];
+    assert_eq!(edge.codes(3, "/", &who).await, [200, 200, 200]);
+    let over = edge.get("/", &who).await;
+    assert_eq!(over.status, 429);
+    let wait = over.retry_after_secs() as f64;
+    let left = reset_at - real_now();
+    assert!(
+        (wait - left).abs() <= 2.0,
+        "Retry-After {wait} s, the month ends in {left:.1} s"
+    );
+    // until the month's end every answer is a refusal
+    while real_now() < reset_at - 0.5 {
+        let asked = edge.get("/", &who).await;
+        if real_now() < reset_at {
+            assert_eq!(asked.status, 429, "before the month ends");
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    tokio::time::sleep(Duration::from_secs_f64(
+        (reset_at - real_now()).max(0.0) + 0.3,
+    ))
+    .await;
+    assert_eq!(
+        edge.codes(3, "/", &who).await,
+        [200, 200, 200],
+        "a new month"
+    );
+    let next = edge.get("/", &who).await;
+    assert_eq!(next.status, 429);
+    let whole_month = (month_after_end - month_end) as f64;
+    let wait = next.retry_after_secs() as f64;
+    assert!(
+        wait <= whole_month && wait >= whole_month - 30.0,
+        "Retry-After {wait} s: the month after lasts {whole_month} s"
+    );
+}
+
+#[tokio::test]
+async fn envoy_resets_a_calendar_month_in_new_york() {
+    calendar_month_through_envoy(&[vec![]]).await;
+}
+
+#[tokio::test]
+async fn envoy_resets_a_calendar_month_in_new_york_on_a_redis_cluster_with_two_instances() {
+    let cluster = common::redis::RedisCluster::start();
+    calendar_month_through_envoy(&two_on(&cluster)).await;
+}

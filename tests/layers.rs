@@ -31,6 +31,7 @@ const ROOMS: &[&[&str]] = &[
         "attempt",
         "background",
         "bucket",
+        "calendar",
         "clock",
         "labels",
         "pb_struct",

@@ -21,6 +21,7 @@ fn buckets_of_long_values_stay_within_the_caps_bytes() {
         unit_secs: 60,
         max_debt: None,
         algorithm: Default::default(),
+        period: None,
     };
     let pad = "v".repeat(1_000 - 9);
     let descriptor = |i: usize| api_key(&format!("{pad}{i:09}"), params, Default::default());

@@ -23,6 +23,7 @@ fn a_million_idle_buckets_fit_in_200_bytes_each_and_are_evicted() {
         unit_secs: 60,
         max_debt: None,
         algorithm: Default::default(),
+        period: None,
     };
     let descriptor = |i: usize| api_key(&format!("key-{i:08}"), params, Default::default());
     // Warm the allocator and the shards' first growth before measuring.

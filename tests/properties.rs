@@ -22,6 +22,7 @@ fn params() -> impl Strategy<Value = BucketParams> {
             unit_secs,
             max_debt: None,
             algorithm: Default::default(),
+            period: None,
         })
 }
 

@@ -100,6 +100,17 @@ pub struct ServeArgs {
     /// (the weighted two-window counter).
     #[arg(long, env = "RLS_ALGORITHM", default_value = "token_bucket", value_parser = parse_algorithm)]
     pub algorithm: Algorithm,
+    /// Calendar periods (a limit's `calendar:`) end as if the clock read
+    /// this many seconds later (negative: earlier): to rehearse a month's
+    /// end in staging, or in tests. Every instance sharing a store must
+    /// be given the same.
+    #[arg(
+        long,
+        env = "RLS_CALENDAR_CLOCK_OFFSET",
+        default_value_t = 0,
+        allow_hyphen_values = true
+    )]
+    pub calendar_clock_offset: i64,
     /// Serve gRPC on this unix socket instead of --grpc-addr (a sidecar's
     /// Envoy reaching it as a `pipe` address); a socket left by a stopped
     /// process is replaced, any other file there stops the start.

@@ -133,6 +133,9 @@ pub struct Limiter {
     /// On a region (`--quota-upstream`): its shares of the global rules'
     /// budgets. `None`: global rules are ordinary rules here.
     regions: Option<Arc<RegionShares>>,
+    /// How far ahead of `clock` calendar periods are found
+    /// (`--calendar-clock-offset`; 0 but to rehearse a period's end).
+    calendar_offset_secs: i64,
 }
 
 impl Limiter {
@@ -185,6 +188,23 @@ impl Limiter {
             values: parking_lot::Mutex::default(),
             clock: MonotonicClock::new(),
             regions: None,
+            calendar_offset_secs: 0,
+        }
+    }
+
+    /// Calendar periods end as if the clock read `secs` later
+    /// (`--calendar-clock-offset`).
+    pub fn with_calendar_offset(mut self, secs: i64) -> Self {
+        self.calendar_offset_secs = secs;
+        self
+    }
+
+    /// Now by the calendar's clock (Unix seconds), and its offset.
+    fn calendar_now(&self) -> CalendarNow {
+        let secs = i64::try_from(self.clock.now_micros() / 1_000_000).unwrap_or(i64::MAX);
+        CalendarNow {
+            unix_secs: secs.saturating_add(self.calendar_offset_secs),
+            offset_secs: self.calendar_offset_secs,
         }
     }
 
@@ -246,7 +266,7 @@ impl Limiter {
         descriptors: &[DescriptorInput<'_, E>],
         budget: Option<std::time::Duration>,
     ) -> Result<Vec<Decision>, Unavailable> {
-        let mut plans = plan(rules, domain, descriptors);
+        let mut plans = plan(rules, domain, descriptors, self.calendar_now());
         self.bound_values(domain, &mut plans);
         let generation = rules.generation();
         if let [only] = plans.as_slice() {
@@ -667,6 +687,7 @@ impl Limiter {
                                 // a fixed window's share too: B/N refilling
                                 // at r/N, continuously
                                 algorithm: Algorithm::TokenBucket,
+                                period: None,
                             },
                         })
                         .collect(),
@@ -702,11 +723,19 @@ async fn within<T>(
     }
 }
 
+/// Now by the calendar's clock, for the periods of calendar limits.
+#[derive(Debug, Clone, Copy)]
+struct CalendarNow {
+    unix_secs: i64,
+    offset_secs: i64,
+}
+
 /// Works out, without any I/O, what each descriptor will be decided by.
 fn plan<'a, E: DescriptorEntry>(
     rules: &'a RuleSet,
     domain: &str,
     descriptors: &'a [DescriptorInput<'a, E>],
+    calendar: CalendarNow,
 ) -> Vec<Plan<'a>> {
     let known_domain = rules.has_domain(domain);
     let usage_domain = rules.is_usage_domain(domain);
@@ -759,6 +788,7 @@ fn plan<'a, E: DescriptorEntry>(
                     unit_secs: unit.seconds(),
                     max_debt: None,
                     algorithm: Algorithm::TokenBucket,
+                    period: None,
                 };
                 return Plan::Buckets {
                     rule: None,
@@ -849,7 +879,7 @@ fn plan<'a, E: DescriptorEntry>(
                 .iter()
                 .map(|l| BucketRef {
                     key: key::bucket_key(&tag, &l.bucket_id),
-                    params: l.params,
+                    params: l.params_at(calendar.unix_secs, calendar.offset_secs),
                     rule: m.rule.id,
                 })
                 .collect();

@@ -163,6 +163,16 @@ pub fn rule_notes(rule: &Rule) -> Vec<String> {
                 limits.len()
             ));
         }
+        let windows: Vec<&str> = limits
+            .iter()
+            .filter(|l| l.algorithm != crate::bucket::Algorithm::TokenBucket)
+            .map(|l| l.algorithm.name())
+            .collect();
+        if let Some(name) = windows.first() {
+            notes.push(format!(
+                "{name}: RLQS's token buckets have no windows or calendar periods; it assigns a token bucket of the same average rate (requests_per_unit over the unit, a month as 30 days)"
+            ));
+        }
     }
     for (key, pattern) in &rule.shared_values {
         notes.push(format!(

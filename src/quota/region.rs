@@ -81,6 +81,7 @@ pub fn floor(params: BucketParams, regions: u32) -> BucketParams {
         unit_secs: params.unit_secs.saturating_mul(n),
         max_debt: None,
         algorithm: Algorithm::TokenBucket,
+        period: None,
     }
 }
 
@@ -520,6 +521,7 @@ fn params_of(strategy: &Strategy) -> Option<BucketParams> {
                 unit_secs: secs.max(1),
                 max_debt: None,
                 algorithm: Algorithm::TokenBucket,
+                period: None,
             })
         }
         Strategy::BlanketRule(r) if *r == BlanketRule::DenyAll as i32 => Some(BucketParams {
@@ -528,6 +530,7 @@ fn params_of(strategy: &Strategy) -> Option<BucketParams> {
             unit_secs: 1,
             max_debt: None,
             algorithm: Algorithm::TokenBucket,
+            period: None,
         }),
         _ => None,
     }

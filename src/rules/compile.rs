@@ -17,6 +17,7 @@ use super::unit::{FailureMode, Unit};
 use super::wildcard::Wildcard;
 use crate::attempt::AttemptMode;
 use crate::bucket::{Algorithm, MAX_WINDOW_COUNT};
+use crate::calendar::{Calendar, CalendarPeriods};
 
 /// What a descriptor passes down to the ones nested in it.
 #[derive(Clone)]
@@ -715,6 +716,11 @@ fn compile_algorithm(
     global: bool,
     errors: &mut ConfigErrors,
 ) -> bool {
+    if let Some(RuleAction::Limited(limits)) = action {
+        if limits.iter().any(|l| l.calendar.is_some()) {
+            return check_calendar(scope, doc, limits, global, errors);
+        }
+    }
     let named = match doc.algorithm.as_deref() {
         None => None,
         Some(name) => match Algorithm::from_name(name) {
@@ -730,7 +736,8 @@ fn compile_algorithm(
     };
     let algorithm = named.unwrap_or(scope.default_algorithm);
     let (suffix, most) = match algorithm {
-        Algorithm::TokenBucket => return true,
+        // (a calendar is a limit's `calendar:`, above)
+        Algorithm::TokenBucket | Algorithm::CalendarWindow => return true,
         Algorithm::FixedWindow => ("~fixed", u64::MAX),
         Algorithm::SlidingWindow => ("~sliding", MAX_WINDOW_COUNT),
     };
@@ -808,6 +815,63 @@ fn compile_algorithm(
         l.params.algorithm = algorithm;
         l.algorithm = algorithm;
         l.bucket_id.push_str(suffix);
+    }
+    true
+}
+
+/// A rule whose limits count in calendar periods: all of them do (a
+/// descriptor's buckets are decided by one arithmetic), it names no other
+/// algorithm, and what a budget a period cannot honour is refused with its
+/// reason. `overdraft` and usage domains are honoured: their charges count.
+fn check_calendar(
+    scope: &Scope<'_>,
+    doc: &DescriptorDoc,
+    limits: &[Limit],
+    global: bool,
+    errors: &mut ConfigErrors,
+) -> bool {
+    let mut refuse = |what: String| {
+        scope.error(errors, what);
+        false
+    };
+    if limits.iter().any(|l| l.calendar.is_none()) {
+        return refuse("a limit with a calendar beside one without: a rule's limits count one way; put the calendar limit on a descriptor of its own (Envoy sends both)".to_string());
+    }
+    if let Some(a) = &doc.algorithm {
+        return refuse(format!("`algorithm: {a}` with a calendar limit: a calendar period counts as a budget of its own (admitted hits and charges until the period ends); drop algorithm"));
+    }
+    let refused = [
+        (
+            doc.lease.is_some(),
+            "`lease` (tokens handed out ahead; a period has none to hand out)",
+        ),
+        (
+            doc.attempts.is_some(),
+            "`attempts` (reservations and dedupe are the token bucket's)",
+        ),
+        (
+            doc.max_debt.is_some(),
+            "`max_debt` (a period's charges are all counted, none forgiven)",
+        ),
+        (
+            global,
+            "`scope: global` (regions share a token bucket's rate)",
+        ),
+    ];
+    for (set, what) in refused {
+        if set {
+            return refuse(format!(
+                "a calendar limit with {what}: use the token bucket for it"
+            ));
+        }
+    }
+    for l in limits {
+        if l.burst != l.requests_per_unit {
+            return refuse(format!(
+                "a calendar limit with burst {} on {} a period: a period allows requests_per_unit and has no burst; drop burst",
+                l.burst, l.requests_per_unit
+            ));
+        }
     }
     true
 }
@@ -965,17 +1029,39 @@ fn compile_limit(
             m
         }
     };
-    Some(
-        Limit::new(
-            rl.name.clone(),
-            unit,
-            requests_per_unit,
-            burst,
-            replaces,
-            bucket_id.to_string(),
-        )
-        .with_multiplier(multiplier),
+    let limit = Limit::new(
+        rl.name.clone(),
+        unit,
+        requests_per_unit,
+        burst,
+        replaces,
+        bucket_id.to_string(),
     )
+    .with_multiplier(multiplier);
+    let Some(calendar) = &rl.calendar else {
+        return Some(limit);
+    };
+    if multiplier != 1 {
+        scope.error(
+            errors,
+            format!("{at}: unit_multiplier {multiplier} with a calendar: a calendar period is one {}; drop unit_multiplier", unit.as_str()),
+        );
+        return None;
+    }
+    let Some(zone) = calendar.time_zone.as_deref() else {
+        scope.error(
+            errors,
+            format!("{at}: calendar has no time_zone; name one of the IANA database (e.g. time_zone: America/New_York, or UTC)"),
+        );
+        return None;
+    };
+    match Calendar::parse(unit.as_str(), zone, calendar.starts.as_deref()) {
+        Ok(c) => Some(limit.with_calendar(Arc::new(CalendarPeriods::new(c)))),
+        Err(e) => {
+            scope.error(errors, format!("{at}: calendar: {e}"));
+            None
+        }
+    }
 }
 
 /// The longest window a limit may name: a year (365 days).

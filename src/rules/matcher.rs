@@ -15,6 +15,7 @@ use serde::Serialize;
 use super::unit::{FailureMode, Unit};
 use super::wildcard::Wildcard;
 use crate::bucket::{Algorithm, BucketParams};
+use crate::calendar::CalendarPeriods;
 
 fn metadata_as_yaml<S: serde::Serializer>(
     metadata: &Option<envoy_types::pb::google::protobuf::Struct>,
@@ -171,8 +172,25 @@ pub struct Limit {
     /// from `params`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_debt: Option<u64>,
+    /// A calendar period's (`calendar:`): its zone and anchor, and the
+    /// periods it last found.
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "calendar_words"
+    )]
+    pub calendar: Option<Arc<CalendarPeriods>>,
     #[serde(skip)]
     pub params: BucketParams,
+}
+
+fn calendar_words<S: serde::Serializer>(
+    c: &Option<Arc<CalendarPeriods>>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    match c {
+        Some(c) => s.collect_str(c.calendar()),
+        None => s.serialize_none(),
+    }
 }
 
 impl Limit {
@@ -191,6 +209,7 @@ impl Limit {
                 unit_secs: unit.seconds(),
                 max_debt: None,
                 algorithm: Algorithm::TokenBucket,
+                period: None,
             },
             name,
             unit,
@@ -202,6 +221,31 @@ impl Limit {
             replaces,
             bucket_id,
             max_debt: None,
+            calendar: None,
+        }
+    }
+
+    /// The same limit counted in `calendar`'s periods (a budget a period),
+    /// with bucket ids of its own.
+    pub fn with_calendar(mut self, calendar: Arc<CalendarPeriods>) -> Self {
+        self.params.algorithm = Algorithm::CalendarWindow;
+        self.algorithm = Algorithm::CalendarWindow;
+        self.bucket_id.push_str("~calendar");
+        self.calendar = Some(calendar);
+        self
+    }
+
+    /// The bucket's parameters for a decision at `unix_secs` by the
+    /// calendar's clock, which reads `offset_secs` ahead of the stores'
+    /// (`--calendar-clock-offset`): a calendar period's carry the period
+    /// holding that moment and the next, as the stores' clocks see them.
+    pub fn params_at(&self, unix_secs: i64, offset_secs: i64) -> BucketParams {
+        match &self.calendar {
+            None => self.params,
+            Some(c) => BucketParams {
+                period: Some(c.periods_at(unix_secs).earlier_by(offset_secs)),
+                ..self.params
+            },
         }
     }
 

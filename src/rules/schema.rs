@@ -153,6 +153,22 @@ pub struct RateLimitDoc {
     pub unlimited: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replaces: Option<Vec<ReplacesDoc>>,
+    /// Count in calendar periods of `unit` (day, week, month, year) in a
+    /// time zone, from an optional anchor (ours: see docs/rules.md,
+    /// "Calendar periods").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub calendar: Option<CalendarDoc>,
+}
+
+/// `calendar:` on a limit: the IANA time zone, and where a period starts.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct CalendarDoc {
+    #[serde(default, deserialize_with = "opt_scalar_string")]
+    pub time_zone: Option<String>,
+    /// A week's first day, a month's billing day (1–31), a year's MM-DD.
+    #[serde(default, deserialize_with = "opt_scalar_string")]
+    pub starts: Option<String>,
 }
 
 /// One `replaces:` entry: the name of a limit this one supersedes.

@@ -990,3 +990,105 @@ fn a_sliding_window_rule_counts_so_and_refuses_what_it_cannot_honour() {
     .to_string();
     assert!(e.contains("--algorithm sliding_window"), "{e}");
 }
+
+#[test]
+fn a_calendar_limit_counts_in_its_periods_and_refuses_what_it_cannot_honour() {
+    use crate::bucket::Algorithm;
+    let rule = |extra: &str, limit: &str| {
+        format!("domain: d\ndescriptors:\n  - key: tenant\n{extra}    rate_limit: {limit}\n")
+    };
+    let yaml = rule(
+        "    overdraft: true\n",
+        "{unit: month, requests_per_unit: 1000000, calendar: {time_zone: America/New_York, starts: 15}}",
+    );
+    let r = load_sources(
+        vec![(PathBuf::from("rules.yaml"), yaml)],
+        LoadOptions {
+            // the service's default does not touch a calendar limit
+            default_algorithm: Algorithm::FixedWindow,
+            ..LoadOptions::default()
+        },
+    )
+    .expect("valid");
+    match &r
+        .lookup("d", &[("tenant", "t")])
+        .expect("match")
+        .rule
+        .action
+    {
+        RuleAction::Limited(limits) => {
+            let l = &limits[0];
+            assert_eq!(l.params.algorithm, Algorithm::CalendarWindow);
+            assert_eq!(l.bucket_id, "0~calendar");
+            let c = l.calendar.as_ref().expect("a calendar");
+            assert_eq!(
+                c.calendar().to_string(),
+                "a calendar month in America/New_York from day 15"
+            );
+            // 2026-12-05T12:00Z: the period began on November 15th, 00:00 EST
+            let params = l.params_at(1_796_472_000, 0);
+            let p = params.period.expect("periods");
+            assert_eq!(p.start, 1_794_718_800);
+            // an offset moves the periods as the stores' clocks see them
+            let shifted = l
+                .params_at(1_796_472_000 + 100, 100)
+                .period
+                .expect("periods");
+            assert_eq!(shifted.start, p.start - 100);
+            assert_eq!(
+                serde_json::to_value(l).expect("json")["calendar"],
+                "a calendar month in America/New_York from day 15"
+            );
+        }
+        _ => panic!("limited"),
+    }
+    let cal = |c: &str| format!("{{unit: month, requests_per_unit: 10, calendar: {c}}}");
+    for (extra, limit, says) in [
+        (
+            "",
+            cal("{time_zone: America/Gotham}"),
+            "not a time zone of the IANA database",
+        ),
+        ("", cal("{starts: 1}"), "calendar has no time_zone"),
+        ("", cal("{time_zone: UTC, starts: 32}"), "1 to 31"),
+        (
+            "",
+            cal("{time_zone: UTC, zone: UTC}"),
+            "unknown field `zone`",
+        ),
+        (
+            "",
+            "{unit: hour, requests_per_unit: 10, calendar: {time_zone: UTC}}".to_string(),
+            "a day, week, month or year",
+        ),
+        (
+            "",
+            "{unit: day, unit_multiplier: 7, requests_per_unit: 10, calendar: {time_zone: UTC}}"
+                .to_string(),
+            "unit_multiplier 7 with a calendar",
+        ),
+        (
+            "",
+            "{unit: day, requests_per_unit: 10, burst: 20, calendar: {time_zone: UTC}}".to_string(),
+            "has no burst",
+        ),
+        (
+            "    algorithm: sliding_window\n",
+            cal("{time_zone: UTC}"),
+            "`algorithm: sliding_window` with a calendar limit",
+        ),
+        ("    lease: {size: 2}\n", cal("{time_zone: UTC}"), "`lease`"),
+        ("    max_debt: 5\n", cal("{time_zone: UTC}"), "`max_debt`"),
+    ] {
+        let e = errors(&rule(extra, &limit));
+        assert!(
+            e.contains("rules.yaml")
+                && (e.contains("tenant") || e.contains("descriptors[0].rate_limit.calendar"))
+                && e.contains(says),
+            "{extra}{limit}: {e}"
+        );
+    }
+    let mixed = "domain: d\ndescriptors:\n  - key: tenant\n    limits:\n      - {unit: second, requests_per_unit: 5}\n      - {unit: month, requests_per_unit: 10, calendar: {time_zone: UTC}}\n";
+    let e = errors(mixed);
+    assert!(e.contains("a descriptor of its own"), "{e}");
+}

@@ -144,6 +144,8 @@ fn policy_doc(p: &RateLimitPolicy) -> RateLimitDoc {
         // not in the RateLimitPolicy message this service reads
         // (envoyproxy/ratelimit's): one unit
         unit_multiplier: None,
+        // nor a calendar: xDS limits count as token buckets
+        calendar: None,
         burst: None,
         unlimited: p.unlimited,
         replaces: (!p.replaces.is_empty()).then(|| {

@@ -377,7 +377,9 @@ impl<C: Clock> MemoryStore<C> {
         let fixed_window = algorithm == Algorithm::FixedWindow;
         let (new_states, outcomes) = match algorithm {
             Algorithm::TokenBucket => bucket::decide(&params, &states, now, cost),
-            Algorithm::FixedWindow => crate::window::decide(&params, &states, now, cost),
+            Algorithm::FixedWindow | Algorithm::CalendarWindow => {
+                crate::window::decide(&params, &states, now, cost)
+            }
             Algorithm::SlidingWindow => crate::window::sliding::decide(&params, &states, now, cost),
         };
         // Only an admitted request that spends (or refunds), or a charge,

@@ -135,6 +135,7 @@ mod tests {
                         unit_secs: *unit,
                         max_debt: None,
                         algorithm: Default::default(),
+                        period: None,
                     },
                     rule: RuleId::default(),
                 })

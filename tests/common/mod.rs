@@ -39,6 +39,7 @@ pub fn serve_args(config: PathBuf) -> ServeArgs {
         grpc_uds: None,
         grpc_uds_mode: 0o660,
         algorithm: tokenbucket_rls::bucket::Algorithm::TokenBucket,
+        calendar_clock_offset: 0,
         admin_addr: any,
         store: StoreKind::Memory,
         redis_url: None,

@@ -272,6 +272,7 @@ fn bucket(capacity: u64, tokens_per_unit: u64, unit_secs: u64) -> DescriptorBuck
                 unit_secs,
                 max_debt: None,
                 algorithm: Default::default(),
+                period: None,
             },
         }],
     }

@@ -15,6 +15,7 @@ const RULE: BucketParams = BucketParams {
     unit_secs: 1,
     max_debt: None,
     algorithm: crate::bucket::Algorithm::TokenBucket,
+    period: None,
 };
 
 fn id(pairs: &[(&str, &str)]) -> BucketId {
@@ -113,6 +114,7 @@ fn an_assignment_is_kept_until_it_expires_even_when_cut_off() {
         unit_secs: 1,
         max_debt: None,
         algorithm: Default::default(),
+        period: None,
     });
     // one decision settles at the floor (the share grew past it), then
     // the share
@@ -338,6 +340,7 @@ fn an_assignment_beyond_the_rule_or_the_longest_ttl_is_cut() {
         unit_secs: 10,
         max_debt: None,
         algorithm: Default::default(),
+        period: None,
     };
     let strategy = Strategy::TokenBucket(envoy_types::pb::envoy::r#type::v3::TokenBucket {
         max_tokens: 20,
@@ -386,6 +389,7 @@ fn a_share_that_grows_settles_once_at_the_numbers_before_it() {
         unit_secs: 1,
         max_debt: None,
         algorithm: Default::default(),
+        period: None,
     };
     let big = BucketParams {
         capacity: 40,
@@ -393,6 +397,7 @@ fn a_share_that_grows_settles_once_at_the_numbers_before_it() {
         unit_secs: 1,
         max_debt: None,
         algorithm: Default::default(),
+        period: None,
     };
     let strategy = |p: BucketParams| {
         token_bucket(Budget {
@@ -456,6 +461,7 @@ fn settling_is_bounded_and_never_at_numbers_that_cannot_admit() {
         unit_secs: 1,
         max_debt: None,
         algorithm: Default::default(),
+        period: None,
     };
     shares.apply("d", &[assign(&pairs, share(80.0, 25.0), 10)], 2 * S);
     assert_eq!(

@@ -19,6 +19,7 @@ fn descriptor(key: &str, capacity: u64, rate: u64) -> DescriptorBuckets {
                 unit_secs: 1,
                 max_debt: None,
                 algorithm: Default::default(),
+                period: None,
             },
         }],
     }
@@ -120,6 +121,7 @@ fn entry(capacity: u64, tokens: f64, rejected: Option<u64>, rule: RuleId) -> Ent
         unit_secs: 1,
         max_debt: None,
         algorithm: Default::default(),
+        period: None,
     };
     let state = BucketState {
         tokens,
@@ -229,6 +231,7 @@ fn login(user: &str) -> DescriptorBuckets {
                 unit_secs: 3600,
                 max_debt: None,
                 algorithm: Default::default(),
+                period: None,
             },
         }],
     }

@@ -20,7 +20,8 @@
 --             deducted whatever the verdict (not on a rate of 0), down to
 --             -capacity at most (a balance already below it stays), its
 --             wait counted from after it; + 4 for a call of an attempt;
---             + 8 for a fixed window, + 16 for a sliding one (below)
+--             + 8 for a fixed window, + 16 for a sliding one, + 32 for a
+--             calendar period (below)
 --   then per bucket: capacity, tokens_per_unit, unit_secs, max_debt (the
 --             most debt a charge may leave; -1: capacity)
 --   then, for a call of an attempt: phase (0 start, 1 done), mode (0
@@ -53,6 +54,20 @@
 -- It answers as a bucket does: remaining (0 when over), the wait until the
 -- window ends (for a bucket over, when refused), that same wait as
 -- full_in, never 0, forgiven 0, then what was counted when admitted.
+-- A calendar period (src/window.rs, decide_calendar, has the Rust copy):
+-- per bucket, capacity is the period's start, tokens_per_unit the limit,
+-- unit_secs its end and max_debt the next one's end (Unix seconds, found by
+-- the service in the rule's time zone); the period is the first, or the
+-- second once this server's TIME has reached the first's end. The value
+-- packs (the period's count, its start in µs, expiry set); a count of
+-- another period is none. A hit is admitted when every count has room for
+-- what it needs; only then does it count, but a charge counts whatever the
+-- verdict (not on a limit of 0), and a refund takes off, never below 0. The
+-- key expires when the period ends. It answers as a bucket does:
+-- remaining (the limit less the count, at least 0), the wait until the
+-- period ends (for a bucket refusing), that same wait as full_in, never
+-- (1 a limit of 0, 2 a cost above the limit), forgiven 0, then what was
+-- counted when it applied.
 -- A sliding window (src/window/sliding.rs has the Rust copy): per bucket,
 -- tokens_per_unit is the limit and unit_secs the window's length; windows
 -- are aligned as a fixed window's. The bucket's value packs (the window
@@ -133,6 +148,7 @@ while a <= nargs do
   local attempt = floor(flags / 4) % 2 == 1
   local fixed = floor(flags / 8) % 2 == 1
   local sliding = floor(flags / 16) % 2 == 1
+  local calendar = floor(flags / 32) % 2 == 1
   -- bucket i's numbers at ARGV[at + 4i - 3 ..], its key at keys[ka + i]
   local at = a + 4
   local keys, ka = KEYS, 0
@@ -217,6 +233,77 @@ while a <= nargs do
         o = o + 5
       end
       out[o + 1] = (all_in and counted) or 0
+      if answers == nil then return out end
+      answers[d] = out
+      break
+    end
+    if calendar then
+      local all_in, zero = true, false
+      for i = 1, n do
+        local k = S * (i - 1)
+        local limit = tonumber(ARGV[at + 4 * i - 2])
+        local start = tonumber(ARGV[at + 4 * i - 3]) * 1000000
+        local stop = tonumber(ARGV[at + 4 * i - 1]) * 1000000
+        if now >= stop then
+          start, stop = stop, tonumber(ARGV[at + 4 * i]) * 1000000
+        end
+        local count = 0
+        local value = redis.pcall('GET', keys[ka + i])
+        if type(value) == 'table' and value.err then
+          if string.sub(value.err, 1, 9) ~= 'WRONGTYPE' then
+            if d == 1 then return value end
+            here = false
+            break
+          end
+        elseif type(value) == 'string' and #value == 24 then
+          local st, su = struct.unpack('<ddd', value)
+          if su == start then count = max(0, st) end
+        end
+        -- LAYOUT: 0 fits, 1 wait, 2 never (a limit of 0), 3 never (cost)
+        local verdict = 0
+        if needed == 0 then
+          verdict = 0
+        elseif limit == 0 then
+          verdict = 2
+          zero = true
+        elseif needed > limit then
+          verdict = 3
+        elseif count + needed > limit then
+          verdict = 1
+        end
+        if verdict ~= 0 then all_in = false end
+        B[k + CAP], B[k + TOKENS], B[k + STAMP], B[k + UNIT], B[k + LAYOUT] = limit, count, start, stop, verdict
+      end
+      if not here then
+        answers[d] = { -1 }
+        break
+      end
+      local applies = all_in or (charge and not zero)
+      local out = { all_in and 1 or 0 }
+      local o = 1
+      for i = 1, n do
+        local k = S * (i - 1)
+        local after = B[k + TOKENS]
+        local stop = B[k + UNIT]
+        if applies and deducted ~= 0 then
+          after = max(0, after + deducted)
+          local ms = ceil((stop - now) / 1000) + margin_ms
+          redis.call('SET', keys[ka + i], struct.pack('<ddd', after, B[k + STAMP], now_ms + ms), 'PX', ms)
+        end
+        local left = ceil((stop - now) / 1000000)
+        local retry, never = -1, 0
+        local verdict = B[k + LAYOUT]
+        if verdict == 1 then
+          retry = max(1, left)
+        elseif verdict == 2 then
+          never = 1
+        elseif verdict == 3 then
+          never = 2
+        end
+        out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5] = max(0, B[k + CAP] - after), retry, max(0, left), never, 0
+        o = o + 5
+      end
+      out[o + 1] = (applies and max(0, deducted)) or 0
       if answers == nil then return out end
       answers[d] = out
       break

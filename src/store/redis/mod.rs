@@ -646,7 +646,8 @@ impl RedisStore {
             Value::Integer(cost.deducted()),
             Value::Integer(EXPIRY_MARGIN_MS),
             // flags: 1 the hash layout, 2 a charge, 4 an attempt, 8 a
-            // fixed window, 16 a sliding one (see bucket.lua)
+            // fixed window, 16 a sliding one, 32 a calendar period (see
+            // bucket.lua)
             Value::Integer(
                 i64::from(self.layout == BucketLayout::Hash)
                     + 2 * i64::from(matches!(cost, Cost::Charge(_)))
@@ -654,17 +655,28 @@ impl RedisStore {
                     + match descriptor.buckets.first().map(|b| b.params.algorithm) {
                         Some(Algorithm::FixedWindow) => 8,
                         Some(Algorithm::SlidingWindow) => 16,
+                        Some(Algorithm::CalendarWindow) => 32,
                         _ => 0,
                     },
             ),
         ]);
         for b in &descriptor.buckets {
-            args.extend([
-                Value::Integer(b.params.capacity as i64),
-                Value::Integer(b.params.tokens_per_unit as i64),
-                Value::Integer(b.params.unit_secs as i64),
-                Value::Integer(b.params.max_debt.map_or(-1, |d| d.min(MAX_COST) as i64)),
-            ]);
+            match b.params.period {
+                // a calendar period: its periods' boundaries (Unix seconds)
+                // in the places a bucket's burst, unit and debt go
+                Some(p) if b.params.algorithm == Algorithm::CalendarWindow => args.extend([
+                    Value::Integer(p.start),
+                    Value::Integer(b.params.tokens_per_unit as i64),
+                    Value::Integer(p.end),
+                    Value::Integer(p.next_end),
+                ]),
+                _ => args.extend([
+                    Value::Integer(b.params.capacity as i64),
+                    Value::Integer(b.params.tokens_per_unit as i64),
+                    Value::Integer(b.params.unit_secs as i64),
+                    Value::Integer(b.params.max_debt.map_or(-1, |d| d.min(MAX_COST) as i64)),
+                ]),
+            }
         }
         if let Some(call) = attempt {
             args.extend([

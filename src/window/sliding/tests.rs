@@ -10,6 +10,7 @@ fn p(limit: u64, window_secs: u64) -> BucketParams {
         unit_secs: window_secs,
         max_debt: None,
         algorithm: Algorithm::SlidingWindow,
+        period: None,
     }
 }
 
