@@ -204,6 +204,11 @@ pub struct BucketOutcome {
     /// (`max_debt`, else one burst), to the nearest whole: forgiven, and
     /// counted.
     pub forgiven: u64,
+    /// A fixed window's count after this hit (every hit counts, refused
+    /// ones too), for envoyproxy/ratelimit's split of a weighted hit
+    /// between its near_limit and over_limit statistics; `None` for every
+    /// other algorithm.
+    pub window_count: Option<u64>,
 }
 
 /// A rejection no amount of waiting fixes.
@@ -447,6 +452,7 @@ pub fn decide(
                 never,
                 taken,
                 forgiven,
+                window_count: None,
             }
         })
         .collect();

@@ -102,6 +102,9 @@ pub struct Decision {
     pub reset_secs: Option<u64>,
     /// The rule that decided, for metrics and logs.
     pub rule: Option<Arc<Rule>>,
+    /// A fixed window's count after this hit (the deciding bucket's), for
+    /// envoyproxy/ratelimit's near/over statistics; `None` otherwise.
+    pub window_count: Option<u64>,
 }
 
 impl Decision {
@@ -112,6 +115,7 @@ impl Decision {
             remaining: 0,
             reset_secs: None,
             rule,
+            window_count: None,
         }
     }
 }

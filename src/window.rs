@@ -98,6 +98,7 @@ pub fn decide(
             never: None,
             taken: if admitted { counted } else { 0 },
             forgiven: 0,
+            window_count: Some(count.saturating_add(counted)),
         })
         .collect();
     (states, outcomes)
@@ -200,6 +201,7 @@ pub fn decide_calendar(
                 never,
                 taken: if applies { deducted.max(0) as u64 } else { 0 },
                 forgiven: 0,
+                window_count: None,
             }
         })
         .collect();

@@ -14,6 +14,7 @@ use common::{descriptor, free_port, request, rules_dir, sample, serve_args, Chil
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_client::RateLimitQuotaServiceClient;
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::{BucketId, RateLimitQuotaUsageReports};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
     TraceService, TraceServiceServer,
@@ -838,4 +839,98 @@ async fn a_statsd_host_that_does_not_resolve_does_not_stop_the_start() {
     args.statsd_addr = Some("no-port".into());
     let e = server::start(&args).await.err().expect("refused");
     assert!(format!("{e:#}").contains("HOST:PORT"), "{e:#}");
+}
+
+/// envoyproxy/ratelimit's own near-limit scenarios
+/// (`test/redis/fixed_cache_impl_test.go`, TestNearLimit and its
+/// hits_addend cases) replayed over gRPC on `algorithm: fixed_window`
+/// rules (#41): each window is first brought to the count its mock
+/// returned before the call (a hit of that size), then the call: the same
+/// code, `limit_remaining` and `duration_until_reset` as there, and the
+/// same split of a weighted hit between within_limit, near_limit and
+/// over_limit (counted as the difference the call made).
+#[tokio::test]
+async fn a_fixed_window_replays_envoyproxy_ratelimits_near_limit_scenarios_over_grpc() {
+    let secs_to_hour = || {
+        3600 - std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("after 1970")
+            .as_secs()
+            % 3600
+    };
+    if secs_to_hour() < 15 {
+        tokio::time::sleep(std::time::Duration::from_secs(secs_to_hour() + 1)).await;
+    }
+    // (key, limit an hour, count before the call, the call's hits, over,
+    // remaining, within, near, over hits)
+    type Scenario = (&'static str, u32, u32, u32, bool, u32, f64, f64, f64);
+    let scenarios: [Scenario; 9] = [
+        ("key4a", 15, 10, 1, false, 4, 1.0, 0.0, 0.0),
+        ("key4b", 15, 12, 1, false, 2, 1.0, 1.0, 0.0),
+        ("key4c", 15, 15, 1, true, 0, 0.0, 0.0, 1.0),
+        ("key5", 20, 2, 3, false, 15, 3.0, 0.0, 0.0),
+        ("key6", 8, 5, 2, false, 1, 2.0, 1.0, 0.0),
+        ("key7", 20, 16, 3, false, 1, 3.0, 3.0, 0.0),
+        ("key8", 20, 19, 3, true, 0, 0.0, 1.0, 2.0),
+        ("key9", 20, 15, 7, true, 0, 0.0, 4.0, 2.0),
+        ("key10", 10, 27, 3, true, 0, 0.0, 0.0, 3.0),
+    ];
+    let mut yaml = String::from("domain: eg\ndescriptors:\n");
+    for (key, limit, ..) in scenarios {
+        yaml.push_str(&format!(
+            "  - key: {key}\n    algorithm: fixed_window\n    rate_limit: {{unit: hour, requests_per_unit: {limit}}}\n"
+        ));
+    }
+    let rules = rules_dir(&yaml);
+    let mut args = serve_args(rules.path().to_path_buf());
+    args.ratelimit_metrics = true;
+    let s = server::start(&args).await.expect("server starts");
+    let c = RateLimitServiceClient::connect(format!("http://{}", s.grpc_addr))
+        .await
+        .expect("connect");
+    let n = |text: &str, name: &str, key: &str| {
+        sample(
+            text,
+            &format!(
+                "ratelimit_service_rate_limit_{name}{{domain=\"eg\",key1=\"{key}\",key2=\"\"}}"
+            ),
+        )
+        .unwrap_or(0.0)
+    };
+    for (key, _, before, hits, over, remaining, within, near, over_hits) in scenarios {
+        let call = |hits: u32| {
+            let mut c = c.clone();
+            let mut r = request("eg", vec![descriptor(&[(key, "v")])]);
+            r.hits_addend = hits;
+            async move { c.should_rate_limit(r).await.expect("decided").into_inner() }
+        };
+        call(before).await;
+        let then = s.metrics.render();
+        let answer = call(hits).await;
+        let now = s.metrics.render();
+        let status = &answer.statuses[0];
+        let case = (key, before, hits);
+        assert_eq!(status.code == Code::OverLimit as i32, over, "{case:?}");
+        assert_eq!(status.limit_remaining, remaining, "{case:?}");
+        let reset = status
+            .duration_until_reset
+            .as_ref()
+            .map_or(0, |d| d.seconds as u64);
+        assert!(
+            reset.abs_diff(secs_to_hour()) <= 2,
+            "{case:?}: duration_until_reset {reset} s, the hour ends in {} s",
+            secs_to_hour()
+        );
+        let delta = |name: &str| n(&now, name, key) - n(&then, name, key);
+        assert_eq!(delta("total_hits"), f64::from(hits), "{case:?}");
+        assert_eq!(
+            (
+                delta("within_limit"),
+                delta("near_limit"),
+                delta("over_limit")
+            ),
+            (within, near, over_hits),
+            "{case:?}: within, near, over"
+        );
+    }
 }

@@ -171,6 +171,7 @@ impl LeaseState {
                 never: None,
                 taken,
                 forgiven: 0,
+                window_count: None,
             })
             .collect()
     }

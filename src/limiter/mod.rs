@@ -977,6 +977,7 @@ fn slot_decision(rule: &Arc<Rule>, admitted: bool, in_flight: u64, max: u64) -> 
         remaining: max.saturating_sub(in_flight),
         reset_secs: Some(u64::from(!admitted)),
         rule: Some(rule.clone()),
+        window_count: None,
     }
 }
 
@@ -1016,6 +1017,7 @@ fn decision_from(
             outcome.retry_after_secs
         },
         rule: rule.cloned(),
+        window_count: outcome.window_count,
     }
 }
 

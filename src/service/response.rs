@@ -348,6 +348,7 @@ mod tests {
             remaining: 0,
             reset_secs,
             rule: None,
+            window_count: None,
         }
     }
 

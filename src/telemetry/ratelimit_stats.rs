@@ -122,6 +122,37 @@ fn stats_of(verdict: Verdict, near: bool) -> Option<[bool; STAT_NAMES.len()]> {
     }
 }
 
+/// envoyproxy/ratelimit's split of a fixed window's `hits` (its
+/// `checkOverLimitThreshold` and `checkNearLimitThreshold`): (within_limit,
+/// near_limit, over_limit), from the window's count after them. Near is
+/// past `limit × near_ratio` (multiplied in 32-bit floats and rounded down,
+/// as there); a hit that crosses a threshold counts in each range it
+/// covers, and an over-limit one counts the part between the near
+/// threshold (or the count before it) and the limit as near.
+pub fn window_split(limit: u64, near_ratio: f64, hits: u64, after: u64) -> (u64, u64, u64) {
+    let near_at = f64::from(limit as f32 * near_ratio as f32).floor() as u64;
+    let before = after.saturating_sub(hits);
+    if after > limit {
+        if before >= limit {
+            (0, 0, hits)
+        } else {
+            (0, limit.saturating_sub(near_at.max(before)), after - limit)
+        }
+    } else if after > near_at {
+        (
+            hits,
+            if before >= near_at {
+                hits
+            } else {
+                after - near_at
+            },
+            0,
+        )
+    } else {
+        (hits, 0, 0)
+    }
+}
+
 impl RatelimitStats {
     /// The stats, as Prometheus counters registered in `registry` (when
     /// `prometheus`) and for `statsd` (when given).
@@ -214,22 +245,35 @@ impl RatelimitStats {
             };
             let spent = limit.burst.saturating_sub(d.remaining) as f64;
             let near = spent > limit.burst as f64 * self.near_ratio;
-            let Some(which) = stats_of(d.verdict, near) else {
+            let Some(mut which) = stats_of(d.verdict, near) else {
                 continue;
             };
+            // total_hits, within_limit, near_limit, over_limit, shadow_mode
+            let mut amounts = [hits; STAT_NAMES.len()];
+            if let Some(after) = d.window_count {
+                // a fixed window: a weighted hit split as envoyproxy/ratelimit does
+                let (within, near, over) = window_split(
+                    u64::from(limit.requests_per_unit),
+                    self.near_ratio,
+                    hits,
+                    after,
+                );
+                which[2] = near > 0;
+                amounts[1..4].copy_from_slice(&[within, near, over]);
+            }
             if let Some(counters) = &self.prometheus {
                 let mut path = rule.path.splitn(3, '.');
                 let key1 = path.next().unwrap_or_default();
                 let key2 = path.next().unwrap_or_default();
                 let labels = [domain, key1, key2];
-                for (c, on) in counters.iter().zip(which) {
+                for ((c, on), n) in counters.iter().zip(which).zip(amounts) {
                     if on {
-                        add_saturating(&c.with_label_values(&labels), hits);
+                        add_saturating(&c.with_label_values(&labels), n);
                     }
                 }
             }
             if let Some(statsd) = &self.statsd {
-                statsd.add(domain, &rule.path, which, hits);
+                statsd.add(domain, &rule.path, which, amounts);
             }
         }
     }

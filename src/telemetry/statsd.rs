@@ -36,7 +36,13 @@ pub struct StatsdCounters {
 
 impl StatsdCounters {
     /// Adds `hits` to the stats of (`domain`, `path`) that `which` marks.
-    pub fn add(&self, domain: &str, path: &str, which: [bool; STAT_NAMES.len()], hits: u64) {
+    pub fn add(
+        &self,
+        domain: &str,
+        path: &str,
+        which: [bool; STAT_NAMES.len()],
+        amounts: [u64; STAT_NAMES.len()],
+    ) {
         let mut pending = self.pending.lock();
         // no allocation once the rule has been seen
         let rules = match pending.get_mut(domain) {
@@ -47,10 +53,10 @@ impl StatsdCounters {
             Some(counts) => counts,
             None => rules.entry(path.to_string()).or_default(),
         };
-        for (count, on) in counts.iter_mut().zip(which) {
+        for ((count, on), n) in counts.iter_mut().zip(which).zip(amounts) {
             if on {
                 // saturating, as the limiter does (`hits_addend` near 2^64)
-                *count = count.saturating_add(hits);
+                *count = count.saturating_add(n);
             }
         }
     }
@@ -172,10 +178,10 @@ mod tests {
         let c = StatsdCounters::default();
         let ok = [true, true, false, false, false];
         let over = [true, false, false, true, false];
-        c.add("edge", "path_/login", ok, 1);
-        c.add("edge", "path_/login", ok, 2);
-        c.add("edge", "path_/login", over, 5);
-        c.add("a:b", "k|v", ok, 1);
+        c.add("edge", "path_/login", ok, [1; STAT_NAMES.len()]);
+        c.add("edge", "path_/login", ok, [2; STAT_NAMES.len()]);
+        c.add("edge", "path_/login", over, [5; STAT_NAMES.len()]);
+        c.add("a:b", "k|v", ok, [1; STAT_NAMES.len()]);
         assert_eq!(
             c.drain_lines(),
             [
@@ -194,8 +200,8 @@ mod tests {
     fn counts_saturate() {
         let c = StatsdCounters::default();
         let ok = [true, true, false, false, false];
-        c.add("edge", "k", ok, 2);
-        c.add("edge", "k", ok, u64::MAX - 1);
+        c.add("edge", "k", ok, [2; STAT_NAMES.len()]);
+        c.add("edge", "k", ok, [u64::MAX - 1; STAT_NAMES.len()]);
         assert_eq!(
             c.drain_lines()[0],
             format!(

@@ -209,6 +209,7 @@ pub fn decide(
                 never,
                 taken: if admitted { counted.max(0.0) as u64 } else { 0 },
                 forgiven: 0,
+                window_count: None,
             }
         })
         .collect();

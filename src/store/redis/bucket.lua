@@ -53,7 +53,9 @@
 -- count already is, as envoyproxy/ratelimit's INCRBY 0).
 -- It answers as a bucket does: remaining (0 when over), the wait until the
 -- window ends (for a bucket over, when refused), that same wait as
--- full_in, never 0, forgiven 0, then what was counted when admitted.
+-- full_in, never 0, then in forgiven's place the window's count after the
+-- hit (for envoyproxy/ratelimit's near/over statistics), then what was
+-- counted when admitted.
 -- A calendar period (src/window.rs, decide_calendar, has the Rust copy):
 -- per bucket, capacity is the period's start, tokens_per_unit the limit,
 -- unit_secs its end and max_debt the next one's end (Unix seconds, found by
@@ -229,7 +231,7 @@ while a <= nargs do
         local remaining, retry = 0, -1
         if B[k + LAYOUT] == 0 then remaining = B[k + CAP] - after end
         if not all_in and B[k + LAYOUT] == 1 then retry = B[k + UNIT] end
-        out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5] = remaining, retry, B[k + UNIT], 0, 0
+        out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5] = remaining, retry, B[k + UNIT], 0, after
         o = o + 5
       end
       out[o + 1] = (all_in and counted) or 0

@@ -828,7 +828,7 @@ impl Store for RedisStore {
         patience: Option<Duration>,
     ) -> Result<Vec<BucketOutcome>, StoreError> {
         let reply = self.decide_call(descriptor, cost, None, patience).await?;
-        outcomes(&reply, descriptor.buckets.len())
+        outcomes(&reply, descriptor.buckets.len(), fixed_window(descriptor))
     }
 
     /// The record is a key in the descriptor's slot, read and written by
@@ -865,7 +865,7 @@ impl Store for RedisStore {
             }
         };
         Ok(AttemptOutcome {
-            outcomes: outcomes(reply, descriptor.buckets.len())?,
+            outcomes: outcomes(reply, descriptor.buckets.len(), fixed_window(descriptor))?,
             result,
             expired: (*expired).max(0) as u64,
         })
@@ -939,6 +939,15 @@ impl Store for RedisStore {
             .cloned()
             .collect()
     }
+}
+
+/// Whether a descriptor's buckets are fixed windows (the script answers
+/// their counts).
+fn fixed_window(descriptor: &DescriptorBuckets) -> bool {
+    descriptor
+        .buckets
+        .first()
+        .is_some_and(|b| b.params.algorithm == Algorithm::FixedWindow)
 }
 
 #[cfg(test)]

@@ -24,8 +24,14 @@ pub(super) fn store_error(e: RedisError) -> StoreError {
     }
 }
 
-/// Reads the script's reply: `{admitted, then 5 numbers per bucket, taken}`.
-pub(super) fn outcomes(reply: &[i64], buckets: usize) -> Result<Vec<BucketOutcome>, StoreError> {
+/// Reads the script's reply: `{admitted, then 5 numbers per bucket, taken}`;
+/// a bucket's fifth number is what a charge forgave, or, for a fixed
+/// window (`fixed_window`), the window's count after the hit.
+pub(super) fn outcomes(
+    reply: &[i64],
+    buckets: usize,
+    fixed_window: bool,
+) -> Result<Vec<BucketOutcome>, StoreError> {
     if reply.len() != 2 + 5 * buckets {
         return Err(StoreError::Script(format!(
             "unexpected script reply of {} values for {buckets} buckets",
@@ -47,7 +53,8 @@ pub(super) fn outcomes(reply: &[i64], buckets: usize) -> Result<Vec<BucketOutcom
                 _ => None,
             },
             taken,
-            forgiven: c[4].max(0) as u64,
+            forgiven: if fixed_window { 0 } else { c[4].max(0) as u64 },
+            window_count: fixed_window.then_some(c[4].max(0) as u64),
         })
         .collect())
 }
@@ -58,10 +65,12 @@ mod tests {
 
     #[test]
     fn replies_are_checked() {
-        assert!(outcomes(&[1, 5], 1).is_err());
-        assert!(outcomes(&[0, 0, 3, 7, 0, 0], 1).is_err());
-        let o = outcomes(&[0, 0, 3, 7, 0, 12, 0], 1).expect("valid");
-        assert_eq!(o[0].forgiven, 12);
+        assert!(outcomes(&[1, 5], 1, false).is_err());
+        assert!(outcomes(&[0, 0, 3, 7, 0, 0], 1, false).is_err());
+        let o = outcomes(&[0, 0, 3, 7, 0, 12, 0], 1, false).expect("valid");
+        assert_eq!((o[0].forgiven, o[0].window_count), (12, None));
+        let fixed = outcomes(&[0, 0, 3, 7, 0, 12, 0], 1, true).expect("valid");
+        assert_eq!((fixed[0].forgiven, fixed[0].window_count), (0, Some(12)));
         assert_eq!(o[0].retry_after_secs, Some(3));
         assert!(!o[0].admitted);
     }
