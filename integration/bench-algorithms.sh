@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # CPU per decision by algorithm (#41): a token-bucket rule against the same
-# rule with `algorithm: fixed_window` and `sliding_window`, on both stores, side by side in one
+# rule with `algorithm: fixed_window` and `sliding_window`, and a calendar
+# month in America/New_York, on both stores, side by side in one
 # run: the service's utime+stime from /proc over a fixed number of
 # ShouldRateLimit calls (rls-bench closed loop, 8 connections x 16 in
 # flight, one hot key), and on Redis redis-server's CPU beside it. Rounds
@@ -23,6 +24,8 @@ descriptors:
   - key: sliding
     algorithm: sliding_window
     rate_limit: {unit: hour, requests_per_unit: 67108863}
+  - key: calendar
+    rate_limit: {unit: month, requests_per_unit: 1000000000, calendar: {time_zone: America/New_York}}
 RULES
 # shellcheck source=integration/cpu-per-decision.sh
 . integration/cpu-per-decision.sh
@@ -32,5 +35,6 @@ for round in $(seq "$rounds"); do
     run "$store, token bucket" "$store" bench bucket
     run "$store, fixed window" "$store" bench fixed
     run "$store, sliding window" "$store" bench sliding
+    run "$store, calendar month" "$store" bench calendar
   done
 done

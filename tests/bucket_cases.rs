@@ -1164,6 +1164,21 @@ fn calendar_cases() -> Vec<CalendarCase> {
             vec![(cp(3, (-3600, 2, 3602)), Some((1.0, 0)))],
             Cost::Spend(1),
         ),
+        (
+            "a day of 23 hours (clocks forward), full",
+            vec![(cp(2, (-3600, 22 * 3600, 46 * 3600)), Some((2.0, 0)))],
+            Cost::Spend(1),
+        ),
+        (
+            "a day of 25 hours (clocks back), full",
+            vec![(cp(2, (-3600, 24 * 3600, 48 * 3600)), Some((2.0, 0)))],
+            Cost::Spend(1),
+        ),
+        (
+            "a leap year's February (29 days), full",
+            vec![(cp(5, (-86_400, 28 * 86_400, 59 * 86_400)), Some((5.0, 0)))],
+            Cost::Spend(1),
+        ),
     ]
 }
 
