@@ -353,7 +353,9 @@ enum Rejection {
     Never(NeverReason),
 }
 
-fn whole_tokens(tokens: f64) -> u64 {
+/// Whole tokens (or hits) in `tokens`, rounded down within [`EPSILON`],
+/// never below 0.
+pub fn whole_tokens(tokens: f64) -> u64 {
     (tokens + EPSILON).floor().max(0.0) as u64
 }
 

@@ -411,19 +411,7 @@ async fn seed(
     seed_hash: bool,
     now: i64,
 ) -> Seeded {
-    let descriptor = DescriptorBuckets {
-        buckets: case
-            .buckets
-            .iter()
-            .enumerate()
-            .map(|(i, (params, _))| BucketRef {
-                key: [tag.as_slice(), format!("#{i}").as_bytes()].concat(),
-                params: *params,
-                rule: Default::default(),
-            })
-            .collect(),
-        tag,
-    };
+    let descriptor = buckets_of(&tag, case.buckets.iter().map(|(p, _)| *p));
     let mut states = Vec::new();
     for (b, (_, state)) in descriptor.buckets.iter().zip(&case.buckets) {
         let key = redis_key(tag_hash(&descriptor.tag), &b.key);
@@ -706,6 +694,40 @@ async fn a_rolling_upgrade_shares_buckets_with_the_previous_version() {
     assert_eq!(kind().await, "string", "a rejection writes nothing");
 }
 
+/// One bucket of each of `params`, keyed `<tag>#<i>`, under `tag`.
+fn buckets_of(tag: &[u8], params: impl IntoIterator<Item = BucketParams>) -> DescriptorBuckets {
+    DescriptorBuckets {
+        buckets: params
+            .into_iter()
+            .enumerate()
+            .map(|(i, params)| BucketRef {
+                key: [tag, format!("#{i}").as_bytes()].concat(),
+                params,
+                rule: Default::default(),
+            })
+            .collect(),
+        tag: tag.to_vec(),
+    }
+}
+
+/// Writes `state` into bucket `b`'s key in the packed layout (no expiry).
+async fn store_packed(
+    client: &Client,
+    descriptor: &DescriptorBuckets,
+    b: &BucketRef,
+    state: BucketState,
+) {
+    let packed: Vec<u8> = [state.tokens, state.updated_micros as f64, 0.0]
+        .iter()
+        .flat_map(|f| f.to_le_bytes())
+        .collect();
+    let key = redis_key(tag_hash(&descriptor.tag), &b.key);
+    let _: () = client
+        .set(key, packed.as_slice(), None, None, false)
+        .await
+        .expect("SET");
+}
+
 /// A fixed window's bucket (#41): `limit` per `window_secs`.
 fn fw(limit: u64, window_secs: u64) -> BucketParams {
     BucketParams {
@@ -789,18 +811,7 @@ async fn fixed_windows_in_lua_and_rust_give_the_same_answers() {
             let tag = format!("fixed-{n}-{tries}").into_bytes();
             let now = server_now(&client).await;
             let now_s = now / SEC;
-            let descriptor = DescriptorBuckets {
-                buckets: buckets
-                    .iter()
-                    .enumerate()
-                    .map(|(i, (params, _))| BucketRef {
-                        key: [tag.as_slice(), format!("#{i}").as_bytes()].concat(),
-                        params: *params,
-                        rule: Default::default(),
-                    })
-                    .collect(),
-                tag: tag.clone(),
-            };
+            let descriptor = buckets_of(&tag, buckets.iter().map(|(p, _)| *p));
             let mut states = Vec::new();
             for (b, (params, state)) in descriptor.buckets.iter().zip(&buckets) {
                 let length = params.unit_secs as i64;
@@ -810,15 +821,7 @@ async fn fixed_windows_in_lua_and_rust_give_the_same_answers() {
                     updated_micros: start as u64,
                 });
                 if let Some(s) = stored {
-                    let packed: Vec<u8> = [s.tokens, start as f64, 0.0]
-                        .iter()
-                        .flat_map(|f| f.to_le_bytes())
-                        .collect();
-                    let key = redis_key(tag_hash(&descriptor.tag), &b.key);
-                    let _: () = client
-                        .set(key, packed.as_slice(), None, None, false)
-                        .await
-                        .expect("SET");
+                    store_packed(&client, &descriptor, b, s).await;
                 }
                 states.push(stored);
             }
@@ -984,18 +987,7 @@ async fn sliding_windows_in_lua_and_rust_give_the_same_answers() {
             );
             let tag = format!("sliding-{n}-{tries}").into_bytes();
             let before = server_now(&client).await;
-            let descriptor = DescriptorBuckets {
-                buckets: buckets
-                    .iter()
-                    .enumerate()
-                    .map(|(i, (params, _))| BucketRef {
-                        key: [tag.as_slice(), format!("#{i}").as_bytes()].concat(),
-                        params: *params,
-                        rule: Default::default(),
-                    })
-                    .collect(),
-                tag: tag.clone(),
-            };
+            let descriptor = buckets_of(&tag, buckets.iter().map(|(p, _)| *p));
             let mut states = Vec::new();
             for (b, (params, state)) in descriptor.buckets.iter().zip(&buckets) {
                 let length = params.unit_secs as i64 * SEC;
@@ -1004,15 +996,7 @@ async fn sliding_windows_in_lua_and_rust_give_the_same_answers() {
                     BucketState::sliding_window(previous, current, (start + window * length) as u64)
                 });
                 if let Some(s) = stored {
-                    let packed: Vec<u8> = [s.tokens, s.updated_micros as f64, 0.0]
-                        .iter()
-                        .flat_map(|f| f.to_le_bytes())
-                        .collect();
-                    let key = redis_key(tag_hash(&descriptor.tag), &b.key);
-                    let _: () = client
-                        .set(key, packed.as_slice(), None, None, false)
-                        .await
-                        .expect("SET");
+                    store_packed(&client, &descriptor, b, s).await;
                 }
                 states.push(stored);
             }
@@ -1214,18 +1198,7 @@ async fn calendar_periods_in_lua_and_rust_give_the_same_answers() {
                     ..*p
                 })
                 .collect();
-            let descriptor = DescriptorBuckets {
-                buckets: params
-                    .iter()
-                    .enumerate()
-                    .map(|(i, params)| BucketRef {
-                        key: [tag.as_slice(), format!("#{i}").as_bytes()].concat(),
-                        params: *params,
-                        rule: Default::default(),
-                    })
-                    .collect(),
-                tag: tag.clone(),
-            };
+            let descriptor = buckets_of(&tag, params.iter().copied());
             let mut states = Vec::new();
             for ((b, p), (_, state)) in descriptor.buckets.iter().zip(&params).zip(&buckets) {
                 let period = p.period.expect("periods");
@@ -1241,15 +1214,7 @@ async fn calendar_periods_in_lua_and_rust_give_the_same_answers() {
                     }
                 });
                 if let Some(s) = stored {
-                    let packed: Vec<u8> = [s.tokens, s.updated_micros as f64, 0.0]
-                        .iter()
-                        .flat_map(|f| f.to_le_bytes())
-                        .collect();
-                    let key = redis_key(tag_hash(&descriptor.tag), &b.key);
-                    let _: () = client
-                        .set(key, packed.as_slice(), None, None, false)
-                        .await
-                        .expect("SET");
+                    store_packed(&client, &descriptor, b, s).await;
                 }
                 states.push(stored);
             }

@@ -35,7 +35,9 @@
 //! Lua copy (flag 16), checked row by row against this one by
 //! `tests/bucket_cases.rs`.
 
-use crate::bucket::{BucketOutcome, BucketParams, BucketState, Cost, NeverReason, EPSILON};
+use crate::bucket::{
+    whole_tokens, BucketOutcome, BucketParams, BucketState, Cost, NeverReason, EPSILON,
+};
 
 const MICROS: u64 = 1_000_000;
 
@@ -142,10 +144,6 @@ impl Windows {
     }
 }
 
-fn whole(x: f64) -> u64 {
-    (x + EPSILON).floor().max(0.0) as u64
-}
-
 /// Decides `cost` against sliding-window buckets; returns the states to
 /// store (changed only when admitted) and one outcome per bucket.
 pub fn decide(
@@ -203,7 +201,7 @@ pub fn decide(
             };
             BucketOutcome {
                 admitted,
-                remaining: whole(p.tokens_per_unit as f64 - w.estimate(p)),
+                remaining: whole_tokens(p.tokens_per_unit as f64 - w.estimate(p)),
                 retry_after_secs,
                 full_in_secs: w.empty_in_secs(p),
                 never,
