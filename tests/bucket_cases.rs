@@ -12,7 +12,7 @@ mod common;
 
 use common::redis::{stored_bucket, RedisServer};
 use fred::prelude::*;
-use tokenbucket_rls::bucket::{self, BucketParams, BucketState, Cost};
+use tokenbucket_rls::bucket::{self, BucketOutcome, BucketParams, BucketState, Cost};
 use tokenbucket_rls::store::redis::{redis_key, tag_hash, BucketLayout, RedisSettings, RedisStore};
 use tokenbucket_rls::store::{BucketRef, DescriptorBuckets, Store};
 
@@ -797,76 +797,41 @@ fn fixed_window_cases() -> Vec<FixedCase> {
 }
 
 /// The fixed window's two copies (`src/window.rs`, `bucket.lua` flag 8)
-/// give the same answers and store the same counts, with the window's end
-/// as the key's expiry. A case whose decision fell in another second than
-/// its set-up (the answer's wait would differ by a second) runs again.
+/// give the same answers and store the same counts (every hit counted, a
+/// refused one too), expiring when the window ends.
 #[tokio::test]
 async fn fixed_windows_in_lua_and_rust_give_the_same_answers() {
-    let redis = RedisServer::standalone();
-    let (store, client) = store_and_client(&redis, BucketLayout::Packed).await;
-    for (n, (name, buckets, cost)) in fixed_window_cases().into_iter().enumerate() {
-        let mut tries = 0;
-        loop {
-            tries += 1;
-            let tag = format!("fixed-{n}-{tries}").into_bytes();
-            let now = server_now(&client).await;
-            let now_s = now / SEC;
-            let descriptor = buckets_of(&tag, buckets.iter().map(|(p, _)| *p));
-            let mut states = Vec::new();
-            for (b, (params, state)) in descriptor.buckets.iter().zip(&buckets) {
-                let length = params.unit_secs as i64;
-                let start = (now_s - now_s % length + state.map_or(0, |s| s.1) * length) * SEC;
-                let stored = state.map(|(count, _)| BucketState {
-                    tokens: count,
-                    updated_micros: start as u64,
-                });
-                if let Some(s) = stored {
-                    store_packed(&client, &descriptor, b, s).await;
-                }
-                states.push(stored);
-            }
-            let lua = store.decide(&descriptor, cost).await.expect("script runs");
-            if server_now(&client).await / SEC != now_s {
-                assert!(tries < 5, "case '{name}': never within one second");
-                continue;
-            }
-            let params: Vec<_> = buckets.iter().map(|(p, _)| *p).collect();
-            let (rust_states, rust) =
-                tokenbucket_rls::window::decide(&params, &states, now as u64, cost);
-            assert_eq!(lua, rust, "case '{name}'");
-            for (((b, rust_state), before), outcome) in descriptor
-                .buckets
-                .iter()
-                .zip(&rust_states)
-                .zip(&states)
-                .zip(&rust)
-            {
-                let key = redis_key(tag_hash(&descriptor.tag), &b.key);
-                let stored = stored_bucket(&client, &key).await;
-                if cost.deducted() > 0 {
-                    let (count, start) = stored.unwrap_or_else(|| panic!("case '{name}': written"));
-                    assert_eq!(
-                        (count, start as u64),
-                        (rust_state.tokens, rust_state.updated_micros),
-                        "case '{name}': every hit counted, in this window"
-                    );
-                    let ttl: i64 = client.pttl(key).await.expect("PTTL");
-                    let until_end = outcome.full_in_secs as i64 * 1000;
-                    assert!(
-                        ttl > 0 && ttl <= until_end + 1000,
-                        "case '{name}': expires when the window ends (+1 s), TTL {ttl} ms"
-                    );
-                } else {
-                    assert_eq!(
-                        stored.map(|s| s.0),
-                        before.map(|s| s.tokens),
-                        "case '{name}': a check writes nothing"
-                    );
-                }
-            }
-            break;
-        }
-    }
+    let cases = fixed_window_cases()
+        .into_iter()
+        .map(|(name, buckets, cost)| WindowCase {
+            name,
+            cost,
+            setup: Box::new(move |now: i64| {
+                let now_s = now / SEC;
+                buckets
+                    .iter()
+                    .map(|(params, state)| {
+                        let length = params.unit_secs as i64;
+                        let start =
+                            (now_s - now_s % length + state.map_or(0, |s| s.1) * length) * SEC;
+                        let stored = state.map(|(count, _)| BucketState {
+                            tokens: count,
+                            updated_micros: start as u64,
+                        });
+                        (*params, stored)
+                    })
+                    .unzip()
+            }),
+        })
+        .collect();
+    lua_and_rust_agree(
+        "fixed",
+        cases,
+        tokenbucket_rls::window::decide,
+        |_, cost| cost.deducted() > 0,
+        |params, state| state.updated_micros as i64 + params.unit_secs as i64 * SEC,
+    )
+    .await;
 }
 
 /// A sliding window's bucket (#41): `limit` per `window_secs`.
@@ -966,86 +931,42 @@ fn sliding_window_cases() -> Vec<SlidingCase> {
 }
 
 /// The sliding window's two copies (`src/window/sliding.rs`, `bucket.lua`
-/// flag 16) give the same answers and store the same counts. The answer
-/// depends on the microsecond (the weight of the window before falls
-/// continuously), which the script reads from the server's clock: Rust
-/// decides at the server's time read just before the script and just
-/// after; when both give the same answer, so must the script (every field
-/// moves one way as time passes), else the case runs again.
+/// flag 16) give the same answers and store the same counts (admitted
+/// hits only), expiring two windows after the current one's start.
 #[tokio::test]
 async fn sliding_windows_in_lua_and_rust_give_the_same_answers() {
-    let redis = RedisServer::standalone();
-    let (store, client) = store_and_client(&redis, BucketLayout::Packed).await;
-    for (n, (name, buckets, cost)) in sliding_window_cases().into_iter().enumerate() {
-        let params: Vec<_> = buckets.iter().map(|(p, _)| *p).collect();
-        let mut tries = 0;
-        loop {
-            tries += 1;
-            assert!(
-                tries <= 10,
-                "case '{name}': never decided within one answer"
-            );
-            let tag = format!("sliding-{n}-{tries}").into_bytes();
-            let before = server_now(&client).await;
-            let descriptor = buckets_of(&tag, buckets.iter().map(|(p, _)| *p));
-            let mut states = Vec::new();
-            for (b, (params, state)) in descriptor.buckets.iter().zip(&buckets) {
-                let length = params.unit_secs as i64 * SEC;
-                let start = before - before % length;
-                let stored = state.map(|(previous, current, window)| {
-                    BucketState::sliding_window(previous, current, (start + window * length) as u64)
-                });
-                if let Some(s) = stored {
-                    store_packed(&client, &descriptor, b, s).await;
-                }
-                states.push(stored);
-            }
-            let lua = store.decide(&descriptor, cost).await.expect("script runs");
-            let after = server_now(&client).await;
-            let decide = |now: i64| {
-                tokenbucket_rls::window::sliding::decide(&params, &states, now as u64, cost)
-            };
-            let ((_, early), (rust_states, late)) = (decide(before), decide(after));
-            let same_windows = params.iter().all(|p| {
-                let length = p.unit_secs as i64 * SEC;
-                before / length == after / length
-            });
-            if early != late || !same_windows {
-                continue;
-            }
-            assert_eq!(lua, late, "case '{name}'");
-            let admitted = late[0].admitted;
-            for ((b, rust_state), seeded) in
-                descriptor.buckets.iter().zip(&rust_states).zip(&states)
-            {
-                let key = redis_key(tag_hash(&descriptor.tag), &b.key);
-                let stored = stored_bucket(&client, &key).await;
-                if admitted && cost.deducted() != 0 {
-                    let (tokens, start) =
-                        stored.unwrap_or_else(|| panic!("case '{name}': written"));
-                    assert_eq!(
-                        (tokens, start as u64),
-                        (rust_state.tokens, rust_state.updated_micros),
-                        "case '{name}': the counts stored"
-                    );
-                    let ttl: i64 = client.pttl(key).await.expect("PTTL");
-                    let two_windows = 2 * b.params.unit_secs as i64 * SEC;
-                    let until = (rust_state.updated_micros as i64 + two_windows - before) / 1000;
-                    assert!(
-                        ttl > until && ttl <= until + 2000,
-                        "case '{name}': expires two windows after the current one's start, plus the 1 s margin ({until} ms + 1 s), TTL {ttl} ms"
-                    );
-                } else {
-                    assert_eq!(
-                        stored.map(|s| s.0),
-                        seeded.map(|s| s.tokens),
-                        "case '{name}': refused or a check, nothing written"
-                    );
-                }
-            }
-            break;
-        }
-    }
+    let cases = sliding_window_cases()
+        .into_iter()
+        .map(|(name, buckets, cost)| WindowCase {
+            name,
+            cost,
+            setup: Box::new(move |now: i64| {
+                buckets
+                    .iter()
+                    .map(|(params, state)| {
+                        let length = params.unit_secs as i64 * SEC;
+                        let start = now - now % length;
+                        let stored = state.map(|(previous, current, window)| {
+                            BucketState::sliding_window(
+                                previous,
+                                current,
+                                (start + window * length) as u64,
+                            )
+                        });
+                        (*params, stored)
+                    })
+                    .unzip()
+            }),
+        })
+        .collect();
+    lua_and_rust_agree(
+        "sliding",
+        cases,
+        tokenbucket_rls::window::sliding::decide,
+        |outcomes, cost| outcomes[0].admitted && cost.deducted() != 0,
+        |params, state| state.updated_micros as i64 + 2 * params.unit_secs as i64 * SEC,
+    )
+    .await;
 }
 
 /// A calendar period's bucket (#41): `limit` a period, its periods placed
@@ -1167,16 +1088,101 @@ fn calendar_cases() -> Vec<CalendarCase> {
 }
 
 /// The calendar period's two copies (`src/window.rs` `decide_calendar`,
-/// `bucket.lua` flag 32) give the same answers and store the same counts,
-/// the periods handed to both as the limiter hands them. Rust decides at
-/// the server's time read just before the script and just after; when
-/// both answers agree, the script's must too (the waits move one way as
-/// time passes), else the case runs again.
+/// `bucket.lua` flag 32) give the same answers and store the same counts
+/// (admitted hits, and charges whatever the verdict), the periods handed
+/// to both as the limiter hands them, expiring when the period ends.
 #[tokio::test]
 async fn calendar_periods_in_lua_and_rust_give_the_same_answers() {
+    let cases = calendar_cases()
+        .into_iter()
+        .map(|(name, buckets, cost)| WindowCase {
+            name,
+            cost,
+            setup: Box::new(move |now: i64| {
+                let now_s = now / SEC;
+                buckets
+                    .iter()
+                    .map(|((params, (start, end, next_end)), state)| {
+                        let period = tokenbucket_rls::calendar::Periods {
+                            start: now_s + start,
+                            end: now_s + end,
+                            next_end: now_s + next_end,
+                        };
+                        let stored = state.map(|(count, which)| {
+                            let start = match which {
+                                0 => period.start,
+                                1 => period.end,
+                                _ => period.start - 86_400,
+                            };
+                            BucketState {
+                                tokens: count,
+                                updated_micros: (start * SEC) as u64,
+                            }
+                        });
+                        let params = BucketParams {
+                            period: Some(period),
+                            ..*params
+                        };
+                        (params, stored)
+                    })
+                    .unzip()
+            }),
+        })
+        .collect();
+    lua_and_rust_agree(
+        "calendar",
+        cases,
+        tokenbucket_rls::window::decide,
+        |outcomes, cost| {
+            (outcomes[0].admitted || outcomes.iter().any(|o| o.taken > 0)) && cost.deducted() != 0
+        },
+        |params, state| {
+            let (_, end) = tokenbucket_rls::window::period_of(params, state.updated_micros);
+            end as i64
+        },
+    )
+    .await;
+}
+
+/// A window case for [`lua_and_rust_agree`]: its name, its cost, and its
+/// buckets' params and stored states for a decision at the server's time
+/// (µs).
+struct WindowCase {
+    name: &'static str,
+    cost: Cost,
+    setup: Box<dyn Fn(i64) -> WindowBuckets>,
+}
+
+/// A case's buckets: their params, and their stored states (`None`: none).
+type WindowBuckets = (Vec<BucketParams>, Vec<Option<BucketState>>);
+
+/// A copy of a window's arithmetic in Rust.
+type Decide = fn(
+    &[BucketParams],
+    &[Option<BucketState>],
+    u64,
+    Cost,
+) -> (Vec<BucketState>, Vec<BucketOutcome>);
+
+/// Runs each case through `bucket.lua` and through `rust` on the same
+/// stored states: the same answers, and, where `written` says the call
+/// stores its buckets, the same states in Redis, expiring at the time
+/// `expires_at` gives (µs; plus the store's 1 s margin). The answer can
+/// depend on the microsecond, which the script reads from the server's
+/// clock: Rust decides at the server's time read just before the script
+/// and just after; when both give the same answer, so must the script
+/// (every field moves one way as time passes), else the case runs again.
+async fn lua_and_rust_agree(
+    label: &str,
+    cases: Vec<WindowCase>,
+    rust: Decide,
+    written: fn(&[BucketOutcome], Cost) -> bool,
+    expires_at: fn(&BucketParams, &BucketState) -> i64,
+) {
     let redis = RedisServer::standalone();
     let (store, client) = store_and_client(&redis, BucketLayout::Packed).await;
-    for (n, (name, buckets, cost)) in calendar_cases().into_iter().enumerate() {
+    for (n, case) in cases.iter().enumerate() {
+        let (name, cost) = (case.name, case.cost);
         let mut tries = 0;
         loop {
             tries += 1;
@@ -1184,74 +1190,47 @@ async fn calendar_periods_in_lua_and_rust_give_the_same_answers() {
                 tries <= 10,
                 "case '{name}': never decided within one answer"
             );
-            let tag = format!("calendar-{n}-{tries}").into_bytes();
+            let tag = format!("{label}-{n}-{tries}").into_bytes();
             let before = server_now(&client).await;
-            let now_s = before / SEC;
-            let params: Vec<BucketParams> = buckets
-                .iter()
-                .map(|((p, (start, end, next_end)), _)| BucketParams {
-                    period: Some(tokenbucket_rls::calendar::Periods {
-                        start: now_s + start,
-                        end: now_s + end,
-                        next_end: now_s + next_end,
-                    }),
-                    ..*p
-                })
-                .collect();
+            let (params, states) = (case.setup)(before);
             let descriptor = buckets_of(&tag, params.iter().copied());
-            let mut states = Vec::new();
-            for ((b, p), (_, state)) in descriptor.buckets.iter().zip(&params).zip(&buckets) {
-                let period = p.period.expect("periods");
-                let stored = state.map(|(count, which)| {
-                    let start = match which {
-                        0 => period.start,
-                        1 => period.end,
-                        _ => period.start - 86_400,
-                    };
-                    BucketState {
-                        tokens: count,
-                        updated_micros: (start * SEC) as u64,
-                    }
-                });
-                if let Some(s) = stored {
-                    store_packed(&client, &descriptor, b, s).await;
+            for (b, state) in descriptor.buckets.iter().zip(&states) {
+                if let Some(s) = state {
+                    store_packed(&client, &descriptor, b, *s).await;
                 }
-                states.push(stored);
             }
             let lua = store.decide(&descriptor, cost).await.expect("script runs");
             let after = server_now(&client).await;
-            let decide =
-                |now: i64| tokenbucket_rls::window::decide(&params, &states, now as u64, cost);
-            let ((_, early), (rust_states, late)) = (decide(before), decide(after));
+            let (_, early) = rust(&params, &states, before as u64, cost);
+            let (rust_states, late) = rust(&params, &states, after as u64, cost);
             if early != late {
                 continue;
             }
             assert_eq!(lua, late, "case '{name}'");
-            let applied = late[0].admitted || late.iter().any(|o| o.taken > 0);
             for ((b, rust_state), seeded) in
                 descriptor.buckets.iter().zip(&rust_states).zip(&states)
             {
                 let key = redis_key(tag_hash(&descriptor.tag), &b.key);
                 let stored = stored_bucket(&client, &key).await;
-                if applied && cost.deducted() != 0 {
-                    let (count, start) = stored.unwrap_or_else(|| panic!("case '{name}': written"));
+                if written(&late, cost) {
+                    let (tokens, start) =
+                        stored.unwrap_or_else(|| panic!("case '{name}': written"));
                     assert_eq!(
-                        (count, start as u64),
+                        (tokens, start as u64),
                         (rust_state.tokens, rust_state.updated_micros),
-                        "case '{name}': the count stored, in its period"
+                        "case '{name}': the counts stored"
                     );
                     let ttl: i64 = client.pttl(key).await.expect("PTTL");
-                    let (_, end) = tokenbucket_rls::window::period_of(&b.params, after as u64);
-                    let until = (end as i64 - before) / 1000;
+                    let until = (expires_at(&b.params, rust_state) - before) / 1000;
                     assert!(
                         ttl > until - 1000 && ttl <= until + 2000,
-                        "case '{name}': expires when the period ends, plus the 1 s margin ({until} ms + 1 s), TTL {ttl} ms"
+                        "case '{name}': expires at {until} ms from now, plus the 1 s margin; TTL {ttl} ms"
                     );
                 } else {
                     assert_eq!(
                         stored.map(|s| s.0),
                         seeded.map(|s| s.tokens),
-                        "case '{name}': refused or a check, nothing written"
+                        "case '{name}': nothing written"
                     );
                 }
             }
