@@ -2583,24 +2583,28 @@ async fn calendar_month_through_envoy(instances: &[Vec<(&str, String)>]) {
             .expect("after 1970")
             .as_secs_f64()
     };
-    // the month ends 15 s after the services start (Envoy and the
-    // instances start within that on a busy machine)
-    let offset = month_end - (real_now() as i64 + 15);
-    let reset_at = (month_end - offset) as f64;
-    let instances: Vec<Vec<(&str, String)>> = instances
-        .iter()
-        .map(|env| {
-            let mut env = env.clone();
-            env.push(("RLS_CALENDAR_CLOCK_OFFSET", offset.to_string()));
-            env
-        })
-        .collect();
     let rules = common::rules_dir(NEW_YORK_MONTH);
-    let edge = Edge::start_with_rules(rules.path(), &instances).await;
-    assert!(
-        real_now() < reset_at - 1.0,
-        "started too late to see the month end"
-    );
+    // the month ends 15 s after the services start; where Envoy and the
+    // instances took longer than that (a busy machine), start them again
+    let mut started = None;
+    for _ in 0..3 {
+        let offset = month_end - (real_now() as i64 + 15);
+        let reset_at = (month_end - offset) as f64;
+        let with_offset: Vec<Vec<(&str, String)>> = instances
+            .iter()
+            .map(|env| {
+                let mut env = env.clone();
+                env.push(("RLS_CALENDAR_CLOCK_OFFSET", offset.to_string()));
+                env
+            })
+            .collect();
+        let edge = Edge::start_with_rules(rules.path(), &with_offset).await;
+        if real_now() < reset_at - 5.0 {
+            started = Some((edge, reset_at));
+            break;
+        }
+    }
+    let (edge, reset_at) = started.expect("three starts, none within 10 s");
     let who = [("x-tenant", "t"), ("x-user", "calendar")];
     assert_eq!(edge.codes(3, "/", &who).await, [200, 200, 200]);
     let over = edge.get("/", &who).await;
