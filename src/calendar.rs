@@ -50,6 +50,10 @@ pub enum Anchor {
 pub struct Calendar {
     unit: PeriodUnit,
     anchor: Anchor,
+    /// Periods of this many units (`unit_multiplier`), counted from the
+    /// Unix epoch's: days from 1970-01-01, weeks from the one holding it,
+    /// months from January (3: quarters), years from year 0.
+    every: u32,
     zone: TimeZone,
     zone_name: String,
 }
@@ -68,7 +72,11 @@ impl fmt::Display for Calendar {
             PeriodUnit::Month => "month",
             PeriodUnit::Year => "year",
         };
-        write!(f, "a calendar {unit} in {}", self.zone_name)?;
+        if self.every > 1 {
+            write!(f, "{} calendar {unit}s in {}", self.every, self.zone_name)?;
+        } else {
+            write!(f, "a calendar {unit} in {}", self.zone_name)?;
+        }
         match self.anchor {
             Anchor::Midnight => Ok(()),
             Anchor::Weekday(w) => write!(f, " from {}", weekday_name(w)),
@@ -80,7 +88,10 @@ impl fmt::Display for Calendar {
 
 impl PartialEq for Calendar {
     fn eq(&self, other: &Self) -> bool {
-        self.unit == other.unit && self.anchor == other.anchor && self.zone_name == other.zone_name
+        self.unit == other.unit
+            && self.anchor == other.anchor
+            && self.every == other.every
+            && self.zone_name == other.zone_name
     }
 }
 
@@ -178,9 +189,16 @@ impl Calendar {
         Ok(Calendar {
             unit,
             anchor,
+            every: 1,
             zone: tz,
             zone_name: zone.to_string(),
         })
+    }
+
+    /// The same calendar in periods of `n` units (`unit_multiplier`; 0 is 1).
+    pub fn every(mut self, n: u32) -> Self {
+        self.every = n.max(1);
+        self
     }
 
     /// The period's unit.
@@ -220,8 +238,36 @@ impl Calendar {
             .map_or(0, |z| z.timestamp().as_second())
     }
 
-    /// The first day of the period holding `day`.
+    /// The first day of the period holding `day`: that of the one-unit
+    /// period holding it, moved back to where a run of `every` of them
+    /// starts.
     fn first_day(&self, day: Date) -> Date {
+        let one = self.first_day_of_one(day);
+        let n = i64::from(self.every);
+        if n == 1 {
+            return one;
+        }
+        match self.anchor {
+            Anchor::Midnight => days_before(one, epoch_days(one).rem_euclid(n)),
+            Anchor::Weekday(_) => {
+                let first_week = self.first_day_of_one(EPOCH);
+                let weeks = (epoch_days(one) - epoch_days(first_week)).div_euclid(7);
+                days_before(one, 7 * weeks.rem_euclid(n))
+            }
+            Anchor::DayOfMonth(d) => {
+                let month = i64::from(one.year()) * 12 + i64::from(one.month()) - 1;
+                let (y, m) = month_of(month - month.rem_euclid(n));
+                on(y, m, d)
+            }
+            Anchor::MonthDay(m, d) => {
+                let year = i64::from(one.year());
+                on((year - year.rem_euclid(n)) as i16, m, d)
+            }
+        }
+    }
+
+    /// The first day of the one-unit period holding `day`.
+    fn first_day_of_one(&self, day: Date) -> Date {
         match self.anchor {
             Anchor::Midnight => day,
             Anchor::Weekday(w) => {
@@ -251,20 +297,16 @@ impl Calendar {
 
     /// The first day of the period after the one starting on `first`.
     fn next_first_day(&self, first: Date) -> Date {
+        let n = i64::from(self.every);
         match self.anchor {
-            Anchor::Midnight => first.tomorrow().unwrap_or(first),
-            Anchor::Weekday(_) => first
-                .checked_add(jiff::Span::new().days(7))
-                .unwrap_or(first),
+            Anchor::Midnight => days_after(first, n),
+            Anchor::Weekday(_) => days_after(first, 7 * n),
             Anchor::DayOfMonth(d) => {
-                let (y, m) = if first.month() == 12 {
-                    (first.year() + 1, 1)
-                } else {
-                    (first.year(), first.month() + 1)
-                };
+                let month = i64::from(first.year()) * 12 + i64::from(first.month()) - 1;
+                let (y, m) = month_of(month + n);
                 on(y, m, d)
             }
-            Anchor::MonthDay(m, d) => on(first.year() + 1, m, d),
+            Anchor::MonthDay(m, d) => on((i64::from(first.year()) + n) as i16, m, d),
         }
     }
 }
@@ -324,6 +366,31 @@ impl Periods {
             (micros(self.start), micros(self.end))
         }
     }
+}
+
+/// The Unix epoch's date, where runs of days and weeks are counted from.
+const EPOCH: Date = jiff::civil::date(1970, 1, 1);
+
+/// Days from 1970-01-01 to `day` (negative before it).
+fn epoch_days(day: Date) -> i64 {
+    day.to_zoned_datetime(TimeZone::UTC)
+        .map_or(0, |z| z.timestamp().as_second().div_euclid(86_400))
+}
+
+fn days_before(day: Date, n: i64) -> Date {
+    day.checked_sub(jiff::Span::new().days(n)).unwrap_or(day)
+}
+
+fn days_after(day: Date, n: i64) -> Date {
+    day.checked_add(jiff::Span::new().days(n)).unwrap_or(day)
+}
+
+/// The (year, month) of a count of months from January of year 0.
+fn month_of(months: i64) -> (i16, i8) {
+    (
+        months.div_euclid(12) as i16,
+        (months.rem_euclid(12) + 1) as i8,
+    )
 }
 
 fn month_before(year: i16, month: i8) -> (i16, i8) {

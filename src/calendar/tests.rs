@@ -152,3 +152,49 @@ fn what_is_not_a_calendar_is_refused_saying_why() {
         "a calendar month in America/New_York from day 15"
     );
 }
+
+#[test]
+fn runs_of_units_are_counted_from_the_epochs() {
+    // quarters: three months from January
+    let quarter = cal("month", "America/New_York", None).every(3);
+    let p = quarter.periods_at(at("2026-12-05T12:00:00Z"));
+    assert_eq!(
+        (p.start, p.end, p.next_end),
+        (
+            at("2026-10-01T00:00:00-04:00"),
+            at("2027-01-01T00:00:00-05:00"),
+            at("2027-04-01T00:00:00-04:00")
+        )
+    );
+    // half years from a billing day: from the 15th of January and July
+    let half = cal("month", "UTC", Some("15")).every(6);
+    let p = half.periods_at(at("2026-07-14T23:59:59Z"));
+    assert_eq!(
+        (p.start, p.end),
+        (at("2026-01-15T00:00:00Z"), at("2026-07-15T00:00:00Z"))
+    );
+    // fortnights from the week holding 1970-01-01 (Monday 1969-12-29)
+    let fortnight = cal("week", "UTC", None).every(2);
+    let p = fortnight.periods_at(at("2026-12-05T10:00:00Z"));
+    assert_eq!(
+        (p.start, p.end),
+        (at("2026-11-30T00:00:00Z"), at("2026-12-14T00:00:00Z"))
+    );
+    assert_eq!(
+        fortnight.periods_at(at("2026-12-13T23:59:59Z")).start,
+        p.start,
+        "the whole fortnight is one period"
+    );
+    // seven days from 1970-01-01, across a daylight-saving change: 7 days
+    // less an hour
+    let week_of_days = cal("day", "Europe/Berlin", None).every(7);
+    let p = week_of_days.periods_at(at("2026-03-29T12:00:00+02:00"));
+    assert_eq!((p.end - p.start) % 86_400, 86_400 - 3600);
+    assert_eq!((p.end - p.start) / 86_400, 6);
+    assert_eq!(
+        cal("month", "America/New_York", Some("15"))
+            .every(3)
+            .to_string(),
+        "3 calendar months in America/New_York from day 15"
+    );
+}

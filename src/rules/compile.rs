@@ -1041,13 +1041,6 @@ fn compile_limit(
     let Some(calendar) = &rl.calendar else {
         return Some(limit);
     };
-    if multiplier != 1 {
-        scope.error(
-            errors,
-            format!("{at}: unit_multiplier {multiplier} with a calendar: a calendar period is one {}; drop unit_multiplier", unit.as_str()),
-        );
-        return None;
-    }
     let Some(zone) = calendar.time_zone.as_deref() else {
         scope.error(
             errors,
@@ -1056,7 +1049,7 @@ fn compile_limit(
         return None;
     };
     match Calendar::parse(unit.as_str(), zone, calendar.starts.as_deref()) {
-        Ok(c) => Some(limit.with_calendar(Arc::new(CalendarPeriods::new(c)))),
+        Ok(c) => Some(limit.with_calendar(Arc::new(CalendarPeriods::new(c.every(multiplier))))),
         Err(e) => {
             scope.error(errors, format!("{at}: calendar: {e}"));
             None

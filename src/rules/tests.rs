@@ -1063,9 +1063,9 @@ fn a_calendar_limit_counts_in_its_periods_and_refuses_what_it_cannot_honour() {
         ),
         (
             "",
-            "{unit: day, unit_multiplier: 7, requests_per_unit: 10, calendar: {time_zone: UTC}}"
+            "{unit: year, unit_multiplier: 2, requests_per_unit: 10, calendar: {time_zone: UTC}}"
                 .to_string(),
-            "unit_multiplier 7 with a calendar",
+            "longer than a year",
         ),
         (
             "",
@@ -1087,6 +1087,24 @@ fn a_calendar_limit_counts_in_its_periods_and_refuses_what_it_cannot_honour() {
                 && e.contains(says),
             "{extra}{limit}: {e}"
         );
+    }
+    // a run of units: a quarter
+    let quarter = load("domain: d\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: month, unit_multiplier: 3, requests_per_unit: 10, calendar: {time_zone: UTC}}\n")
+        .expect("a quarter");
+    match &quarter
+        .lookup("d", &[("tenant", "t")])
+        .expect("match")
+        .rule
+        .action
+    {
+        RuleAction::Limited(limits) => assert_eq!(
+            limits[0]
+                .calendar
+                .as_ref()
+                .map(|c| c.calendar().to_string()),
+            Some("3 calendar months in UTC from day 1".to_string())
+        ),
+        _ => panic!("limited"),
     }
     let mixed = "domain: d\ndescriptors:\n  - key: tenant\n    limits:\n      - {unit: second, requests_per_unit: 5}\n      - {unit: month, requests_per_unit: 10, calendar: {time_zone: UTC}}\n";
     let e = errors(mixed);
