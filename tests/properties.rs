@@ -94,6 +94,87 @@ proptest! {
         }
     }
 
+    /// A sliding window (#41), whatever the steps and costs: the current
+    /// window's count never passes the limit (so no aligned window admits
+    /// more), a refusal changes nothing, and its Retry-After is honest:
+    /// the same hit passes after it, and not a second sooner.
+    #[test]
+    fn a_sliding_window_holds_its_limit_and_its_waits(
+        limit in 1u64..=200,
+        unit_secs in prop::sample::select(vec![1u64, 10, 60, 3_600]),
+        steps in steps(),
+    ) {
+        use tokenbucket_rls::bucket::Algorithm;
+        use tokenbucket_rls::window::sliding;
+        let p = BucketParams {
+            capacity: limit,
+            tokens_per_unit: limit,
+            unit_secs,
+            max_debt: None,
+            algorithm: Algorithm::SlidingWindow,
+            period: None,
+        };
+        let mut now = 1_000 * SEC;
+        let mut state: Option<BucketState> = None;
+        let mut in_window: HashMap<u64, u64> = HashMap::new();
+        for (dt, cost) in steps {
+            now = now.saturating_add_signed(dt.max(0));
+            let cost = cost.clamp(1, limit);
+            let (states, outcomes) = sliding::decide(&[p], &[state], now, Cost::Spend(cost));
+            let o = outcomes[0];
+            if o.admitted {
+                state = Some(states[0]);
+                *in_window.entry(now / (unit_secs * SEC)).or_default() += cost;
+                let (_, current) = states[0].window_counts();
+                prop_assert!(current <= limit as f64, "current count {current} over {limit}");
+            } else {
+                let wait = o.retry_after_secs.expect("a wait: the cost fits the limit");
+                let (_, later) = sliding::decide(&[p], &[state], now + wait * SEC, Cost::Spend(cost));
+                prop_assert!(later[0].admitted, "still refused after Retry-After {wait}s");
+                if wait > 1 {
+                    let (_, sooner) = sliding::decide(&[p], &[state], now + (wait - 1) * SEC, Cost::Spend(cost));
+                    prop_assert!(!sooner[0].admitted, "Retry-After {wait}s was a second too long");
+                }
+            }
+        }
+        for (window, n) in in_window {
+            prop_assert!(n <= limit, "{n} admitted in window {window} of a limit of {limit}");
+        }
+    }
+
+    /// A calendar period (#41) admits at most its limit of hits, however
+    /// they come, and starts again from nothing in the next period.
+    #[test]
+    fn a_calendar_period_admits_at_most_its_limit(
+        limit in 0u64..=100,
+        costs in prop::collection::vec(0u64..=30, 1..100),
+    ) {
+        use tokenbucket_rls::bucket::Algorithm;
+        use tokenbucket_rls::calendar::Periods;
+        let p = BucketParams {
+            capacity: limit,
+            tokens_per_unit: limit,
+            unit_secs: 86_400,
+            max_debt: None,
+            algorithm: Algorithm::CalendarWindow,
+            period: Some(Periods { start: 1_000, end: 1_000 + 82_800, next_end: 1_000 + 82_800 + 86_400 }),
+        };
+        let mut state: Option<BucketState> = None;
+        let mut admitted = 0;
+        let first_period = 2_000 * SEC;
+        for cost in &costs {
+            let (states, outcomes) = tokenbucket_rls::window::decide(&[p], &[state], first_period, Cost::Spend(*cost));
+            if outcomes[0].admitted {
+                admitted += cost;
+                state = Some(states[0]);
+            }
+        }
+        prop_assert!(admitted <= limit, "{admitted} admitted of {limit}");
+        let next_period = (1_000 + 82_800) * SEC;
+        let (_, fresh) = tokenbucket_rls::window::decide(&[p], &[state], next_period, Cost::Spend(limit.max(1)));
+        prop_assert_eq!(fresh[0].admitted, limit > 0, "the next period starts from nothing");
+    }
+
     /// Distinct descriptor paths never share a store key, whatever bytes they hold.
     #[test]
     fn distinct_descriptors_never_share_a_key(
