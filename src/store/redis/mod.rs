@@ -24,6 +24,7 @@ mod reach;
 mod redirect;
 mod reply;
 pub mod resp;
+mod script_args;
 pub mod sentinel;
 mod tls_config;
 pub mod url;
@@ -51,7 +52,7 @@ use self::nodes::{ClientRecipe, NodeClients, Routing};
 use super::breaker::Nodes;
 use super::{AttemptOutcome, DescriptorBuckets, Store, StoreError};
 use crate::attempt::{self, AttemptCall, AttemptMode, AttemptResult, Phase, SlotOutcome};
-use crate::bucket::{Algorithm, BucketOutcome, Cost, MAX_COST};
+use crate::bucket::{BucketOutcome, Cost};
 use crate::labels::RuleId;
 use crate::telemetry::Metrics;
 
@@ -62,9 +63,6 @@ pub const SCRIPT: &str = include_str!("bucket.lua");
 static SLOTS: std::sync::LazyLock<LuaScript> =
     std::sync::LazyLock::new(|| LuaScript::new(include_str!("slots.lua")));
 
-/// Added to a bucket's refill time for its expiry, so a key never expires
-/// before its bucket would be full.
-const EXPIRY_MARGIN_MS: i64 = 1_000;
 /// The first wait before a call answered `TRYAGAIN` is sent again; each
 /// further wait doubles, up to [`TRYAGAIN_MAX_WAIT`], while the call's time
 /// budget lasts (a migration moves a slot's keys within milliseconds).
@@ -638,58 +636,7 @@ impl RedisStore {
                 keys.push(Key::from(self.prefixed(redis_key(hash, &pending))));
             }
         }
-        let mut args: Vec<Value> = Vec::with_capacity(8 + 4 * descriptor.buckets.len());
-        // needed() is at most MAX_COST (2^53), so the cast keeps it positive.
-        args.extend([
-            Value::Integer(descriptor.buckets.len() as i64),
-            Value::Integer(cost.needed() as i64),
-            Value::Integer(cost.deducted()),
-            Value::Integer(EXPIRY_MARGIN_MS),
-            // flags: 1 the hash layout, 2 a charge, 4 an attempt, 8 a
-            // fixed window, 16 a sliding one, 32 a calendar period (see
-            // bucket.lua)
-            Value::Integer(
-                i64::from(self.layout == BucketLayout::Hash)
-                    + 2 * i64::from(matches!(cost, Cost::Charge(_)))
-                    + 4 * i64::from(attempt.is_some())
-                    + match descriptor.buckets.first().map(|b| b.params.algorithm) {
-                        Some(Algorithm::FixedWindow) => 8,
-                        Some(Algorithm::SlidingWindow) => 16,
-                        Some(Algorithm::CalendarWindow) => 32,
-                        _ => 0,
-                    },
-            ),
-        ]);
-        for b in &descriptor.buckets {
-            match b.params.period {
-                // a calendar period: its periods' boundaries (Unix seconds)
-                // in the places a bucket's burst, unit and debt go
-                Some(p) if b.params.algorithm == Algorithm::CalendarWindow => args.extend([
-                    Value::Integer(p.start),
-                    Value::Integer(b.params.tokens_per_unit as i64),
-                    Value::Integer(p.end),
-                    Value::Integer(p.next_end),
-                ]),
-                _ => args.extend([
-                    Value::Integer(b.params.capacity as i64),
-                    Value::Integer(b.params.tokens_per_unit as i64),
-                    Value::Integer(b.params.unit_secs as i64),
-                    Value::Integer(b.params.max_debt.map_or(-1, |d| d.min(MAX_COST) as i64)),
-                ]),
-            }
-        }
-        if let Some(call) = attempt {
-            args.extend([
-                Value::Integer(i64::from(call.phase == Phase::Done)),
-                Value::Integer(i64::from(call.mode == AttemptMode::Reserve)),
-                Value::Integer(
-                    i64::try_from(call.ttl_micros / 1000)
-                        .unwrap_or(i64::MAX)
-                        .max(1),
-                ),
-                Value::Bytes(Bytes::from(call.id.clone())),
-            ]);
-        }
+        let args = script_args::decision(descriptor, cost, attempt, self.layout);
         let patient = self.patient(patience);
         let options = patient.as_ref().unwrap_or(&self.options);
         self.run(&self.script, slot_of(hash), &keys, &args, options)
@@ -828,7 +775,11 @@ impl Store for RedisStore {
         patience: Option<Duration>,
     ) -> Result<Vec<BucketOutcome>, StoreError> {
         let reply = self.decide_call(descriptor, cost, None, patience).await?;
-        outcomes(&reply, descriptor.buckets.len(), fixed_window(descriptor))
+        outcomes(
+            &reply,
+            descriptor.buckets.len(),
+            script_args::answers_window_counts(descriptor),
+        )
     }
 
     /// The record is a key in the descriptor's slot, read and written by
@@ -865,7 +816,11 @@ impl Store for RedisStore {
             }
         };
         Ok(AttemptOutcome {
-            outcomes: outcomes(reply, descriptor.buckets.len(), fixed_window(descriptor))?,
+            outcomes: outcomes(
+                reply,
+                descriptor.buckets.len(),
+                script_args::answers_window_counts(descriptor),
+            )?,
             result,
             expired: (*expired).max(0) as u64,
         })
@@ -939,15 +894,6 @@ impl Store for RedisStore {
             .cloned()
             .collect()
     }
-}
-
-/// Whether a descriptor's buckets are fixed windows (the script answers
-/// their counts).
-fn fixed_window(descriptor: &DescriptorBuckets) -> bool {
-    descriptor
-        .buckets
-        .first()
-        .is_some_and(|b| b.params.algorithm == Algorithm::FixedWindow)
 }
 
 #[cfg(test)]
