@@ -43,16 +43,16 @@ const MICROS: u64 = 1_000_000;
 
 /// A bucket's two windows as they stand at a moment.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Windows {
+struct Windows {
     /// The current window's start (µs).
-    pub start: u64,
+    start: u64,
     /// The moment they are read at: now, or the start of a stored window
     /// later than now (a clock stepped back).
-    pub at: u64,
+    at: u64,
     /// The count of the window before.
-    pub previous: f64,
+    previous: f64,
     /// The count of the current window.
-    pub current: f64,
+    current: f64,
 }
 
 /// The window's length in µs (at least a second).
@@ -62,7 +62,7 @@ fn length_micros(params: &BucketParams) -> u64 {
 
 impl Windows {
     /// The windows of a bucket in `state` at `now_micros`.
-    pub fn of(params: &BucketParams, state: Option<BucketState>, now_micros: u64) -> Self {
+    fn of(params: &BucketParams, state: Option<BucketState>, now_micros: u64) -> Self {
         let length = params.unit_secs.max(1);
         let now_secs = now_micros / MICROS;
         let start = (now_secs - now_secs % length) * MICROS;
@@ -105,12 +105,12 @@ impl Windows {
     }
 
     /// The hits counted over the window that ends now.
-    pub fn estimate(&self, params: &BucketParams) -> f64 {
+    fn estimate(&self, params: &BucketParams) -> f64 {
         self.previous * (1.0 - self.elapsed(params)) + self.current
     }
 
     /// The state to store.
-    pub fn state(&self) -> BucketState {
+    fn state(&self) -> BucketState {
         BucketState::sliding_window(self.previous, self.current, self.start)
     }
 
