@@ -185,6 +185,8 @@ impl Sentinels {
                     server: server.clone(),
                 };
                 (own.username, own.password) = (username.clone(), password.clone());
+                // a sentinel has no databases to select
+                own.database = None;
                 Some(Sentinel {
                     name: format!("{}:{}", server.host, server.port),
                     target: Target::of(&own, CLIENT_STALL_BOUND)?,

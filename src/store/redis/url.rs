@@ -9,6 +9,11 @@
 //! (`rediss-sentinel://` for TLS to the sentinels and the servers), with
 //! `user:password@` for the servers and `?sentinel_password=…` (and
 //! `sentinel_username=…`) for the sentinels.
+//!
+//! A database other than 0: `redis://host:port/3` (fred reads it),
+//! `unix:///path?db=3`, `redis-sentinel://…/master?db=3`; every connection
+//! selects it. A Redis Cluster has only database 0, so a cluster URL naming
+//! another is refused.
 
 use std::path::PathBuf;
 
@@ -22,7 +27,15 @@ pub fn parse(url: &str) -> Result<Config, String> {
     let fred_url = match scheme {
         "unix" | "redis+unix" => return unix(url, rest),
         "redis-sentinel" | "rediss-sentinel" => return sentinel(url, scheme, rest),
-        "redis" | "rediss" => url.to_string(),
+        "redis" | "rediss" => {
+            // fred reads the path as the database; said here in our words
+            let path = rest.split_once('?').map_or(rest, |(r, _)| r);
+            let path = path.rsplit_once('@').map_or(path, |(_, hosts)| hosts);
+            if let Some((_, db)) = path.split_once('/') {
+                database(db.trim_end_matches('/'), url)?;
+            }
+            url.to_string()
+        }
         "redis-cluster" | "rediss-cluster" => {
             let (auth, hosts) = match rest.rsplit_once('@') {
                 Some((auth, hosts)) => (format!("{auth}@"), hosts),
@@ -32,7 +45,18 @@ pub fn parse(url: &str) -> Result<Config, String> {
                 Some((h, q)) => (h, Some(q)),
                 None => (hosts, None),
             };
-            let hosts = hosts.trim_end_matches('/');
+            let hosts = match hosts.split_once('/') {
+                None => hosts,
+                Some((hosts, db)) => match database(db.trim_end_matches('/'), url)? {
+                    None | Some(0) => hosts,
+                    Some(n) => {
+                        return Err(format!(
+                            "'{}' names database {n}: a Redis Cluster has only database 0",
+                            redact(url)
+                        ))
+                    }
+                },
+            };
             let mut seeds = hosts.split(',').map(str::trim).filter(|h| !h.is_empty());
             let first = seeds
                 .next()
@@ -68,12 +92,18 @@ fn unix(url: &str, rest: &str) -> Result<Config, String> {
             redact(url)
         ));
     }
-    if path.contains('?') {
-        return Err(format!(
-            "'{}': a unix socket URL takes no parameters",
-            redact(url)
-        ));
-    }
+    let (path, db) = match path.split_once('?') {
+        None => (path, None),
+        Some((path, query)) => match query.strip_prefix("db=") {
+            Some(db) if !db.contains('&') => (path, database(db, url)?),
+            _ => {
+                return Err(format!(
+                    "'{}': a unix socket URL takes one parameter, db=N (the database)",
+                    redact(url)
+                ))
+            }
+        },
+    };
     let (username, password) = match auth {
         None => (None, None),
         Some(auth) => {
@@ -94,7 +124,21 @@ fn unix(url: &str, rest: &str) -> Result<Config, String> {
         },
         username,
         password,
+        database: db,
         ..Config::default()
+    })
+}
+
+/// The database a URL names (`""` when it names none); errors name it.
+fn database(text: &str, url: &str) -> Result<Option<u8>, String> {
+    if text.is_empty() {
+        return Ok(None);
+    }
+    text.parse::<u8>().map(Some).map_err(|_| {
+        format!(
+            "'{}': the database '{text}' is not a number from 0 to 255",
+            redact(url)
+        )
     })
 }
 
@@ -148,7 +192,7 @@ fn sentinel(url: &str, scheme: &str, rest: &str) -> Result<Config, String> {
             )
         }
     };
-    let (mut sentinel_username, mut sentinel_password) = (None, None);
+    let (mut sentinel_username, mut sentinel_password, mut db) = (None, None, None);
     for pair in query
         .into_iter()
         .flat_map(|q| q.split('&'))
@@ -157,10 +201,11 @@ fn sentinel(url: &str, scheme: &str, rest: &str) -> Result<Config, String> {
         match pair.split_once('=') {
             Some(("sentinel_password", v)) => sentinel_password = Some(decode(v)?),
             Some(("sentinel_username", v)) => sentinel_username = Some(decode(v)?),
+            Some(("db", v)) => db = database(v, url)?,
             _ => {
                 let name = pair.split_once('=').map_or(pair, |(k, _)| k);
                 return Err(format!(
-                    "'{shown}': unknown parameter '{name}' (a sentinel URL takes sentinel_password and sentinel_username)"
+                    "'{shown}': unknown parameter '{name}' (a sentinel URL takes sentinel_password, sentinel_username and db)"
                 ));
             }
         }
@@ -193,6 +238,7 @@ fn sentinel(url: &str, scheme: &str, rest: &str) -> Result<Config, String> {
         username,
         password,
         tls,
+        database: db,
         ..Config::default()
     })
 }
@@ -265,8 +311,45 @@ mod tests {
         assert_eq!((c.username, c.password.as_deref()), (None, Some("secret")));
         let e = parse("unix://tmp/r.sock").expect_err("relative");
         assert!(e.contains("absolute path"), "{e}");
-        let e = parse("unix:///tmp/r.sock?db=2").expect_err("parameters");
-        assert!(e.contains("no parameters"), "{e}");
+        let e = parse("unix:///tmp/r.sock?timeout=2").expect_err("parameters");
+        assert!(e.contains("one parameter, db=N"), "{e}");
+    }
+
+    #[test]
+    fn a_database_is_read_where_each_form_puts_it() {
+        let db = |url: &str| parse(url).map(|c| c.database);
+        assert_eq!(db("redis://127.0.0.1:6379/3"), Ok(Some(3)));
+        assert_eq!(db("rediss://u:p@h:6379/0"), Ok(Some(0)));
+        assert_eq!(db("redis://h:6379/"), Ok(None));
+        assert_eq!(db("redis://h:6379"), Ok(None));
+        assert_eq!(db("unix:///tmp/r.sock?db=2"), Ok(Some(2)));
+        assert_eq!(db("unix://:pw@/tmp/r.sock?db=15"), Ok(Some(15)));
+        assert_eq!(db("redis-sentinel://h:26379/m?db=4"), Ok(Some(4)));
+        assert_eq!(
+            db("redis-sentinel://h:26379/m?sentinel_password=s&db=5"),
+            Ok(Some(5))
+        );
+        assert_eq!(db("redis-cluster://h:7000,h:7001/0"), Ok(None));
+        for (url, said) in [
+            ("redis://h:6379/x", "the database 'x' is not a number"),
+            ("redis://u:pw@h:6379/256", "the database '256'"),
+            ("unix:///tmp/r.sock?db=-1", "the database '-1'"),
+            ("unix:///tmp/r.sock?db=1&x=2", "one parameter, db=N"),
+            ("redis-sentinel://h:1/m?db=zero", "the database 'zero'"),
+            (
+                "redis-cluster://h:7000/3",
+                "names database 3: a Redis Cluster has only database 0",
+            ),
+            ("redis-cluster://h:7000,h:7001/2?x=1", "names database 2"),
+            (
+                "redis-cluster://u:hunter2@h:7000/9",
+                "'redis-cluster://u:***@h:7000/9'",
+            ),
+        ] {
+            let e = db(url).expect_err(url);
+            assert!(e.contains(said), "{url}: {e}");
+            assert!(!e.contains("hunter2"), "{e}");
+        }
     }
 
     #[test]
@@ -323,7 +406,10 @@ mod tests {
             ("redis-sentinel:///m", "names no sentinel"),
             ("redis-sentinel://h/m", "is not host:port"),
             ("redis-sentinel://h:0/m", "is not host:port"),
-            ("redis-sentinel://h:1/m?db=2", "unknown parameter 'db'"),
+            (
+                "redis-sentinel://h:1/m?timeout=2",
+                "unknown parameter 'timeout'",
+            ),
             (
                 "redis-sentinel://h:1/m?sentinel_username=x",
                 "without sentinel_password",

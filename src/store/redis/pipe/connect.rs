@@ -1,6 +1,7 @@
 //! Where a pipelined connection connects and how: the server, TLS, the
-//! credentials and the connect timeout of a fred configuration, and the
-//! opening of a connection (TCP, TLS over it, `AUTH`).
+//! credentials, the database and the connect timeout of a fred
+//! configuration, and the opening of a connection (TCP, TLS over it,
+//! `AUTH`, `SELECT`).
 
 use std::time::Duration;
 
@@ -25,6 +26,9 @@ pub struct Target {
     pub(super) tls: Option<(tokio_rustls::TlsConnector, String)>,
     pub(super) username: Option<String>,
     pub(super) password: Option<String>,
+    /// A database other than 0 (`redis://host:port/3`), selected on
+    /// every connection before it carries anything.
+    pub(super) database: Option<u8>,
     pub(super) connect_timeout: Duration,
 }
 
@@ -41,6 +45,7 @@ impl Target {
                 tls: None,
                 username: config.username.clone(),
                 password: config.password.clone(),
+                database: config.database.filter(|db| *db != 0),
                 connect_timeout,
             });
         }
@@ -68,6 +73,7 @@ impl Target {
             tls,
             username: config.username.clone(),
             password: config.password.clone(),
+            database: config.database.filter(|db| *db != 0),
             connect_timeout,
         })
     }
@@ -108,7 +114,16 @@ pub(in crate::store::redis) async fn open(target: &Target) -> Result<Box<dyn Io>
             }
             auth.push(password.as_bytes().to_vec());
             let command = encode(auth.iter().map(Vec::as_slice));
-            handshake(&mut stream, &command).await?;
+            handshake(&mut stream, &command, ErrorKind::Auth).await?;
+        }
+        if let Some(db) = target.database {
+            let db = db.to_string();
+            let command = encode([b"SELECT".as_slice(), db.as_bytes()].into_iter());
+            handshake(&mut stream, &command, ErrorKind::Config)
+                .await
+                .map_err(|e| {
+                    RedisError::new(e.kind().clone(), format!("SELECT {db}: {}", e.details()))
+                })?;
         }
         Ok(stream)
     };
@@ -150,10 +165,11 @@ pub(in crate::store::redis) async fn request(
     }
 }
 
-/// Sends `command` and expects `+OK`.
+/// Sends `command` and expects `+OK`; an error reply is of `kind`.
 async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
     stream: &mut S,
     command: &[u8],
+    kind: ErrorKind,
 ) -> Result<(), RedisError> {
     let io = |e: std::io::Error| RedisError::new(ErrorKind::IO, e.to_string());
     stream.write_all(command).await.map_err(io)?;
@@ -169,7 +185,7 @@ async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
         match decode_bytes_mut(&mut buf) {
             Ok(Some((BytesFrame::SimpleString(_), _, _))) => return Ok(()),
             Ok(Some((BytesFrame::Error(e), _, _))) => {
-                return Err(RedisError::new(ErrorKind::Auth, e.to_string()))
+                return Err(RedisError::new(kind, e.to_string()))
             }
             Ok(Some(_)) => {
                 return Err(RedisError::new(
