@@ -54,8 +54,8 @@ const LEASE_RETURN_TIMEOUT: Duration = Duration::from_secs(2);
 pub struct RunningServer {
     /// Where gRPC is served (port 0 when it is served on `--grpc-uds`).
     pub grpc_addr: SocketAddr,
-    /// `--grpc-uds`: removed at shutdown.
-    grpc_uds: Option<std::path::PathBuf>,
+    /// `--grpc-uds`: a socket file is removed at shutdown.
+    grpc_uds: Option<serving::UdsAddress>,
     pub admin_addr: SocketAddr,
     pub rules: SharedRules,
     pub reloader: Arc<Reloader>,
@@ -95,7 +95,7 @@ impl RunningServer {
         if returned > 0 {
             tracing::info!(tokens = returned, "returned unspent lease tokens");
         }
-        if let Some(path) = &self.grpc_uds {
+        if let Some(serving::UdsAddress::Path(path)) = &self.grpc_uds {
             let _ = std::fs::remove_file(path);
         }
         Ok(())
@@ -171,12 +171,20 @@ pub async fn start(args: &ServeArgs) -> Result<RunningServer> {
         },
     );
 
-    let grpc_listener = match &args.grpc_uds {
-        Some(path) => {
+    let grpc_uds = args
+        .grpc_uds
+        .as_deref()
+        .map(serving::UdsAddress::parse)
+        .transpose()?;
+    let grpc_listener = match &grpc_uds {
+        Some(address) => {
             if args.tls_cert.is_some() {
                 anyhow::bail!("--grpc-uds with --tls-cert: TLS over the unix socket is not offered (a socket's permissions say who may connect)");
             }
-            GrpcListener::Unix(serving::bind_unix(path, args.grpc_uds_mode)?)
+            if let serving::UdsAddress::Abstract(name) = address {
+                tracing::warn!("--grpc-uds @{name} is an abstract socket: it has no file and no permissions, so any process in this network namespace may connect (--grpc-uds-mode does not apply); give a path to limit who may");
+            }
+            GrpcListener::Unix(serving::bind_unix(address, args.grpc_uds_mode)?)
         }
         None => GrpcListener::Tcp(
             TcpListener::bind(args.grpc_addr)
@@ -292,7 +300,7 @@ pub async fn start(args: &ServeArgs) -> Result<RunningServer> {
     tracing::info!(
         version = env!("CARGO_PKG_VERSION"),
         %grpc_addr,
-        grpc_uds = ?args.grpc_uds,
+        grpc_uds = grpc_uds.as_ref().map(|a| a.to_string()),
         %admin_addr,
         store = limiter.store_name(),
         generation = rules.load().generation(),
@@ -301,7 +309,7 @@ pub async fn start(args: &ServeArgs) -> Result<RunningServer> {
     );
     Ok(RunningServer {
         grpc_addr,
-        grpc_uds: args.grpc_uds.clone(),
+        grpc_uds,
         admin_addr,
         rules,
         reloader,

@@ -2254,6 +2254,35 @@ async fn envoy_reaches_the_service_on_a_unix_socket() {
     let socket = dir.path().join("ratelimit.sock");
     // a socket file nobody listens on, as a killed process leaves it
     drop(std::os::unix::net::UnixListener::bind(&socket).expect("bind"));
+    let socket = socket.display().to_string();
+    login_burst_over_a_unix_socket(&socket, &socket, |_| {
+        let mode = std::fs::metadata(&socket)
+            .expect("the socket")
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o660, "the socket's mode: {mode:o}");
+    })
+    .await;
+}
+
+/// The same over an abstract socket (Linux): `GRPC_UDS=@name`, as Go
+/// listens on it, and Envoy's `pipe: {path: "@name"}`; no file appears.
+#[tokio::test]
+async fn envoy_reaches_the_service_on_an_abstract_socket() {
+    let name = format!("@tokenbucket-rls-test-{}", std::process::id());
+    login_burst_over_a_unix_socket(&name, &format!("\"{name}\""), |_| {
+        // not a file named "@…" where the binary runs
+        let cwd = std::env::current_dir().expect("cwd");
+        assert!(!cwd.join(&name).exists() && !Path::new(ROOT).join(&name).exists());
+    })
+    .await;
+}
+
+/// The binary started with `GRPC_UDS` = `grpc_uds` (the example rules) and
+/// the example Envoy reaching it at `pipe`: six logins, the burst of 5
+/// then 429. `ready` looks at the temporary directory once it is ready.
+async fn login_burst_over_a_unix_socket(grpc_uds: &str, pipe: &str, ready: impl FnOnce(&Path)) {
+    let dir = tempfile::tempdir().expect("tempdir");
     let admin = free_port();
     let mut rls = vec![ChildGuard(
         common::binary_without_rls_env()
@@ -2262,7 +2291,7 @@ async fn envoy_reaches_the_service_on_a_unix_socket() {
             .env("RUNTIME_APPDIRECTORY", "config")
             .env("HOST", "127.0.0.1")
             .env("PORT", admin.to_string())
-            .env("GRPC_UDS", &socket)
+            .env("GRPC_UDS", grpc_uds)
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()
@@ -2276,11 +2305,6 @@ async fn envoy_reaches_the_service_on_a_unix_socket() {
     )
     .await
     .expect("ready");
-    let mode = std::fs::metadata(&socket)
-        .expect("the socket")
-        .permissions()
-        .mode();
-    assert_eq!(mode & 0o777, 0o660, "the socket's mode: {mode:o}");
 
     let bootstrap = std::fs::read_to_string(Path::new(ROOT).join("examples/envoy/envoy.yaml"))
         .expect("bootstrap");
@@ -2292,13 +2316,11 @@ async fn envoy_reaches_the_service_on_a_unix_socket() {
         &path,
         bootstrap.replace(
             tcp,
-            &format!(
-                "        - endpoint: {{address: {{pipe: {{path: {}}}}}}}",
-                socket.display()
-            ),
+            &format!("        - endpoint: {{address: {{pipe: {{path: {pipe}}}}}}}"),
         ),
     )
     .expect("bootstrap");
+    ready(dir.path());
     let envoy = envoy_in_front(&client, &path, &[]).await;
     let mut codes = Vec::new();
     for _ in 0..6 {

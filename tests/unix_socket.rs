@@ -144,3 +144,52 @@ async fn grpc_on_a_unix_socket_over_what_is_there() {
     assert!(e.contains("a file that is not a socket is there"), "{e}");
     assert_eq!(std::fs::read_to_string(&file).expect("kept"), "keep me");
 }
+
+/// `--grpc-uds` in gRPC's and Envoy's other forms: `unix:PATH` listens on
+/// PATH (and removes it at shutdown); `@name` is an abstract socket, a
+/// second start on a name in use stops naming it.
+#[tokio::test]
+async fn grpc_on_a_unix_socket_in_other_forms() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let rules = rules_dir(RULES);
+    let with = |uds: String| {
+        let mut args = serve_args(rules.path().to_path_buf());
+        args.grpc_uds = Some(uds.into());
+        args
+    };
+    let socket = dir.path().join("rls.sock");
+    let s = tokenbucket_rls::server::start(&with(format!("unix://{}", socket.display())))
+        .await
+        .expect("unix:// and an absolute path");
+    std::os::unix::net::UnixStream::connect(&socket).expect("listening at the path");
+    s.shutdown().await.expect("stop");
+    assert!(!socket.exists(), "removed at shutdown");
+
+    let name = format!("tokenbucket-rls-unix-socket-test-{}", std::process::id());
+    let s = tokenbucket_rls::server::start(&with(format!("@{name}")))
+        .await
+        .expect("an abstract socket");
+    {
+        use std::os::linux::net::SocketAddrExt;
+        let address =
+            std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).expect("name");
+        std::os::unix::net::UnixStream::connect_addr(&address).expect("listening on the name");
+    }
+    let e = format!(
+        "{:#}",
+        tokenbucket_rls::server::start(&with(format!("unix-abstract:{name}")))
+            .await
+            .err()
+            .expect("the name is taken")
+    );
+    assert!(e.contains("another process is listening on it"), "{e}");
+    s.shutdown().await.expect("stop");
+    let e = format!(
+        "{:#}",
+        tokenbucket_rls::server::start(&with("unix://relative.sock".into()))
+            .await
+            .err()
+            .expect("unix:// needs an absolute path")
+    );
+    assert!(e.contains("followed by an absolute path"), "{e}");
+}

@@ -113,7 +113,9 @@ pub struct ServeArgs {
     pub calendar_clock_offset: i64,
     /// Serve gRPC on this unix socket instead of --grpc-addr (a sidecar's
     /// Envoy reaching it as a `pipe` address); a socket left by a stopped
-    /// process is replaced, any other file there stops the start.
+    /// process is replaced, any other file there stops the start. Also
+    /// `unix:PATH`, `unix:///PATH`, and `@NAME` or `unix-abstract:NAME` for
+    /// a Linux abstract socket (no file, no permissions).
     #[arg(long, env = "RLS_GRPC_UDS")]
     pub grpc_uds: Option<PathBuf>,
     /// Permissions of the --grpc-uds socket, octal: who may connect (a

@@ -472,11 +472,13 @@ pub fn translate(env: &BTreeMap<String, String>) -> Result<Translated, String> {
     }
     // gRPC on a unix socket instead of GRPC_HOST:GRPC_PORT, as there
     if let Some(v) = get("GRPC_UDS") {
-        if !v.starts_with('/') {
+        // Go listens on a path or, for @name, an abstract socket (Linux)
+        let abstract_name = v.len() > 1 && v.starts_with('@');
+        if !v.starts_with('/') && !abstract_name {
             return Err(refused(
                 "GRPC_UDS",
                 v,
-                "the socket's absolute path, e.g. /var/run/ratelimit/ratelimit.sock",
+                "the socket's absolute path, e.g. /var/run/ratelimit/ratelimit.sock, or @name (an abstract socket)",
             ));
         }
         set("RLS_GRPC_UDS", v.to_string());

@@ -128,7 +128,9 @@ mod tests {
                 .iter()
                 .enumerate()
                 .map(|(i, unit)| BucketRef {
-                    key: format!("b{i}").into_bytes(),
+                    // a bucket's key names its descriptor, as every real
+                    // key does (two tags may share a memory shard)
+                    key: format!("{units:?}b{i}").into_bytes(),
                     params: BucketParams {
                         capacity: 1,
                         tokens_per_unit: 1,

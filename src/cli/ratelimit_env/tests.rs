@@ -58,6 +58,8 @@ fn grpc_on_a_unix_socket() {
         setting(&t, "RLS_GRPC_UDS").as_deref(),
         Some("/var/run/rl/ratelimit.sock")
     );
+    let t = translate(&env(&[("GRPC_UDS", "@ratelimit")])).expect("an abstract name");
+    assert_eq!(setting(&t, "RLS_GRPC_UDS").as_deref(), Some("@ratelimit"));
 }
 
 #[test]
@@ -293,6 +295,7 @@ fn what_has_a_meaning_we_lack_is_refused() {
             vec![("GRPC_UDS", "ratelimit.sock")],
             "GRPC_UDS=ratelimit.sock",
         ),
+        (vec![("GRPC_UDS", "@")], "GRPC_UDS=@"),
     ] {
         let err = translate(&env(&pairs)).expect_err(named);
         assert!(err.starts_with(named), "{err}");
