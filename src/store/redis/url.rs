@@ -28,13 +28,28 @@ pub fn parse(url: &str) -> Result<Config, String> {
         "unix" | "redis+unix" => return unix(url, rest),
         "redis-sentinel" | "rediss-sentinel" => return sentinel(url, scheme, rest),
         "redis" | "rediss" => {
-            // fred reads the path as the database; said here in our words
-            let path = rest.split_once('?').map_or(rest, |(r, _)| r);
-            let path = path.rsplit_once('@').map_or(path, |(_, hosts)| hosts);
-            if let Some((_, db)) = path.split_once('/') {
-                database(db.trim_end_matches('/'), url)?;
+            // fred reads the path as the database (said here in our words)
+            // and drops any parameter it does not know: only db= is read
+            let (before, query) = rest.split_once('?').unwrap_or((rest, ""));
+            let hosts = before.rsplit_once('@').map_or(before, |(_, hosts)| hosts);
+            let mut db = match hosts.split_once('/') {
+                Some((_, db)) => database(db.trim_end_matches('/'), url)?,
+                None => None,
+            };
+            for (_, value) in params(query, &["db"], url)? {
+                let asked = database(value, url)?;
+                if db.is_some_and(|d| Some(d) != asked) {
+                    return Err(format!(
+                        "'{}' names two databases, in its path and in db=",
+                        redact(url)
+                    ));
+                }
+                db = asked;
             }
-            url.to_string()
+            let mut config = Config::from_url(&format!("{scheme}://{before}"))
+                .map_err(|e| format!("invalid Redis URL '{}': {e}", redact(url)))?;
+            config.database = db;
+            return Ok(config);
         }
         "redis-cluster" | "rediss-cluster" => {
             let (auth, hosts) = match rest.rsplit_once('@') {
@@ -61,14 +76,15 @@ pub fn parse(url: &str) -> Result<Config, String> {
             let first = seeds
                 .next()
                 .ok_or_else(|| format!("'{}' names no cluster node", redact(url)))?;
-            let mut params: Vec<String> = seeds.map(|h| format!("node={h}")).collect();
-            if let Some(q) = query {
-                params.push(q.to_string());
+            let mut nodes: Vec<String> = seeds.map(|h| format!("node={h}")).collect();
+            // fred's own form of more seeds, kept; anything else refused
+            for (_, node) in params(query.unwrap_or(""), &["node"], url)? {
+                nodes.push(format!("node={node}"));
             }
-            if params.is_empty() {
+            if nodes.is_empty() {
                 format!("{scheme}://{auth}{first}")
             } else {
-                format!("{scheme}://{auth}{first}?{}", params.join("&"))
+                format!("{scheme}://{auth}{first}?{}", nodes.join("&"))
             }
         }
         other => {
@@ -127,6 +143,31 @@ fn unix(url: &str, rest: &str) -> Result<Config, String> {
         database: db,
         ..Config::default()
     })
+}
+
+/// The `name=value` pairs of `query`, each name one of `known`; any other
+/// stops the start naming it (fred would drop it without a word).
+fn params<'q>(
+    query: &'q str,
+    known: &[&str],
+    url: &str,
+) -> Result<Vec<(&'q str, &'q str)>, String> {
+    query
+        .split('&')
+        .filter(|p| !p.is_empty())
+        .map(|pair| {
+            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+            if known.contains(&name) {
+                Ok((name, value))
+            } else {
+                Err(format!(
+                    "'{}': unknown parameter '{name}' (this URL takes {})",
+                    redact(url),
+                    known.join(", ")
+                ))
+            }
+        })
+        .collect()
 }
 
 /// The database a URL names (`""` when it names none); errors name it.
@@ -330,6 +371,8 @@ mod tests {
             Ok(Some(5))
         );
         assert_eq!(db("redis-cluster://h:7000,h:7001/0"), Ok(None));
+        assert_eq!(db("redis://h:6379?db=3"), Ok(Some(3)));
+        assert_eq!(db("redis://u:p@h:6379/3?db=3"), Ok(Some(3)));
         for (url, said) in [
             ("redis://h:6379/x", "the database 'x' is not a number"),
             ("redis://u:pw@h:6379/256", "the database '256'"),
@@ -344,6 +387,19 @@ mod tests {
             (
                 "redis-cluster://u:hunter2@h:7000/9",
                 "'redis-cluster://u:***@h:7000/9'",
+            ),
+            ("redis://h:6379/1?db=2", "names two databases"),
+            (
+                "redis://u:hunter2@h:6379?timeout=5",
+                "unknown parameter 'timeout' (this URL takes db)",
+            ),
+            (
+                "rediss://h:6379?sentinelServiceName=m",
+                "unknown parameter 'sentinelServiceName'",
+            ),
+            (
+                "redis-cluster://h:7000?db=0",
+                "unknown parameter 'db' (this URL takes node)",
             ),
         ] {
             let e = db(url).expect_err(url);
@@ -362,6 +418,12 @@ mod tests {
         }
         assert_eq!(c.username.as_deref(), Some("u"));
         assert_eq!(c.password.as_deref(), Some("p"));
+        let c = parse("redis-cluster://127.0.0.1:7000,127.0.0.1:7001?node=127.0.0.1:7002")
+            .expect("fred's node= form too");
+        match &c.server {
+            ServerConfig::Clustered { hosts, .. } => assert_eq!(hosts.len(), 3),
+            other => panic!("clustered, got {other:?}"),
+        }
         let single = parse("redis-cluster://127.0.0.1:7000").expect("valid");
         assert!(single.server.is_clustered());
     }
