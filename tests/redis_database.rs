@@ -9,11 +9,10 @@ mod common;
 
 use std::time::Duration;
 
-use common::redis::{free_redis_port, RedisServer};
+use common::redis::{free_redis_port, three_decisions_on, RedisServer, FIVE_A_DAY};
 use common::{client, descriptor, request, rules_dir, serve_args};
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 
-const RULES: &str = "domain: d\ndescriptors:\n  - key: k\n    failure_mode: closed\n    rate_limit: {unit: day, requests_per_unit: 5}\n";
+const RULES: &str = FIVE_A_DAY;
 
 /// Keys in database `db` of `redis`.
 fn keys_in(redis: &RedisServer, db: u8) -> String {
@@ -23,33 +22,10 @@ fn keys_in(redis: &RedisServer, db: u8) -> String {
         .to_string()
 }
 
-/// Three decisions through a service on `url`: 4, 3, 2 left.
-async fn three_decisions(url: String) {
-    let rules = rules_dir(RULES);
-    let mut args = serve_args(rules.path().to_path_buf());
-    args.store = tokenbucket_rls::cli::StoreKind::Redis;
-    args.redis_url = Some(url);
-    args.redis_timeout = Duration::from_millis(500);
-    let s = tokenbucket_rls::server::start(&args).await.expect("start");
-    let mut c = client(&s).await;
-    for left in [4, 3, 2] {
-        let r = c
-            .should_rate_limit(request("d", vec![descriptor(&[("k", "v")])]))
-            .await
-            .expect("decided")
-            .into_inner();
-        assert_eq!(
-            (r.overall_code, r.statuses[0].limit_remaining),
-            (Code::Ok as i32, left)
-        );
-    }
-    s.shutdown().await.expect("stop");
-}
-
 #[tokio::test]
 async fn a_database_in_a_tcp_url_holds_the_buckets() {
     let redis = RedisServer::standalone();
-    three_decisions(format!("{}/3", redis.url())).await;
+    three_decisions_on(format!("{}/3", redis.url())).await;
     assert_eq!(
         (keys_in(&redis, 3).as_str(), keys_in(&redis, 0).as_str()),
         ("1", "0")
@@ -78,7 +54,7 @@ async fn a_database_in_a_unix_socket_url_holds_the_buckets() {
         free_redis_port(),
         &["--unixsocket", socket.to_str().expect("utf-8")],
     );
-    three_decisions(format!("unix://{}?db=2", socket.display())).await;
+    three_decisions_on(format!("unix://{}?db=2", socket.display())).await;
     assert_eq!(
         (keys_in(&redis, 2).as_str(), keys_in(&redis, 0).as_str()),
         ("1", "0")
@@ -88,7 +64,7 @@ async fn a_database_in_a_unix_socket_url_holds_the_buckets() {
 #[tokio::test]
 async fn a_database_in_a_sentinel_url_holds_the_buckets_on_the_primary() {
     let set = common::sentinel::SentinelSet::start();
-    three_decisions(format!("{}?db=4", set.url())).await;
+    three_decisions_on(format!("{}?db=4", set.url())).await;
     let primary = &set.servers[set.primary()];
     assert_eq!(
         (keys_in(primary, 4).as_str(), keys_in(primary, 0).as_str()),

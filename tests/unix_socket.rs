@@ -11,9 +11,8 @@ use std::time::Duration;
 
 use common::redis::{free_redis_port, RedisServer};
 use common::{client, descriptor, request, rules_dir, serve_args};
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 
-const RULES: &str = "domain: d\ndescriptors:\n  - key: k\n    failure_mode: closed\n    rate_limit: {unit: day, requests_per_unit: 5}\n";
+const RULES: &str = common::redis::FIVE_A_DAY;
 
 #[tokio::test]
 async fn decisions_go_to_a_redis_on_a_unix_socket() {
@@ -28,28 +27,10 @@ async fn decisions_go_to_a_redis_on_a_unix_socket() {
             "700",
         ],
     );
-    let rules = rules_dir(RULES);
-    let mut args = serve_args(rules.path().to_path_buf());
-    args.store = tokenbucket_rls::cli::StoreKind::Redis;
-    args.redis_url = Some(format!("unix://{}", socket.display()));
-    args.redis_timeout = Duration::from_millis(500);
-    let s = tokenbucket_rls::server::start(&args).await.expect("start");
-    let mut c = client(&s).await;
-    for left in [4, 3, 2] {
-        let r = c
-            .should_rate_limit(request("d", vec![descriptor(&[("k", "v")])]))
-            .await
-            .expect("decided")
-            .into_inner();
-        assert_eq!(
-            (r.overall_code, r.statuses[0].limit_remaining),
-            (Code::Ok as i32, left)
-        );
-    }
+    common::redis::three_decisions_on(format!("unix://{}", socket.display())).await;
     // the bucket is in that Redis, reached through the socket
     let keys = redis.cli(&["DBSIZE"]);
     assert_eq!(keys.trim(), "1", "{keys}");
-    s.shutdown().await.expect("stop");
 }
 
 #[tokio::test]

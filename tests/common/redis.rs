@@ -404,3 +404,31 @@ pub async fn tokens_on(port: u16, domain: &str, entries: &[(&str, &str)], id: &s
         .expect("the bucket is there")
         .0
 }
+
+/// Rules of one closed rule of 5 a day, for [`three_decisions_on`].
+pub const FIVE_A_DAY: &str = "domain: d\ndescriptors:\n  - key: k\n    failure_mode: closed\n    rate_limit: {unit: day, requests_per_unit: 5}\n";
+
+/// Starts the service on the Redis at `url` with [`FIVE_A_DAY`], makes
+/// three decisions of `k=v` (4, 3 and 2 left, all from Redis) and stops it.
+pub async fn three_decisions_on(url: String) {
+    use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+    let rules = super::rules_dir(FIVE_A_DAY);
+    let mut args = super::serve_args(rules.path().to_path_buf());
+    args.store = tokenbucket_rls::cli::StoreKind::Redis;
+    args.redis_url = Some(url);
+    args.redis_timeout = Duration::from_millis(500);
+    let s = tokenbucket_rls::server::start(&args).await.expect("start");
+    let mut c = super::client(&s).await;
+    for left in [4, 3, 2] {
+        let r = c
+            .should_rate_limit(super::request("d", vec![super::descriptor(&[("k", "v")])]))
+            .await
+            .expect("decided")
+            .into_inner();
+        assert_eq!(
+            (r.overall_code, r.statuses[0].limit_remaining),
+            (Code::Ok as i32, left)
+        );
+    }
+    s.shutdown().await.expect("stop");
+}
