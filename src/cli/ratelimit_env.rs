@@ -74,6 +74,10 @@ const NO_MEANING_HERE: &[(&str, &str)] = &[
         "each Redis node has its own breaker and probes",
     ),
     (
+        "REDIS_CLOSE_CONNECTION_ON_READONLY_ERROR",
+        "always on here: a READONLY answer has the address dialled again at once (docs/failure-modes.md)",
+    ),
+    (
         "REDIS_POOL_ON_EMPTY_BEHAVIOR",
         "calls share pipelined connections",
     ),

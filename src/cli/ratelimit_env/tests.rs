@@ -678,3 +678,24 @@ fn a_per_second_redis_as_envoyproxy_ratelimit_lays_it_out() {
     .expect("translated");
     assert_eq!(t.unused, ["REDIS_PERSECOND_URL: REDIS_PERSECOND is off"]);
 }
+
+#[test]
+fn closing_connections_on_readonly_is_named_as_always_on() {
+    let t = translate(&env(&[
+        ("REDIS_URL", "redis:6379"),
+        ("REDIS_SOCKET_TYPE", "tcp"),
+        ("REDIS_CLOSE_CONNECTION_ON_READONLY_ERROR", "true"),
+        ("REDIS_PERSECOND", "true"),
+        ("REDIS_PERSECOND_URL", "/r.sock"),
+        ("REDIS_PERSECOND_CLOSE_CONNECTION_ON_READONLY_ERROR", "true"),
+    ]))
+    .expect("translated");
+    assert_eq!(t.unused.len(), 2, "{:?}", t.unused);
+    assert!(
+        t.unused
+            .iter()
+            .all(|u| u.contains("always on here: a READONLY answer has the address dialled again")),
+        "{:?}",
+        t.unused
+    );
+}

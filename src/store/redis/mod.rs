@@ -21,6 +21,7 @@ pub mod memory;
 pub mod nodes;
 pub mod pipe;
 mod reach;
+mod redial;
 mod redirect;
 mod reply;
 pub mod resp;
@@ -161,6 +162,10 @@ pub struct RedisStore {
     /// For a `redis-sentinel://` URL: the sentinels, asked again at once
     /// when a decision meets `READONLY`.
     sentinels: Option<Arc<sentinel::Sentinels>>,
+    /// For one server (`redis://`, `unix://`): its address, dialled again
+    /// at once when a decision meets `READONLY` (a failover that pointed
+    /// the address elsewhere and left the connections on the demoted one).
+    redial: Option<Arc<redial::Redial>>,
 }
 
 impl RedisStore {
@@ -207,6 +212,7 @@ impl RedisStore {
             Duration::ZERO
         };
         let mut sentinels = None;
+        let mut redialled = None;
         let (cluster, routing) = match &config.server {
             ServerConfig::Sentinel { .. } => {
                 let (watched, routing) = sentinel::connect(&config, &recipe, &redacted).await?;
@@ -238,6 +244,7 @@ impl RedisStore {
                     _ => "redis".to_string(),
                 });
                 let clients = NodeClients::connect(&recipe, config.clone())?;
+                redialled = Some(redial::Redial::new(name.clone(), config.clone()));
                 if reached.is_ok() {
                     let connected =
                         tokio::time::timeout(wait, clients.pool.wait_for_connect()).await;
@@ -250,6 +257,9 @@ impl RedisStore {
         let routing = Arc::new(RwLock::new(Arc::new(routing)));
         if let Some(cluster) = &cluster {
             nodes::spawn_refresh(cluster.clone(), recipe.clone(), Arc::downgrade(&routing));
+        }
+        if let Some(redialled) = &redialled {
+            redial::spawn(redialled.clone(), recipe.clone(), Arc::downgrade(&routing));
         }
         if let Some(watched) = &sentinels {
             sentinel::spawn_watch(watched.clone(), recipe.clone(), Arc::downgrade(&routing));
@@ -280,6 +290,7 @@ impl RedisStore {
             status: Arc::default(),
             metrics: None,
             sentinels,
+            redial: redialled,
         };
         if reached.is_ok() {
             store.check_eviction_policy().await;
@@ -481,10 +492,14 @@ impl RedisStore {
             };
             let redirect = match &result {
                 Err(e) => {
-                    // a demoted primary: the sentinels are asked again now
-                    if let Some(sentinels) = &self.sentinels {
-                        if e.details().contains("READONLY") {
+                    // a demoted primary: the sentinels are asked again, or
+                    // the one server's address dialled again, now
+                    if e.details().contains("READONLY") {
+                        if let Some(sentinels) = &self.sentinels {
                             sentinels.wake();
+                        }
+                        if let Some(redial) = &self.redial {
+                            redial.wake();
                         }
                     }
                     redirect_of(e)

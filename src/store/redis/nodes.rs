@@ -184,6 +184,16 @@ pub struct Routing {
 }
 
 impl Routing {
+    /// Puts `next` in place of the routing `shared` holds; the connections
+    /// of the nodes it replaces close in the background (a call in flight
+    /// on them is answered as it stands, never sent again).
+    pub fn replace(shared: &RwLock<Arc<Routing>>, next: Routing) {
+        let old = std::mem::replace(&mut *shared.write(), Arc::new(next));
+        for node in &old.nodes {
+            node.clients.clone().close();
+        }
+    }
+
     /// One server for every key.
     pub fn single(name: Arc<str>, clients: NodeClients) -> Self {
         Self {
@@ -384,4 +394,29 @@ pub fn spawn_refresh(cluster: Pool, recipe: ClientRecipe, routing: Weak<RwLock<A
             }
         }
     });
+}
+
+/// What the one server of `config` says it is (`ROLE`: "master", "slave",
+/// …), asked on a connection of its own within [`CLIENT_STALL_BOUND`].
+pub async fn role(config: &Config) -> Result<String, String> {
+    use super::pipe::{open_connection, request, Target};
+    use redis_protocol::resp2::types::BytesFrame;
+    let target =
+        Target::of(config, CLIENT_STALL_BOUND).ok_or("a TLS set-up the connections cannot use")?;
+    let asked = tokio::time::timeout(CLIENT_STALL_BOUND, async {
+        let mut io = open_connection(&target).await.map_err(|e| e.to_string())?;
+        request(&mut io, &[b"ROLE"])
+            .await
+            .map_err(|e| e.to_string())
+    })
+    .await
+    .unwrap_or_else(|_| Err(format!("no answer within {CLIENT_STALL_BOUND:?}")))?;
+    match asked {
+        BytesFrame::Array(parts) => match parts.first() {
+            Some(BytesFrame::BulkString(role)) => Ok(String::from_utf8_lossy(role).to_string()),
+            _ => Err("an empty ROLE reply".into()),
+        },
+        BytesFrame::Error(e) => Err(e.to_string()),
+        other => Err(format!("an unexpected ROLE reply: {other:?}")),
+    }
 }

@@ -28,7 +28,7 @@ use parking_lot::RwLock;
 use redis_protocol::resp2::types::BytesFrame;
 use tokio::sync::{Mutex, Notify};
 
-use super::nodes::{ClientRecipe, NodeClients, Routing, CLIENT_STALL_BOUND};
+use super::nodes::{role, ClientRecipe, NodeClients, Routing, CLIENT_STALL_BOUND};
 use super::pipe::{open_connection, request, Io, Target};
 
 /// How often the sentinels are asked again.
@@ -248,7 +248,7 @@ impl Sentinels {
             if current == Some(format!("{host}:{port}").as_str()) {
                 return Ok((server, agreement));
             }
-            match role(recipe, &server).await {
+            match role(&recipe.for_server(&server)).await {
                 Ok(role) if role == "master" => return Ok((server, agreement)),
                 Ok(role) => why.push(format!("{host}:{port} is a {role}")),
                 Err(e) => why.push(format!("{host}:{port}: {e}")),
@@ -273,28 +273,6 @@ pub struct NoPrimary {
     pub why: String,
     /// The sentinels that answered know no master of that name.
     pub unknown_master: bool,
-}
-
-/// `ROLE` of `server` ("master", "slave", …), on a connection of its own.
-async fn role(recipe: &ClientRecipe, server: &Server) -> Result<String, String> {
-    let target = Target::of(&recipe.for_server(server), CLIENT_STALL_BOUND)
-        .ok_or("a TLS set-up the connections cannot use")?;
-    let asked = tokio::time::timeout(CLIENT_STALL_BOUND, async {
-        let mut io = open_connection(&target).await.map_err(|e| e.to_string())?;
-        request(&mut io, &[b"ROLE"])
-            .await
-            .map_err(|e| e.to_string())
-    })
-    .await
-    .unwrap_or_else(|_| Err(format!("no answer within {CLIENT_STALL_BOUND:?}")))?;
-    match asked {
-        BytesFrame::Array(parts) => match parts.first() {
-            Some(BytesFrame::BulkString(role)) => Ok(String::from_utf8_lossy(role).to_string()),
-            _ => Err("an empty ROLE reply".into()),
-        },
-        BytesFrame::Error(e) => Err(e.to_string()),
-        other => Err(format!("an unexpected ROLE reply: {other:?}")),
-    }
 }
 
 /// The routing of one primary found through the sentinels.
@@ -383,16 +361,13 @@ pub fn spawn_watch(
                                     return;
                                 };
                                 next.nodes[0].clients.wait(CLIENT_STALL_BOUND).await;
-                                let old = std::mem::replace(&mut *shared.write(), Arc::new(next));
+                                Routing::replace(&shared, next);
                                 tracing::warn!(
                                     master = %sentinels.master,
                                     primary = %name,
                                     was = current.as_deref().unwrap_or("none"),
                                     "Redis Sentinel: the primary changed; decisions go to the new one"
                                 );
-                                for node in &old.nodes {
-                                    node.clients.clone().close();
-                                }
                             }
                             Err(e) => problem = e,
                         }

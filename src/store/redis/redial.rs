@@ -1,0 +1,107 @@
+//! One Redis behind an address that fails over by pointing somewhere else
+//! (a Kubernetes Service, a DNS name, a proxy, a managed Redis's primary
+//! endpoint), followed through a failover.
+//!
+//! A primary demoted in such a failover keeps the connections it had, and
+//! answers every write on them `READONLY` (envoyproxy/ratelimit #1191: there,
+//! until the process restarts). Here the first decision that meets
+//! `READONLY` ([`Redial::wake`]; it ran nothing, and is answered by its
+//! rule's failure mode, never sent again) has the address dialled again at
+//! once: once the server it reaches now says it is a primary (`ROLE`, on a
+//! connection of its own), the routing's one node is replaced by fresh
+//! connections to it and the old ones close. While the address still
+//! reaches a replica, it is tried again every [`REDIAL_RETRY`].
+//!
+//! **Layer:** store (the Redis store's rooms). Uses the nodes' connections
+//! and `ROLE`; builds [`Routing`].
+
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use fred::types::config::Config;
+use parking_lot::RwLock;
+use tokio::sync::Notify;
+
+use super::nodes::{role, ClientRecipe, NodeClients, Routing, CLIENT_STALL_BOUND};
+
+/// How soon the address is tried again while it reaches no primary.
+pub const REDIAL_RETRY: Duration = Duration::from_millis(100);
+
+/// The single server's address, to dial again when it was demoted.
+pub struct Redial {
+    /// The server as the URL names it (`host:port`, or a socket's path).
+    name: Arc<str>,
+    config: Config,
+    wake: Notify,
+}
+
+impl Redial {
+    pub fn new(name: Arc<str>, config: Config) -> Arc<Self> {
+        Arc::new(Self {
+            name,
+            config,
+            wake: Notify::new(),
+        })
+    }
+
+    /// A decision met `READONLY`: the server is no longer a primary.
+    pub fn wake(&self) {
+        self.wake.notify_one();
+    }
+}
+
+/// Waits for [`Redial::wake`] while the routing lives; then dials the
+/// address until it reaches a primary, and moves the routing there.
+pub fn spawn(redial: Arc<Redial>, recipe: ClientRecipe, routing: Weak<RwLock<Arc<Routing>>>) {
+    tokio::spawn(async move {
+        loop {
+            redial.wake.notified().await;
+            if routing.strong_count() == 0 {
+                return;
+            }
+            tracing::warn!(
+                server = %redial.name,
+                "Redis answered READONLY: the server is no longer a primary; dialling its address again"
+            );
+            let mut said = String::new();
+            loop {
+                let why = match role(&redial.config).await {
+                    Ok(role) if role == "master" => {
+                        match NodeClients::connect(&recipe, redial.config.clone()) {
+                            Ok(clients) => {
+                                clients.wait(CLIENT_STALL_BOUND).await;
+                                let Some(shared) = routing.upgrade() else {
+                                    return;
+                                };
+                                Routing::replace(
+                                    &shared,
+                                    Routing::single(redial.name.clone(), clients),
+                                );
+                                tracing::warn!(
+                                    server = %redial.name,
+                                    "Redis: its address reaches a primary again; decisions go there"
+                                );
+                                break;
+                            }
+                            Err(e) => e,
+                        }
+                    }
+                    Ok(role) => format!("the address still reaches a {role}"),
+                    Err(e) => e,
+                };
+                if why != said {
+                    tracing::warn!(server = %redial.name, "Redis: no primary yet: {why}");
+                    said = why;
+                }
+                tokio::time::sleep(REDIAL_RETRY).await;
+                if routing.strong_count() == 0 {
+                    return;
+                }
+            }
+            // READONLY answers from the old connections, still arriving
+            // after the move, are not a new failover
+            tokio::time::sleep(REDIAL_RETRY).await;
+            let _ = tokio::time::timeout(Duration::ZERO, redial.wake.notified()).await;
+        }
+    });
+}

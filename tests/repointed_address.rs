@@ -1,0 +1,181 @@
+//! A single Redis behind an address that fails over by pointing somewhere
+//! else (a Kubernetes Service, a DNS name, a proxy; no Sentinel, no
+//! Cluster), as envoyproxy/ratelimit #1191 reports it: the demoted primary
+//! keeps the connections it had, and every write on them answers
+//! `READONLY` until the process restarts. Here a TCP proxy the test
+//! controls stands for the address: after the failover it sends new
+//! connections to the new primary while the old ones stay on the demoted
+//! server. The service must dial the address again on `READONLY` and
+//! decide on the new primary, every admitted decision charged once.
+
+mod common;
+
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::redis::{free_redis_port, RedisServer};
+use common::{client, descriptor, request, rules_dir, serve_args};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use tokio::net::{TcpListener, TcpStream};
+
+const BURST: f64 = 100_000.0;
+
+/// A TCP proxy on a loopback port: each new connection goes to the port
+/// `target` holds at that moment; connections already made stay where they
+/// are (as a Service's do when its endpoints change).
+struct Address {
+    port: u16,
+    target: Arc<AtomicU16>,
+}
+
+impl Address {
+    async fn start(target: u16) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let target = Arc::new(AtomicU16::new(target));
+        let to = target.clone();
+        tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                let port = to.load(Ordering::SeqCst);
+                tokio::spawn(async move {
+                    if let Ok(mut outbound) = TcpStream::connect(("127.0.0.1", port)).await {
+                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                    }
+                });
+            }
+        });
+        Self { port, target }
+    }
+
+    fn point_at(&self, port: u16) {
+        self.target.store(port, Ordering::SeqCst);
+    }
+}
+
+fn replication_up(server: &RedisServer) -> bool {
+    server
+        .cli(&["INFO", "replication"])
+        .contains("master_link_status:up")
+}
+
+fn wait_for(what: &str, done: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !done() {
+        assert!(Instant::now() < deadline, "never: {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[tokio::test]
+async fn a_demoted_server_behind_a_repointed_address_is_left_at_once() {
+    let first = RedisServer::standalone();
+    let second = RedisServer::start(
+        free_redis_port(),
+        &["--replicaof", "127.0.0.1", &first.port.to_string()],
+    );
+    wait_for("the replica in sync", || replication_up(&second));
+    let address = Address::start(first.port).await;
+    let rules = rules_dir(&format!(
+        "domain: d\ndescriptors:\n  - key: k\n    failure_mode: closed\n    rate_limit: {{unit: day, requests_per_unit: 1, burst: {BURST}}}\n"
+    ));
+    let mut args = serve_args(rules.path().to_path_buf());
+    args.store = tokenbucket_rls::cli::StoreKind::Redis;
+    args.redis_url = Some(format!("redis://127.0.0.1:{}", address.port));
+    args.redis_timeout = Duration::from_millis(500);
+    let s = tokenbucket_rls::server::start(&args).await.expect("start");
+    let mut c = client(&s).await;
+    let mut admitted = 0u64;
+    for _ in 0..100 {
+        let r = c
+            .should_rate_limit(request("d", vec![descriptor(&[("k", "v")])]))
+            .await
+            .expect("decided on the first primary")
+            .into_inner();
+        assert_eq!(r.overall_code, Code::Ok as i32);
+        admitted += 1;
+    }
+    wait_for("the replica caught up", || {
+        second.cli(&["DBSIZE"]).trim() == "1"
+            && second
+                .cli(&["INFO", "replication"])
+                .contains("master_repl_offset")
+            && first
+                .cli(&["INFO", "replication"])
+                .lines()
+                .find(|l| l.starts_with("master_repl_offset:"))
+                == second
+                    .cli(&["INFO", "replication"])
+                    .lines()
+                    .find(|l| l.starts_with("master_repl_offset:"))
+    });
+    // the failover, between two calls: the replica promoted, the address
+    // pointed at it, the old primary demoted with its connections kept
+    assert_eq!(second.cli(&["REPLICAOF", "NO", "ONE"]).trim(), "OK");
+    address.point_at(second.port);
+    assert_eq!(
+        first
+            .cli(&["REPLICAOF", "127.0.0.1", &second.port.to_string()])
+            .trim(),
+        "OK"
+    );
+    // sixteen callers at once, each calling until one of its calls is
+    // decided again (a refused one is answered by the closed rule): many
+    // READONLY answers together, one redial
+    let started = Instant::now();
+    let callers: Vec<_> = (0..16)
+        .map(|_| {
+            let mut c = c.clone();
+            tokio::spawn(async move {
+                let mut refused = 0u64;
+                loop {
+                    assert!(
+                        started.elapsed() < Duration::from_secs(20),
+                        "still answered by the failure mode after {refused} calls: the demoted server was never left"
+                    );
+                    match c
+                        .should_rate_limit(request("d", vec![descriptor(&[("k", "v")])]))
+                        .await
+                    {
+                        Ok(r) => {
+                            assert_eq!(r.into_inner().overall_code, Code::Ok as i32);
+                            return refused;
+                        }
+                        Err(e) => {
+                            assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}");
+                            refused += 1;
+                            tokio::time::sleep(Duration::from_millis(5)).await;
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    let mut refused = 0u64;
+    for caller in callers {
+        refused += caller.await.expect("caller");
+        admitted += 1;
+    }
+    let healed = started.elapsed();
+    for _ in 0..200 {
+        let r = c
+            .should_rate_limit(request("d", vec![descriptor(&[("k", "v")])]))
+            .await
+            .expect("decided on the new primary")
+            .into_inner();
+        assert_eq!(r.overall_code, Code::Ok as i32);
+        admitted += 1;
+    }
+    eprintln!(
+        "repointed address: decided again {healed:?} after the failover, {refused} calls answered by the failure mode in between"
+    );
+    // every admitted decision charged once, on the new primary (a call
+    // answered READONLY ran nothing)
+    let left = common::redis::tokens_on(second.port, "d", &[("k", "v")], "0").await;
+    assert_eq!(
+        left.round(),
+        BURST - admitted as f64,
+        "tokens left on the new primary"
+    );
+    s.shutdown().await.expect("stop");
+}
