@@ -183,11 +183,19 @@ fn database(text: &str, url: &str) -> Result<Option<u8>, String> {
     })
 }
 
+/// The port a sentinel listens on when a URL names none.
+const SENTINEL_PORT: u16 = 26379;
+
 /// `redis-sentinel://[user:password@]h1:p1[,h2:p2…]/master-name[?sentinel_password=…&sentinel_username=…]`:
 /// the sentinels to ask and the master's name; the credentials before `@`
 /// are the servers', those in the parameters the sentinels'.
 fn sentinel(url: &str, scheme: &str, rest: &str) -> Result<Config, String> {
     let shown = redact(url);
+    // Lettuce's form names the master last, `…/db#master`
+    let (rest, fragment) = match rest.rsplit_once('#') {
+        Some((r, f)) => (r, Some(f)),
+        None => (rest, None),
+    };
     let (rest, query) = match rest.split_once('?') {
         Some((r, q)) => (r, Some(q)),
         None => (rest, None),
@@ -196,19 +204,26 @@ fn sentinel(url: &str, scheme: &str, rest: &str) -> Result<Config, String> {
         Some((auth, rest)) => (Some(auth), rest),
         None => (None, rest),
     };
-    let (hosts, master) = rest.split_once('/').ok_or_else(|| {
-        format!("'{shown}' names no master: redis-sentinel://host:port,host:port/master-name")
-    })?;
+    let no_master =
+        || format!("'{shown}' names no master: redis-sentinel://host:port,host:port/master-name");
+    let (hosts, path) = rest.split_once('/').unwrap_or((rest, ""));
+    let (master, path_db) = match fragment {
+        None if path.is_empty() => return Err(no_master()),
+        None => (path, None),
+        Some(master) => (master, database(path.trim_end_matches('/'), url)?),
+    };
     let master = urlencoding_decode(master.trim_end_matches('/'))
-        .filter(|m| !m.is_empty() && !m.contains('/'))
-        .ok_or_else(|| {
-            format!("'{shown}' names no master: redis-sentinel://host:port,host:port/master-name")
-        })?;
+        .filter(|m| !m.is_empty() && !m.contains(['/', '?']))
+        .ok_or_else(no_master)?;
     let mut sentinels = Vec::new();
     for host in hosts.split(',').map(str::trim).filter(|h| !h.is_empty()) {
-        let (name, port) = host
-            .rsplit_once(':')
-            .and_then(|(h, p)| Some((h, p.parse::<u16>().ok().filter(|p| *p > 0)?)))
+        // no port: Sentinel's own, as redis:// defaults to 6379
+        let (name, port) = match host.rsplit_once(':') {
+            Some((h, p)) if !host.ends_with(']') => (h, p.parse::<u16>().ok().filter(|p| *p > 0)),
+            _ => (host, Some(SENTINEL_PORT)),
+        };
+        let port = port
+            .filter(|_| !name.is_empty())
             .ok_or_else(|| format!("'{shown}': the sentinel '{host}' is not host:port"))?;
         sentinels.push((
             name.trim_start_matches('[')
@@ -233,7 +248,7 @@ fn sentinel(url: &str, scheme: &str, rest: &str) -> Result<Config, String> {
             )
         }
     };
-    let (mut sentinel_username, mut sentinel_password, mut db) = (None, None, None);
+    let (mut sentinel_username, mut sentinel_password, mut db) = (None, None, path_db);
     for pair in query
         .into_iter()
         .flat_map(|q| q.split('&'))
@@ -242,7 +257,15 @@ fn sentinel(url: &str, scheme: &str, rest: &str) -> Result<Config, String> {
         match pair.split_once('=') {
             Some(("sentinel_password", v)) => sentinel_password = Some(decode(v)?),
             Some(("sentinel_username", v)) => sentinel_username = Some(decode(v)?),
-            Some(("db", v)) => db = database(v, url)?,
+            Some(("db", v)) => {
+                let asked = database(v, url)?;
+                if db.is_some_and(|d| Some(d) != asked) {
+                    return Err(format!(
+                        "'{shown}' names two databases, in its path and in db="
+                    ));
+                }
+                db = asked;
+            }
             _ => {
                 let name = pair.split_once('=').map_or(pair, |(k, _)| k);
                 return Err(format!(
@@ -357,6 +380,48 @@ mod tests {
     }
 
     #[test]
+    fn sentinels_without_a_port_and_lettuces_form() {
+        let sentinels = |url: &str| match parse(url).map(|c| (c.server, c.database)) {
+            Ok((
+                ServerConfig::Sentinel {
+                    hosts,
+                    service_name,
+                    ..
+                },
+                db,
+            )) => (
+                hosts
+                    .iter()
+                    .map(|h| format!("{}:{}", h.host, h.port))
+                    .collect::<Vec<_>>(),
+                service_name,
+                db,
+            ),
+            other => panic!("{url}: {other:?}"),
+        };
+        assert_eq!(
+            sentinels("redis-sentinel://s0,s1:26380,[::1]/mymaster"),
+            (
+                vec!["s0:26379".into(), "s1:26380".into(), "::1:26379".into()],
+                "mymaster".to_string(),
+                None
+            )
+        );
+        assert_eq!(
+            sentinels("redis-sentinel://pw@s0,s1/2#mymaster"),
+            (
+                vec!["s0:26379".into(), "s1:26379".into()],
+                "mymaster".to_string(),
+                Some(2)
+            )
+        );
+        assert_eq!(
+            sentinels("redis-sentinel://s0:1?db=4#m"),
+            (vec!["s0:1".into()], "m".to_string(), Some(4))
+        );
+    }
+
+    #[test]
     fn a_database_is_read_where_each_form_puts_it() {
         let db = |url: &str| parse(url).map(|c| c.database);
         assert_eq!(db("redis://127.0.0.1:6379/3"), Ok(Some(3)));
@@ -466,7 +531,12 @@ mod tests {
             ("redis-sentinel://h:26379", "names no master"),
             ("redis-sentinel://h:26379/", "names no master"),
             ("redis-sentinel:///m", "names no sentinel"),
-            ("redis-sentinel://h/m", "is not host:port"),
+            ("redis-sentinel://h:x/m", "is not host:port"),
+            ("redis-sentinel://:1/m", "is not host:port"),
+            ("redis-sentinel://h:1/2#m?db=3", "names no master"),
+            ("redis-sentinel://h:1/2?db=3#m", "names two databases"),
+            ("redis-sentinel://h:1/x#m", "the database 'x'"),
+            ("redis-sentinel://h:1#", "names no master"),
             ("redis-sentinel://h:0/m", "is not host:port"),
             (
                 "redis-sentinel://h:1/m?timeout=2",
