@@ -216,18 +216,19 @@ fn redis_url<'a>(
         let (mut hosts, mut has_auth) = (url, false);
         if let Some((scheme, rest)) = url.split_once("://") {
             let (scheme_tls, scheme_cluster) = match scheme {
-            "redis" => (false, false),
-            "rediss" => (true, false),
-            "redis-cluster" => (false, true),
-            "rediss-cluster" => (true, true),
-            other => {
-                return Err(refused(
-&v.name("URL"),
-                    &crate::store::redis::url::redact(url),
-                    &format!("the scheme {other}:// is not redis://, rediss://, redis-cluster:// or rediss-cluster:// (or give host:port)"),
-                ))
-            }
-        };
+                "redis" => (false, false),
+                "rediss" => (true, false),
+                "redis-cluster" => (false, true),
+                "rediss-cluster" => (true, true),
+                other => {
+                    let why = format!(
+                        "the scheme {other}:// is not redis://, rediss://, \
+                         redis-cluster:// or rediss-cluster:// (or give host:port)"
+                    );
+                    let shown = crate::store::redis::url::redact(url);
+                    return Err(refused(&v.name("URL"), &shown, &why));
+                }
+            };
             // redis:// is also what one writes for a cluster's seed node
             if kind.as_deref() == Some("single") && scheme_cluster {
                 return Err(refused(
