@@ -296,6 +296,10 @@ fn what_has_a_meaning_we_lack_is_refused() {
             "GRPC_UDS=ratelimit.sock",
         ),
         (vec![("GRPC_UDS", "@")], "GRPC_UDS=@"),
+        (
+            vec![("REDIS_URL", "http://u:hunter2@r:1")],
+            "REDIS_URL=http://u:***@r:1: the scheme http:// is not redis://, rediss://, redis-cluster:// or rediss-cluster://",
+        ),
     ] {
         let err = translate(&env(&pairs)).expect_err(named);
         assert!(err.starts_with(named), "{err}");
