@@ -309,12 +309,18 @@ fn unix_url<'a>(
         None => (None, path),
     };
     if !path.starts_with('/') {
+        let socket_type = match get(&v.name("SOCKET_TYPE")) {
+            Some(_) => format!("{}=unix", v.name("SOCKET_TYPE")),
+            None => format!(
+                "{} unset (unix, as there by default; set it to tcp for host:port)",
+                v.name("SOCKET_TYPE")
+            ),
+        };
         return Err(refused(
             &v.name("URL"),
             url,
             &format!(
-                "with {}=unix, {} is the socket's absolute path",
-                v.name("SOCKET_TYPE"),
+                "with {socket_type}, {} is the socket's absolute path",
                 v.name("URL")
             ),
         ));

@@ -703,3 +703,18 @@ fn closing_connections_on_readonly_is_named_as_always_on() {
         t.unused
     );
 }
+
+#[test]
+fn a_per_second_host_and_port_on_the_default_socket_type_says_so() {
+    let e = translate(&env(&[
+        ("REDIS_URL", "redis:6379"),
+        ("REDIS_SOCKET_TYPE", "tcp"),
+        ("REDIS_PERSECOND", "true"),
+        ("REDIS_PERSECOND_URL", "redis-ps:6379"),
+    ]))
+    .expect_err("a host:port on a unix socket type");
+    assert!(
+        e.starts_with("REDIS_PERSECOND_URL=redis-ps:6379: with REDIS_PERSECOND_SOCKET_TYPE unset (unix, as there by default; set it to tcp for host:port)"),
+        "{e}"
+    );
+}
