@@ -161,17 +161,17 @@ impl RedisVars {
 }
 
 /// The Redis URL of envoyproxy/ratelimit's variables `v` (`REDIS_*`, or
-/// `REDIS_PERSECOND_*`), `url` being its `_URL`; `default_unix` when its
-/// `_SOCKET_TYPE` defaults to unix (as `REDIS_PERSECOND_SOCKET_TYPE` does).
+/// `REDIS_PERSECOND_*`), `url` being its `_URL`. Its `_SOCKET_TYPE` unset
+/// (unix there by default), a path is a unix socket and anything else
+/// (`host:port`, a list, a URL) is reached over tcp, as it was meant.
 fn redis_url<'a>(
     v: &RedisVars,
     url: &'a str,
     get: &dyn Fn(&str) -> Option<&'a str>,
     on: &dyn Fn(&str) -> bool,
-    default_unix: bool,
 ) -> Result<String, String> {
     let unix = match get(&v.name("SOCKET_TYPE")) {
-        None => default_unix,
+        None => url.starts_with('/') || url.starts_with("unix://"),
         Some(t) if t.eq_ignore_ascii_case("tcp") => false,
         Some(t) if t.eq_ignore_ascii_case("unix") => true,
         Some(t) => {
@@ -309,18 +309,12 @@ fn unix_url<'a>(
         None => (None, path),
     };
     if !path.starts_with('/') {
-        let socket_type = match get(&v.name("SOCKET_TYPE")) {
-            Some(_) => format!("{}=unix", v.name("SOCKET_TYPE")),
-            None => format!(
-                "{} unset (unix, as there by default; set it to tcp for host:port)",
-                v.name("SOCKET_TYPE")
-            ),
-        };
         return Err(refused(
             &v.name("URL"),
             url,
             &format!(
-                "with {socket_type}, {} is the socket's absolute path",
+                "with {}=unix, {} is the socket's absolute path",
+                v.name("SOCKET_TYPE"),
                 v.name("URL")
             ),
         ));
@@ -620,7 +614,7 @@ pub fn translate(env: &BTreeMap<String, String>) -> Result<Translated, String> {
 
     // Redis
     if let Some(url) = get("REDIS_URL") {
-        let url = redis_url(&RedisVars::MAIN, url, &get, &on, false)?;
+        let url = redis_url(&RedisVars::MAIN, url, &get, &on)?;
         set("RLS_STORE", "redis".into());
         set("RLS_REDIS_URL", url);
         // as envoyproxy/ratelimit: a store failure is answered with an
@@ -659,7 +653,7 @@ pub fn translate(env: &BTreeMap<String, String>) -> Result<Translated, String> {
             get("REDIS_PERSECOND_URL").unwrap_or("/var/run/nutcracker/ratelimitpersecond.sock");
         set(
             "RLS_REDIS_PERSECOND_URL",
-            redis_url(&RedisVars::PER_SECOND, url, &get, &on, true)?,
+            redis_url(&RedisVars::PER_SECOND, url, &get, &on)?,
         );
         if let Some(size) = get("REDIS_PERSECOND_POOL_SIZE") {
             set("RLS_REDIS_PERSECOND_POOL_SIZE", size.to_string());

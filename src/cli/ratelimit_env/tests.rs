@@ -705,16 +705,39 @@ fn closing_connections_on_readonly_is_named_as_always_on() {
 }
 
 #[test]
-fn a_per_second_host_and_port_on_the_default_socket_type_says_so() {
-    let e = translate(&env(&[
+fn an_unset_socket_type_takes_a_path_as_a_socket_and_the_rest_as_tcp() {
+    // unix by default there: a path, as its default REDIS_URL is
+    let t =
+        translate(&env(&[("REDIS_URL", "/var/run/nutcracker/ratelimit.sock")])).expect("a path");
+    assert_eq!(
+        setting(&t, "RLS_REDIS_URL").as_deref(),
+        Some("unix:///var/run/nutcracker/ratelimit.sock")
+    );
+    // host:port is reached over tcp, as it was meant, for either store
+    let t = translate(&env(&[
         ("REDIS_URL", "redis:6379"),
-        ("REDIS_SOCKET_TYPE", "tcp"),
         ("REDIS_PERSECOND", "true"),
         ("REDIS_PERSECOND_URL", "redis-ps:6379"),
     ]))
-    .expect_err("a host:port on a unix socket type");
-    assert!(
-        e.starts_with("REDIS_PERSECOND_URL=redis-ps:6379: with REDIS_PERSECOND_SOCKET_TYPE unset (unix, as there by default; set it to tcp for host:port)"),
-        "{e}"
+    .expect("host:port");
+    assert_eq!(
+        setting(&t, "RLS_REDIS_URL").as_deref(),
+        Some("redis://redis:6379")
+    );
+    assert_eq!(
+        setting(&t, "RLS_REDIS_PERSECOND_URL").as_deref(),
+        Some("redis://redis-ps:6379")
+    );
+    // sentinels too
+    let t = translate(&env(&[
+        ("REDIS_URL", "redis:6379"),
+        ("REDIS_PERSECOND", "true"),
+        ("REDIS_PERSECOND_TYPE", "sentinel"),
+        ("REDIS_PERSECOND_URL", "m,s1:26379"),
+    ]))
+    .expect("sentinels");
+    assert_eq!(
+        setting(&t, "RLS_REDIS_PERSECOND_URL").as_deref(),
+        Some("redis-sentinel://s1:26379/m")
     );
 }
