@@ -158,14 +158,54 @@ pub fn names_region(chain: &[CertificateDer<'_>], region: &str) -> bool {
     })
 }
 
-/// A client verifier that also requires a DNS subject alternative name
+/// The subject alternative name a client certificate must carry
+/// (`--tls-client-san`, envoyproxy/ratelimit's `GRPC_CLIENT_TLS_SAN`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClientSan {
+    /// A DNS name or an IP address, matched as a server's name is (Go's
+    /// `VerifyOptions.DNSName`, which envoyproxy/ratelimit uses): without
+    /// case, a certificate's `*.domain` covering one label, an address
+    /// against the IP SANs.
+    Name(rustls::pki_types::ServerName<'static>),
+    /// A URI (`spiffe://cluster.local/ns/gw/sa/envoy`, as Istio's and
+    /// SPIRE's certificates name a workload): the URI SAN, exactly.
+    Uri(String),
+}
+
+impl ClientSan {
+    /// Reads `--tls-client-san`; an error names the value.
+    pub fn parse(value: &str) -> Result<Self> {
+        if value.contains("://") {
+            return Ok(Self::Uri(value.to_string()));
+        }
+        rustls::pki_types::ServerName::try_from(value.to_string())
+            .map(Self::Name)
+            .map_err(|_| {
+                anyhow::anyhow!(
+                    "--tls-client-san {value:?}: not a DNS name, an IP address or a URI (spiffe://…)"
+                )
+            })
+    }
+
+    /// Whether certificate `leaf` carries it.
+    fn named_by(&self, leaf: &CertificateDer<'_>) -> bool {
+        let Ok(cert) = webpki::EndEntityCert::try_from(leaf) else {
+            return false;
+        };
+        match self {
+            Self::Name(name) => cert.verify_is_valid_for_subject_name(name).is_ok(),
+            Self::Uri(uri) => cert.valid_uri_names().any(|n| n == uri),
+        }
+    }
+}
+
+/// A client verifier that also requires a subject alternative name
 /// (envoyproxy/ratelimit's `GRPC_CLIENT_TLS_SAN`): the chain is checked by
-/// `inner`, then the leaf must name `san`.
+/// `inner`, then the leaf must carry `san`.
 #[derive(Debug)]
 struct SanVerifier {
     inner: Arc<dyn rustls::server::danger::ClientCertVerifier>,
-    /// Lower case.
-    san: String,
+    san: ClientSan,
 }
 
 impl rustls::server::danger::ClientCertVerifier for SanVerifier {
@@ -190,7 +230,7 @@ impl rustls::server::danger::ClientCertVerifier for SanVerifier {
         let verified = self
             .inner
             .verify_client_cert(end_entity, intermediates, now)?;
-        if names_dns(end_entity, &self.san) {
+        if self.san.named_by(end_entity) {
             Ok(verified)
         } else {
             Err(rustls::Error::InvalidCertificate(
@@ -220,13 +260,6 @@ impl rustls::server::danger::ClientCertVerifier for SanVerifier {
     fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
         self.inner.supported_verify_schemes()
     }
-}
-
-/// Whether certificate `leaf` carries the DNS subject alternative name
-/// `name` (lower case; compared without case).
-fn names_dns(leaf: &CertificateDer<'_>, name: &str) -> bool {
-    webpki::EndEntityCert::try_from(leaf)
-        .is_ok_and(|cert| cert.valid_dns_names().any(|n| n.eq_ignore_ascii_case(name)))
 }
 
 fn fingerprint(files: &TlsFiles) -> u64 {
@@ -289,7 +322,7 @@ fn build(files: &TlsFiles) -> Result<ServerConfig> {
             match san {
                 Some(san) => builder.with_client_cert_verifier(Arc::new(SanVerifier {
                     inner: verifier,
-                    san: san.to_ascii_lowercase(),
+                    san: ClientSan::parse(san)?,
                 })),
                 None => builder.with_client_cert_verifier(verifier),
             }
@@ -306,4 +339,27 @@ fn build(files: &TlsFiles) -> Result<ServerConfig> {
     })?;
     config.alpn_protocols = vec![b"h2".to_vec()];
     Ok(config)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ClientSan;
+
+    #[test]
+    fn a_client_san_is_read_as_a_name_an_address_or_a_uri() {
+        let kind = |v: &str| match ClientSan::parse(v) {
+            Ok(ClientSan::Name(rustls::pki_types::ServerName::DnsName(_))) => "dns",
+            Ok(ClientSan::Name(rustls::pki_types::ServerName::IpAddress(_))) => "ip",
+            Ok(ClientSan::Uri(_)) => "uri",
+            Ok(_) => "other",
+            Err(_) => "refused",
+        };
+        assert_eq!(kind("envoy.edge.test"), "dns");
+        assert_eq!(kind("Envoy.Edge.Test"), "dns");
+        assert_eq!(kind("10.1.2.3"), "ip");
+        assert_eq!(kind("::1"), "ip");
+        assert_eq!(kind("spiffe://cluster.local/ns/gw/sa/envoy"), "uri");
+        assert_eq!(kind("not a name!"), "refused");
+        assert_eq!(kind(""), "refused");
+    }
 }

@@ -316,6 +316,70 @@ async fn mtls_with_a_client_san_refuses_certificates_without_it() {
     assert!(e.contains("needs a client CA"), "{e}");
 }
 
+/// `--tls-client-san` in the other forms a client certificate names its
+/// holder: a wildcard DNS SAN covering the name (as Go's check, which
+/// envoyproxy/ratelimit uses, takes it), an IP address against the IP
+/// SANs, and a URI (a SPIFFE ID, as Istio's and SPIRE's certificates
+/// carry) against the URI SANs, exactly. A value that is none of them
+/// stops the start naming it.
+#[tokio::test]
+async fn a_client_san_may_be_a_wildcard_an_address_or_a_uri() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca = Ca::new(dir.path(), "main");
+    let client = |leaf: &str, san: &str| {
+        ca.issue_with(
+            leaf,
+            &format!("subjectAltName={san}\nextendedKeyUsage=clientAuth\n"),
+            "2",
+        )
+    };
+    let wildcard = client("wildcard", "DNS:*.gw.edge.test");
+    let address = client("address", "IP:10.1.2.3");
+    let spiffe = client("spiffe", "URI:spiffe://cluster.local/ns/gw/sa/envoy");
+    let other = client("other-sa", "URI:spiffe://cluster.local/ns/gw/sa/other");
+    let rules = rules_dir(RULES);
+    for (san, named, not_named) in [
+        ("envoy-1.gw.edge.test", &wildcard, &address),
+        ("10.1.2.3", &address, &wildcard),
+        ("spiffe://cluster.local/ns/gw/sa/envoy", &spiffe, &other),
+    ] {
+        let (cert, key) = ca.issue(&format!("server-{}", san.len()), true);
+        let mut args = serve_args(rules.path().to_path_buf());
+        args.tls_cert = Some(cert);
+        args.tls_key = Some(key);
+        args.tls_client_ca = Some(ca.pem());
+        args.tls_client_san = Some(san.to_string());
+        let s = server::start(&args).await.expect("server starts");
+        assert!(
+            call(&s, &ca.pem(), Some((&named.0, &named.1)))
+                .await
+                .is_ok(),
+            "{san}: the certificate naming it"
+        );
+        assert!(
+            call(&s, &ca.pem(), Some((&not_named.0, &not_named.1)))
+                .await
+                .is_err(),
+            "{san}: a certificate of the same CA naming another"
+        );
+        s.shutdown().await.expect("stop");
+    }
+    let (cert, key) = ca.issue("server-bad", true);
+    let mut args = serve_args(rules.path().to_path_buf());
+    args.tls_cert = Some(cert);
+    args.tls_key = Some(key);
+    args.tls_client_ca = Some(ca.pem());
+    args.tls_client_san = Some("not a name!".to_string());
+    let e = match server::start(&args).await {
+        Ok(_) => panic!("started with a SAN that is no name"),
+        Err(e) => format!("{e:#}"),
+    };
+    assert!(
+        e.contains("--tls-client-san \"not a name!\": not a DNS name, an IP address or a URI"),
+        "{e}"
+    );
+}
+
 /// `--redis-tls-skip-hostname-verification` (envoyproxy/ratelimit's
 /// REDIS_TLS_SKIP_HOSTNAME_VERIFICATION): a Redis whose certificate names
 /// another host is refused as usual, and taken with the flag, its chain

@@ -268,9 +268,11 @@ pub struct ServeArgs {
     /// PEM CA: clients must present a certificate it signed (mTLS).
     #[arg(long, env = "RLS_TLS_CLIENT_CA", requires = "tls_cert")]
     pub tls_client_ca: Option<PathBuf>,
-    /// With --tls-client-ca: a client certificate must also carry this DNS
-    /// subject alternative name (compared without case), as
-    /// envoyproxy/ratelimit's GRPC_CLIENT_TLS_SAN; others fail the handshake.
+    /// With --tls-client-ca: a client certificate must also carry this
+    /// subject alternative name, as envoyproxy/ratelimit's
+    /// GRPC_CLIENT_TLS_SAN: a DNS name (without case, wildcards in the
+    /// certificate), an IP address, or a URI such as a SPIFFE ID (exactly);
+    /// others fail the handshake.
     #[arg(long, env = "RLS_TLS_CLIENT_SAN", requires = "tls_client_ca")]
     pub tls_client_san: Option<String>,
     /// OTLP/gRPC collector for traces, e.g. http://127.0.0.1:4317 (none:
