@@ -26,7 +26,17 @@ async fn tokens_on(port: u16, value: &str) -> f64 {
 }
 
 async fn failover_keeps_the_budget(kill: bool) {
+    failover_keeps_the_budget_with(kill, false).await;
+}
+
+/// With `freeze`: the first sentinel of the URL is frozen before the
+/// failover (it takes connections and answers nothing), as one sick part
+/// beside healthy ones.
+async fn failover_keeps_the_budget_with(kill: bool, freeze: bool) {
     let mut set = SentinelSet::start();
+    if freeze {
+        set.sentinels[0].freeze();
+    }
     let rules = rules_dir(RULES);
     let s = common::start_on_redis(&set.url(), &rules, Duration::from_millis(500)).await;
     let value = if kill { "killed" } else { "commanded" };
@@ -98,6 +108,15 @@ async fn decisions_follow_a_commanded_failover() {
 #[tokio::test]
 async fn decisions_follow_a_killed_primary_replaced() {
     failover_keeps_the_budget(true).await;
+}
+
+/// One of the three sentinels frozen (SIGSTOP: connections taken, nothing
+/// answered) while the other two carry a commanded failover: each ask of
+/// it waits out its bound beside the others', and decisions still follow
+/// the new primary, none charged twice.
+#[tokio::test]
+async fn decisions_follow_a_failover_with_one_sentinel_frozen() {
+    failover_keeps_the_budget_with(false, true).await;
 }
 
 #[tokio::test]

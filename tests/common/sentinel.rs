@@ -14,6 +14,8 @@ pub const MASTER: &str = "mymaster";
 /// One sentinel process.
 pub struct Sentinel {
     pub port: u16,
+    /// Frozen (`SIGSTOP`): the helpers ask only the others.
+    pub frozen: bool,
     _guard: ChildGuard,
     _dir: tempfile::TempDir,
 }
@@ -44,6 +46,7 @@ impl Sentinel {
             .expect("start redis-server --sentinel");
         let sentinel = Self {
             port,
+            frozen: false,
             _guard: ChildGuard(child),
             _dir: dir,
         };
@@ -59,7 +62,20 @@ impl Sentinel {
     }
 
     pub fn cli(&self, args: &[&str]) -> String {
+        assert!(!self.frozen, "a frozen sentinel is not asked");
         redis_cli(self.port, args)
+    }
+
+    /// Freezes the process (`SIGSTOP`): a sentinel that takes connections
+    /// and answers nothing. Killed as usual when the set is dropped.
+    pub fn freeze(&mut self) {
+        let ok = Command::new("kill")
+            .args(["-STOP", &self._guard.0.id().to_string()])
+            .status()
+            .expect("kill")
+            .success();
+        assert!(ok, "kill -STOP");
+        self.frozen = true;
     }
 
     /// A field of `SENTINEL MASTER mymaster` (e.g. `num-slaves`).
@@ -106,6 +122,11 @@ impl SentinelSet {
         set
     }
 
+    /// The sentinels that are not frozen.
+    pub fn answering(&self) -> impl Iterator<Item = &Sentinel> {
+        self.sentinels.iter().filter(|s| !s.frozen)
+    }
+
     /// Every sentinel sees two replicas and two other sentinels, and names
     /// one primary.
     pub fn wait_settled(&self) {
@@ -148,8 +169,7 @@ impl SentinelSet {
     /// answers names.
     pub fn primary(&self) -> usize {
         let port = self
-            .sentinels
-            .iter()
+            .answering()
             .find_map(Sentinel::primary_port)
             .expect("a sentinel names the primary");
         self.servers
@@ -268,11 +288,12 @@ impl SentinelSet {
         if kill {
             self.servers[old].kill();
         } else {
-            let out = self.sentinels[0].cli(&["SENTINEL", "FAILOVER", MASTER]);
+            let first = self.answering().next().expect("a sentinel answers");
+            let out = first.cli(&["SENTINEL", "FAILOVER", MASTER]);
             assert_eq!(out.trim(), "OK", "SENTINEL FAILOVER: {out}");
         }
-        // off the runtime: every sentinel names another primary
-        let ports: Vec<u16> = self.sentinels.iter().map(|s| s.port).collect();
+        // off the runtime: every sentinel that answers names another primary
+        let ports: Vec<u16> = self.answering().map(|s| s.port).collect();
         let new_port = tokio::task::spawn_blocking(move || {
             let deadline = Instant::now() + Duration::from_secs(60);
             loop {

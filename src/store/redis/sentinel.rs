@@ -4,8 +4,10 @@
 //! A `redis-sentinel://` URL names the sentinels and the master. At start
 //! and then every [`SENTINEL_REFRESH`] (or at once when a decision meets a
 //! `READONLY` answer: [`Sentinels::wake`]), every sentinel is asked
-//! `SENTINEL GET-MASTER-ADDR-BY-NAME`; the address most of those that answer
-//! name (the earlier sentinel in the URL breaking a tie) is taken only if
+//! `SENTINEL GET-MASTER-ADDR-BY-NAME`, all at once, until all answered or
+//! more than half of them name one address ([`settled`]: a hung sentinel is
+//! not waited for); the address most of those that answer name (the
+//! earlier sentinel in the URL breaking a tie) is taken only if
 //! that server says it is a primary (`ROLE`, asked of a new one only), so a sentinel that has not yet
 //! seen a failover, or that disagrees with the others, cannot send
 //! decisions to a replica. When the primary changes, the routing's one node
@@ -30,6 +32,9 @@ use tokio::sync::{Mutex, Notify};
 
 use super::nodes::{role, ClientRecipe, NodeClients, Routing, CLIENT_STALL_BOUND};
 use super::pipe::{open_connection, request, Io, Target};
+
+/// How long a sentinel that did not answer the last time is waited for.
+pub const SUSPECT_BOUND: Duration = Duration::from_millis(25);
 
 /// How often the sentinels are asked again.
 pub const SENTINEL_REFRESH: Duration = Duration::from_millis(100);
@@ -97,41 +102,70 @@ pub fn agree(said: &[(String, Said)]) -> Agreement {
     }
 }
 
+/// Whether the answers so far settle the question for `total` sentinels:
+/// one address named by more than half of them, which the rest cannot
+/// outvote (so a hung sentinel is not waited for).
+pub fn settled(said: &[(String, Said)], total: usize) -> bool {
+    said.iter().any(|(_, answer)| {
+        matches!(answer, Said::Primary(..))
+            && said.iter().filter(|(_, other)| other == answer).count() * 2 > total
+    })
+}
+
 /// One sentinel: where it is, and the connection kept to it.
 struct Sentinel {
     name: String,
     target: Target,
     connection: Mutex<Option<Box<dyn Io>>>,
+    /// It did not answer the last time it was asked (or was not waited
+    /// for): asked within [`SUSPECT_BOUND`], so that a hung sentinel does
+    /// not hold up a round whose other answers disagree.
+    suspect: std::sync::atomic::AtomicBool,
 }
 
 impl Sentinel {
     /// `SENTINEL GET-MASTER-ADDR-BY-NAME master`, within the stall bound.
+    /// The kept connection is taken out while the question is out and put
+    /// back only with its answer read: an ask given up half way (the others
+    /// settled it, [`settled`]) or failed drops it, and no later ask reads
+    /// an old reply.
     async fn ask(&self, master: &str) -> Said {
-        let mut connection = self.connection.lock().await;
-        let asked = tokio::time::timeout(CLIENT_STALL_BOUND, async {
-            if connection.is_none() {
-                *connection = Some(
-                    open_connection(&self.target)
-                        .await
-                        .map_err(|e| e.to_string())?,
-                );
-            }
-            let Some(io) = connection.as_mut() else {
-                return Err("no connection".to_string());
+        use std::sync::atomic::Ordering::Relaxed;
+        let mut kept = self.connection.lock().await;
+        let connection = kept.take();
+        // suspect until it answers: also when this ask is given up half
+        // way, the others having settled it
+        let bound = if self.suspect.swap(true, Relaxed) {
+            SUSPECT_BOUND
+        } else {
+            CLIENT_STALL_BOUND
+        };
+        let asked = tokio::time::timeout(bound, async {
+            let mut io = match connection {
+                Some(io) => io,
+                None => open_connection(&self.target)
+                    .await
+                    .map_err(|e| e.to_string())?,
             };
             let command: [&[u8]; 3] = [b"SENTINEL", b"GET-MASTER-ADDR-BY-NAME", master.as_bytes()];
-            request(io, &command).await.map_err(|e| e.to_string())
+            let frame = request(&mut io, &command)
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok((io, frame))
         })
         .await
-        .unwrap_or_else(|_| Err(format!("no answer within {CLIENT_STALL_BOUND:?}")));
+        .unwrap_or_else(|_| Err(format!("no answer within {bound:?}")));
         let said = match asked {
-            Ok(frame) => said_of(&frame),
+            Ok((io, frame)) => {
+                let said = said_of(&frame);
+                if !matches!(said, Said::Failed(_)) {
+                    *kept = Some(io);
+                }
+                said
+            }
             Err(why) => Said::Failed(why),
         };
-        if matches!(said, Said::Failed(_)) {
-            // a connection in an unknown state is not used again
-            *connection = None;
-        }
+        self.suspect.store(matches!(said, Said::Failed(_)), Relaxed);
         said
     }
 }
@@ -191,6 +225,7 @@ impl Sentinels {
                     name: format!("{}:{}", server.host, server.port),
                     target: Target::of(&own, CLIENT_STALL_BOUND)?,
                     connection: Mutex::new(None),
+                    suspect: Default::default(),
                 })
             })
             .collect();
@@ -212,14 +247,30 @@ impl Sentinels {
     }
 
     /// What every sentinel says, asked together.
+    /// Asks every sentinel at once, until all answered or the answers so
+    /// far are [`settled`]; then reads them in the URL's order.
     pub async fn ask(&self) -> Agreement {
-        let answers = futures::future::join_all(
-            self.sentinels
+        use futures::StreamExt;
+        let mut asking: futures::stream::FuturesUnordered<_> = self
+            .sentinels
+            .iter()
+            .enumerate()
+            .map(|(i, s)| async move { (i, s.name.clone(), s.ask(&self.master).await) })
+            .collect();
+        let mut answers: Vec<(usize, String, Said)> = Vec::with_capacity(self.sentinels.len());
+        let mut said: Vec<(String, Said)> = Vec::with_capacity(self.sentinels.len());
+        while let Some(answer) = asking.next().await {
+            answers.push(answer);
+            answers.sort_by_key(|(i, _, _)| *i);
+            said = answers
                 .iter()
-                .map(|s| async { (s.name.clone(), s.ask(&self.master).await) }),
-        )
-        .await;
-        agree(&answers)
+                .map(|(_, name, answer)| (name.clone(), answer.clone()))
+                .collect();
+            if settled(&said, self.sentinels.len()) {
+                break;
+            }
+        }
+        agree(&said)
     }
 
     /// The primary: the candidate most sentinels name that says it is one
@@ -304,7 +355,11 @@ pub async fn connect(
             tracing::info!(
                 master = %sentinels.master,
                 primary = %routing.nodes[0].name,
-                sentinels_answering = agreement.candidates.iter().map(|c| c.1).sum::<usize>(),
+                named_by = agreement
+                    .candidates
+                    .iter()
+                    .find(|((h, p), _)| **h == *server.host && *p == server.port)
+                    .map_or(0, |c| c.1),
                 "Redis Sentinel: primary found"
             );
             routing
@@ -410,6 +465,30 @@ mod tests {
         );
         assert!(a.disagree());
         assert!(!a.unknown_master());
+    }
+
+    #[test]
+    fn more_than_half_of_all_sentinels_settle_it() {
+        let a = || named("a", 1);
+        let said = |answers: &[Said]| -> Vec<(String, Said)> {
+            answers
+                .iter()
+                .enumerate()
+                .map(|(i, s)| (format!("s{i}"), s.clone()))
+                .collect()
+        };
+        assert!(settled(&said(&[a(), a()]), 3));
+        assert!(!settled(&said(&[a()]), 3));
+        assert!(!settled(&said(&[a(), named("b", 1)]), 3));
+        assert!(
+            !settled(&said(&[a(), a()]), 4),
+            "two of four can be outvoted"
+        );
+        assert!(settled(&said(&[a()]), 1));
+        // no primary named settles nothing: an unknown master is heard out
+        assert!(!settled(&said(&[Said::Unknown, Said::Unknown]), 3));
+        let failed = || Said::Failed("x".into());
+        assert!(!settled(&said(&[failed(), failed()]), 3));
     }
 
     #[test]
