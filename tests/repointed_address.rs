@@ -6,7 +6,9 @@
 //! controls stands for the address: after the failover it sends new
 //! connections to the new primary while the old ones stay on the demoted
 //! server. The service must dial the address again on `READONLY` and
-//! decide on the new primary, every admitted decision charged once.
+//! decide on the new primary, every admitted decision charged once. And an
+//! address that reaches a replica from the start: tried until it is one's
+//! primary.
 
 mod common;
 
@@ -177,5 +179,66 @@ async fn a_demoted_server_behind_a_repointed_address_is_left_at_once() {
         BURST - admitted as f64,
         "tokens left on the new primary"
     );
+    s.shutdown().await.expect("stop");
+}
+
+/// An address that reaches a replica from the start (a mistake, or a
+/// failover not finished): every decision is answered by the failure mode
+/// (the replica answers READONLY, nothing is written there), the address
+/// is tried again while it stays a replica, and once that server is
+/// promoted, decisions go to it without a restart.
+#[tokio::test]
+async fn an_address_that_reaches_a_replica_is_tried_until_it_is_a_primary() {
+    let first = RedisServer::standalone();
+    let second = RedisServer::start(
+        free_redis_port(),
+        &["--replicaof", "127.0.0.1", &first.port.to_string()],
+    );
+    wait_for("the replica in sync", || replication_up(&second));
+    let rules = rules_dir(&format!(
+        "domain: d\ndescriptors:\n  - key: k\n    failure_mode: closed\n    rate_limit: {{unit: day, requests_per_unit: 1, burst: {BURST}}}\n"
+    ));
+    let mut args = serve_args(rules.path().to_path_buf());
+    args.store = tokenbucket_rls::cli::StoreKind::Redis;
+    args.redis_url = Some(second.url());
+    args.redis_timeout = Duration::from_millis(500);
+    let s = tokenbucket_rls::server::start(&args).await.expect("start");
+    let mut c = client(&s).await;
+    // a second of calls on the replica: all by the failure mode
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(1) {
+        let e = c
+            .should_rate_limit(request("d", vec![descriptor(&[("k", "v")])]))
+            .await
+            .expect_err("a replica decides nothing");
+        assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(second.cli(&["DBSIZE"]).trim(), "0", "nothing written");
+    assert_eq!(second.cli(&["REPLICAOF", "NO", "ONE"]).trim(), "OK");
+    let promoted = Instant::now();
+    let mut admitted = 0u64;
+    while admitted < 100 {
+        assert!(
+            promoted.elapsed() < Duration::from_secs(20),
+            "never decided on the promoted server"
+        );
+        match c
+            .should_rate_limit(request("d", vec![descriptor(&[("k", "v")])]))
+            .await
+        {
+            Ok(r) => {
+                assert_eq!(r.into_inner().overall_code, Code::Ok as i32);
+                admitted += 1;
+            }
+            Err(e) => {
+                assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}");
+                assert_eq!(admitted, 0, "once decided, every call is");
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+    }
+    let left = common::redis::tokens_on(second.port, "d", &[("k", "v")], "0").await;
+    assert_eq!(left.round(), BURST - admitted as f64);
     s.shutdown().await.expect("stop");
 }

@@ -10,7 +10,9 @@
 //! once: once the server it reaches now says it is a primary (`ROLE`, on a
 //! connection of its own), the routing's one node is replaced by fresh
 //! connections to it and the old ones close. While the address still
-//! reaches a replica, it is tried again every [`REDIAL_RETRY`].
+//! reaches a replica (or nothing), it is tried again after [`REDIAL_RETRY`],
+//! the wait doubling up to [`REDIAL_RETRY_MAX`] (an address that names a
+//! replica for good, a mistake, costs two connections a second).
 //!
 //! **Layer:** store (the Redis store's rooms). Uses the nodes' connections
 //! and `ROLE`; builds [`Routing`].
@@ -24,8 +26,10 @@ use tokio::sync::Notify;
 
 use super::nodes::{role, ClientRecipe, NodeClients, Routing, CLIENT_STALL_BOUND};
 
-/// How soon the address is tried again while it reaches no primary.
+/// How soon the address is tried again while it reaches no primary...
 pub const REDIAL_RETRY: Duration = Duration::from_millis(100);
+/// ...and at most, the wait doubling each time.
+pub const REDIAL_RETRY_MAX: Duration = Duration::from_millis(500);
 
 /// The single server's address, to dial again when it was demoted.
 pub struct Redial {
@@ -64,6 +68,7 @@ pub fn spawn(redial: Arc<Redial>, recipe: ClientRecipe, routing: Weak<RwLock<Arc
                 "Redis answered READONLY: the server is no longer a primary; dialling its address again"
             );
             let mut said = String::new();
+            let mut wait = REDIAL_RETRY;
             loop {
                 let why = match role(&redial.config).await {
                     Ok(role) if role == "master" => {
@@ -93,7 +98,8 @@ pub fn spawn(redial: Arc<Redial>, recipe: ClientRecipe, routing: Weak<RwLock<Arc
                     tracing::warn!(server = %redial.name, "Redis: no primary yet: {why}");
                     said = why;
                 }
-                tokio::time::sleep(REDIAL_RETRY).await;
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(REDIAL_RETRY_MAX);
                 if routing.strong_count() == 0 {
                     return;
                 }
