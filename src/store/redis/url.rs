@@ -21,77 +21,87 @@ use fred::types::config::{Config, ServerConfig};
 
 /// Parses a Redis URL into fred's configuration; errors say what is wrong.
 pub fn parse(url: &str) -> Result<Config, String> {
-    let (scheme, rest) = url
-        .split_once("://")
-        .ok_or_else(|| format!("'{}' is not a Redis URL (expected redis://, rediss://, redis-cluster:// or rediss-cluster://)", redact(url)))?;
-    let fred_url = match scheme {
-        "unix" | "redis+unix" => return unix(url, rest),
-        "redis-sentinel" | "rediss-sentinel" => return sentinel(url, scheme, rest),
-        "redis" | "rediss" => {
-            // fred reads the path as the database (said here in our words)
-            // and drops any parameter it does not know: only db= is read
-            let (before, query) = rest.split_once('?').unwrap_or((rest, ""));
-            let hosts = before.rsplit_once('@').map_or(before, |(_, hosts)| hosts);
-            let mut db = match hosts.split_once('/') {
-                Some((_, db)) => database(db.trim_end_matches('/'), url)?,
-                None => None,
-            };
-            for (_, value) in params(query, &["db"], url)? {
-                let asked = database(value, url)?;
-                if db.is_some_and(|d| Some(d) != asked) {
-                    return Err(format!(
-                        "'{}' names two databases, in its path and in db=",
-                        redact(url)
-                    ));
-                }
-                db = asked;
-            }
-            let mut config = Config::from_url(&format!("{scheme}://{before}"))
-                .map_err(|e| format!("invalid Redis URL '{}': {e}", redact(url)))?;
-            config.database = db;
-            return Ok(config);
-        }
-        "redis-cluster" | "rediss-cluster" => {
-            let (auth, hosts) = match rest.rsplit_once('@') {
-                Some((auth, hosts)) => (format!("{auth}@"), hosts),
-                None => (String::new(), rest),
-            };
-            let (hosts, query) = match hosts.split_once('?') {
-                Some((h, q)) => (h, Some(q)),
-                None => (hosts, None),
-            };
-            let hosts = match hosts.split_once('/') {
-                None => hosts,
-                Some((hosts, db)) => match database(db.trim_end_matches('/'), url)? {
-                    None | Some(0) => hosts,
-                    Some(n) => {
-                        return Err(format!(
-                            "'{}' names database {n}: a Redis Cluster has only database 0",
-                            redact(url)
-                        ))
-                    }
-                },
-            };
-            let mut seeds = hosts.split(',').map(str::trim).filter(|h| !h.is_empty());
-            let first = seeds
-                .next()
-                .ok_or_else(|| format!("'{}' names no cluster node", redact(url)))?;
-            let mut nodes: Vec<String> = seeds.map(|h| format!("node={h}")).collect();
-            // fred's own form of more seeds, kept; anything else refused
-            for (_, node) in params(query.unwrap_or(""), &["node"], url)? {
-                nodes.push(format!("node={node}"));
-            }
-            if nodes.is_empty() {
-                format!("{scheme}://{auth}{first}")
-            } else {
-                format!("{scheme}://{auth}{first}?{}", nodes.join("&"))
-            }
-        }
-        other => {
+    const SCHEMES: &str =
+        "redis, rediss, redis-cluster, rediss-cluster, redis-sentinel, rediss-sentinel or unix";
+    let (scheme, rest) = url.split_once("://").ok_or_else(|| {
+        format!(
+            "'{}' is not a Redis URL (expected {SCHEMES}://…)",
+            redact(url)
+        )
+    })?;
+    match scheme {
+        "redis" | "rediss" => single(url, scheme, rest),
+        "redis-cluster" | "rediss-cluster" => cluster(url, scheme, rest),
+        "redis-sentinel" | "rediss-sentinel" => sentinel(url, scheme, rest),
+        "unix" | "redis+unix" => unix(url, rest),
+        other => Err(format!(
+            "unsupported Redis URL scheme '{other}' (expected {SCHEMES})"
+        )),
+    }
+}
+
+/// `redis[s]://[user:password@]host[:port][/db][?db=N]`: one server.
+fn single(url: &str, scheme: &str, rest: &str) -> Result<Config, String> {
+    // fred reads the path as the database (said here in our words) and
+    // drops any parameter it does not know: only db= is read
+    let (before, query) = rest.split_once('?').unwrap_or((rest, ""));
+    let hosts = before.rsplit_once('@').map_or(before, |(_, hosts)| hosts);
+    let mut db = match hosts.split_once('/') {
+        Some((_, db)) => database(db.trim_end_matches('/'), url)?,
+        None => None,
+    };
+    for (_, value) in params(query, &["db"], url)? {
+        let asked = database(value, url)?;
+        if db.is_some_and(|d| Some(d) != asked) {
             return Err(format!(
-                "unsupported Redis URL scheme '{other}' (expected redis, rediss, redis-cluster, rediss-cluster, redis-sentinel, rediss-sentinel or unix)"
-            ))
+                "'{}' names two databases, in its path and in db=",
+                redact(url)
+            ));
         }
+        db = asked;
+    }
+    let mut config = Config::from_url(&format!("{scheme}://{before}"))
+        .map_err(|e| format!("invalid Redis URL '{}': {e}", redact(url)))?;
+    config.database = db;
+    Ok(config)
+}
+
+/// `redis[s]-cluster://[user:password@]h1:p1,h2:p2[/0][?node=h3:p3]`: the
+/// seed nodes of a cluster.
+fn cluster(url: &str, scheme: &str, rest: &str) -> Result<Config, String> {
+    let (auth, hosts) = match rest.rsplit_once('@') {
+        Some((auth, hosts)) => (format!("{auth}@"), hosts),
+        None => (String::new(), rest),
+    };
+    let (hosts, query) = match hosts.split_once('?') {
+        Some((h, q)) => (h, Some(q)),
+        None => (hosts, None),
+    };
+    let hosts = match hosts.split_once('/') {
+        None => hosts,
+        Some((hosts, db)) => match database(db.trim_end_matches('/'), url)? {
+            None | Some(0) => hosts,
+            Some(n) => {
+                return Err(format!(
+                    "'{}' names database {n}: a Redis Cluster has only database 0",
+                    redact(url)
+                ))
+            }
+        },
+    };
+    let mut seeds = hosts.split(',').map(str::trim).filter(|h| !h.is_empty());
+    let first = seeds
+        .next()
+        .ok_or_else(|| format!("'{}' names no cluster node", redact(url)))?;
+    let mut nodes: Vec<String> = seeds.map(|h| format!("node={h}")).collect();
+    // fred's own form of more seeds, kept; anything else refused
+    for (_, node) in params(query.unwrap_or(""), &["node"], url)? {
+        nodes.push(format!("node={node}"));
+    }
+    let fred_url = if nodes.is_empty() {
+        format!("{scheme}://{auth}{first}")
+    } else {
+        format!("{scheme}://{auth}{first}?{}", nodes.join("&"))
     };
     Config::from_url(&fred_url).map_err(|e| format!("invalid Redis URL '{}': {e}", redact(url)))
 }
