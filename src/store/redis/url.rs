@@ -580,4 +580,31 @@ mod tests {
         let e = parse("redis-cluster://u:hunter2@").expect_err("no hosts");
         assert!(!e.contains("hunter2"), "{e}");
     }
+
+    mod any_input {
+        use super::super::{parse, redact};
+        use proptest::prelude::*;
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(2000))]
+
+            /// Whatever a user writes, an answer and no panic; a password
+            /// never shows in a refusal.
+            #[test]
+            fn any_url_is_read_or_refused(
+                scheme in prop::sample::select(vec![
+                    "redis", "rediss", "redis-cluster", "rediss-cluster",
+                    "redis-sentinel", "rediss-sentinel", "unix", "redis+unix", "http",
+                ]),
+                rest in "[a-z0-9:@/?&=#%,\\[\\].é_-]{0,40}",
+            ) {
+                let url = format!("{scheme}://u:hunter2@{rest}");
+                if let Err(e) = parse(&url) {
+                    prop_assert!(!e.contains("hunter2"), "{e}");
+                }
+                let _ = parse(&rest);
+                let _ = redact(&rest);
+            }
+        }
+    }
 }
