@@ -71,11 +71,30 @@ fn wait_for(what: &str, done: impl Fn() -> bool) {
 
 #[tokio::test]
 async fn a_demoted_server_behind_a_repointed_address_is_left_at_once() {
-    let first = RedisServer::standalone();
-    let second = RedisServer::start(
-        free_redis_port(),
-        &["--replicaof", "127.0.0.1", &first.port.to_string()],
-    );
+    failover_behind_an_address(&[]).await;
+}
+
+/// The same where the address does not say its role (`ROLE` refused, as a
+/// proxy such as twemproxy refuses it): the address is connected to again
+/// once, which reaches the new primary.
+#[tokio::test]
+async fn an_address_that_does_not_say_its_role_is_connected_to_again() {
+    failover_behind_an_address(&["--rename-command", "ROLE", ""]).await;
+}
+
+/// Two servers started with `extra`, the second a replica of the first,
+/// behind one address; the failover between two calls, then sixteen
+/// callers at once until each is decided again.
+async fn failover_behind_an_address(extra: &[&str]) {
+    let first = RedisServer::start(free_redis_port(), extra);
+    let first_port = first.port.to_string();
+    let mut replica_args = vec!["--replicaof", "127.0.0.1", &first_port];
+    replica_args.extend_from_slice(extra);
+    let second = RedisServer::start(free_redis_port(), &replica_args);
+    if !extra.is_empty() {
+        let role = second.cli(&["ROLE"]);
+        assert!(role.contains("unknown command"), "ROLE refused: {role}");
+    }
     wait_for("the replica in sync", || replication_up(&second));
     let address = Address::start(first.port).await;
     let rules = rules_dir(&format!(

@@ -397,8 +397,10 @@ pub fn spawn_refresh(cluster: Pool, recipe: ClientRecipe, routing: Weak<RwLock<A
 }
 
 /// What the one server of `config` says it is (`ROLE`: "master", "slave",
-/// …), asked on a connection of its own within [`CLIENT_STALL_BOUND`].
-pub async fn role(config: &Config) -> Result<String, String> {
+/// …), asked on a connection of its own within [`CLIENT_STALL_BOUND`];
+/// `Ok(None)` when it answers that it does not know `ROLE` (a proxy such
+/// as twemproxy); `Err` when it does not answer.
+pub async fn role(config: &Config) -> Result<Option<String>, String> {
     use super::pipe::{open_connection, request, Target};
     use redis_protocol::resp2::types::BytesFrame;
     let target =
@@ -413,10 +415,12 @@ pub async fn role(config: &Config) -> Result<String, String> {
     .unwrap_or_else(|_| Err(format!("no answer within {CLIENT_STALL_BOUND:?}")))?;
     match asked {
         BytesFrame::Array(parts) => match parts.first() {
-            Some(BytesFrame::BulkString(role)) => Ok(String::from_utf8_lossy(role).to_string()),
+            Some(BytesFrame::BulkString(role)) => {
+                Ok(Some(String::from_utf8_lossy(role).to_string()))
+            }
             _ => Err("an empty ROLE reply".into()),
         },
-        BytesFrame::Error(e) => Err(e.to_string()),
+        BytesFrame::Error(_) => Ok(None),
         other => Err(format!("an unexpected ROLE reply: {other:?}")),
     }
 }

@@ -8,7 +8,8 @@
 //! `READONLY` ([`Redial::wake`]; it ran nothing, and is answered by its
 //! rule's failure mode, never sent again) has the address dialled again at
 //! once: once the server it reaches now says it is a primary (`ROLE`, on a
-//! connection of its own), the routing's one node is replaced by fresh
+//! connection of its own; an address that cannot say, a proxy refusing
+//! `ROLE`, is taken as it is), the routing's one node is replaced by fresh
 //! connections to it and the old ones close. While the address still
 //! reaches a replica (or nothing), it is tried again after [`REDIAL_RETRY`],
 //! the wait doubling up to [`REDIAL_RETRY_MAX`] (an address that names a
@@ -59,9 +60,16 @@ impl Redial {
 pub fn spawn(redial: Arc<Redial>, recipe: ClientRecipe, routing: Weak<RwLock<Arc<Routing>>>) {
     tokio::spawn(async move {
         loop {
-            redial.wake.notified().await;
+            // woken, or a look every second whether the store is still there
+            let woken = tokio::select! {
+                () = redial.wake.notified() => true,
+                () = tokio::time::sleep(Duration::from_secs(1)) => false,
+            };
             if routing.strong_count() == 0 {
                 return;
+            }
+            if !woken {
+                continue;
             }
             tracing::warn!(
                 server = %redial.name,
@@ -71,17 +79,9 @@ pub fn spawn(redial: Arc<Redial>, recipe: ClientRecipe, routing: Weak<RwLock<Arc
             let mut wait = REDIAL_RETRY;
             loop {
                 let why = match role(&redial.config).await {
-                    Ok(role) if role == "master" => {
-                        match NodeClients::connect(&recipe, redial.config.clone()) {
-                            Ok(clients) => {
-                                clients.wait(CLIENT_STALL_BOUND).await;
-                                let Some(shared) = routing.upgrade() else {
-                                    return;
-                                };
-                                Routing::replace(
-                                    &shared,
-                                    Routing::single(redial.name.clone(), clients),
-                                );
+                    Ok(Some(role)) if role == "master" => {
+                        match move_to(&redial, &recipe, &routing).await {
+                            Ok(()) => {
                                 tracing::warn!(
                                     server = %redial.name,
                                     "Redis: its address reaches a primary again; decisions go there"
@@ -91,7 +91,19 @@ pub fn spawn(redial: Arc<Redial>, recipe: ClientRecipe, routing: Weak<RwLock<Arc
                             Err(e) => e,
                         }
                     }
-                    Ok(role) => format!("the address still reaches a {role}"),
+                    // a proxy (twemproxy) that cannot say: fresh
+                    // connections through it are the most it can be given
+                    Ok(None) => match move_to(&redial, &recipe, &routing).await {
+                        Ok(()) => {
+                            tracing::warn!(
+                                server = %redial.name,
+                                "Redis: the address does not say its role (a proxy?); connected to it again"
+                            );
+                            break;
+                        }
+                        Err(e) => e,
+                    },
+                    Ok(Some(role)) => format!("the address still reaches a {role}"),
                     Err(e) => e,
                 };
                 if why != said {
@@ -110,4 +122,19 @@ pub fn spawn(redial: Arc<Redial>, recipe: ClientRecipe, routing: Weak<RwLock<Arc
             let _ = tokio::time::timeout(Duration::ZERO, redial.wake.notified()).await;
         }
     });
+}
+
+/// Fresh connections to the address in place of the routing's node; the
+/// old ones close.
+async fn move_to(
+    redial: &Redial,
+    recipe: &ClientRecipe,
+    routing: &Weak<RwLock<Arc<Routing>>>,
+) -> Result<(), String> {
+    let clients = NodeClients::connect(recipe, redial.config.clone())?;
+    clients.wait(CLIENT_STALL_BOUND).await;
+    if let Some(shared) = routing.upgrade() {
+        Routing::replace(&shared, Routing::single(redial.name.clone(), clients));
+    }
+    Ok(())
 }

@@ -300,8 +300,9 @@ impl Sentinels {
                 return Ok((server, agreement));
             }
             match role(&recipe.for_server(&server)).await {
-                Ok(role) if role == "master" => return Ok((server, agreement)),
-                Ok(role) => why.push(format!("{host}:{port} is a {role}")),
+                Ok(Some(role)) if role == "master" => return Ok((server, agreement)),
+                Ok(Some(role)) => why.push(format!("{host}:{port} is a {role}")),
+                Ok(None) => why.push(format!("{host}:{port} does not say its role (ROLE)")),
                 Err(e) => why.push(format!("{host}:{port}: {e}")),
             }
         }
