@@ -51,14 +51,7 @@ fn single(url: &str, scheme: &str, rest: &str) -> Result<Config, String> {
         None => None,
     };
     for (_, value) in params(query, &["db"], url)? {
-        let asked = database(value, url)?;
-        if db.is_some_and(|d| Some(d) != asked) {
-            return Err(format!(
-                "'{}' names two databases, in its path and in db=",
-                redact(url)
-            ));
-        }
-        db = asked;
+        db = one_database(db, value, url)?;
     }
     let mut config = Config::from_url(&format!("{scheme}://{before}"))
         .map_err(|e| format!("invalid Redis URL '{}': {e}", redact(url)))?;
@@ -180,6 +173,19 @@ fn params<'q>(
         .collect()
 }
 
+/// The database of a URL whose path named `path` and whose `db=` says
+/// `value`: one, or a refusal when the two differ.
+fn one_database(path: Option<u8>, value: &str, url: &str) -> Result<Option<u8>, String> {
+    let asked = database(value, url)?;
+    if path.is_some_and(|d| Some(d) != asked) {
+        return Err(format!(
+            "'{}' names two databases, in its path and in db=",
+            redact(url)
+        ));
+    }
+    Ok(asked)
+}
+
 /// The database a URL names (`""` when it names none); errors name it.
 fn database(text: &str, url: &str) -> Result<Option<u8>, String> {
     if text.is_empty() {
@@ -259,29 +265,12 @@ fn sentinel(url: &str, scheme: &str, rest: &str) -> Result<Config, String> {
         }
     };
     let (mut sentinel_username, mut sentinel_password, mut db) = (None, None, path_db);
-    for pair in query
-        .into_iter()
-        .flat_map(|q| q.split('&'))
-        .filter(|p| !p.is_empty())
-    {
-        match pair.split_once('=') {
-            Some(("sentinel_password", v)) => sentinel_password = Some(decode(v)?),
-            Some(("sentinel_username", v)) => sentinel_username = Some(decode(v)?),
-            Some(("db", v)) => {
-                let asked = database(v, url)?;
-                if db.is_some_and(|d| Some(d) != asked) {
-                    return Err(format!(
-                        "'{shown}' names two databases, in its path and in db="
-                    ));
-                }
-                db = asked;
-            }
-            _ => {
-                let name = pair.split_once('=').map_or(pair, |(k, _)| k);
-                return Err(format!(
-                    "'{shown}': unknown parameter '{name}' (a sentinel URL takes sentinel_password, sentinel_username and db)"
-                ));
-            }
+    let known = ["sentinel_password", "sentinel_username", "db"];
+    for (name, value) in params(query.unwrap_or(""), &known, url)? {
+        match name {
+            "sentinel_password" => sentinel_password = Some(decode(value)?),
+            "sentinel_username" => sentinel_username = Some(decode(value)?),
+            _ => db = one_database(db, value, url)?,
         }
     }
     if sentinel_username.is_some() && sentinel_password.is_none() {
