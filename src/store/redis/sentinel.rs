@@ -257,15 +257,12 @@ impl Sentinels {
             .enumerate()
             .map(|(i, s)| async move { (i, s.name.clone(), s.ask(&self.master).await) })
             .collect();
-        let mut answers: Vec<(usize, String, Said)> = Vec::with_capacity(self.sentinels.len());
-        let mut said: Vec<(String, Said)> = Vec::with_capacity(self.sentinels.len());
-        while let Some(answer) = asking.next().await {
-            answers.push(answer);
-            answers.sort_by_key(|(i, _, _)| *i);
-            said = answers
-                .iter()
-                .map(|(_, name, answer)| (name.clone(), answer.clone()))
-                .collect();
+        // the answers in the URL's order, and where each came from
+        let (mut order, mut said) = (Vec::new(), Vec::new());
+        while let Some((i, name, answer)) = asking.next().await {
+            let at = order.partition_point(|&j| j < i);
+            order.insert(at, i);
+            said.insert(at, (name, answer));
             if settled(&said, self.sentinels.len()) {
                 break;
             }
