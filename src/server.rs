@@ -181,9 +181,6 @@ pub async fn start(args: &ServeArgs) -> Result<RunningServer> {
             if args.tls_cert.is_some() {
                 anyhow::bail!("--grpc-uds with --tls-cert: TLS over the unix socket is not offered (a socket's permissions say who may connect)");
             }
-            if let serving::UdsAddress::Abstract(name) = address {
-                tracing::warn!("--grpc-uds @{name} is an abstract socket: it has no file and no permissions, so any process in this network namespace may connect (--grpc-uds-mode does not apply); give a path to limit who may");
-            }
             GrpcListener::Unix(serving::bind_unix(address, args.grpc_uds_mode)?)
         }
         None => GrpcListener::Tcp(

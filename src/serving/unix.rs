@@ -116,6 +116,7 @@ fn bind_abstract(name: &str) -> Result<tokio::net::UnixListener> {
     listener
         .set_nonblocking(true)
         .context("--grpc-uds: cannot make the socket non-blocking")?;
+    tracing::warn!("--grpc-uds @{name} is an abstract socket: it has no file and no permissions, so any process in this network namespace may connect (--grpc-uds-mode does not apply); give a path to limit who may");
     tokio::net::UnixListener::from_std(listener)
         .with_context(|| format!("cannot listen for gRPC on the abstract socket @{name}"))
 }
