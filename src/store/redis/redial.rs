@@ -78,33 +78,28 @@ pub fn spawn(redial: Arc<Redial>, recipe: ClientRecipe, routing: Weak<RwLock<Arc
             let mut said = String::new();
             let mut wait = REDIAL_RETRY;
             loop {
-                let why = match role(&redial.config).await {
+                // what is said once the address is connected to again: a
+                // primary, or a proxy (twemproxy) that cannot say, for which
+                // fresh connections through it are the most it can be given
+                let reached = match role(&redial.config).await {
                     Ok(Some(role)) if role == "master" => {
-                        match move_to(&redial, &recipe, &routing).await {
-                            Ok(()) => {
-                                tracing::warn!(
-                                    server = %redial.name,
-                                    "Redis: its address reaches a primary again; decisions go there"
-                                );
-                                break;
-                            }
-                            Err(e) => e,
-                        }
+                        Ok("its address reaches a primary again; decisions go there")
                     }
-                    // a proxy (twemproxy) that cannot say: fresh
-                    // connections through it are the most it can be given
-                    Ok(None) => match move_to(&redial, &recipe, &routing).await {
+                    Ok(None) => {
+                        Ok("the address does not say its role (a proxy?); connected to it again")
+                    }
+                    Ok(Some(role)) => Err(format!("the address still reaches a {role}")),
+                    Err(e) => Err(e),
+                };
+                let why = match reached {
+                    Ok(news) => match move_to(&redial, &recipe, &routing).await {
                         Ok(()) => {
-                            tracing::warn!(
-                                server = %redial.name,
-                                "Redis: the address does not say its role (a proxy?); connected to it again"
-                            );
+                            tracing::warn!(server = %redial.name, "Redis: {news}");
                             break;
                         }
                         Err(e) => e,
                     },
-                    Ok(Some(role)) => format!("the address still reaches a {role}"),
-                    Err(e) => e,
+                    Err(why) => why,
                 };
                 if why != said {
                     tracing::warn!(server = %redial.name, "Redis: no primary yet: {why}");
