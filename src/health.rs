@@ -11,7 +11,7 @@
 //! `ratelimit` and the empty name).
 //!
 //! **Layer** (docs/architecture.md, "Layers", kept by `tests/layers.rs`):
-//! under `server`; uses `limiter`, `rules`.
+//! under `server`; uses `service` (RLQS's ledger), `limiter`, `rules`.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -19,6 +19,7 @@ use std::time::Duration;
 
 use crate::limiter::Limiter;
 use crate::rules::SharedRules;
+use crate::service::quota::QuotaHub;
 
 /// The gRPC health service name Envoy and Kubernetes probes ask about.
 pub const SERVICE_NAME: &str = "ratelimit";
@@ -27,6 +28,8 @@ pub const SERVICE_NAME: &str = "ratelimit";
 pub struct Health {
     pub rules: SharedRules,
     pub limiter: Arc<Limiter>,
+    /// The RLQS face: whether it assigns without the shared ledger.
+    pub quota: Option<Arc<QuotaHub>>,
     /// Set when shutdown begins.
     pub draining: Arc<AtomicBool>,
     /// Ready before any rules are loaded (rules over xDS, with
@@ -57,7 +60,8 @@ impl Health {
                 ": store not fully reachable, failure modes answer for what it cannot decide",
             );
         }
-        for w in store.warnings() {
+        let rlqs = self.quota.as_ref().and_then(|q| q.ledger_trouble());
+        for w in store.warnings().into_iter().chain(rlqs) {
             detail.push_str("; warning: ");
             detail.push_str(&w);
         }

@@ -203,10 +203,13 @@ pub async fn start(args: &ServeArgs) -> Result<RunningServer> {
         let _ = rx.wait_for(|s| *s).await;
     };
 
+    let quota_hub = QuotaHub::new(rules.clone(), metrics.clone(), args.instances, quota_ledger)?;
+    quota_hub.spawn_ticker();
     let draining = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let health = Health {
         rules: rules.clone(),
         limiter: limiter.clone(),
+        quota: Some(quota_hub.clone()),
         draining: draining.clone(),
         ready_without_rules: args.xds_ready_without_rules,
     };
@@ -214,8 +217,6 @@ pub async fn start(args: &ServeArgs) -> Result<RunningServer> {
     health.clone().start_grpc_sync(reporter).await;
 
     let rls = RateLimitServiceServer::new(service).max_decoding_message_size(MAX_REQUEST_BYTES);
-    let quota_hub = QuotaHub::new(rules.clone(), metrics.clone(), args.instances, quota_ledger)?;
-    quota_hub.spawn_ticker();
     let rlqs = RateLimitQuotaServiceServer::new(
         RateLimitQuotaGrpc::new(quota_hub.clone())
             .with_region_certificates(args.tls_cert.is_some() && args.tls_client_ca.is_some()),
@@ -453,9 +454,11 @@ async fn open_store(
                 .clone()
                 .context("--store redis needs --redis-url (or RLS_REDIS_URL)")?;
             let (redis, settings) = open_redis(args, url, None, metrics).await?;
-            // RLQS budgets are split across replicas in the same Redis
-            quota_ledger = Some(Arc::new(RedisLedger::new(redis.clone())));
-            let main: Arc<dyn Store> = Arc::new(Breakers::new(redis, metrics.clone()));
+            // RLQS budgets are split across replicas in the same Redis,
+            // through the decisions' breakers
+            let guarded = Arc::new(Breakers::new(redis, metrics.clone()));
+            quota_ledger = Some(Arc::new(RedisLedger::new(guarded.clone())));
+            let main: Arc<dyn Store> = guarded;
             match &args.redis_persecond_url {
                 None => main,
                 Some(url) => {

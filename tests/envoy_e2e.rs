@@ -2674,3 +2674,161 @@ async fn envoy_resets_a_calendar_month_in_new_york_on_a_redis_cluster_with_two_i
     let cluster = common::redis::RedisCluster::start();
     calendar_month_through_envoy(&two_on(&cluster)).await;
 }
+
+/// Issue 56's bucket: 50/s, burst 50, on a plan whose Envoy matcher in
+/// `examples/envoy/rlqs.yaml` admits everything while no assignment is
+/// live (`no_assignment_behavior` and the expired fallback both
+/// `ALLOW_ALL`, as Envoy's docs show it): a lapse there fails open.
+const FLOOD_RULES: &str = r#"
+domain: edge
+descriptors:
+  - key: plan
+    value: free
+    descriptors:
+      - key: api_key
+        rate_limit: {unit: second, requests_per_unit: 50, burst: 50}
+"#;
+
+/// Floods `base` with h2load for `secs` seconds, two connections of four
+/// streams each (the load of issue 56's acceptance run): (2xx, 4xx).
+fn flood(base: &str, headers: &[(&str, &str)], secs: u64) -> (u64, u64) {
+    let h2load = which("h2load").unwrap_or_else(|| {
+        panic!("`h2load` is not on PATH: run the README's test command, which installs it (apt-get install nghttp2-client)")
+    });
+    let mut cmd = Command::new(h2load);
+    cmd.args(["-c2", "-m4", "-D", &secs.to_string()]);
+    for (k, v) in headers {
+        cmd.args(["-H", &format!("{k}: {v}")]);
+    }
+    let out = cmd.arg(format!("{base}/")).output().expect("run h2load");
+    let text = String::from_utf8_lossy(&out.stdout);
+    // "status codes: 6425 2xx, 0 3xx, 301849 4xx, 0 5xx"
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("status codes:"))
+        .unwrap_or_else(|| panic!("h2load printed no status codes: {text}"));
+    let count = |class: &str| -> u64 {
+        line.split(',')
+            .find(|part| part.trim_end().ends_with(class))
+            .and_then(|part| part.split_whitespace().rev().nth(1))
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no {class} count in {line:?}"))
+    };
+    assert_eq!(count("5xx"), 0, "{line}");
+    (count("2xx"), count("4xx"))
+}
+
+/// `n` CPU-bound processes beside the test (killed when dropped).
+fn busy_loops(n: usize) -> Vec<ChildGuard> {
+    (0..n)
+        .map(|_| {
+            ChildGuard(
+                Command::new("sh")
+                    .args(["-c", "while :; do :; done"])
+                    .spawn()
+                    .expect("busy loop"),
+            )
+        })
+        .collect()
+}
+
+/// Both Envoys flooded at once for `secs` seconds: (2xx, 4xx) of each.
+async fn flood_both(
+    first: &str,
+    second: &str,
+    headers: &'static [(&'static str, &'static str)],
+    secs: u64,
+) -> ((u64, u64), (u64, u64)) {
+    let (a, b) = (first.to_string(), second.to_string());
+    let one = tokio::task::spawn_blocking(move || flood(&a, headers, secs));
+    let two = tokio::task::spawn_blocking(move || flood(&b, headers, secs));
+    (one.await.expect("h2load"), two.await.expect("h2load"))
+}
+
+/// One request through each Envoy, then waits until each replica has sent
+/// its Envoy an assignment for the bucket: the streams are open and the
+/// flood that follows is measured from a bucket both Envoys hold.
+async fn warm_up(
+    edge: &Edge,
+    second: &RunningEnvoy,
+    headers: &[(&str, &str)],
+    sent_before: [f64; 2],
+) {
+    for base in [&edge.base, &second.base] {
+        let mut req = edge.client.get(format!("{base}/"));
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        req.send().await.expect("envoy answers");
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    for (i, before) in sent_before.into_iter().enumerate() {
+        loop {
+            let sent = rls_metric(edge, i, "rls_quota_assignments_total{domain=\"edge\"}")
+                .await
+                .unwrap_or(0.0);
+            if sent > before {
+                break;
+            }
+            assert!(Instant::now() < deadline, "replica {i} never assigned");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+async fn assignments_sent(edge: &Edge) -> [f64; 2] {
+    let mut out = [0.0; 2];
+    for (i, sent) in out.iter_mut().enumerate() {
+        *sent = rls_metric(edge, i, "rls_quota_assignments_total{domain=\"edge\"}")
+            .await
+            .unwrap_or(0.0);
+    }
+    out
+}
+
+/// Two replicas on a Redis Cluster, an Envoy on each, both flooded with
+/// h2load for 20 s on one bucket of 50/s and burst 50 (issue 56's
+/// acceptance run, after one request each so that the streams are open):
+/// at most B + r·t = 1,050 pass, and at least 70 % of r·t. Before the fix
+/// nearly every ledger step timed out (50 ms, `--redis-timeout`, on a box
+/// that Envoys under load keep busy), assignments lapsed (sent as 3 s,
+/// they reached Envoy as 2 s) and 11,000-14,000 passed. On an idle box
+/// and beside four CPU-bound loops.
+#[tokio::test]
+async fn two_replicas_hold_a_flood_to_one_budget_on_a_redis_cluster() {
+    const SECS: u64 = 20;
+    let cluster = common::redis::RedisCluster::start();
+    let rules = common::rules_dir(FLOOD_RULES);
+    let env = vec![
+        ("RLS_STORE", "redis".to_string()),
+        ("RLS_REDIS_URL", cluster.url()),
+    ];
+    let edge = Edge::start_on(rules.path(), "rlqs.yaml", &[env.clone(), env], true).await;
+    let second = second_rlqs_envoy(&edge, &edge.grpc_ports[1..]).await;
+    const IDLE: &[(&str, &str)] = &[("x-plan", "free"), ("x-api-key", "idle")];
+    const BUSY: &[(&str, &str)] = &[("x-plan", "free"), ("x-api-key", "busy")];
+    for (loops, headers) in [(0, IDLE), (4, BUSY)] {
+        let _loops = busy_loops(loops);
+        warm_up(&edge, &second, headers, assignments_sent(&edge).await).await;
+        let ((ok1, over1), (ok2, over2)) =
+            flood_both(&edge.base, &second.base, headers, SECS).await;
+        let admitted = ok1 + ok2;
+        let (bound, floor) = (50 + 50 * SECS, 50 * SECS * 7 / 10);
+        eprintln!(
+            "{loops} busy loops, {SECS} s: {admitted} admitted ({ok1} + {ok2}) of {} requests, bound {bound}, floor {floor}",
+            admitted + over1 + over2
+        );
+        assert!(
+            over1 > 10 * ok1 && over2 > 10 * ok2,
+            "both were sent far more than the rate"
+        );
+        assert!(
+            admitted <= bound,
+            "{admitted} admitted with {loops} busy loops, over B + r·t = {bound}"
+        );
+        assert!(
+            admitted >= floor,
+            "{admitted} admitted with {loops} busy loops, under 70 % of r·t = {floor}"
+        );
+    }
+}

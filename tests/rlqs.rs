@@ -466,14 +466,15 @@ async fn two_instances_each_split_half_of_the_budget() {
 
 /// `ledger.lua` (on a real Redis, with its clock) and its Rust copy
 /// `quota::ledger::Ledger` (given the time the script recorded) answer 300
-/// random steps of four members alike: joins, demand moves, leaves, and
-/// assignments and members expiring (time to live 50–300 ms, stale after
-/// 150 ms, real pauses between steps).
+/// random steps of four members alike: joins, demand moves, leaves, shares
+/// that grow (tentative for 20-120 ms), what a member held without the
+/// ledger, and assignments and members expiring (time to live 50–300 ms,
+/// stale after 150 ms, real pauses between steps).
 #[tokio::test]
 async fn the_ledger_script_and_its_rust_copy_agree() {
     use fred::prelude::*;
     use tokenbucket_rls::quota::allocation::Budget;
-    use tokenbucket_rls::quota::ledger::{Demand, Ledger, Member, StepArgs};
+    use tokenbucket_rls::quota::ledger::{Demand, Held, Ledger, Member, StepArgs};
     use tokenbucket_rls::quota::redis_ledger::{ledger_key, script_args, SCRIPT};
     use tokenbucket_rls::quota::BucketKey;
 
@@ -496,7 +497,7 @@ async fn the_ledger_script_and_its_rust_copy_agree() {
         seed % n
     };
     let mut twin = Ledger::default();
-    let (mut shared, mut partial, mut left) = (0, 0, 0);
+    let (mut shared, mut partial, mut left, mut held, mut tentative) = (0, 0, 0, 0, 0);
     for i in 0..300 {
         let member = members[next(4) as usize];
         let pairs = 1 + next(5) as u32;
@@ -513,6 +514,19 @@ async fn the_ledger_script_and_its_rust_copy_agree() {
             50 + next(250) as i64,
         );
         args.stale_ms = 150;
+        // a share that grows is kept 20-120 ms; now and then the member
+        // tells what it held while its steps failed
+        args.grow_ms = (20 + next(100) as i64).min(args.ttl_ms);
+        if next(5) == 0 {
+            args = args.holding(Some(Held {
+                budget: Budget {
+                    burst: next(200) as f64,
+                    rate: next(100) as f64 + 0.5,
+                },
+                for_ms: 1 + next(300) as i64,
+            }));
+            held += 1;
+        }
         let reply: Vec<i64> = client
             .eval(SCRIPT, vec![key.clone()], script_args(member, args))
             .await
@@ -523,7 +537,10 @@ async fn the_ledger_script_and_its_rust_copy_agree() {
             .expect("record");
         let now = f64::from_le_bytes(record[8..16].try_into().expect("8 bytes")) as i64;
         let expected = twin.step(&member.field(), args, now);
-        assert_eq!(reply.len(), 5);
+        assert_eq!(reply.len(), 7);
+        if reply[6] < args.ttl_ms {
+            tentative += 1;
+        }
         for (a, b) in reply.iter().zip(expected) {
             // sums over members may add in another order: a milli-unit apart
             assert!(
@@ -543,8 +560,8 @@ async fn the_ledger_script_and_its_rust_copy_agree() {
         tokio::time::sleep(Duration::from_millis(next(40))).await;
     }
     assert!(
-        shared > 50 && partial > 10 && left > 20,
-        "{shared} {partial} {left}"
+        shared > 50 && partial > 10 && left > 20 && held > 20 && tentative > 20,
+        "{shared} {partial} {left} {held} {tentative}"
     );
     // a record of eight numbers (one Envoy's, from before replicas summed
     // theirs) still counts, as one Envoy: a rolling upgrade keeps the bound

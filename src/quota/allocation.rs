@@ -58,14 +58,16 @@ impl Budget {
         rate: 0.0,
     };
 
-    fn max(self, other: Budget) -> Budget {
+    /// The larger burst and the larger rate of the two.
+    pub fn max(self, other: Budget) -> Budget {
         Budget {
             burst: self.burst.max(other.burst),
             rate: self.rate.max(other.rate),
         }
     }
 
-    fn scaled(self, k: f64) -> Budget {
+    /// Both scaled by `k`.
+    pub fn scaled(self, k: f64) -> Budget {
         Budget {
             burst: self.burst * k,
             rate: self.rate * k,

@@ -44,6 +44,18 @@ use crate::store::StoreError;
 /// (its replica died or lost the bucket); replicas step every second.
 pub const STALE_MS: i64 = 5_000;
 
+/// How long a share that grows is reserved (and may be assigned) until a
+/// later step keeps it: the shortest time to live an assignment has, with
+/// its margin and a second for the answer to come back in. A share is
+/// computed from every member's demand as recorded, and a member's first
+/// real report lands at one replica a moment before the other: the first
+/// to step took 0.9 of a 50/s budget from the other's stale demand, kept
+/// it reserved for a whole time to live (15 s with Envoy's 5 s reports)
+/// and held the other at 9.5/s all that time (issue 56's floor, 70 % of
+/// r·t, missed). Growth is tentative for one step now.
+pub const GROW_MS: i64 =
+    ((super::MIN_TTL_MICROS + super::LIVE_MARGIN_MICROS + 1_000_000) / 1000) as i64;
+
 /// One step's answer.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Shared {
@@ -53,19 +65,37 @@ pub struct Shared {
     pub members: u32,
     /// Σ of every member's live reservations after the step.
     pub reserved: Budget,
+    /// Active members (replicas), the caller included unless it left: the
+    /// replicas a safe share divides the budget by while the ledger cannot
+    /// answer.
+    pub replicas: u32,
+    /// How long from the step the ledger reserves `share` (the step's time
+    /// to live, or [`GROW_MS`] for a share that grew).
+    pub life_ms: i64,
+}
+
+/// What a replica's Envoys may still enforce that the ledger did not give
+/// (assigned while its steps failed): kept reserved for it, as an earlier
+/// share of its own, for `for_ms` from the step.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Held {
+    pub budget: Budget,
+    pub for_ms: i64,
 }
 
 /// The members' records of buckets, wherever they are kept.
 #[async_trait]
 pub trait QuotaLedger: Send + Sync + 'static {
     /// Steps `member` of `key`: records its `demand` (`None`: it leaves,
-    /// keeping its shares reserved until they expire) and returns its
-    /// share of `budget`, live for `ttl_ms`.
+    /// keeping its shares reserved until they expire) and what it `held`
+    /// without the ledger, and returns its share of `budget`, live for
+    /// `ttl_ms`.
     async fn step(
         &self,
         key: &BucketKey,
         member: Member,
         demand: Option<Demand>,
+        held: Option<Held>,
         budget: Budget,
         ttl_ms: i64,
     ) -> Result<Shared, StoreError>;
@@ -105,6 +135,14 @@ pub struct StepArgs {
     pub stale_ms: i64,
     /// The Envoys the demand sums (0 when leaving).
     pub pairs: i64,
+    /// What the member holds without the ledger (milli), and for how
+    /// long from the step (0: nothing).
+    pub held_burst: i64,
+    pub held_rate: i64,
+    pub held_ms: i64,
+    /// How long a share that grows is reserved ([`GROW_MS`], at most the
+    /// time to live).
+    pub grow_ms: i64,
 }
 
 impl StepArgs {
@@ -117,12 +155,31 @@ impl StepArgs {
             ttl_ms,
             stale_ms: STALE_MS,
             pairs: demand.map_or(0, |d| i64::from(d.pairs.max(1))),
+            held_burst: 0,
+            held_rate: 0,
+            held_ms: 0,
+            grow_ms: GROW_MS.min(ttl_ms),
+        }
+    }
+
+    /// These arguments, also recording `held` (nothing for `None`).
+    pub fn holding(self, held: Option<Held>) -> Self {
+        let Some(held) = held.filter(|h| h.for_ms > 0) else {
+            return self;
+        };
+        let milli = |x: f64| (x * 1000.0).ceil().clamp(0.0, 1e15) as i64;
+        Self {
+            held_burst: milli(held.budget.burst),
+            held_rate: milli(held.budget.rate),
+            held_ms: held.for_ms,
+            ..self
         }
     }
 
     /// `[demand, burst, rate, ttl, stale, floor ‰, reserve ‰, threshold ‰,
-    /// pairs]`: the script's ARGV after the member.
-    pub fn argv(&self) -> [i64; 9] {
+    /// pairs, held burst, held rate, held ms, grow ms]`: the script's ARGV
+    /// after the member.
+    pub fn argv(&self) -> [i64; 13] {
         [
             self.demand,
             self.burst,
@@ -133,14 +190,18 @@ impl StepArgs {
             (NEWCOMER_RESERVE * 1000.0).round() as i64,
             (RESEND_THRESHOLD * 1000.0).round() as i64,
             self.pairs,
+            self.held_burst,
+            self.held_rate,
+            self.held_ms,
+            self.grow_ms,
         ]
     }
 }
 
 /// Reads a step's integer answer: share burst, rate, members, reserved
-/// burst, rate (milli).
+/// burst, rate (milli), replicas, the share's life (ms).
 pub fn shared_from_reply(reply: &[i64]) -> Result<Shared, StoreError> {
-    let [b, r, n, rb, rr] = reply else {
+    let [b, r, n, rb, rr, replicas, life] = reply else {
         return Err(StoreError::Script(format!(
             "unexpected quota ledger reply of {} values",
             reply.len()
@@ -157,6 +218,8 @@ pub fn shared_from_reply(reply: &[i64]) -> Result<Shared, StoreError> {
             burst: unmilli(*rb),
             rate: unmilli(*rr),
         },
+        replicas: u32::try_from(*replicas).unwrap_or(0),
+        life_ms: (*life).max(0),
     })
 }
 
@@ -168,11 +231,47 @@ struct Record {
     seen: f64,
     /// The current assignment (burst, rate) and until when it is live.
     current: (f64, f64, f64),
-    /// The largest earlier assignments still live, and the latest expiry
-    /// among them.
+    /// Earlier assignments still live, as two envelopes (burst, rate,
+    /// until) ([`fold`]): a large share that expires soon and a smaller
+    /// one that lives on are kept apart, not joined into the large one
+    /// living on.
     earlier: (f64, f64, f64),
+    older: (f64, f64, f64),
     /// The Envoys its demand sums.
     pairs: f64,
+}
+
+/// The entries of `items` still live at `now` and not covered by `cover`
+/// (no larger and no longer), as at most two envelopes: exactly when two
+/// or fewer, else the ones expiring first joined (the larger burst and
+/// rate, the later expiry) until two are left, so what they reserve is
+/// never less than the items did. Ordered by expiry, then burst, then
+/// rate: `ledger.lua` joins the same ones.
+fn fold(items: &[(f64, f64, f64)], cover: (f64, f64, f64), now: f64) -> [(f64, f64, f64); 2] {
+    let mut live: Vec<(f64, f64, f64)> = items
+        .iter()
+        .copied()
+        .filter(|&(b, r, u)| u > now && !(b <= cover.0 && r <= cover.1 && u <= cover.2))
+        .collect();
+    live.sort_by(|x, y| {
+        x.2.total_cmp(&y.2)
+            .then(x.0.total_cmp(&y.0))
+            .then(x.1.total_cmp(&y.1))
+    });
+    while live.len() > 2 {
+        let first = live.remove(0);
+        let next = &mut live[0];
+        *next = (
+            f64::max(first.0, next.0),
+            f64::max(first.1, next.1),
+            f64::max(first.2, next.2),
+        );
+    }
+    let none = (0.0, 0.0, 0.0);
+    [
+        live.first().copied().unwrap_or(none),
+        live.get(1).copied().unwrap_or(none),
+    ]
 }
 
 impl Record {
@@ -182,8 +281,10 @@ impl Record {
         if self.current.2 > now {
             (b, r) = (self.current.0, self.current.1);
         }
-        if self.earlier.2 > now {
-            (b, r) = (f64::max(b, self.earlier.0), f64::max(r, self.earlier.1));
+        for (eb, er, eu) in [self.earlier, self.older] {
+            if eu > now {
+                (b, r) = (f64::max(b, eb), f64::max(r, er));
+            }
         }
         (b, r)
     }
@@ -198,16 +299,18 @@ pub struct Ledger {
 
 impl Ledger {
     /// One step at `now_ms`; returns the script's integer reply.
-    pub fn step(&mut self, member: &str, args: StepArgs, now_ms: i64) -> [i64; 5] {
+    pub fn step(&mut self, member: &str, args: StepArgs, now_ms: i64) -> [i64; 7] {
         let now = now_ms as f64;
         let demand = args.demand as f64;
         let (budget_b, budget_r) = (args.burst as f64, args.rate as f64);
         let ttl = args.ttl_ms as f64;
+        let mut life = ttl;
         let stale = args.stale_ms as f64;
         let threshold = (RESEND_THRESHOLD * 1000.0).round() / 1000.0;
         let floor_fraction = (FLOOR_FRACTION * 1000.0).round() / 1000.0;
         let reserve = (NEWCOMER_RESERVE * 1000.0).round() / 1000.0;
         let (mut others_b, mut others_r, mut total, mut n) = (0.0, 0.0, 0.0, 0.0);
+        let mut replicas = 0;
         let mut mine = Record {
             demand: -1.0,
             ..Record::default()
@@ -222,8 +325,9 @@ impl Ledger {
             if active {
                 total += rec.demand;
                 n += rec.pairs;
+                replicas += 1;
             }
-            if !active && rec.current.2 <= now && rec.earlier.2 <= now {
+            if !active && rec.current.2 <= now && rec.earlier.2 <= now && rec.older.2 <= now {
                 gone.push(field.clone());
             } else {
                 let (b, r) = rec.reserved(now);
@@ -234,9 +338,20 @@ impl Ledger {
         for field in gone {
             self.members.remove(&field);
         }
+        // what is still live besides the current share: the earlier ones,
+        // and what it assigned without the ledger
+        let mut earlier = vec![mine.earlier, mine.older];
+        if args.held_ms > 0 {
+            earlier.push((
+                args.held_burst as f64,
+                args.held_rate as f64,
+                now + args.held_ms as f64,
+            ));
+        }
         let (mut share_b, mut share_r) = (0.0, 0.0);
         let my_pairs = args.pairs as f64;
         if demand >= 0.0 {
+            replicas += 1;
             n += my_pairs;
             total += demand;
             let weight = if total > 0.0 {
@@ -262,18 +377,16 @@ impl Ledger {
             if cu > now && cb == share_b && cr == share_r {
                 mine.current.2 = now + ttl;
             } else {
-                let (lb, lr) = mine.reserved(now);
-                let mut lu = 0.0;
-                if mine.current.2 > now {
-                    lu = mine.current.2;
+                // more than the live share: tentative until a step keeps it
+                let (live_b, live_r) = if cu > now { (cb, cr) } else { (0.0, 0.0) };
+                if share_b > live_b || share_r > live_r {
+                    life = f64::min(ttl, args.grow_ms as f64);
                 }
-                if mine.earlier.2 > now {
-                    lu = f64::max(lu, mine.earlier.2);
-                }
-                mine.earlier = (lb, lr, lu);
-                mine.current = (share_b, share_r, now + ttl);
+                earlier.push(mine.current);
+                mine.current = (share_b, share_r, now + life);
             }
         }
+        [mine.earlier, mine.older] = fold(&earlier, mine.current, now);
         mine.demand = demand;
         mine.seen = now;
         mine.pairs = my_pairs;
@@ -285,6 +398,8 @@ impl Ledger {
             n as i64,
             (others_b + mb).floor() as i64,
             (others_r + mr).floor() as i64,
+            replicas,
+            life as i64,
         ]
     }
 
@@ -317,13 +432,14 @@ impl<C: crate::clock::Clock + Send + Sync + 'static> QuotaLedger for MemoryLedge
         key: &BucketKey,
         member: Member,
         demand: Option<Demand>,
+        held: Option<Held>,
         budget: Budget,
         ttl_ms: i64,
     ) -> Result<Shared, StoreError> {
         let now_ms = (self.clock.now_micros() / 1000) as i64;
         let reply = self.buckets.lock().entry(key.clone()).or_default().step(
             &member.field(),
-            StepArgs::new(demand, budget, ttl_ms),
+            StepArgs::new(demand, budget, ttl_ms).holding(held),
             now_ms,
         );
         shared_from_reply(&reply)

@@ -142,6 +142,16 @@ struct Bucket {
     /// when its last Envoy goes).
     stepped_micros: u64,
     in_ledger: bool,
+    /// With a shared ledger: the replicas splitting it at the last answer
+    /// (0: none yet), what the safe share divides the budget by.
+    ledger_replicas: u32,
+    /// With a shared ledger: since when its steps have failed (`None`: the
+    /// last one was answered). Counted in [`Quotas::without_ledger`].
+    ledger_failing: Option<u64>,
+    /// With a shared ledger: the largest safe share assigned while its
+    /// steps failed, and until when what was assigned from it may be
+    /// enforced; told to the ledger with each step until then.
+    unconfirmed: Option<(Budget, u64)>,
     /// The streams reporting it (few per bucket: a vector, not a map).
     subs: Vec<Subscription>,
     /// When it must next be looked at without a report: a member falls
@@ -231,6 +241,8 @@ pub struct Quotas {
     dropped: (u64, u64),
     /// Subscriptions looked at since the last [`Quotas::take_visited`].
     visited: u64,
+    /// Buckets whose ledger steps fail (see [`Quotas::refused`]).
+    without_ledger: usize,
     /// The regions reporting here, at the global tier (see [`hub`]).
     regions: RegionStreams,
 }
@@ -253,6 +265,19 @@ impl Quotas {
             shared: true,
             ..Self::default()
         }
+    }
+
+    /// With a shared ledger, the replicas a bucket's safe share assumes
+    /// before any answer has said how many there are (`--instances`).
+    pub fn with_instances(mut self, instances: u32) -> Self {
+        self.instances = instances;
+        self
+    }
+
+    /// Buckets this replica assigns without the shared ledger now (their
+    /// steps fail; see [`Quotas::refused`]).
+    pub fn without_ledger(&self) -> usize {
+        self.without_ledger
     }
 
     /// `stream` is a region's, one of `regions`: its buckets are split as
@@ -723,12 +748,31 @@ impl Quotas {
             ),
             _ => NEVER,
         };
-        let ttl_of = |sub: &Subscription| sub.ttl_micros().min(cover);
+        // while steps fail, the refresh a second later must come while
+        // what is sent now still lives: a share with less than 2 s left is
+        // no longer sent (it would expire as the next one arrives)
+        let needed = if bucket.ledger_failing.is_some() {
+            2_000_000
+        } else {
+            1_000_000
+        };
+        let confirmed = bucket
+            .ledger_share
+            .filter(|_| shared && cover >= needed)
+            .map(|(share, _)| share);
+        // the ledger cannot answer and the last confirmed share has no
+        // time left: the safe share, living by the members' own cadence
+        let safe = shared && confirmed.is_none() && bucket.ledger_failing.is_some();
+        let ttl_of = |sub: &Subscription| {
+            if safe {
+                sub.ttl_micros()
+            } else {
+                sub.ttl_micros().min(cover)
+            }
+        };
         let planned: Vec<(Pair, Sent)> = match bucket.policy {
-            Policy::Shared(_) if shared => match bucket.ledger_share {
-                // nothing to split yet, or no time left to assign it in:
-                // what the members hold stands until the next answer
-                Some((share, _)) if cover >= 1_000_000 => {
+            Policy::Shared(budget) if shared => match confirmed {
+                Some(share) => {
                     // the ledger holds the reserve for newcomers back from
                     // every replica's share: an Envoy joining here steps
                     // at once, and this replica's share grows into it
@@ -736,7 +780,23 @@ impl Quotas {
                     bucket.allocation.set_budget(share);
                     split(&mut bucket.allocation, &bucket.subs, ttl_of, now_micros)
                 }
-                _ => Vec::new(),
+                None if safe => {
+                    let share = safe_share(budget, bucket.ledger_replicas, self.instances);
+                    bucket.allocation.set_reserve(0.0);
+                    bucket.allocation.set_budget(share);
+                    let last = bucket.subs.iter().map(ttl_of).max().unwrap_or(0);
+                    let until = now_micros
+                        .saturating_add(last)
+                        .saturating_add(LIVE_MARGIN_MICROS);
+                    bucket.unconfirmed = Some(match bucket.unconfirmed {
+                        Some((held, u)) if u > now_micros => (held.max(share), u.max(until)),
+                        _ => (share, until),
+                    });
+                    split(&mut bucket.allocation, &bucket.subs, ttl_of, now_micros)
+                }
+                // nothing to split yet, or no time left to assign it in:
+                // what the members hold stands until the next answer
+                None => Vec::new(),
             },
             Policy::Shared(budget) => {
                 let mut share = 1.0 / f64::from(self.instances.max(1));
@@ -807,6 +867,9 @@ impl Quotas {
             if bucket.held {
                 self.held -= 1;
             }
+            if bucket.ledger_failing.is_some() {
+                self.without_ledger -= 1;
+            }
             unindex(&mut self.shares, key, bucket);
             self.buckets.remove(key);
             self.key_bytes -= key.bytes();
@@ -816,6 +879,16 @@ impl Quotas {
         bucket.due_micros = next_due(bucket, shared, after);
         queue(&mut self.due, key, bucket);
     }
+}
+
+/// What a replica assigns of `budget` while the shared ledger cannot
+/// answer and its last confirmed share has expired: the budget divided by
+/// the replicas the last answer counted (this one among them), or by
+/// `--instances` before any answer. Every replica cut off alike keeps Σ
+/// within the budget; see docs/rlqs.md for one cut off alone.
+pub fn safe_share(budget: Budget, replicas: u32, instances: u32) -> Budget {
+    let n = f64::from(if replicas > 0 { replicas } else { instances }.max(1));
+    budget.scaled(1.0 / n)
 }
 
 /// A bucket seen for the first time, for bucket id `id` (its own, or the
@@ -830,6 +903,9 @@ fn new_bucket(rules: &RuleSet, id: &BucketKey, labels: &mut HashSet<Arc<str>>) -
         ledger_share: None,
         stepped_micros: 0,
         in_ledger: false,
+        ledger_replicas: 0,
+        ledger_failing: None,
+        unconfirmed: None,
         subs: Vec::new(),
         due_micros: NEVER,
         queued_micros: NEVER,

@@ -8,6 +8,8 @@ use super::*;
 /// its Envoys' demand (`None`: the last of them left) and the bucket's
 /// budget; the share is kept reserved `ttl_micros` from when the ledger
 /// takes the step (which is after `at_micros`, when it was queued).
+/// `held`: the safe share this replica assigned while its steps failed, and
+/// until when its Envoys may enforce it (the ledger reserves it too).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Step {
     pub key: BucketKey,
@@ -15,6 +17,20 @@ pub struct Step {
     pub budget: Budget,
     pub ttl_micros: u64,
     pub at_micros: u64,
+    pub held: Option<(Budget, u64)>,
+}
+
+impl Step {
+    /// What this replica holds without the ledger, as the step tells it at
+    /// `now_micros` (rounded up to whole milliseconds).
+    pub fn held_at(&self, now_micros: u64) -> Option<ledger::Held> {
+        let (budget, until) = self.held?;
+        let left = until.checked_sub(now_micros).filter(|l| *l > 0)?;
+        Some(ledger::Held {
+            budget,
+            for_ms: i64::try_from(left.div_ceil(1000)).unwrap_or(i64::MAX),
+        })
+    }
 }
 
 /// Queues a ledger step for `bucket` (this replica's Envoys' demand, or
@@ -72,6 +88,7 @@ pub(super) fn step_if_due(
                 .saturating_add(LIVE_MARGIN_MICROS)
                 .saturating_add(1_000_000),
             at_micros: now_micros,
+            held: bucket.unconfirmed.filter(|(_, until)| *until > now_micros),
         },
     );
     true
@@ -105,15 +122,63 @@ impl Quotas {
             let Some(bucket) = self.buckets.get_mut(&key) else {
                 continue;
             };
+            if bucket.ledger_failing.take().is_some() {
+                self.without_ledger -= 1;
+            }
+            if bucket
+                .unconfirmed
+                .is_some_and(|(_, until)| until <= now_micros)
+            {
+                bucket.unconfirmed = None;
+            }
+            bucket.ledger_replicas = shared.replicas;
             bucket.shared_reserved = shared.reserved;
             if step.demand.is_none() || !bucket.in_ledger {
                 index(&mut self.shares, &key, bucket, self.shared, now_micros);
                 continue;
             }
-            let until = step.at_micros.saturating_add(step.ttl_micros);
+            // the ledger keeps a share that grew for less than the step asked
+            let life = u64::try_from(shared.life_ms)
+                .unwrap_or(0)
+                .saturating_mul(1000)
+                .min(step.ttl_micros);
+            let until = step.at_micros.saturating_add(life);
             // an answer older than the one in hand changes nothing
             if bucket.ledger_share.is_none_or(|(_, u)| u <= until) {
                 bucket.ledger_share = Some((shared.share, until));
+            }
+            self.assign(&key, now_micros, now_micros, &mut pending);
+        }
+        outbox(pending)
+    }
+
+    /// The steps of [`Quotas::take_steps`] the ledger did not answer (an
+    /// error, or no answer in time). Never fail open: each bucket's Envoys
+    /// are sent, at once and at every failed step after, this replica's
+    /// last confirmed share while the ledger surely keeps it reserved, then
+    /// a safe share ([`safe_share`]: the budget divided by the replicas the
+    /// last answer counted) living the members' own time to live, which
+    /// outlasts a missed step. The next answer takes over (told what the
+    /// safe share left live, so that no other replica is given it).
+    pub fn refused(&mut self, steps: Vec<Step>, now_micros: u64) -> Outbox {
+        let mut pending = Pending::new();
+        for step in steps {
+            let Some(key) = self
+                .buckets
+                .get_key_value(&step.key)
+                .map(|(k, _)| k.clone())
+            else {
+                continue;
+            };
+            let Some(bucket) = self.buckets.get_mut(&key) else {
+                continue;
+            };
+            if step.demand.is_none() || !bucket.in_ledger || bucket.subs.is_empty() {
+                continue;
+            }
+            if bucket.ledger_failing.is_none() {
+                bucket.ledger_failing = Some(now_micros);
+                self.without_ledger += 1;
             }
             self.assign(&key, now_micros, now_micros, &mut pending);
         }

@@ -691,6 +691,7 @@ fn bucket_ids_are_bounded_and_responses_split_below_the_message_limit() {
 
 mod churn;
 mod share_threshold;
+mod without_ledger;
 
 /// Σ reserved in one bucket (what its members may enforce now).
 fn reserved_in(q: &Quotas, pairs: &[(&str, &str)], now: u64) -> Budget {

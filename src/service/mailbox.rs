@@ -11,8 +11,14 @@
 //! counts it as live until it does). A stream's memory goes with it.
 //!
 //! **Never late.** An assignment is written with its time to live shortened
-//! by how long it waited here, and dropped once that has passed: what Envoy
-//! enforces never outlives what the split counts as live.
+//! by how long it waited here beyond [`WAIT_ALLOWANCE_MICROS`], and dropped
+//! once that has passed: what Envoy enforces never outlives what the split
+//! counts as live (the time to live and [`crate::quota::LIVE_MARGIN_MICROS`]
+//! from when it was planned). A time to live in whole seconds stays whole:
+//! Envoy 1.40 drops the fraction, so 3 s shortened by a few microseconds
+//! of waiting reached it as 2 s, and an assignment refreshed every one to
+//! two seconds lapsed between refreshes (Envoy then applied its expired
+//! or no-assignment behaviour until the next arrived, issue 56).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -34,6 +40,12 @@ use crate::quota::assignment::{duration, micros_of, MAX_MESSAGE_BYTES};
 pub const MAX_STREAM_BYTES: usize = 8 * 1024 * 1024;
 /// Bytes of actions all streams together may have waiting.
 pub const MAX_TOTAL_BYTES: usize = 256 * 1024 * 1024;
+
+/// A wait in the outbox this short does not shorten what is written: the
+/// split counts an assignment live [`crate::quota::LIVE_MARGIN_MICROS`]
+/// (500 ms) past its time to live, half of which is left for the way to
+/// Envoy.
+pub const WAIT_ALLOWANCE_MICROS: u64 = 250_000;
 
 /// What the writer hands the stream next.
 pub type Reply = Result<RateLimitQuotaResponse, Status>;
@@ -207,13 +219,18 @@ impl Mailbox {
             if let Some(bucket_action::BucketAction::QuotaAssignmentAction(a)) =
                 &mut q.action.bucket_action
             {
-                let ttl = a.assignment_time_to_live.as_ref().map_or(0, micros_of);
-                if waited > 0 {
-                    if ttl <= waited {
+                let sent = a.assignment_time_to_live.unwrap_or_default();
+                if waited > WAIT_ALLOWANCE_MICROS {
+                    let mut left = micros_of(&sent).saturating_sub(waited - WAIT_ALLOWANCE_MICROS);
+                    if sent.nanos == 0 {
+                        // Envoy's whole seconds: rounded down, never up
+                        left -= left % 1_000_000;
+                    }
+                    if left == 0 {
                         expired += 1;
                         continue;
                     }
-                    a.assignment_time_to_live = Some(duration(ttl - waited));
+                    a.assignment_time_to_live = Some(duration(left));
                 }
             }
             size += q.bytes;
@@ -323,7 +340,7 @@ mod tests {
     }
 
     /// An assignment that waited is sent with what is left of its time to
-    /// live, or not at all.
+    /// live, in whole seconds, or not at all.
     #[test]
     fn an_assignment_is_sent_with_what_is_left_of_its_time_to_live() {
         let m = Mailbox::new(Arc::default());
@@ -333,7 +350,22 @@ mod tests {
         let message = message.expect("one left");
         assert_eq!(expired, 1, "b waited past its 3 s");
         assert_eq!(message.bucket_action.len(), 1);
+        // 4 s waited, 250 ms of it allowed: 11.25 s left, 11 whole
         assert_eq!(ttl_of(&message.bucket_action[0]), 11 * S);
+    }
+
+    /// A wait within the allowance keeps the whole time to live: 3 s
+    /// shortened by microseconds reached Envoy as 2 s (it drops fractions).
+    #[test]
+    fn a_short_wait_keeps_the_whole_seconds() {
+        let m = Mailbox::new(Arc::default());
+        m.put(vec![assign("a", 5, 3)], S);
+        let (message, _) = m.take(S + 40);
+        let a = &message.expect("sent").bucket_action[0];
+        assert_eq!(ttl_of(a), 3 * S);
+        m.put(vec![assign("a", 5, 3)], S);
+        let (message, _) = m.take(S + WAIT_ALLOWANCE_MICROS + 1);
+        assert_eq!(ttl_of(&message.expect("sent").bucket_action[0]), 2 * S);
     }
 
     /// Past the stream's bound, actions for new buckets are dropped.

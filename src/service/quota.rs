@@ -30,6 +30,7 @@ use futures::{Stream, StreamExt};
 use parking_lot::Mutex;
 use tonic::{Request, Response, Status, Streaming};
 
+use super::ledger_watch::LedgerWatch;
 use super::mailbox::{Mailbox, Reply};
 use crate::clock::{Clock, MonotonicClock};
 use crate::quota::ledger::{Member, QuotaLedger};
@@ -88,6 +89,8 @@ pub struct QuotaHub {
     ledger: Option<Arc<dyn QuotaLedger>>,
     /// This replica's name in the ledger (random at start).
     replica: u32,
+    /// Whether buckets are assigned without the ledger now (logs, /readyz).
+    ledger_watch: LedgerWatch,
     /// `--instances`: each splits 1/N of every budget (not for regions).
     instances: u32,
     /// The `rls-quota` thread's runtime, where all RLQS work runs.
@@ -105,7 +108,7 @@ impl QuotaHub {
         ledger: Option<Arc<dyn QuotaLedger>>,
     ) -> anyhow::Result<Arc<Self>> {
         let quotas = match ledger {
-            Some(_) => Quotas::shared(),
+            Some(_) => Quotas::shared().with_instances(instances),
             None => Quotas::for_instances(instances),
         };
         let closing = tokio::sync::watch::channel(false).0;
@@ -122,6 +125,7 @@ impl QuotaHub {
             closing,
             ledger,
             replica: random_replica(),
+            ledger_watch: LedgerWatch::default(),
             instances,
             runtime,
         }))
@@ -166,9 +170,10 @@ impl QuotaHub {
 
     /// Takes the ledger steps queued, concurrently, and sends what their
     /// answers call for as they come back (a batch's slowest step delays
-    /// no other's answer). A step that fails sends nothing: the Envoys keep
-    /// their assignments until they expire, then fall back to their
-    /// `expired_assignment_behavior`.
+    /// no other's answer). A step that fails sends the bucket's Envoys a
+    /// share that keeps the fleet within bounds ([`Quotas::refused`]):
+    /// never nothing, which would let their assignments lapse and Envoy
+    /// fall back to its `no_assignment_behavior`.
     async fn take_steps(&self) {
         let Some(ledger) = &self.ledger else {
             return;
@@ -180,10 +185,12 @@ impl QuotaHub {
         let member = Member {
             replica: self.replica,
         };
+        let clock = &self.clock;
         let calls = futures::stream::iter(steps).map(|step| async move {
             let ttl_ms = i64::try_from(step.ttl_micros / 1000).unwrap_or(i64::MAX);
+            let held = step.held_at(clock.now_micros());
             let answer = ledger
-                .step(&step.key, member, step.demand, step.budget, ttl_ms)
+                .step(&step.key, member, step.demand, held, step.budget, ttl_ms)
                 .await;
             (step, answer)
         });
@@ -192,18 +199,51 @@ impl QuotaHub {
             .ready_chunks(LEDGER_CALLS);
         while let Some(chunk) = ready.next().await {
             let mut answers = Vec::with_capacity(chunk.len());
+            let mut failed = Vec::new();
             for (step, answer) in chunk {
                 match answer {
                     Ok(shared) => answers.push((step, shared)),
                     Err(e) => {
                         self.metrics.store_error(e.kind());
                         tracing::debug!(domain = %step.key.domain, error = %e, "RLQS ledger step failed");
+                        self.ledger_watch.failed(&e.to_string());
+                        failed.push(step);
                     }
                 }
             }
-            let out = self.quotas.lock().granted(answers, self.clock.now_micros());
-            self.send(out);
+            let now = self.clock.now_micros();
+            let (answered, unanswered, without) = {
+                let mut quotas = self.quotas.lock();
+                let answered = quotas.granted(answers, now);
+                let unanswered = quotas.refused(failed, now);
+                (answered, unanswered, quotas.without_ledger())
+            };
+            self.send(answered);
+            for (stream, response) in &unanswered {
+                let domain = self.domain_of(*stream);
+                self.metrics
+                    .quota_without_ledger(&domain, response.bucket_action.len() as u64);
+            }
+            self.send(unanswered);
+            self.metrics.quota_buckets_without_ledger(without);
+            self.ledger_watch.now_without(without, now).log();
         }
+    }
+
+    /// What this replica assigns without the shared ledger now, for
+    /// `/readyz` (`None`: nothing, or no ledger).
+    pub fn ledger_trouble(&self) -> Option<String> {
+        self.ledger_watch.describe(self.clock.now_micros())
+    }
+
+    /// The metric label of `stream`'s domain ("" before its first report;
+    /// a region's member is not a stream).
+    fn domain_of(&self, stream: StreamId) -> String {
+        self.streams
+            .lock()
+            .get(&stream)
+            .map(|(_, domain)| domain.clone())
+            .unwrap_or_default()
     }
 
     /// A new stream's outbox (on the serving thread: no more than that);

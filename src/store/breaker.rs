@@ -337,10 +337,8 @@ impl<S: Store + Nodes> Drop for Pending<'_, S> {
 }
 
 impl<S: Store + Nodes> Breakers<S> {
-    /// `call` on `descriptor`'s node through its breaker: refused at once
-    /// while it is open, told `patience` only when the node is trusted, and
-    /// its outcome recorded (a call cut short by the caller's deadline, this
-    /// future dropped, counts as a timeout of the node).
+    /// `call` on `descriptor`'s node through its breaker (see
+    /// [`Breakers::guard_node`]).
     async fn guarded<T, F, Fut>(
         &self,
         descriptor: &DescriptorBuckets,
@@ -351,7 +349,30 @@ impl<S: Store + Nodes> Breakers<S> {
         F: FnOnce(Option<std::time::Duration>) -> Fut,
         Fut: std::future::Future<Output = Result<T, StoreError>>,
     {
-        let node = self.inner.node_of(descriptor);
+        self.guard_node(self.inner.node_of(descriptor), patience, call)
+            .await
+    }
+
+    /// The store behind the breakers.
+    pub fn inner(&self) -> &Arc<S> {
+        &self.inner
+    }
+
+    /// `call` on `node` through its breaker: refused at once while it is
+    /// open, told `patience` only when the node is trusted, and its outcome
+    /// recorded (a call cut short by the caller's deadline, this future
+    /// dropped, counts as a timeout of the node). For calls that are not a
+    /// descriptor's, such as the RLQS ledger's steps.
+    pub async fn guard_node<T, F, Fut>(
+        &self,
+        node: Arc<str>,
+        patience: Option<std::time::Duration>,
+        call: F,
+    ) -> Result<T, StoreError>
+    where
+        F: FnOnce(Option<std::time::Duration>) -> Fut,
+        Fut: std::future::Future<Output = Result<T, StoreError>>,
+    {
         let cell = self.cell(&node);
         if cell.blocked.load(Ordering::Acquire) {
             return Err(StoreError::BreakerOpen);

@@ -691,7 +691,24 @@ impl Metrics {
             .inc_by(actions as u64);
     }
 
-    /// `reason`: `invalid`, `bucket_limit` or `outbox_full`.
+    /// Assignments sent to `domain`'s Envoys while their buckets' ledger
+    /// steps failed.
+    pub fn quota_without_ledger(&self, domain: &str, actions: u64) {
+        if actions > 0 {
+            self.quota
+                .without_ledger
+                .with_label_values(&[domain])
+                .inc_by(actions);
+        }
+    }
+
+    /// Buckets assigned without the shared ledger now.
+    pub fn quota_buckets_without_ledger(&self, buckets: usize) {
+        self.quota
+            .buckets_without_ledger
+            .set(i64::try_from(buckets).unwrap_or(i64::MAX));
+    }
+
     /// Time the RLQS thread spent on `work` (report or tick).
     pub fn quota_busy(&self, work: &str, spent: std::time::Duration) {
         self.quota

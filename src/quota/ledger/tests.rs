@@ -97,14 +97,48 @@ fn a_leaving_member_keeps_its_reservation_until_it_expires() {
 fn a_member_that_stopped_stepping_no_longer_counts_after_stale_ms() {
     let mut l = Ledger::default();
     step(&mut l, "1:1", Some(100.0), 0);
-    let b = step(&mut l, "2:1", Some(100.0), 0);
+    // kept by a second step: reserved for the whole time to live
+    step(&mut l, "1:1", Some(100.0), 1);
+    let b = step(&mut l, "2:1", Some(100.0), 1);
     assert_eq!(b.members, 2);
     // replica 1 dies: still counted (and its 90/s reserved) for STALE_MS
-    let b = step(&mut l, "2:1", Some(100.0), STALE_MS);
-    assert_eq!(b.members, 2);
     let b = step(&mut l, "2:1", Some(100.0), STALE_MS + 1);
+    assert_eq!(b.members, 2);
+    let b = step(&mut l, "2:1", Some(100.0), STALE_MS + 2);
     assert_eq!(b.members, 1);
     assert_eq!(b.reserved.rate, 100.0, "the dead one's 90 is still live");
+}
+
+/// A share that grows is reserved [`GROW_MS`] until a later step keeps it:
+/// a replica whose Envoy's first real report lands first takes most of the
+/// budget from the other's stale demand, but keeps it reserved only that
+/// long, and the other grows into it once it has shrunk (before, it held
+/// the other to what was left for a whole time to live).
+#[test]
+fn a_share_that_grows_is_tentative_for_one_step() {
+    let mut l = Ledger::default();
+    // both replicas' Envoys have sent only their first report (1/s)
+    for t in [0, 1_000, 2_000] {
+        step(&mut l, "a", Some(1.0), t);
+        step(&mut l, "b", Some(1.0), t);
+    }
+    // a's Envoy reports 8,000/s first: a takes 0.9 of the budget's 90 %
+    let a = step(&mut l, "a", Some(8_000.0), 3_000);
+    assert!(a.share.rate > 80.0, "{:?}", a.share);
+    assert_eq!(a.life_ms, GROW_MS);
+    // b's report lands a moment later: b is held to what a leaves
+    let b = step(&mut l, "b", Some(8_000.0), 3_100);
+    assert!(b.share.rate < 20.0, "{:?}", b.share);
+    // a shrinks to its half at its next step; its grown share is reserved
+    // until GROW_MS after it was taken, then b grows into the rest
+    let a = step(&mut l, "a", Some(8_000.0), 4_000);
+    assert_eq!(a.share.rate, 45.0);
+    assert_eq!(a.life_ms, TTL_MS, "a shrinking share is not tentative");
+    let b = step(&mut l, "b", Some(8_000.0), 3_000 + GROW_MS + 1);
+    assert_eq!(b.share.rate, 45.0);
+    // once kept, a share lives the whole time to live
+    let b = step(&mut l, "b", Some(8_000.0), 3_000 + GROW_MS + 1_000);
+    assert_eq!((b.share.rate, b.life_ms), (45.0, TTL_MS));
 }
 
 #[test]

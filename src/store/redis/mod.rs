@@ -612,18 +612,37 @@ impl RedisStore {
     }
 
     /// Runs another of the service's scripts (the RLQS ledger's) on the
-    /// single key `key`, routed and retried like a decision.
+    /// single key `key`, routed and retried like a decision, waiting up to
+    /// `patience` when it is longer than `--redis-timeout`.
     pub async fn run_script(
         &self,
         script: &LuaScript,
         key: Bytes,
         args: &[Value],
+        patience: Option<Duration>,
     ) -> Result<Vec<i64>, StoreError> {
         let key = self.prefixed(key);
         let slot = fred::util::redis_keyslot(&key);
-        self.run(script, slot, &[Key::from(key)], args, &self.options)
+        let patient = self.patient(patience);
+        let options = patient.as_ref().unwrap_or(&self.options);
+        self.run(script, slot, &[Key::from(key)], args, options)
             .await
             .map_err(store_error)
+    }
+
+    /// The primary that owns `key`'s slot now (`key` without the
+    /// `--redis-key-prefix`, which has no braces and moves no slot).
+    pub fn node_of_key(&self, key: &[u8]) -> Arc<str> {
+        self.primary_of(fred::util::redis_keyslot(key))
+    }
+
+    /// The name of the primary that owns `slot` now (`unrouted`: none).
+    fn primary_of(&self, slot: u16) -> Arc<str> {
+        self.routing
+            .read()
+            .node_of_slot(slot)
+            .map(|n| n.name.clone())
+            .unwrap_or_else(|| Arc::from("unrouted"))
     }
 }
 
@@ -731,12 +750,7 @@ fn within<T>(
 #[async_trait]
 impl Nodes for RedisStore {
     fn node_of(&self, descriptor: &DescriptorBuckets) -> Arc<str> {
-        let slot = slot_of(tag_hash(&descriptor.tag));
-        self.routing
-            .read()
-            .node_of_slot(slot)
-            .map(|n| n.name.clone())
-            .unwrap_or_else(|| Arc::from("unrouted"))
+        self.primary_of(slot_of(tag_hash(&descriptor.tag)))
     }
 
     /// PING `node` on its probe client's own connection, fail fast, within

@@ -14,6 +14,8 @@ pub(super) struct QuotaMetrics {
     pub(super) dropped: IntCounterVec,
     pub(super) busy: prometheus::CounterVec,
     pub(super) outbox_bytes: IntGauge,
+    pub(super) without_ledger: IntCounterVec,
+    pub(super) buckets_without_ledger: IntGauge,
 }
 
 impl QuotaMetrics {
@@ -62,6 +64,15 @@ impl QuotaMetrics {
                 "RLQS bucket assignments sent (new shares, refreshes, blanket rules)",
             ),
             dropped,
+            without_ledger: by_domain(
+                "rls_quota_assignments_without_ledger_total",
+                "RLQS with the Redis store: assignments sent while the bucket's shared-ledger steps failed (this replica's last confirmed share, then the budget divided by the replicas known)",
+            ),
+            buckets_without_ledger: IntGauge::new(
+                "rls_quota_buckets_without_ledger",
+                "RLQS with the Redis store: buckets this replica assigns without the shared ledger now (their steps fail)",
+            )
+            .expect("valid metric"),
             outbox_bytes: IntGauge::new(
                 "rls_quota_outbox_bytes",
                 "RLQS: bytes of assignments waiting for their Envoys to read them, all streams together",
@@ -93,6 +104,8 @@ impl QuotaMetrics {
             Box::new(self.dropped.clone()),
             Box::new(self.outbox_bytes.clone()),
             Box::new(self.assignments.clone()),
+            Box::new(self.without_ledger.clone()),
+            Box::new(self.buckets_without_ledger.clone()),
         ]
     }
 }
