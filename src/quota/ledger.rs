@@ -14,10 +14,13 @@
 //! about once a second per replica however many Envoys report it.
 //!
 //! **Bound.** A step gives the caller at most what the other members do not
-//! reserve (their live shares: each member keeps its current one and the
-//! largest of the earlier ones still live), so Σ of the replicas' shares
-//! stays ≤ the budget, whatever the order of steps; each replica keeps Σ
-//! of what its Envoys may enforce within the largest of its live shares.
+//! reserve (their live shares: each member keeps its current one and its
+//! earlier ones still live, as two envelopes (`fold`); and what it says
+//! it [`Held`] without the ledger), so Σ of the replicas' shares stays ≤
+//! the budget, whatever the order of steps; each replica keeps Σ of what
+//! its Envoys may enforce within the largest of its live shares.
+//! **Growth is tentative**: a share larger than the member's live one is
+//! reserved [`GROW_MS`] until a later step keeps it (see there why).
 //! **Shares.** As in [`super::allocation`], counted in Envoys: [`NEWCOMER_RESERVE`]
 //! held back, the rest split with a floor of [`FLOOR_FRACTION`] of an equal
 //! share per Envoy and the remainder by demand among the Envoys of the

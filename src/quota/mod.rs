@@ -884,11 +884,14 @@ impl Quotas {
 /// What a replica assigns of `budget` while the shared ledger cannot
 /// answer and its last confirmed share has expired: the budget divided by
 /// the replicas the last answer counted (this one among them), or by
-/// `--instances` before any answer. Every replica cut off alike keeps Σ
-/// within the budget; see docs/rlqs.md for one cut off alone.
+/// `--instances` before any answer, less the newcomer reserve the ledger
+/// holds back too: with equal demand it is the share the ledger gave, so
+/// the Envoys' token buckets do not change (Envoy 1.40 starts a changed
+/// one full). Every replica cut off alike keeps Σ within the budget; see
+/// docs/rlqs.md for one cut off alone.
 pub fn safe_share(budget: Budget, replicas: u32, instances: u32) -> Budget {
     let n = f64::from(if replicas > 0 { replicas } else { instances }.max(1));
-    budget.scaled(1.0 / n)
+    budget.scaled((1.0 - allocation::NEWCOMER_RESERVE) / n)
 }
 
 /// A bucket seen for the first time, for bucket id `id` (its own, or the
