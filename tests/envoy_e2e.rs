@@ -1539,8 +1539,10 @@ descriptors:
 /// `examples/envoy/llm.yaml`, #39): each chat's two calls carry its
 /// x-request-id; the first reserves 600 of a budget of 1,000 (refused
 /// unless they are there), the stream-done one (`phase: done`) settles
-/// against what the stand-in LLM reported. Twenty slow chats at once: one
-/// is in flight, the rest 429 (checks alone let them all start); then a
+/// against what the stand-in LLM reported. Twenty slow chats at once, each
+/// sending the same `x-request-id` of its own (the example's edge replaces
+/// it; issue 51: twenty of twenty passed before): one is in flight, the
+/// rest 429 (checks alone let them all start); then a
 /// chat that used less gets the rest back at once, one that used more pays
 /// the difference.
 #[tokio::test]
@@ -1588,12 +1590,15 @@ descriptors:
     let chat = |tokens: &'static str, delay_ms: &'static str| {
         let edge = &edge;
         async move {
+            // every chat sends the same x-request-id of its own: the
+            // example's edge replaces it, so each is an attempt of its own
             edge.get(
                 "/chat/reserved",
                 &[
                     ("x-user", "zoe"),
                     ("x-tokens-used", tokens),
                     ("x-envoy-fault-delay-request", delay_ms),
+                    ("x-request-id", "my-own-id"),
                 ],
             )
             .await
@@ -1972,7 +1977,9 @@ async fn a_call_envoy_retries_while_redis_is_paused_is_charged_once() {
 /// A global concurrency limit through a real Envoy 1.40
 /// (`examples/envoy/concurrency.yaml`, #39): ten slow requests of one user
 /// at once on `concurrency: 3`, three in flight and seven refused with
-/// `Retry-After: 1`; each slot comes back when its stream is done. Then
+/// `Retry-After: 1`, also when each sends the same `x-request-id` of its
+/// own (issue 51: ten of ten passed before the example's edge replaced
+/// it); each slot comes back when its stream is done. Then
 /// Envoy is killed with three requests in flight: their releases never
 /// come, and the slots return after the ttl.
 #[tokio::test]
@@ -1989,9 +1996,16 @@ async fn a_concurrency_limit_holds_streams_in_flight_and_a_dead_envoys_slots_ret
     let request = |delay_ms: &'static str| {
         let edge = &edge;
         async move {
+            // the same x-request-id of the client's own on every request:
+            // the example's edge replaces it (else ten would pass as
+            // repeats of one attempt)
             edge.get(
                 "/",
-                &[("x-user", "u1"), ("x-envoy-fault-delay-request", delay_ms)],
+                &[
+                    ("x-user", "u1"),
+                    ("x-envoy-fault-delay-request", delay_ms),
+                    ("x-request-id", "my-own-id"),
+                ],
             )
             .await
         }
