@@ -12,6 +12,7 @@ pub mod mailbox;
 pub mod quota;
 pub mod request;
 pub mod response;
+pub mod unknown_domains;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -33,6 +34,8 @@ pub struct RateLimitGrpc {
     limiter: Arc<Limiter>,
     metrics: Arc<Metrics>,
     options: ResponseOptions,
+    /// Domains asked about that no rule has, said once each.
+    unknown_domains: unknown_domains::UnknownDomains,
 }
 
 impl RateLimitGrpc {
@@ -47,6 +50,7 @@ impl RateLimitGrpc {
             limiter,
             metrics,
             options,
+            unknown_domains: Default::default(),
         }
     }
 
@@ -59,6 +63,9 @@ impl RateLimitGrpc {
         tracing::debug!(?request, "ShouldRateLimit");
         let inputs = request::descriptor_inputs(request).map_err(Status::invalid_argument)?;
         let rules = self.rules.load();
+        if !rules.has_domain(&request.domain) {
+            self.unknown_domains.log(&request.domain);
+        }
         let mut decisions = self
             .limiter
             .decide_within(&rules, &request.domain, &inputs, deadline.map(store_budget))
