@@ -126,6 +126,11 @@ pub enum AttemptResult {
     NoId,
     /// A done call released its attempt's slot.
     Released,
+    /// A done call found no slot of its attempt: its start was refused
+    /// (Envoy sends the stream-done call of a request the start refused
+    /// too), or the slot had returned by itself. Nothing to release, and
+    /// no alarm: it comes with every refusal on a concurrency route.
+    NotHeld,
 }
 
 impl AttemptResult {
@@ -141,6 +146,7 @@ impl AttemptResult {
             AttemptResult::Expired => "expired",
             AttemptResult::NoId => "no_id",
             AttemptResult::Released => "released",
+            AttemptResult::NotHeld => "not_held",
         }
     }
 }
@@ -287,7 +293,7 @@ pub struct SlotOutcome {
     /// Slots held after the call.
     pub in_flight: u64,
     /// [`AttemptResult::First`] (taken, or refused), `Repeat` (held
-    /// already), `Released`, or `Unknown` (a release of no slot held).
+    /// already), `Released`, or `NotHeld` (a release of no slot held).
     pub result: AttemptResult,
     /// Slots that returned by themselves before this call (their time to
     /// live passed unreleased).
@@ -332,7 +338,7 @@ pub fn release_slot(held: &mut Slots, id: &[u8], now: u64) -> SlotOutcome {
         result: if held.len() < before {
             AttemptResult::Released
         } else {
-            AttemptResult::Unknown
+            AttemptResult::NotHeld
         },
         expired,
     }

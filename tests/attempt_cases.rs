@@ -272,11 +272,11 @@ async fn attempts_in_a_batch_with_plain_decisions_are_each_decided_alone() {
 
 /// The slots' sequences, the same from `take_slot`/`release_slot` (the
 /// memory store) and `slots.lua` (Redis): taken up to the most, refused
-/// past it, a repeated start holding its one slot, released once, an
-/// unknown release, and slots that return by themselves.
+/// past it, a repeated start holding its one slot, released once, a
+/// release of no slot held, and slots that return by themselves.
 #[tokio::test]
 async fn lua_and_rust_hold_slots_alike() {
-    use AttemptResult::{First, Released, Repeat, Unknown};
+    use AttemptResult::{First, NotHeld, Released, Repeat};
     let redis = RedisServer::standalone();
     let store = connect(&redis, false).await;
     let memory = MemoryStore::new(MonotonicClock::new());
@@ -288,9 +288,9 @@ async fn lua_and_rust_hold_slots_alike() {
         ("c", Start, false, 2, First),
         ("a", Start, true, 2, Repeat),
         ("a", Done, true, 1, Released),
-        ("a", Done, true, 1, Unknown),
+        ("a", Done, true, 1, NotHeld),
         ("c", Start, true, 2, First),
-        ("z", Done, true, 2, Unknown),
+        ("z", Done, true, 2, NotHeld),
         ("d", Start, false, 2, First),
     ];
     let d = descriptor("slots", &[]);

@@ -359,7 +359,8 @@ async fn slots(server: &RunningServer, other: &RunningServer) {
             }
     };
     assert_eq!(both("released"), 1.0);
-    assert_eq!(both("unknown"), 1.0);
+    assert_eq!(both("not_held"), 1.0);
+    assert_eq!(both("unknown"), 0.0);
     assert_eq!(both("repeat"), 1.0);
     assert_eq!(both("expired"), 3.0);
     assert_eq!(both("no_id"), 1.0);

@@ -2038,6 +2038,10 @@ async fn a_concurrency_limit_holds_streams_in_flight_and_a_dead_envoys_slots_ret
         assert_eq!(a.retry_after.as_deref(), Some("1"));
     }
     until("released", 3.0).await;
+    // the seven refused requests' stream-done calls find no slot: counted
+    // not_held, never unknown (it rose with normal traffic before)
+    until("not_held", 7.0).await;
+    assert_eq!(counted("unknown").await, 0.0);
     // every slot is back: three more at once pass
     let again = futures::future::join_all((0..3).map(|_| request("0"))).await;
     assert!(again.iter().all(|a| a.status == 200), "slots back");

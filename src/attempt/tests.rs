@@ -176,7 +176,7 @@ fn slots_hold_at_most_max_and_return_on_release_or_expiry() {
     let o = release_slot(&mut held, b"b", 3 * S);
     assert_eq!((o.result, o.in_flight), (AttemptResult::Released, 2));
     let o = release_slot(&mut held, b"b", 3 * S);
-    assert_eq!(o.result, AttemptResult::Unknown, "released once");
+    assert_eq!(o.result, AttemptResult::NotHeld, "released once");
     let o = take_slot(&mut held, b"d", 3, 10 * S, 4 * S);
     assert!(o.admitted);
     // a and c were never released: back by themselves at 11 s

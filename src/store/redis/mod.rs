@@ -897,7 +897,7 @@ impl Store for RedisStore {
             in_flight: in_flight.max(0) as u64,
             result: match result {
                 1 => AttemptResult::Repeat,
-                4 => AttemptResult::Unknown,
+                4 => AttemptResult::NotHeld,
                 5 => AttemptResult::Released,
                 _ => AttemptResult::First,
             },

@@ -9,7 +9,7 @@
 -- the next call within that ttl; later, not at all).
 -- ARGV: phase (0 take, 1 release), the attempt id, the most slots, ttl_ms.
 -- Returns {admitted (1/0), slots held after, result (0 first, 1 repeat, 4
--- unknown: a release of no slot held, 5 released), slots that returned by
+-- not held: a release of no slot held, 5 released), slots that returned by
 -- themselves before this call}.
 
 local time = redis.call('TIME')
