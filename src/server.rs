@@ -149,6 +149,7 @@ pub async fn start(args: &ServeArgs) -> Result<RunningServer> {
     let metrics = start_metrics(args, xds.is_some())?;
     let reloader = keep_rules_current(args, opts, xds, &rules, &metrics)?;
     let (store, quota_ledger) = open_store(args, &metrics).await?;
+    warn_of_attempts_in_memory(args, &rules.load());
     let (limiter, upstream_task) = build_limiter(args, store, &rules, &metrics)?;
     let generation = {
         let rules = rules.clone();
@@ -532,6 +533,26 @@ async fn open_redis(
     let redis = Arc::new(redis);
     redis.spawn_memory_watch(metrics.clone());
     Ok((redis, settings))
+}
+
+/// Rules with `attempts:` on the memory store with `--instances` above 1:
+/// each instance remembers only the attempts it decided, so behind one
+/// Envoy a done call that reaches another instance finds nothing (a slot
+/// stays held until its ttl, a reservation is charged twice). Said at
+/// start, naming the rules (a reload that adds such a rule is not).
+fn warn_of_attempts_in_memory(args: &ServeArgs, rules: &rules::RuleSet) {
+    if args.store != StoreKind::Memory || args.instances <= 1 {
+        return;
+    }
+    let with_attempts = rules.attempt_rules();
+    if with_attempts.is_empty() {
+        return;
+    }
+    tracing::warn!(
+        instances = args.instances,
+        rules = %with_attempts.join(", "),
+        "rules with attempts on the memory store with several instances: each instance remembers only its own attempts, so a done call that reaches another instance finds nothing (a slot stays held until its ttl, a reservation is charged twice); use --store redis for attempts across instances (docs/usage.md)"
+    );
 }
 
 /// Step 5: the limiter over the store and, on a region, its share of the

@@ -180,3 +180,22 @@ fn redis_unreachable_at_start_is_named_and_does_not_hold_the_start() {
         assert!(!stderr.contains("maxmemory-policy"), "{url}: {stderr}");
     }
 }
+
+/// Rules with `attempts:` on the memory store with `--instances` above 1
+/// (each instance remembers only its own attempts: a release reaching
+/// another finds nothing) are named in a warning at start (issue 51); one
+/// instance, or no such rule, says nothing of it.
+#[test]
+fn attempts_on_the_memory_store_with_several_instances_are_warned_of() {
+    let concurrency = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/concurrency");
+    let said = "rules with attempts on the memory store with several instances";
+    let stderr = stderr_of_a_run(&["--config", concurrency, "--instances", "2"]);
+    assert!(
+        stderr.contains(said) && stderr.contains("streams: user"),
+        "{stderr}"
+    );
+    let stderr = stderr_of_a_run(&["--config", concurrency]);
+    assert!(!stderr.contains(said), "{stderr}");
+    let stderr = stderr_of_a_run(&["--instances", "2"]);
+    assert!(!stderr.contains(said), "no attempts in config/: {stderr}");
+}

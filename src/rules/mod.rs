@@ -114,6 +114,24 @@ impl RuleSet {
         &self.files
     }
 
+    /// `domain: rule` of every rule with `attempts:`, sorted.
+    pub fn attempt_rules(&self) -> Vec<String> {
+        let mut out: Vec<String> = self
+            .domains
+            .values()
+            .flat_map(|d| {
+                d.root
+                    .rules()
+                    .into_iter()
+                    .filter(|r| r.attempts.is_some())
+                    .map(move |r| format!("{}: {}", d.name, r.label()))
+            })
+            .collect();
+        out.sort();
+        out.dedup();
+        out
+    }
+
     /// Every compiled rule of a domain.
     pub fn rules(&self, domain: &str) -> Vec<&Arc<Rule>> {
         self.domains
