@@ -671,7 +671,8 @@ async fn within<T>(
 /// A slot call's answer: OK while it holds (or released) a slot, else over
 /// the limit with a retry in a second (a slot frees when a request in
 /// flight finishes, which nobody can foresee); the slots left free as
-/// `limit_remaining`.
+/// `limit_remaining`, none when refused (a start the memory store had no
+/// room to remember was refused with three of three "left").
 fn slot_decision(rule: &Arc<Rule>, admitted: bool, in_flight: u64, max: u64) -> Decision {
     let verdict = match admitted {
         true => Verdict::Ok,
@@ -682,7 +683,11 @@ fn slot_decision(rule: &Arc<Rule>, admitted: bool, in_flight: u64, max: u64) -> 
     Decision {
         verdict,
         limit: None,
-        remaining: max.saturating_sub(in_flight),
+        remaining: if admitted {
+            max.saturating_sub(in_flight)
+        } else {
+            0
+        },
         reset_secs: Some(u64::from(!admitted)),
         rule: Some(rule.clone()),
         window_count: None,

@@ -538,3 +538,24 @@ async fn own_costs_outside_usage_domains_are_spends() {
         .expect("ok");
     assert_eq!(d[0].verdict, Verdict::Ok, "the refused 4 took nothing");
 }
+
+/// A refused slot start leaves no slot to the caller, whatever the store
+/// counted in flight (a start refused for a full attempt table said three
+/// of three were left).
+#[test]
+fn a_refused_slot_start_reports_no_slot_left() {
+    let r = rules();
+    let rule = r
+        .rules("d")
+        .into_iter()
+        .find(|rule| rule.label() == "per-user")
+        .expect("the per-user rule")
+        .clone();
+    let admitted = slot_decision(&rule, true, 1, 3);
+    assert_eq!((admitted.verdict, admitted.remaining), (Verdict::Ok, 2));
+    let refused = slot_decision(&rule, false, 0, 3);
+    assert_eq!(
+        (refused.verdict, refused.remaining, refused.reset_secs),
+        (Verdict::OverLimit, 0, Some(1))
+    );
+}

@@ -17,7 +17,7 @@
 
 use std::collections::HashMap;
 
-use crate::attempt::{self, AttemptCall, AttemptRecord, Phase, SlotOutcome, Slots};
+use crate::attempt::{self, AttemptCall, AttemptRecord, AttemptResult, Phase, SlotOutcome, Slots};
 use crate::labels::RuleId;
 
 /// Attempt records held at most unless told otherwise (`--max-attempts`).
@@ -110,7 +110,10 @@ impl Attempts {
         let outcome = match call.phase {
             Phase::Start if full && !held.iter().any(|(h, _)| **h == *call.id) => {
                 // expired ones still go; no new slot past the bound
-                attempt::take_slot(held, &call.id, 0, call.ttl_micros, now)
+                SlotOutcome {
+                    result: AttemptResult::Full,
+                    ..attempt::take_slot(held, &call.id, 0, call.ttl_micros, now)
+                }
             }
             Phase::Start => attempt::take_slot(held, &call.id, max, call.ttl_micros, now),
             Phase::Done => attempt::release_slot(held, &call.id, now),

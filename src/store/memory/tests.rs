@@ -627,3 +627,26 @@ fn a_sliding_window_counts_admitted_hits_and_is_forgotten_when_it_weighs_nothing
         "forgotten two windows after the one it counted in"
     );
 }
+
+/// A slot start the attempt table has no room to remember is refused and
+/// counted `full` (it was counted `first`), and the limiter answers it with
+/// no slot left (it said three of three).
+#[test]
+fn a_slot_start_with_no_room_is_refused_as_full() {
+    let clock = ManualClock::new(1_000_000);
+    let store = MemoryStore::with_cap(clock.clone(), 1, None).with_attempts(1, None);
+    let d = slow("u");
+    let rule = RuleId::of("streams", "user");
+    let start = |id: &str| AttemptCall {
+        ttl_micros: 10_000_000,
+        ..attempt(id, Phase::Start, AttemptMode::Slot)
+    };
+    let o = store.decide_slot_now(&d, 3, &start("a"), rule);
+    assert_eq!((o.admitted, o.result), (true, AttemptResult::First));
+    let e = slow("other");
+    let o = store.decide_slot_now(&e, 3, &start("b"), rule);
+    assert_eq!(
+        (o.admitted, o.result, o.in_flight),
+        (false, AttemptResult::Full, 0)
+    );
+}
