@@ -158,8 +158,9 @@ pub struct Planned {
     /// OK from the buckets as they are, nothing written.
     pub cost: Option<Cost>,
     pub result: AttemptResult,
-    /// Whether an admitted outcome must be remembered (a start, or a done
-    /// call of a dedupe rule), so that there must be room for it.
+    /// Whether an admitted outcome must be remembered (a start, a done
+    /// call of a dedupe rule, or the done call of an attempt with no
+    /// record), so that there must be room for it.
     pub records: bool,
 }
 
@@ -205,10 +206,14 @@ pub fn plan(call: &AttemptCall, record: Option<&AttemptRecord>, cost: Cost, now:
                     },
                     records: false,
                 },
+                // remembered (a repeat of it charges nothing), so it needs
+                // room: done calls of attempts never started were stored
+                // past --max-attempts (500,000 took 92 MiB), and then every
+                // start was refused as full for twice the ttl
                 _ => Planned {
                     cost: Some(Cost::Charge(used)),
                     result: AttemptResult::Unknown,
-                    records: false,
+                    records: true,
                 },
             }
         }

@@ -650,3 +650,41 @@ fn a_slot_start_with_no_room_is_refused_as_full() {
         (false, AttemptResult::Full, 0)
     );
 }
+
+/// Done calls of attempts never started are charged in full and kept only
+/// while there is room: past `--max-attempts` they are counted `full` and
+/// not remembered (500,000 of them took 92 MiB against the bound, issue
+/// 51), and the table never holds more than its bound.
+#[test]
+fn done_calls_of_unknown_attempts_stay_within_the_attempt_bound() {
+    let clock = ManualClock::new(1_000_000);
+    let store = MemoryStore::with_cap(clock.clone(), 1, None).with_attempts(2, None);
+    let d = slow("u");
+    let mut results = Vec::new();
+    for i in 0..5 {
+        let o = store.decide_attempt_now(
+            &d,
+            Cost::Charge(1),
+            &attempt(&format!("never-{i}"), Phase::Done, AttemptMode::Reserve),
+        );
+        results.push(o.result);
+        assert!(store.attempts() <= 2, "over the bound at {i}");
+    }
+    assert_eq!(
+        results,
+        [
+            AttemptResult::Unknown,
+            AttemptResult::Unknown,
+            AttemptResult::Full,
+            AttemptResult::Full,
+            AttemptResult::Full
+        ]
+    );
+    // each was charged in full, remembered or not
+    let o = store.decide_attempt_now(
+        &d,
+        Cost::Check,
+        &attempt("look", Phase::Start, AttemptMode::Dedupe),
+    );
+    assert_eq!(o.outcomes[0].remaining, 95);
+}
