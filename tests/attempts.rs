@@ -79,6 +79,7 @@ async fn start() -> (RunningServer, tempfile::TempDir) {
 /// Every scenario on one server: the memory store, or one on Redis.
 async fn scenarios(server: &RunningServer) {
     twenty_chats(server, server).await;
+    estimates_below_the_reserve(server).await;
     settlements(server).await;
     repeats(server).await;
     entries(server).await;
@@ -161,6 +162,31 @@ fn counted(server: &RunningServer, rule: &str, result: &str) -> f64 {
 
 fn remaining(r: &RateLimitResponse) -> u64 {
     u64::from(r.statuses[0].limit_remaining)
+}
+
+/// A start whose own estimate is 0 (a check) or below the rule's
+/// `reserve: 600` reserves the 600 (issue 51: twenty chats with an estimate
+/// of 0 started on a budget that holds one): one of twenty in flight,
+/// settled after; an estimate above it reserves its own.
+async fn estimates_below_the_reserve(server: &RunningServer) {
+    let mut c = client(server).await;
+    let mut admitted = Vec::new();
+    for i in 0..20 {
+        let id = format!("low-{i}");
+        let estimate = [0, 10][i % 2];
+        let r = call(&mut c, "user", "dora", Some(&id), false, Some(estimate)).await;
+        if r.overall_code == OK {
+            admitted.push(id);
+        }
+    }
+    assert_eq!(admitted.len(), 1, "{admitted:?}");
+    let r = call(&mut c, "user", "dora", None, false, Some(0)).await;
+    assert_eq!(remaining(&r), 400, "600 reserved");
+    let r = call(&mut c, "user", "dora", Some(&admitted[0]), true, Some(600)).await;
+    assert_eq!((r.overall_code, remaining(&r)), (OK, 400));
+    // 700 of its own: more than the reserve, refused on the 400 left
+    let r = call(&mut c, "user", "dora", Some("high"), false, Some(700)).await;
+    assert_eq!(r.overall_code, OVER);
 }
 
 /// The issue's case: 20 chats of 600 start at once on 1,000. Without

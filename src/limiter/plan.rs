@@ -289,10 +289,13 @@ fn attempt_call<E: DescriptorEntry>(a: &AttemptsConfig, entries: &[E]) -> Option
 }
 
 /// What a call of an attempt costs before its record is read: a
-/// reservation's start spends its estimate (its own `hits_addend`, else
-/// the rule's `reserve`) and is refused when the buckets do not hold it; a
-/// done call brings what was used (the record turns it into the
-/// settlement); a dedupe rule's call costs what it would without attempts.
+/// reservation's start spends its estimate (its own `hits_addend`, at
+/// least the rule's `reserve`; without one of its own, the `reserve`) and
+/// is refused when the buckets do not hold it; a done call brings what was
+/// used (the record turns it into the settlement); a dedupe rule's call
+/// costs what it would without attempts. A start whose own estimate was 0
+/// (a check) reserved nothing, so twenty chats started at once on a budget
+/// that holds one (issue 51): the rule's `reserve` is a floor.
 fn attempt_cost<E>(
     a: &AttemptsConfig,
     call: &AttemptCall,
@@ -300,10 +303,21 @@ fn attempt_cost<E>(
     usual: Cost,
 ) -> Cost {
     match (call.mode, call.phase, d.cost) {
-        (AttemptMode::Reserve, Phase::Start, Cost::Spend(n)) => match a.reserve {
-            Some(estimate) if !d.own_hits_addend => Cost::Spend(estimate),
-            _ => Cost::Spend(n),
-        },
+        (AttemptMode::Reserve, Phase::Start, Cost::Spend(_) | Cost::Check) => {
+            let own = match d.cost {
+                Cost::Spend(n) if d.own_hits_addend => Some(n),
+                Cost::Check => Some(0),
+                _ => None,
+            };
+            match (own, a.reserve) {
+                (Some(n), Some(floor)) => Cost::Spend(n.max(floor)),
+                (None, Some(estimate)) => Cost::Spend(estimate),
+                // no `reserve` to fall back on: the call as it came
+                (Some(0), None) => usual,
+                (Some(n), None) => Cost::Spend(n),
+                (None, None) => d.cost,
+            }
+        }
         (AttemptMode::Reserve, Phase::Done, cost) => cost,
         _ => usual,
     }
