@@ -3019,6 +3019,25 @@ async fn flood_and_watch(
     (ok1 + ok2, over1 + over2, most, said)
 }
 
+/// Floods both Envoys for `secs` while the ledger's primary is `what`
+/// (paused, killed): within B + r·t of the 50/s bucket, at least a third of
+/// r·t (the safe share, not shut), the bucket counted without the ledger
+/// and `/readyz` saying so.
+async fn safe_window(
+    edge: &Edge,
+    second: &RunningEnvoy,
+    headers: &'static [(&'static str, &'static str)],
+    what: &str,
+    secs: u64,
+) {
+    let (ok, over, most, said) = flood_and_watch(edge, second, headers, secs).await;
+    eprintln!("ledger's primary {what}, {secs} s: {ok} admitted, {over} refused; buckets without the ledger {most}; /readyz said so: {said}");
+    assert!(ok <= 50 + 50 * secs, "{ok} admitted, over B + r·t");
+    assert!(ok >= 50 * secs / 3, "{ok} admitted: not the safe share");
+    assert_eq!(most, 1.0, "the bucket is counted without the ledger");
+    assert!(said, "/readyz says it");
+}
+
 /// Waits until neither replica assigns without the ledger.
 async fn ledger_answers_again(edge: &Edge, within: Duration) {
     let deadline = Instant::now() + within;
@@ -3056,22 +3075,12 @@ async fn a_ledger_that_cannot_answer_never_lets_the_fleet_fail_open() {
     const PAUSED: u64 = 8;
     let pause = cluster.nodes[primary].cli(&["CLIENT", "PAUSE", "9000", "ALL"]);
     assert!(pause.contains("OK"), "CLIENT PAUSE: {pause}");
-    let (ok, over, most, said) = flood_and_watch(&edge, &second, KEY, PAUSED).await;
-    eprintln!("ledger's primary paused, {PAUSED} s: {ok} admitted, {over} refused; buckets without the ledger {most}; /readyz said so: {said}");
-    assert!(ok <= 50 + 50 * PAUSED, "{ok} admitted, over B + r·t");
-    assert!(ok >= 50 * PAUSED / 3, "{ok} admitted: not the safe share");
-    assert_eq!(most, 1.0, "the bucket is counted without the ledger");
-    assert!(said, "/readyz says it");
+    safe_window(&edge, &second, KEY, "paused", PAUSED).await;
     ledger_answers_again(&edge, Duration::from_secs(15)).await;
 
     const KILLED: u64 = 10;
     cluster.nodes[primary].kill();
-    let (ok, over, most, said) = flood_and_watch(&edge, &second, KEY, KILLED).await;
-    eprintln!("ledger's primary killed, {KILLED} s: {ok} admitted, {over} refused; buckets without the ledger {most}; /readyz said so: {said}");
-    assert!(ok <= 50 + 50 * KILLED, "{ok} admitted, over B + r·t");
-    assert!(ok >= 50 * KILLED / 3, "{ok} admitted: not the safe share");
-    assert_eq!(most, 1.0, "the bucket is counted without the ledger");
-    assert!(said, "/readyz says it");
+    safe_window(&edge, &second, KEY, "killed", KILLED).await;
     // its replica took over: the ledger answers again
     ledger_answers_again(&edge, Duration::from_secs(20)).await;
 }

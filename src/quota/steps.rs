@@ -101,6 +101,14 @@ pub(super) fn whole_seconds(micros: u64) -> u64 {
 }
 
 impl Quotas {
+    /// The map's own key of the bucket a step was queued for (shared with
+    /// the due queue and the shares index); `None` once it has gone.
+    fn step_key(&self, step: &Step) -> Option<Arc<BucketKey>> {
+        self.buckets
+            .get_key_value(&step.key)
+            .map(|(k, _)| k.clone())
+    }
+
     /// The ledger steps queued since the last call.
     pub fn take_steps(&mut self) -> Vec<Step> {
         self.steps.drain().map(|(_, step)| step).collect()
@@ -112,11 +120,7 @@ impl Quotas {
     pub fn granted(&mut self, answers: Vec<(Step, Shared)>, now_micros: u64) -> Outbox {
         let mut pending = Pending::new();
         for (step, shared) in answers {
-            let Some(key) = self
-                .buckets
-                .get_key_value(&step.key)
-                .map(|(k, _)| k.clone())
-            else {
+            let Some(key) = self.step_key(&step) else {
                 continue;
             };
             let Some(bucket) = self.buckets.get_mut(&key) else {
@@ -163,11 +167,7 @@ impl Quotas {
     pub fn refused(&mut self, steps: Vec<Step>, now_micros: u64) -> Outbox {
         let mut pending = Pending::new();
         for step in steps {
-            let Some(key) = self
-                .buckets
-                .get_key_value(&step.key)
-                .map(|(k, _)| k.clone())
-            else {
+            let Some(key) = self.step_key(&step) else {
                 continue;
             };
             let Some(bucket) = self.buckets.get_mut(&key) else {

@@ -63,14 +63,18 @@ impl RateLimitGrpc {
         tracing::debug!(?request, "ShouldRateLimit");
         let inputs = request::descriptor_inputs(request).map_err(Status::invalid_argument)?;
         let rules = self.rules.load();
-        if !rules.has_domain(&request.domain) {
-            self.unknown_domains.log(&request.domain);
-        }
         let mut decisions = self
             .limiter
             .decide_within(&rules, &request.domain, &inputs, deadline.map(store_budget))
             .await
             .map_err(|e| Status::unavailable(e.to_string()))?;
+        // only a call no rule decided looks at its domain: every other
+        // call's domain has rules
+        if decisions.iter().all(|d| d.verdict == Verdict::NoRule)
+            && !rules.has_domain(&request.domain)
+        {
+            self.unknown_domains.log(&request.domain);
+        }
         if self.options.quota_mode {
             // `--quota-mode`: every limit is a soft one
             for d in &mut decisions {

@@ -337,22 +337,6 @@ impl<S: Store + Nodes> Drop for Pending<'_, S> {
 }
 
 impl<S: Store + Nodes> Breakers<S> {
-    /// `call` on `descriptor`'s node through its breaker (see
-    /// [`Breakers::guard_node`]).
-    async fn guarded<T, F, Fut>(
-        &self,
-        descriptor: &DescriptorBuckets,
-        patience: Option<std::time::Duration>,
-        call: F,
-    ) -> Result<T, StoreError>
-    where
-        F: FnOnce(Option<std::time::Duration>) -> Fut,
-        Fut: std::future::Future<Output = Result<T, StoreError>>,
-    {
-        self.guard_node(self.inner.node_of(descriptor), patience, call)
-            .await
-    }
-
     /// The store behind the breakers.
     pub fn inner(&self) -> &Arc<S> {
         &self.inner
@@ -413,7 +397,7 @@ impl<S: Store + Nodes> Store for Breakers<S> {
         cost: Cost,
         patience: Option<std::time::Duration>,
     ) -> Result<Vec<BucketOutcome>, StoreError> {
-        self.guarded(descriptor, patience, |patience| {
+        self.guard_node(self.inner.node_of(descriptor), patience, |patience| {
             self.inner.decide_patiently(descriptor, cost, patience)
         })
         .await
@@ -428,7 +412,7 @@ impl<S: Store + Nodes> Store for Breakers<S> {
         rule: RuleId,
         patience: Option<std::time::Duration>,
     ) -> Result<SlotOutcome, StoreError> {
-        self.guarded(descriptor, patience, |patience| {
+        self.guard_node(self.inner.node_of(descriptor), patience, |patience| {
             self.inner
                 .decide_slot(descriptor, max, call, rule, patience)
         })
@@ -443,7 +427,7 @@ impl<S: Store + Nodes> Store for Breakers<S> {
         call: &AttemptCall,
         patience: Option<std::time::Duration>,
     ) -> Result<AttemptOutcome, StoreError> {
-        self.guarded(descriptor, patience, |patience| {
+        self.guard_node(self.inner.node_of(descriptor), patience, |patience| {
             self.inner.decide_attempt(descriptor, cost, call, patience)
         })
         .await
