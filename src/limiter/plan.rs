@@ -313,9 +313,7 @@ fn attempt_cost<E>(
                 (Some(n), Some(floor)) => Cost::Spend(n.max(floor)),
                 (None, Some(estimate)) => Cost::Spend(estimate),
                 // no `reserve` to fall back on: the call as it came
-                (Some(0), None) => usual,
-                (Some(n), None) => Cost::Spend(n),
-                (None, None) => d.cost,
+                (_, None) => d.cost,
             }
         }
         (AttemptMode::Reserve, Phase::Done, cost) => cost,
