@@ -15,7 +15,9 @@
 //! **Modes.**
 //! - [`AttemptMode::Dedupe`] (a rule without `overdraft`): a call that
 //!   repeats an admitted call of the same attempt and phase is answered
-//!   OK and charges nothing. A refused call is not remembered: it took
+//!   OK and charges nothing (a start only while the attempt is live: one
+//!   after its done call, a settlement or a give-back is a new attempt,
+//!   in every mode). A refused call is not remembered: it took
 //!   nothing, so a repeat is decided afresh (and charged only if admitted
 //!   then, once).
 //! - [`AttemptMode::Reserve`] (an `overdraft` rule): the start reserves its
@@ -181,8 +183,10 @@ pub fn plan(call: &AttemptCall, record: Option<&AttemptRecord>, cost: Cost, now:
         records: false,
     };
     match (call.phase, call.mode) {
+        // a start whose attempt was settled, released or given back is
+        // a new attempt: ended attempts are no free pass
         (Phase::Start, _) => match record {
-            Some(r) if r.started.is_some() => repeat,
+            Some(r) if r.started.is_some() && !r.done => repeat,
             _ => first,
         },
         (Phase::Done, AttemptMode::Dedupe | AttemptMode::Slot) => match record {
@@ -267,11 +271,10 @@ pub fn record_after(
     };
     match (planned.result, call.phase) {
         (AttemptResult::Repeat | AttemptResult::Expired | AttemptResult::NoId, _) => None,
+        // a start begins the attempt afresh, whatever ended before it
         (_, Phase::Start) => admitted.then(|| AttemptRecord {
             started: Some(taken),
-            expires_micros: now.saturating_add(call.ttl_micros),
-            forget_micros: now.saturating_add(call.ttl_micros.saturating_mul(2)),
-            ..record.unwrap_or_else(fresh)
+            ..fresh()
         }),
         (_, Phase::Done) if call.mode != AttemptMode::Reserve => admitted.then(|| AttemptRecord {
             done: true,

@@ -570,7 +570,11 @@ fn build_limiter(
         metrics.clone(),
         usize::try_from(args.max_in_flight).unwrap_or(usize::MAX),
     )
-    .with_calendar_offset(args.calendar_clock_offset);
+    .with_calendar_offset(args.calendar_clock_offset)
+    // nothing is refused in shadow or quota mode: nothing to give back
+    .with_per_descriptor_spending(
+        args.per_descriptor_spending || args.shadow_mode || args.quota_mode,
+    );
     let mut upstream_task = None;
     if let Some(upstream) = args.upstream_settings() {
         upstream.validate()?;

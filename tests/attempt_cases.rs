@@ -97,6 +97,38 @@ fn sequences() -> Vec<Sequence> {
             ],
         },
         Sequence {
+            name: "an ended attempt's id starts a new attempt (issue 51: no free pass)",
+            bursts: vec![2000],
+            steps: vec![
+                ("a", Start, Reserve, Cost::Spend(600), First),
+                ("a", Done, Reserve, Cost::Spend(100), Settled),
+                ("a", Start, Reserve, Cost::Spend(600), First),
+                ("a", Start, Reserve, Cost::Spend(600), Repeat),
+                ("b", Start, Reserve, Cost::Spend(600), First),
+                ("a", Done, Reserve, Cost::Spend(0), Settled),
+                ("b", Done, Reserve, Cost::Spend(900), Settled),
+                ("x", Done, Reserve, Cost::Spend(5), Unknown),
+                ("x", Start, Reserve, Cost::Spend(5), First),
+                ("d", Start, Dedupe, Cost::Spend(1), First),
+                ("d", Done, Dedupe, Cost::Spend(1), First),
+                ("d", Start, Dedupe, Cost::Spend(1), First),
+                ("d", Start, Dedupe, Cost::Spend(1), Repeat),
+            ],
+        },
+        Sequence {
+            name: "a start given back (settled as using nothing), in both modes",
+            bursts: vec![10],
+            steps: vec![
+                ("a", Start, Dedupe, Cost::Spend(4), First),
+                ("a", Done, Reserve, Cost::Charge(0), Settled),
+                ("a", Done, Reserve, Cost::Charge(0), Repeat),
+                ("a", Start, Dedupe, Cost::Spend(4), First),
+                ("b", Start, Reserve, Cost::Spend(6), First),
+                ("b", Done, Reserve, Cost::Charge(0), Settled),
+                ("c", Start, Reserve, Cost::Spend(6), First),
+            ],
+        },
+        Sequence {
             name: "two limits: reserved and settled in both",
             bursts: vec![1000, 700],
             steps: vec![

@@ -232,7 +232,8 @@ async fn twenty_chats(server: &RunningServer, other: &RunningServer) {
     // Envoy sends the done call again (a retry): nothing moves
     let r = call(&mut c, "user", "alice", Some(&admitted[0]), true, Some(100)).await;
     assert_eq!((r.overall_code, remaining(&r)), (OK, 900));
-    // and the start again: answered as it was, nothing taken
+    // and the start again, after its attempt ended: a new attempt that
+    // reserves again (issue 51: an ended attempt's id is no free pass)
     let r = call(
         &mut c,
         "user",
@@ -242,7 +243,13 @@ async fn twenty_chats(server: &RunningServer, other: &RunningServer) {
         Some(600),
     )
     .await;
-    assert_eq!((r.overall_code, remaining(&r)), (OK, 900));
+    assert_eq!((r.overall_code, remaining(&r)), (OK, 300));
+    let r = call(&mut c, "user", "alice", Some(&admitted[0]), true, Some(0)).await;
+    assert_eq!(
+        (r.overall_code, remaining(&r)),
+        (OK, 900),
+        "it used nothing"
+    );
     let both = |result: &str| {
         counted(server, "llm-tokens", result)
             + if std::ptr::eq(server, other) {
@@ -251,9 +258,9 @@ async fn twenty_chats(server: &RunningServer, other: &RunningServer) {
                 counted(other, "llm-tokens", result)
             }
     };
-    assert_eq!(both("first"), 20.0);
-    assert_eq!(both("settled"), 1.0);
-    assert_eq!(both("repeat"), 2.0);
+    assert_eq!(both("first"), 21.0);
+    assert_eq!(both("settled"), 2.0);
+    assert_eq!(both("repeat"), 1.0);
 }
 
 async fn settlements(server: &RunningServer) {

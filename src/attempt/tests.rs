@@ -138,8 +138,43 @@ fn a_dedupe_rule_tells_the_phases_apart() {
     );
     let d = step(&mut record, &done, Cost::Spend(5), true, 12 * S);
     assert_eq!(d.result, AttemptResult::Repeat);
+    // the attempt ended: a start with its id again is a new attempt,
+    // charged (no free pass for a client that reuses an id)
     let s = step(&mut record, &start, Cost::Spend(1), true, 12 * S);
-    assert_eq!(s.result, AttemptResult::Repeat);
+    assert_eq!(
+        (s.cost, s.result),
+        (Some(Cost::Spend(1)), AttemptResult::First)
+    );
+    let s = step(&mut record, &start, Cost::Spend(1), true, 13 * S);
+    assert_eq!(
+        s.result,
+        AttemptResult::Repeat,
+        "a repeat of the live start"
+    );
+}
+
+#[test]
+fn a_settled_or_given_back_reservation_is_no_free_pass() {
+    let (start, done) = (
+        call(Phase::Start, AttemptMode::Reserve),
+        call(Phase::Done, AttemptMode::Reserve),
+    );
+    let mut record = None;
+    step(&mut record, &start, Cost::Spend(600), true, 10 * S);
+    // given back: settled as having used nothing
+    let back = step(&mut record, &done, Cost::Charge(0), true, 11 * S);
+    assert_eq!(
+        (back.cost, back.result),
+        (Some(Cost::Refund(600)), AttemptResult::Settled)
+    );
+    let again = step(&mut record, &start, Cost::Spend(600), true, 12 * S);
+    assert_eq!(
+        (again.cost, again.result),
+        (Some(Cost::Spend(600)), AttemptResult::First),
+        "reserved afresh"
+    );
+    let settle = step(&mut record, &done, Cost::Charge(100), true, 13 * S);
+    assert_eq!(settle.cost, Some(Cost::Refund(500)), "settles the new one");
 }
 
 #[test]

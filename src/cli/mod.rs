@@ -245,6 +245,12 @@ pub struct ServeArgs {
     /// Every limit in quota mode (envoyproxy/ratelimit's QUOTA_MODE).
     #[arg(long, env = "RLS_QUOTA_MODE")]
     pub quota_mode: bool,
+    /// Each descriptor of a request spends on its own: a request one limit
+    /// refuses keeps what its other descriptors took (envoyproxy/ratelimit
+    /// without STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT). Off by default: a
+    /// refused request is given back everything it took (docs/usage.md).
+    #[arg(long, env = "RLS_PER_DESCRIPTOR_SPENDING")]
+    pub per_descriptor_spending: bool,
     /// Put the request and the passing rules' `metadata` in the response's
     /// dynamic metadata (envoyproxy/ratelimit's RESPONSE_DYNAMIC_METADATA).
     #[arg(long, env = "RLS_RESPONSE_DYNAMIC_METADATA")]

@@ -50,10 +50,6 @@ const NO_MEANING_HERE: &[(&str, &str)] = &[
     ),
     ("LOCAL_CACHE_SIZE_IN_BYTES", "no local over-limit cache"),
     (
-        "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT",
-        "a rejected request never spends",
-    ),
-    (
         "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED",
         "ready once the rules are loaded",
     ),
@@ -610,6 +606,16 @@ pub fn translate(env: &BTreeMap<String, String>) -> Result<Translated, String> {
     }
     if on("MERGE_DOMAIN_CONFIG") {
         set("RLS_MERGE_DOMAINS", "true".into());
+    }
+    // its choice holds: by default each descriptor spends on its own
+    // there; STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=true keeps nothing of
+    // a refused request, our own default
+    let theirs = ["REDIS_URL", "RUNTIME_ROOT", "CONFIG_TYPE", "USE_STATSD"]
+        .iter()
+        .any(|v| get(v).is_some());
+    if get("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT").is_some() || theirs {
+        let stop = on("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT");
+        set("RLS_PER_DESCRIPTOR_SPENDING", (!stop).to_string());
     }
 
     // Redis

@@ -490,6 +490,47 @@ impl<C: Clock> Leases<C> {
         }
     }
 
+    /// Puts back `tokens` a decision spent from the lease of `buckets`
+    /// under `generation`'s rules (another descriptor refused its request):
+    /// held again by the lease, or, when the lease has moved on to other
+    /// rules or is gone, returned to the shared bucket.
+    pub async fn put_back(
+        self: &Arc<Self>,
+        buckets: &DescriptorBuckets,
+        generation: u64,
+        tokens: u64,
+    ) {
+        let key = lease_key(buckets);
+        let lease = self.shard(&key).lock().get(&key).cloned();
+        // held again until spent or returned
+        self.metrics.lease_put_back(tokens);
+        if let Some(lease) = lease {
+            let start = {
+                let mut st = lease.state.lock();
+                if !st.retired {
+                    if st.generation == generation && st.newest == generation {
+                        st.tokens = st.tokens.saturating_add(tokens);
+                    } else {
+                        st.to_return = st.to_return.saturating_add(tokens);
+                    }
+                    let start = st.to_return > 0 && !st.working;
+                    if start {
+                        st.working = true;
+                    }
+                    Some(start)
+                } else {
+                    None
+                }
+            };
+            match start {
+                Some(true) => return self.start_worker(lease),
+                Some(false) => return,
+                None => {}
+            }
+        }
+        self.give_back(buckets, tokens).await;
+    }
+
     /// Returns `tokens` to the shared bucket; counted returned or lost.
     async fn give_back(&self, buckets: &DescriptorBuckets, tokens: u64) -> bool {
         let started = Instant::now();

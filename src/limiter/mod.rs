@@ -10,6 +10,7 @@
 //! under `service`; uses `quota` (a region's shares), `store`, `telemetry`,
 //! `decision`, `rules` and leaves.
 
+mod give_back;
 pub mod key;
 pub mod lease;
 mod plan;
@@ -23,7 +24,7 @@ use std::time::Instant;
 use futures::future::join_all;
 use tracing::Instrument;
 
-use crate::attempt::{AttemptCall, AttemptResult};
+use crate::attempt::{AttemptCall, AttemptResult, Phase};
 use crate::bucket::{Algorithm, BucketOutcome, BucketParams, Cost};
 use crate::clock::{Clock, MonotonicClock};
 pub use crate::decision::{Decision, ShownLimit, Verdict};
@@ -31,9 +32,10 @@ use crate::labels::RuleId;
 use crate::quota::region::{RegionLimit, RegionShares};
 use crate::rules::{BucketValue, DescriptorEntry, FailureMode, Rule, RuleSet, Unit};
 use crate::store::memory::MemoryStore;
-use crate::store::{BucketRef, DescriptorBuckets, Store, StoreError};
+use crate::store::{AttemptOutcome, BucketRef, DescriptorBuckets, Store, StoreError};
 use crate::telemetry::tracing::SPAN_TARGET;
 use crate::telemetry::Metrics;
+use give_back::{Source, Spent, SpentKind};
 use key::KeyOrigin;
 use lease::Leases;
 use plan::{plan, CalendarNow, LimitRef, Plan};
@@ -55,6 +57,22 @@ pub struct DescriptorInput<'a, E> {
 #[derive(Debug, thiserror::Error)]
 #[error("rate limit store unavailable for a fail-closed rule: {0}")]
 pub struct Unavailable(pub StoreError);
+
+/// One descriptor decided, and what it took (to give back if the request
+/// is refused).
+struct Decided {
+    decision: Decision,
+    spent: Option<Spent>,
+}
+
+impl Decided {
+    fn kept(decision: Decision) -> Self {
+        Self {
+            decision,
+            spent: None,
+        }
+    }
+}
 
 /// Default bound on store calls in flight at once.
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 10_000;
@@ -81,6 +99,10 @@ pub struct Limiter {
     /// How far ahead of `clock` calendar periods are found
     /// (`--calendar-clock-offset`; 0 but to rehearse a period's end).
     calendar_offset_secs: i64,
+    /// A request answered OVER_LIMIT gives back what its other
+    /// descriptors took ([`give_back`]); false: each descriptor spends on
+    /// its own (`--per-descriptor-spending`).
+    give_back: bool,
 }
 
 impl Limiter {
@@ -134,7 +156,16 @@ impl Limiter {
             clock: MonotonicClock::new(),
             regions: None,
             calendar_offset_secs: 0,
+            give_back: true,
         }
+    }
+
+    /// Each descriptor spends on its own: a refused request keeps what
+    /// its other descriptors took (`--per-descriptor-spending`, and what
+    /// `--shadow-mode` and `--quota-mode` need: nothing is refused there).
+    pub fn with_per_descriptor_spending(mut self, on: bool) -> Self {
+        self.give_back = !on;
+        self
     }
 
     /// Calendar periods end as if the clock read `secs` later
@@ -189,9 +220,10 @@ impl Limiter {
         self.local.len()
     }
 
-    /// Decides every descriptor of one request. Each descriptor is decided on
-    /// its own (one may spend while another rejects), as in Envoy's reference
-    /// service; the buckets of one descriptor are decided together.
+    /// Decides every descriptor of one request. Each descriptor is decided
+    /// in its own store call (the buckets of one descriptor together); when
+    /// one refuses, what the others took is given back ([`give_back`]),
+    /// unless each spends on its own (`--per-descriptor-spending`).
     pub async fn decide<E: DescriptorEntry>(
         &self,
         rules: &RuleSet,
@@ -215,16 +247,123 @@ impl Limiter {
         self.bound_values(domain, &mut plans);
         let generation = rules.generation();
         if let [only] = plans.as_slice() {
-            return Ok(vec![self.decide_plan(only, generation, budget).await?]);
+            return Ok(vec![
+                self.decide_plan(only, generation, budget).await?.decision,
+            ]);
         }
-        join_all(
+        let decided = join_all(
             plans
                 .iter()
                 .map(|p| self.decide_plan(p, generation, budget)),
         )
         .await
         .into_iter()
-        .collect()
+        .collect::<Result<Vec<Decided>, Unavailable>>()?;
+        let refused = decided
+            .iter()
+            .any(|d| d.decision.verdict == Verdict::OverLimit);
+        if !(self.give_back && refused) || plans.iter().any(Plan::is_stream_done) {
+            return Ok(decided.into_iter().map(|d| d.decision).collect());
+        }
+        let mut decisions = Vec::with_capacity(decided.len());
+        let mut spent = Vec::new();
+        for (plan, d) in plans.iter().zip(decided) {
+            if let Some(s) = d.spent {
+                spent.push((plan, s));
+            }
+            decisions.push(d.decision);
+        }
+        join_all(
+            spent
+                .into_iter()
+                .map(|(plan, s)| self.give_back(plan, s, budget)),
+        )
+        .await;
+        Ok(decisions)
+    }
+
+    /// Gives back what `plan`'s descriptor took (`spent`) for a request
+    /// answered OVER_LIMIT: one call, never re-sent; counted by result.
+    async fn give_back(&self, plan: &Plan<'_>, spent: Spent, budget: Option<std::time::Duration>) {
+        let (rule, own) = match plan {
+            Plan::Buckets { rule, buckets, .. } => (rule.map(|r| r.id), Some(buckets)),
+            Plan::Slots { rule, .. } => (Some(rule.id), None),
+            Plan::Done(_) => return,
+        };
+        let buckets = spent.buckets.as_ref().or(own);
+        let result: Result<(), StoreError> = match (plan, spent.kind, buckets) {
+            (_, SpentKind::Tokens(n), Some(b)) => match spent.source {
+                Source::Store => within(budget, self.store.decide(b, Cost::Refund(n)))
+                    .await
+                    .map(drop),
+                Source::Local => {
+                    self.local.decide_now(b, Cost::Refund(n));
+                    Ok(())
+                }
+                Source::Lease { generation } => {
+                    self.leases.put_back(b, generation, n).await;
+                    Ok(())
+                }
+            },
+            (
+                Plan::Buckets {
+                    attempt: Some(call),
+                    ..
+                },
+                SpentKind::Start,
+                Some(b),
+            ) => {
+                let (settle, cost) = give_back::settle_unused(call);
+                match spent.source {
+                    Source::Local => {
+                        self.local.decide_attempt_now(b, cost, &settle);
+                        Ok(())
+                    }
+                    _ => within(budget, self.store.decide_attempt(b, cost, &settle, budget))
+                        .await
+                        .map(drop),
+                }
+            }
+            (
+                Plan::Slots {
+                    rule,
+                    slots,
+                    max,
+                    attempt: Some(call),
+                },
+                SpentKind::Slot,
+                _,
+            ) => {
+                let release = give_back::release(call);
+                match spent.source {
+                    Source::Local => {
+                        let share = (*max / u64::from(self.instances)).max(1);
+                        self.local.decide_slot_now(slots, share, &release, rule.id);
+                        Ok(())
+                    }
+                    _ => within(
+                        budget,
+                        self.store
+                            .decide_slot(slots, *max, &release, rule.id, budget),
+                    )
+                    .await
+                    .map(drop),
+                }
+            }
+            _ => return,
+        };
+        let rule = rule.unwrap_or_default();
+        match result {
+            Ok(()) => self.metrics.given_back(rule, "ok"),
+            Err(e) => {
+                self.metrics.given_back(rule, "failed");
+                tracing::debug!(
+                    rule = %rule.labels().1,
+                    error = %e,
+                    "a refused request's other descriptor could not be given back what it took; it stays spent"
+                );
+            }
+        }
     }
 
     /// Sends each descriptor of a `max_values` rule that has no buckets of
@@ -283,9 +422,9 @@ impl Limiter {
         plan: &Plan<'_>,
         generation: u64,
         budget: Option<std::time::Duration>,
-    ) -> Result<Decision, Unavailable> {
+    ) -> Result<Decided, Unavailable> {
         match plan {
-            Plan::Done(decision) => Ok(decision.clone()),
+            Plan::Done(decision) => Ok(Decided::kept(decision.clone())),
             Plan::Slots {
                 rule,
                 slots,
@@ -346,14 +485,17 @@ impl Limiter {
         id: &[(&str, &str)],
         generation: u64,
         budget: Option<std::time::Duration>,
-    ) -> Result<Decision, Unavailable> {
+    ) -> Result<Decided, Unavailable> {
         let Some(shares) = &self.regions else {
             return self
                 .decide_buckets(Some(rule), limits, buckets, cost, None, generation, budget)
                 .await;
         };
         let Some(own) = buckets.buckets.first() else {
-            return Ok(Decision::without_limit(Verdict::NoRule, Some(rule.clone())));
+            return Ok(Decided::kept(Decision::without_limit(
+                Verdict::NoRule,
+                Some(rule.clone()),
+            )));
         };
         let mode = rule.failure_mode.unwrap_or(self.default_failure_mode);
         let limit = shares.limit(
@@ -376,10 +518,10 @@ impl Limiter {
             }
             RegionLimit::Open => {
                 self.metrics.region_fallback("open", 1);
-                return Ok(Decision::without_limit(
+                return Ok(Decided::kept(Decision::without_limit(
                     Verdict::FailedOpen,
                     Some(rule.clone()),
-                ));
+                )));
             }
         };
         let share = DescriptorBuckets {
@@ -390,12 +532,16 @@ impl Limiter {
                 rule: own.rule,
             }],
         };
-        let decision = self
+        let mut decided = self
             .decide_buckets(Some(rule), limits, &share, cost, None, generation, budget)
             .await?;
-        let admitted = matches!(decision.verdict, Verdict::Ok | Verdict::FailedOpen);
+        let admitted = matches!(decided.decision.verdict, Verdict::Ok | Verdict::FailedOpen);
         shares.record(&buckets.tag, admitted);
-        Ok(decision)
+        if let Some(spent) = decided.spent.as_mut().filter(|s| s.buckets.is_none()) {
+            // given back to the share it was taken from
+            spent.buckets = Some(share);
+        }
+        Ok(decided)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -408,7 +554,7 @@ impl Limiter {
         attempt: Option<&AttemptCall>,
         generation: u64,
         budget: Option<std::time::Duration>,
-    ) -> Result<Decision, Unavailable> {
+    ) -> Result<Decided, Unavailable> {
         {
             {
                 let leased = match (rule.and_then(|r| r.lease), cost) {
@@ -419,7 +565,15 @@ impl Limiter {
                     _ => None,
                 };
                 match leased {
-                    Some(Ok(outcomes)) => return Ok(decision_from(rule, limits, &outcomes)),
+                    Some(Ok(outcomes)) => {
+                        return Ok(Decided {
+                            decision: decision_from(rule, limits, &outcomes),
+                            spent: spent(
+                                Source::Lease { generation },
+                                give_back::tokens_taken(cost, buckets, &outcomes),
+                            ),
+                        })
+                    }
                     Some(Err(e)) => {
                         return self.on_store_error(rule, limits, buckets, cost, None, e)
                     }
@@ -452,7 +606,13 @@ impl Limiter {
                 match result {
                     Ok(outcomes) => {
                         self.count_forgiven(rule, &outcomes);
-                        Ok(decision_from(rule, limits, &outcomes))
+                        Ok(Decided {
+                            decision: decision_from(rule, limits, &outcomes),
+                            spent: spent(
+                                Source::Store,
+                                give_back::tokens_taken(cost, buckets, &outcomes),
+                            ),
+                        })
                     }
                     Err(e) => {
                         self.metrics.store_error(e.kind());
@@ -475,7 +635,7 @@ impl Limiter {
         call: &AttemptCall,
         budget: Option<std::time::Duration>,
         started: Instant,
-    ) -> Result<Decision, Unavailable> {
+    ) -> Result<Decided, Unavailable> {
         let result = self
             .store_call(
                 started,
@@ -489,7 +649,10 @@ impl Limiter {
                     self.count_attempt(rule, outcome.result, outcome.expired);
                 }
                 self.count_forgiven(rule, &outcome.outcomes);
-                Ok(decision_from(rule, limits, &outcome.outcomes))
+                Ok(Decided {
+                    decision: decision_from(rule, limits, &outcome.outcomes),
+                    spent: spent(Source::Store, start_taken(call, &outcome)),
+                })
             }
             Err(e) => {
                 self.metrics.store_error(e.kind());
@@ -508,11 +671,11 @@ impl Limiter {
         max: u64,
         attempt: Option<&AttemptCall>,
         budget: Option<std::time::Duration>,
-    ) -> Result<Decision, Unavailable> {
+    ) -> Result<Decided, Unavailable> {
         let Some(call) = attempt else {
             self.metrics
                 .attempts(rule.id, AttemptResult::NoId.label(), 1);
-            return Ok(slot_decision(rule, false, max, max));
+            return Ok(Decided::kept(slot_decision(rule, false, max, max)));
         };
         let started = Instant::now();
         let result = match self.in_flight.try_acquire() {
@@ -526,37 +689,41 @@ impl Limiter {
             }
             Err(_) => Err(StoreError::Overloaded),
         };
-        let outcome = match result {
-            Ok(outcome) => outcome,
+        let (outcome, source) = match result {
+            Ok(outcome) => (outcome, Source::Store),
             Err(e) => {
                 self.metrics.store_error(e.kind());
                 let mode = rule.failure_mode.unwrap_or(self.default_failure_mode);
                 self.metrics.failure_policy(mode);
                 match mode {
                     FailureMode::Open => {
-                        return Ok(Decision::without_limit(
+                        return Ok(Decided::kept(Decision::without_limit(
                             Verdict::FailedOpen,
                             Some(rule.clone()),
-                        ))
+                        )))
                     }
                     FailureMode::Closed => return Err(Unavailable(e)),
                     // this instance's share of the slots, at least one
-                    FailureMode::Local => self.local.decide_slot_now(
-                        slots,
-                        (max / u64::from(self.instances)).max(1),
-                        call,
-                        rule.id,
+                    FailureMode::Local => (
+                        self.local.decide_slot_now(
+                            slots,
+                            (max / u64::from(self.instances)).max(1),
+                            call,
+                            rule.id,
+                        ),
+                        Source::Local,
                     ),
                 }
             }
         };
         self.count_attempt(rule, outcome.result, outcome.expired);
-        Ok(slot_decision(
-            rule,
-            outcome.admitted,
-            outcome.in_flight,
-            max,
-        ))
+        let took = call.phase == Phase::Start
+            && outcome.admitted
+            && outcome.result == AttemptResult::First;
+        Ok(Decided {
+            decision: slot_decision(rule, outcome.admitted, outcome.in_flight, max),
+            spent: spent(source, took.then_some(SpentKind::Slot)),
+        })
     }
 
     /// `call` to the store, traced, cut off after `budget`, its time
@@ -603,13 +770,16 @@ impl Limiter {
         cost: Cost,
         attempt: Option<&AttemptCall>,
         error: StoreError,
-    ) -> Result<Decision, Unavailable> {
+    ) -> Result<Decided, Unavailable> {
         let mode = rule
             .and_then(|r| r.failure_mode)
             .unwrap_or(self.default_failure_mode);
         self.metrics.failure_policy(mode);
         match mode {
-            FailureMode::Open => Ok(Decision::without_limit(Verdict::FailedOpen, rule.cloned())),
+            FailureMode::Open => Ok(Decided::kept(Decision::without_limit(
+                Verdict::FailedOpen,
+                rule.cloned(),
+            ))),
             FailureMode::Closed => Err(Unavailable(error)),
             FailureMode::Local => {
                 let n = u64::from(self.instances);
@@ -638,21 +808,51 @@ impl Limiter {
                         .collect(),
                 };
                 // an attempt is remembered here while the store fails
-                let outcomes = match attempt {
+                let (outcomes, took) = match attempt {
                     Some(call) => {
                         let outcome = self.local.decide_attempt_now(&share, cost, call);
                         if let Some(rule) = rule {
                             self.count_attempt(rule, outcome.result, outcome.expired);
                         }
-                        outcome.outcomes
+                        let took = start_taken(call, &outcome);
+                        (outcome.outcomes, took)
                     }
-                    None => self.local.decide_now(&share, cost),
+                    None => {
+                        let outcomes = self.local.decide_now(&share, cost);
+                        let took = give_back::tokens_taken(cost, &share, &outcomes);
+                        (outcomes, took)
+                    }
                 };
                 self.count_forgiven(rule, &outcomes);
-                Ok(decision_from(rule, limits, &outcomes))
+                Ok(Decided {
+                    decision: decision_from(rule, limits, &outcomes),
+                    spent: took.map(|kind| Spent {
+                        source: Source::Local,
+                        kind,
+                        buckets: Some(share),
+                    }),
+                })
             }
         }
     }
+}
+
+/// What a decision took, at `source`, from the plan's own buckets.
+fn spent(source: Source, kind: Option<SpentKind>) -> Option<Spent> {
+    kind.map(|kind| Spent {
+        source,
+        kind,
+        buckets: None,
+    })
+}
+
+/// Whether an attempt's call took something a refusal must give back: an
+/// admitted first start that took tokens.
+fn start_taken(call: &AttemptCall, outcome: &AttemptOutcome) -> Option<SpentKind> {
+    let admitted = !outcome.outcomes.is_empty() && outcome.outcomes.iter().all(|o| o.admitted);
+    let taken = outcome.outcomes.iter().map(|o| o.taken).max().unwrap_or(0);
+    (call.phase == Phase::Start && outcome.result == AttemptResult::First && admitted && taken > 0)
+        .then_some(SpentKind::Start)
 }
 
 /// `call`, cut off after `budget` (a timeout) when there is one.

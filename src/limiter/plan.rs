@@ -45,6 +45,17 @@ pub(super) enum Plan<'a> {
     },
 }
 
+impl Plan<'_> {
+    /// The descriptor is an attempt's stream-done call: its request ran.
+    pub(super) fn is_stream_done(&self) -> bool {
+        let attempt = match self {
+            Plan::Buckets { attempt, .. } | Plan::Slots { attempt, .. } => attempt.as_ref(),
+            Plan::Done(_) => None,
+        };
+        attempt.is_some_and(|a| a.phase == Phase::Done)
+    }
+}
+
 /// A limit taken from a rule, or made from a request override.
 pub(super) enum LimitRef<'a> {
     Rule(&'a Limit),

@@ -559,3 +559,5 @@ fn a_refused_slot_start_reports_no_slot_left() {
         (Verdict::OverLimit, 0, Some(1))
     );
 }
+
+mod give_back;

@@ -487,6 +487,16 @@ impl Metrics {
             .inc_by(n);
     }
 
+    /// One descriptor of a refused request given back what it took
+    /// (`result`: ok, failed).
+    pub fn given_back(&self, rule: RuleId, result: &str) {
+        let (domain, rule) = rule.labels();
+        self.attempt
+            .given_back
+            .with_label_values(&[&domain, &rule, result])
+            .inc();
+    }
+
     /// What the memory store tells of reservations that expired unsettled
     /// (its attempt sink), counted here as `expired`.
     pub fn expiry_sink(self: &Arc<Self>) -> Arc<dyn Fn(RuleId, u64) + Send + Sync> {
@@ -556,6 +566,14 @@ impl Metrics {
         self.lease
             .held
             .sub(i64::try_from(tokens).unwrap_or(i64::MAX));
+    }
+
+    /// Tokens a decision spent from a lease are back in it (its request
+    /// was refused): held again.
+    pub fn lease_put_back(&self, tokens: u64) {
+        self.lease
+            .held
+            .add(i64::try_from(tokens).unwrap_or(i64::MAX));
     }
 
     /// Unspent tokens left a lease, to be given back.

@@ -93,6 +93,7 @@ pub fn serve_args(config: PathBuf) -> ServeArgs {
             .map(String::from)
             .to_vec(),
         quota_mode: false,
+        per_descriptor_spending: false,
         response_dynamic_metadata: false,
         statsd_addr: None,
         statsd_flush_interval: std::time::Duration::from_secs(10),

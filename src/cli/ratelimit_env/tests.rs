@@ -741,3 +741,41 @@ fn an_unset_socket_type_takes_a_path_as_a_socket_and_the_rest_as_tcp() {
         Some("redis-sentinel://s1:26379/m")
     );
 }
+
+/// STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT decides, as there: its default
+/// (each descriptor spends on its own) under their environment, ours (a
+/// refused request keeps nothing) when it is true; nothing said without
+/// their environment.
+#[test]
+fn stop_cache_key_increment_decides_whether_a_refused_request_keeps_its_spending() {
+    let spending = |pairs: &[(&str, &str)]| {
+        let t = translate(&env(pairs)).expect("translated");
+        assert!(
+            !t.unused.iter().any(|u| u.contains("STOP_CACHE")),
+            "it means something here: {:?}",
+            t.unused
+        );
+        setting(&t, "RLS_PER_DESCRIPTOR_SPENDING")
+    };
+    let redis = ("REDIS_URL", "redis:6379");
+    assert_eq!(spending(&[redis]).as_deref(), Some("true"));
+    assert_eq!(
+        spending(&[("RUNTIME_ROOT", "/data")]).as_deref(),
+        Some("true")
+    );
+    for stop in ["true", "TRUE", "1"] {
+        assert_eq!(
+            spending(&[redis, ("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", stop)]).as_deref(),
+            Some("false")
+        );
+    }
+    assert_eq!(
+        spending(&[redis, ("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "false")]).as_deref(),
+        Some("true")
+    );
+    assert_eq!(
+        spending(&[("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "true")]).as_deref(),
+        Some("false")
+    );
+    assert_eq!(spending(&[]), None, "our own default holds");
+}

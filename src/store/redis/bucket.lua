@@ -34,7 +34,8 @@
 -- `record_after`): struct.pack('<dddd', tokens its admitted start took (-1:
 -- none), done (0/1), expiry (ms: an unsettled reservation is kept as spent
 -- from then), when it is forgotten (ms)), expiring then. A repeat of an
--- admitted call is answered OK and writes nothing; a reservation's done
+-- admitted call is answered OK and writes nothing (a start only while
+-- the attempt is live: after its done call it starts a new attempt); a reservation's done
 -- call (its cost a charge of what was used) charges or gives back the
 -- difference to what its start took, once; with no record it is charged
 -- in full. The answer then ends with the call's result: 0 first, 1 repeat,
@@ -417,7 +418,9 @@ while a <= nargs do
         break
       end
       if phase == 0 then
-        again = r_started >= 0
+        -- a start after its attempt ended (settled, released, given
+        -- back) is a new attempt
+        again = r_started >= 0 and r_done == 0
       elseif mode == 0 or r_done == 1 then
         again = r_done == 1
       elseif r_started >= 0 then
@@ -626,6 +629,7 @@ while a <= nargs do
         -- nothing and is not remembered
         if all_admit and (deducted ~= 0 or charge) then
           r_started, r_exp, r_forget = max(0, deducted), now_ms + ttl_ms, now_ms + 2 * ttl_ms
+          r_done = 0
           keep = true
           if pk and r_started > 0 then
             redis.call('ZADD', pk, r_exp, id)

@@ -1,7 +1,8 @@
 //! The attempts' metrics: calls of attempts by what happened to them
 //! (`rls_attempts_total{domain, rule, result}`; the results are
 //! [`crate::attempt::AttemptResult`]'s labels), and the tokens a debt
-//! bound forgave usage charges (`rls_debt_forgiven_tokens_total`).
+//! bound forgave usage charges (`rls_debt_forgiven_tokens_total`), and
+//! what refused requests gave back (`rls_given_back_total`).
 
 use prometheus::{IntCounterVec, Opts};
 
@@ -12,6 +13,8 @@ pub(super) struct AttemptMetrics {
     pub(super) attempts: IntCounterVec,
     /// Tokens charges could not take for a debt bound.
     pub(super) forgiven: IntCounterVec,
+    /// Descriptors of refused requests given back what they took.
+    pub(super) given_back: IntCounterVec,
 }
 
 impl AttemptMetrics {
@@ -33,6 +36,14 @@ impl AttemptMetrics {
                 &["domain", "rule"],
             )
             .expect("valid metric"),
+            given_back: IntCounterVec::new(
+                Opts::new(
+                    "rls_given_back_total",
+                    "Descriptors of requests answered OVER_LIMIT that were given back what they took (tokens, a reservation, a slot), by the rule that took it and result: ok, or failed (the call to give it back failed and is not re-sent: it stays spent)",
+                ),
+                &["domain", "rule", "result"],
+            )
+            .expect("valid metric"),
         }
     }
 
@@ -40,6 +51,7 @@ impl AttemptMetrics {
         vec![
             Box::new(self.attempts.clone()),
             Box::new(self.forgiven.clone()),
+            Box::new(self.given_back.clone()),
         ]
     }
 
