@@ -79,6 +79,12 @@ struct Args {
     /// Envoy settles a stream; both calls count as requests.
     #[arg(long, requires = "attempt_key")]
     settle: bool,
+    /// Every request also carries a descriptor of this one entry
+    /// (`KEY=VALUE`), after the others: a limit that refuses every request
+    /// (`requests_per_unit: 0`), to measure refused requests whose other
+    /// descriptors were admitted (and are given back).
+    #[arg(long, value_parser = parse_entry)]
+    extra_descriptor: Option<(String, String)>,
     /// HTTP/2 connections.
     #[arg(long, default_value_t = 8)]
     connections: usize,
@@ -202,6 +208,14 @@ struct Counts {
     limited: AtomicU64,
 }
 
+/// `KEY=VALUE`, for --extra-descriptor.
+fn parse_entry(s: &str) -> Result<(String, String), String> {
+    s.split_once('=')
+        .filter(|(k, _)| !k.is_empty())
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .ok_or_else(|| format!("{s:?}: expected KEY=VALUE"))
+}
+
 struct Shared {
     args: Args,
     keys: Keys,
@@ -230,6 +244,15 @@ impl Shared {
                         ..Default::default()
                     }
                 })
+                .chain(self.args.extra_descriptor.iter().map(|(key, value)| {
+                    RateLimitDescriptor {
+                        entries: vec![Entry {
+                            key: key.clone(),
+                            value: value.clone(),
+                        }],
+                        ..Default::default()
+                    }
+                }))
                 .collect(),
             hits_addend: self.args.hits_addend,
         }
