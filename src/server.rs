@@ -11,7 +11,6 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use arc_swap::ArcSwap;
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::RateLimitQuotaServiceServer;
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -217,7 +216,8 @@ pub async fn start(args: &ServeArgs) -> Result<RunningServer> {
     let (reporter, health_service) = tonic_health::server::health_reporter();
     health.clone().start_grpc_sync(reporter).await;
 
-    let rls = RateLimitServiceServer::new(service).max_decoding_message_size(MAX_REQUEST_BYTES);
+    // strings that are not UTF-8 decided, not failed (service::wire)
+    let rls = crate::service::wire::RateLimitServer::new(service, MAX_REQUEST_BYTES);
     let rlqs = RateLimitQuotaServiceServer::new(
         RateLimitQuotaGrpc::new(quota_hub.clone())
             .with_region_certificates(args.tls_cert.is_some() && args.tls_client_ca.is_some()),

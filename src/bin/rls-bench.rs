@@ -244,15 +244,18 @@ impl Shared {
                         ..Default::default()
                     }
                 })
-                .chain(self.args.extra_descriptor.iter().map(|(key, value)| {
-                    RateLimitDescriptor {
-                        entries: vec![Entry {
-                            key: key.clone(),
-                            value: value.clone(),
-                        }],
-                        ..Default::default()
-                    }
-                }))
+                .chain(
+                    self.args
+                        .extra_descriptor
+                        .iter()
+                        .map(|(key, value)| RateLimitDescriptor {
+                            entries: vec![Entry {
+                                key: key.clone(),
+                                value: value.clone(),
+                            }],
+                            ..Default::default()
+                        }),
+                )
                 .collect(),
             hits_addend: self.args.hits_addend,
         }

@@ -53,10 +53,20 @@ pub(super) struct Spent {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum SpentKind {
     Tokens(u64),
-    /// An attempt's admitted first start that took something.
-    Start,
+    /// An attempt's admitted first start that took these tokens.
+    Start(u64),
     /// A concurrency slot taken by a first start.
     Slot,
+}
+
+impl SpentKind {
+    /// What comes back: tokens, or one slot.
+    pub(super) fn units(self) -> u64 {
+        match self {
+            SpentKind::Tokens(n) | SpentKind::Start(n) => n,
+            SpentKind::Slot => 1,
+        }
+    }
 }
 
 /// What a plain decision took from its buckets: `cost` (a spend) admitted

@@ -267,28 +267,40 @@ impl Limiter {
         }
         let mut decisions = Vec::with_capacity(decided.len());
         let mut spent = Vec::new();
-        for (plan, d) in plans.iter().zip(decided) {
+        for (i, (plan, d)) in plans.iter().zip(decided).enumerate() {
             if let Some(s) = d.spent {
-                spent.push((plan, s));
+                spent.push((i, plan, s));
             }
             decisions.push(d.decision);
         }
-        join_all(
+        let returned = join_all(
             spent
                 .into_iter()
-                .map(|(plan, s)| self.give_back(plan, s, budget)),
+                .map(|(i, plan, s)| async move { (i, self.give_back(plan, s, budget).await) }),
         )
         .await;
+        // the answer says what is left once given back
+        for (i, back) in returned {
+            if let (Some(n), Some(d)) = (back, decisions.get_mut(i)) {
+                d.remaining = d.remaining.saturating_add(n);
+            }
+        }
         Ok(decisions)
     }
 
     /// Gives back what `plan`'s descriptor took (`spent`) for a request
     /// answered OVER_LIMIT: one call, never re-sent; counted by result.
-    async fn give_back(&self, plan: &Plan<'_>, spent: Spent, budget: Option<std::time::Duration>) {
+    /// What came back (tokens, or a slot), when it did.
+    async fn give_back(
+        &self,
+        plan: &Plan<'_>,
+        spent: Spent,
+        budget: Option<std::time::Duration>,
+    ) -> Option<u64> {
         let (rule, own) = match plan {
             Plan::Buckets { rule, buckets, .. } => (rule.map(|r| r.id), Some(buckets)),
             Plan::Slots { rule, .. } => (Some(rule.id), None),
-            Plan::Done(_) => return,
+            Plan::Done(_) => return None,
         };
         let buckets = spent.buckets.as_ref().or(own);
         let result: Result<(), StoreError> = match (plan, spent.kind, buckets) {
@@ -310,7 +322,7 @@ impl Limiter {
                     attempt: Some(call),
                     ..
                 },
-                SpentKind::Start,
+                SpentKind::Start(_),
                 Some(b),
             ) => {
                 let (settle, cost) = give_back::settle_unused(call);
@@ -350,11 +362,14 @@ impl Limiter {
                     .map(drop),
                 }
             }
-            _ => return,
+            _ => return None,
         };
         let rule = rule.unwrap_or_default();
         match result {
-            Ok(()) => self.metrics.given_back(rule, "ok"),
+            Ok(()) => {
+                self.metrics.given_back(rule, "ok");
+                Some(spent.kind.units())
+            }
             Err(e) => {
                 self.metrics.given_back(rule, "failed");
                 tracing::debug!(
@@ -362,6 +377,7 @@ impl Limiter {
                     error = %e,
                     "a refused request's other descriptor could not be given back what it took; it stays spent"
                 );
+                None
             }
         }
     }
@@ -852,7 +868,7 @@ fn start_taken(call: &AttemptCall, outcome: &AttemptOutcome) -> Option<SpentKind
     let admitted = !outcome.outcomes.is_empty() && outcome.outcomes.iter().all(|o| o.admitted);
     let taken = outcome.outcomes.iter().map(|o| o.taken).max().unwrap_or(0);
     (call.phase == Phase::Start && outcome.result == AttemptResult::First && admitted && taken > 0)
-        .then_some(SpentKind::Start)
+        .then_some(SpentKind::Start(taken))
 }
 
 /// `call`, cut off after `budget` (a timeout) when there is one.

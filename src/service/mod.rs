@@ -13,6 +13,7 @@ pub mod quota;
 pub mod request;
 pub mod response;
 pub mod unknown_domains;
+pub mod wire;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -61,6 +62,7 @@ impl RateLimitGrpc {
         deadline: Option<Duration>,
     ) -> Result<RateLimitResponse, Status> {
         tracing::debug!(?request, "ShouldRateLimit");
+        let request = &*request::with_long_values_digested(request);
         let inputs = request::descriptor_inputs(request).map_err(Status::invalid_argument)?;
         let rules = self.rules.load();
         let mut decisions = self
