@@ -108,7 +108,7 @@ fn sequences() -> Vec<Sequence> {
                 ("a", Done, Reserve, Cost::Spend(0), Settled),
                 ("b", Done, Reserve, Cost::Spend(900), Settled),
                 ("x", Done, Reserve, Cost::Spend(5), Unknown),
-                ("x", Start, Reserve, Cost::Spend(5), First),
+                ("x", Start, Reserve, Cost::Spend(5), Repeat),
                 ("d", Start, Dedupe, Cost::Spend(1), First),
                 ("d", Done, Dedupe, Cost::Spend(1), First),
                 ("d", Start, Dedupe, Cost::Spend(1), First),
@@ -126,6 +126,29 @@ fn sequences() -> Vec<Sequence> {
                 ("b", Start, Reserve, Cost::Spend(6), First),
                 ("b", Done, Reserve, Cost::Charge(0), Settled),
                 ("c", Start, Reserve, Cost::Spend(6), First),
+            ],
+        },
+        Sequence {
+            name: "a done call before its start: charged once, in full (issue 51)",
+            bursts: vec![1000],
+            steps: vec![
+                ("x", Done, Reserve, Cost::Spend(600), Unknown),
+                ("x", Start, Reserve, Cost::Spend(300), Repeat),
+                ("x", Done, Reserve, Cost::Spend(600), Repeat),
+                ("y", Start, Reserve, Cost::Spend(400), First),
+                ("y", Done, Reserve, Cost::Spend(0), Settled),
+                ("d", Done, Dedupe, Cost::Spend(2), First),
+                ("d", Start, Dedupe, Cost::Spend(2), First),
+            ],
+        },
+        Sequence {
+            name: "absurd usage is forgiven alike (issue 51)",
+            bursts: vec![1000],
+            steps: vec![
+                ("a", Start, Reserve, Cost::Spend(600), First),
+                ("a", Done, Reserve, Cost::Spend(u64::MAX), Settled),
+                ("b", Done, Reserve, Cost::Spend(u64::MAX), Unknown),
+                ("c", Start, Dedupe, Cost::Charge(u64::MAX), First),
             ],
         },
         Sequence {
@@ -218,14 +241,16 @@ async fn lua_and_rust_settle_attempts_alike() {
                         r.remaining,
                         r.retry_after_secs,
                         r.never,
-                        r.taken
+                        r.taken,
+                        r.forgiven
                     ),
                     (
                         l.admitted,
                         l.remaining,
                         l.retry_after_secs,
                         l.never,
-                        l.taken
+                        l.taken,
+                        l.forgiven
                     ),
                     "{place}: Rust (left) and Lua (right)"
                 );

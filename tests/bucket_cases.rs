@@ -249,6 +249,22 @@ fn cases() -> Vec<Case> {
             buckets: vec![(p(1000, 1000, 60), Some((-800.0, 0)))],
             cost: Cost::Charge(600),
         },
+        // issue 51: the debt bound forgave absurd usage differently
+        Case {
+            name: "an absurd charge is forgiven alike",
+            buckets: vec![(p(1000, 1000, 60), Some((400.0, 0)))],
+            cost: Cost::Charge(u64::MAX),
+        },
+        Case {
+            name: "a charge of 2^53 is forgiven alike",
+            buckets: vec![(p(1000, 1000, 60), Some((400.5, 0)))],
+            cost: Cost::Charge(1 << 53),
+        },
+        Case {
+            name: "a huge charge on a fractional balance is forgiven alike",
+            buckets: vec![(p(7, 3, 60), Some((2.25, 0)))],
+            cost: Cost::Charge((1 << 53) - 1),
+        },
         Case {
             name: "a rule's max_debt bounds a charge's debt",
             buckets: vec![(

@@ -218,3 +218,46 @@ fn slots_hold_at_most_max_and_return_on_release_or_expiry() {
     let o = take_slot(&mut held, b"e", 3, 10 * S, 11 * S);
     assert_eq!((o.admitted, o.expired, o.in_flight), (true, 2, 2));
 }
+
+#[test]
+fn slots_stay_exact_and_their_queue_bounded_at_any_count() {
+    let mut held = Slots::new();
+    // a flood of short requests: taken and released, the queue's stale
+    // entries dropped as they outnumber the live ones
+    for i in 0..10_000u64 {
+        let id = format!("r{i}");
+        assert!(take_slot(&mut held, id.as_bytes(), 3, 10 * S, S + i).admitted);
+        let o = release_slot(&mut held, id.as_bytes(), S + i);
+        assert_eq!(o.result, AttemptResult::Released);
+    }
+    assert!(held.is_empty());
+    assert_eq!(held.id_bytes(), 0);
+    assert!(
+        held.queue.len() <= 2 * held.len() + 65,
+        "{}",
+        held.queue.len()
+    );
+    // a slot taken again after its release keeps only its new time
+    take_slot(&mut held, b"x", 3, 10 * S, S);
+    release_slot(&mut held, b"x", 2 * S);
+    take_slot(&mut held, b"x", 3, 10 * S, 5 * S);
+    let o = take_slot(&mut held, b"y", 3, 10 * S, 12 * S);
+    assert_eq!((o.expired, o.in_flight), (0, 2), "x held until 15 s");
+    let o = take_slot(&mut held, b"z", 3, 10 * S, 15 * S);
+    assert_eq!((o.expired, o.in_flight), (1, 2));
+    // 200,000 held: a start is refused, a repeat answered, then they all
+    // return at once with their bytes
+    let mut many = Slots::new();
+    for i in 0..200_000u64 {
+        take_slot(&mut many, format!("{i:06}").as_bytes(), 200_000, 10 * S, S);
+    }
+    let o = take_slot(&mut many, b"one-more", 200_000, 10 * S, 2 * S);
+    assert_eq!((o.admitted, o.in_flight), (false, 200_000));
+    assert_eq!(
+        take_slot(&mut many, b"000007", 200_000, 10 * S, 2 * S).result,
+        AttemptResult::Repeat
+    );
+    assert_eq!(many.id_bytes(), 200_000 * 6);
+    assert_eq!(many.expire(11 * S), (200_000, 200_000 * 6));
+    assert!(many.is_empty());
+}

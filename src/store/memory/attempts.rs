@@ -101,14 +101,11 @@ impl Attempts {
             .entry(key.into())
             .or_insert_with(|| (Slots::new(), rule));
         let before = held.len();
-        let bytes = |held: &Slots| -> usize {
-            held.iter()
-                .map(|(id, _)| record_bytes(id) + key.len())
-                .sum()
-        };
+        // each slot counts as a record of its id, plus the slots' key
+        let bytes = |held: &Slots| held.id_bytes() + held.len() * (ATTEMPT_FIXED_BYTES + key.len());
         let bytes_before = bytes(held);
         let outcome = match call.phase {
-            Phase::Start if full && !held.iter().any(|(h, _)| **h == *call.id) => {
+            Phase::Start if full && !held.holds(&call.id) => {
                 // expired ones still go; no new slot past the bound
                 SlotOutcome {
                     result: AttemptResult::Full,
@@ -172,18 +169,14 @@ impl Attempts {
         self.bytes -= freed;
         let (mut held, mut bytes) = (self.held, self.bytes);
         self.slots.retain(|key, (slots, rule)| {
-            let before = slots.len();
-            slots.retain(|(id, until)| {
-                let keep = now < *until;
-                if keep {
-                    next = next.min(*until);
-                } else {
-                    bytes -= record_bytes(id) + key.len();
-                }
-                keep
-            });
-            expired.extend(std::iter::repeat_n(*rule, before - slots.len()));
-            held -= before - slots.len();
+            let (n, id_bytes) = slots.expire(now);
+            let n = usize::try_from(n).unwrap_or(usize::MAX);
+            bytes -= id_bytes + n * (ATTEMPT_FIXED_BYTES + key.len());
+            if let Some(at) = slots.next_return() {
+                next = next.min(at);
+            }
+            expired.extend(std::iter::repeat_n(*rule, n));
+            held -= n;
             !slots.is_empty()
         });
         self.held = held;

@@ -421,6 +421,9 @@ while a <= nargs do
         -- a start after its attempt ended (settled, released, given
         -- back) is a new attempt
         again = r_started >= 0 and r_done == 0
+        -- a reservation whose done call came first was charged in full by
+        -- it: the late start takes nothing
+        if mode == 1 and r_started < 0 and r_done == 1 then again = true end
       elseif mode == 0 or r_done == 1 then
         again = r_done == 1
       elseif r_started >= 0 then
