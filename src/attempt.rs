@@ -54,6 +54,12 @@ pub enum Phase {
     Start,
     /// When the stream is done (the descriptor carries `phase: done`).
     Done,
+    /// The service's own: the start's answer came after the caller's
+    /// deadline, so Envoy's failure mode answered instead. What the start
+    /// took is given back and its record dropped: a done call that follows
+    /// (the failure mode may have let the request run) is charged in full,
+    /// as one of an attempt never started.
+    Withdraw,
 }
 
 /// What a rule does with the attempts its descriptors carry.
@@ -197,6 +203,19 @@ pub fn plan(call: &AttemptCall, record: Option<&AttemptRecord>, cost: Cost, now:
             Some(r) if r.started.is_none() && r.done && mode == AttemptMode::Reserve => repeat,
             _ => first,
         },
+        (Phase::Withdraw, _) => match record {
+            Some(AttemptRecord {
+                started: Some(taken),
+                done: false,
+                ..
+            }) => Planned {
+                cost: Some(Cost::Refund(*taken)),
+                result: AttemptResult::Settled,
+                records: false,
+            },
+            // nothing live to withdraw
+            _ => repeat,
+        },
         (Phase::Done, AttemptMode::Dedupe | AttemptMode::Slot) => match record {
             Some(r) if r.done => repeat,
             _ => first,
@@ -281,7 +300,9 @@ pub fn record_after(
         expired_counted: false,
     };
     match (planned.result, call.phase) {
-        (AttemptResult::Repeat | AttemptResult::Expired | AttemptResult::NoId, _) => None,
+        // a withdrawal drops the record ([`drops_record`])
+        (AttemptResult::Repeat | AttemptResult::Expired | AttemptResult::NoId, _)
+        | (_, Phase::Withdraw) => None,
         // a start begins the attempt afresh, whatever ended before it
         (_, Phase::Start) => admitted.then(|| AttemptRecord {
             started: Some(taken),
@@ -298,6 +319,12 @@ pub fn record_after(
             ..record.unwrap_or_else(fresh)
         }),
     }
+}
+
+/// Whether `call`, planned as `planned`, drops the attempt's record: a
+/// withdrawal of a live start.
+pub fn drops_record(call: &AttemptCall, planned: &Planned) -> bool {
+    call.phase == Phase::Withdraw && planned.cost.is_some()
 }
 
 /// The slots of one descriptor held now: each attempt id with when it

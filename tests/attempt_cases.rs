@@ -20,7 +20,7 @@ use tokenbucket_rls::store::redis::{BucketLayout, RedisSettings, RedisStore};
 use tokenbucket_rls::store::{BucketRef, DescriptorBuckets, Store};
 
 use AttemptMode::{Dedupe, Reserve};
-use Phase::{Done, Start};
+use Phase::{Done, Start, Withdraw};
 
 /// One call: attempt id, phase, mode, cost, and the result both stores
 /// must give.
@@ -139,6 +139,22 @@ fn sequences() -> Vec<Sequence> {
                 ("y", Done, Reserve, Cost::Spend(0), Settled),
                 ("d", Done, Dedupe, Cost::Spend(2), First),
                 ("d", Start, Dedupe, Cost::Spend(2), First),
+            ],
+        },
+        Sequence {
+            name: "a start answered too late is withdrawn: a done call after it charges in full",
+            bursts: vec![1000],
+            steps: vec![
+                ("a", Start, Reserve, Cost::Spend(600), First),
+                ("a", Withdraw, Reserve, Cost::Check, Settled),
+                ("a", Withdraw, Reserve, Cost::Check, Repeat),
+                ("a", Done, Reserve, Cost::Spend(100), Unknown),
+                ("a", Done, Reserve, Cost::Spend(100), Repeat),
+                ("b", Start, Dedupe, Cost::Spend(3), First),
+                ("b", Withdraw, Dedupe, Cost::Check, Settled),
+                ("b", Start, Dedupe, Cost::Spend(3), First),
+                ("c", Withdraw, Reserve, Cost::Check, Repeat),
+                ("c", Start, Reserve, Cost::Spend(100), First),
             ],
         },
         Sequence {

@@ -79,7 +79,7 @@ fn given_back(servers: &[&RunningServer], result: &str) -> f64 {
                 sample(
                     &s.metrics.render(),
                     &format!(
-                        "rls_given_back_total{{domain=\"ai\",result=\"{result}\",rule=\"{rule}\"}}"
+                        "rls_given_back_total{{domain=\"ai\",reason=\"refused\",result=\"{result}\",rule=\"{rule}\"}}"
                     ),
                 )
                 .unwrap_or(0.0)
@@ -222,5 +222,50 @@ async fn per_descriptor_spending_keeps_what_each_took() {
     }
     assert_eq!(left(&mut c, &[("requests", "dave")]).await, 5);
     assert_eq!(given_back(&[&server], "ok"), 0.0);
+    server.shutdown().await.expect("stop");
+}
+
+/// A reservation's start whose Redis call timed out (Redis paused) is
+/// answered by the failure mode; Redis runs the script when it wakes, and
+/// the withdrawal sent after it on the same connection gives the
+/// reservation back and drops its record: the request's done call (the
+/// failure mode may have let it run) is charged in full.
+#[tokio::test]
+async fn a_start_that_timed_out_in_redis_is_withdrawn_once_it_ran() {
+    let redis = RedisServer::standalone();
+    let rules = rules_dir(RULES);
+    let server = start(redis_args(&redis.url(), &rules, Duration::from_millis(100))).await;
+    let mut c = client(&server).await;
+    redis.cli(&["CLIENT", "PAUSE", "800", "WRITE"]);
+    let start = descriptor(&[("user", "frank"), ("request_id", "slow")]);
+    let r = c.should_rate_limit(request("ai", vec![start])).await;
+    assert_eq!(
+        r.expect_err("the rule fails closed").code(),
+        tonic::Code::Unavailable
+    );
+    // Redis wakes, runs the start, then the withdrawal queued after it
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(left(&mut c, &[("user", "frank")]).await, 1000);
+    let late: f64 = ["ok", "unanswered"]
+        .iter()
+        .map(|result| {
+            sample(
+                &server.metrics.render(),
+                &format!(
+                    "rls_given_back_total{{domain=\"ai\",reason=\"late\",result=\"{result}\",rule=\"tokens\"}}"
+                ),
+            )
+            .unwrap_or(0.0)
+        })
+        .sum();
+    assert_eq!(late, 1.0, "one withdrawal sent");
+    let mut done = descriptor(&[("user", "frank"), ("request_id", "slow"), ("phase", "done")]);
+    done.hits_addend = Some(envoy_types::pb::google::protobuf::UInt64Value { value: 100 });
+    let r = c
+        .should_rate_limit(request("ai", vec![done]))
+        .await
+        .expect("decided")
+        .into_inner();
+    assert_eq!(r.statuses[0].limit_remaining, 900, "charged in full");
     server.shutdown().await.expect("stop");
 }

@@ -21,11 +21,32 @@
 //! happened whatever the answer); every call of a request that carries a
 //! stream-done phase (the request ran).
 //!
-//! Pure bookkeeping here; the limiter makes the calls (`Limiter::give_back`).
+//! **Late answers.** A decision that completes after the caller's
+//! deadline (`grpc-timeout`: Envoy has answered by its failure mode) is
+//! given back the same way, but an attempt's start is *withdrawn*: what it
+//! took comes back and its record goes, so that a done call that follows
+//! (the failure mode may have let the request run) is charged in full. A
+//! store call for an attempt's start that timed out may still run in
+//! Redis: a withdrawal follows it on the same connection, which finds its
+//! record if it ran (and nothing if it did not).
+//!
+//! The calls run on a task of their own (on the serving thread's runtime,
+//! so a Redis call follows the decisions on the same connection): Envoy
+//! dropping the call at its deadline cannot cut a give-back in half. A
+//! refused request waits for its give-back, so that its answer says what
+//! is left; a late one does not.
 
+use std::sync::Arc;
+
+use super::lease::Leases;
+use super::plan::Plan;
 use crate::attempt::{AttemptCall, AttemptMode, Phase};
 use crate::bucket::{Algorithm, BucketOutcome, Cost};
-use crate::store::DescriptorBuckets;
+use crate::clock::MonotonicClock;
+use crate::labels::RuleId;
+use crate::store::memory::MemoryStore;
+use crate::store::{DescriptorBuckets, Store, StoreError};
+use crate::telemetry::Metrics;
 
 /// Where a descriptor's decision was made, so that its give-back goes
 /// to the same place.
@@ -57,16 +78,6 @@ pub(super) enum SpentKind {
     Start(u64),
     /// A concurrency slot taken by a first start.
     Slot,
-}
-
-impl SpentKind {
-    /// What comes back: tokens, or one slot.
-    pub(super) fn units(self) -> u64 {
-        match self {
-            SpentKind::Tokens(n) | SpentKind::Start(n) => n,
-            SpentKind::Slot => 1,
-        }
-    }
 }
 
 /// What a plain decision took from its buckets: `cost` (a spend) admitted
@@ -111,6 +122,252 @@ pub(super) fn release(call: &AttemptCall) -> AttemptCall {
     AttemptCall {
         phase: Phase::Done,
         ..call.clone()
+    }
+}
+
+/// The call that withdraws `call`'s start, answered too late.
+pub(super) fn withdrawal(call: &AttemptCall) -> AttemptCall {
+    AttemptCall {
+        phase: Phase::Withdraw,
+        ..call.clone()
+    }
+}
+
+/// How long a late give-back waits for its node: it follows a call that
+/// timed out, on the same connection, so it waits for that call to run.
+pub(super) const LATE_PATIENCE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Why something is given back (`reason` of `rls_given_back_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Reason {
+    /// The request was answered OVER_LIMIT.
+    Refused,
+    /// The answer came after the caller's deadline, or the store call
+    /// for an attempt's start timed out.
+    Late,
+}
+
+impl Reason {
+    fn label(self) -> &'static str {
+        match self {
+            Reason::Refused => "refused",
+            Reason::Late => "late",
+        }
+    }
+}
+
+/// One descriptor's give-back, owned, so that it can outlive the call.
+#[derive(Debug)]
+pub(super) struct Job {
+    rule: RuleId,
+    source: Source,
+    what: What,
+}
+
+#[derive(Debug)]
+enum What {
+    Tokens {
+        buckets: DescriptorBuckets,
+        n: u64,
+    },
+    Start {
+        buckets: DescriptorBuckets,
+        call: AttemptCall,
+        taken: u64,
+    },
+    Slot {
+        slots: DescriptorBuckets,
+        max: u64,
+        call: AttemptCall,
+    },
+}
+
+impl Job {
+    /// What gives back `spent`, taken by `plan`'s descriptor.
+    pub(super) fn of(plan: &Plan<'_>, spent: Spent) -> Option<Job> {
+        let (rule, what) = match (plan, spent.kind) {
+            (
+                Plan::Buckets {
+                    rule,
+                    buckets,
+                    attempt,
+                    ..
+                },
+                kind,
+            ) => {
+                let rule = rule.map(|r| r.id).unwrap_or_default();
+                let buckets = spent.buckets.unwrap_or_else(|| buckets.clone());
+                match (kind, attempt) {
+                    (SpentKind::Tokens(n), _) => (rule, What::Tokens { buckets, n }),
+                    (SpentKind::Start(taken), Some(call)) => (
+                        rule,
+                        What::Start {
+                            buckets,
+                            call: call.clone(),
+                            taken,
+                        },
+                    ),
+                    _ => return None,
+                }
+            }
+            (
+                Plan::Slots {
+                    rule,
+                    slots,
+                    max,
+                    attempt: Some(call),
+                },
+                SpentKind::Slot,
+            ) => (
+                rule.id,
+                What::Slot {
+                    slots: slots.clone(),
+                    max: *max,
+                    call: call.clone(),
+                },
+            ),
+            _ => return None,
+        };
+        Some(Job {
+            rule,
+            source: spent.source,
+            what,
+        })
+    }
+
+    /// Withdraws an attempt's start whose store call timed out (it may
+    /// have run): a start of `buckets`, or a slot of at most `max`.
+    pub(super) fn withdraw_start(
+        rule: RuleId,
+        buckets: &DescriptorBuckets,
+        call: &AttemptCall,
+        slot_max: Option<u64>,
+    ) -> Job {
+        let what = match slot_max {
+            Some(max) => What::Slot {
+                slots: buckets.clone(),
+                max,
+                call: call.clone(),
+            },
+            None => What::Start {
+                buckets: buckets.clone(),
+                call: call.clone(),
+                taken: 0,
+            },
+        };
+        Job {
+            rule,
+            source: Source::Store,
+            what,
+        }
+    }
+}
+
+/// Where give-backs go: the limiter's store, local buckets and leases.
+#[derive(Clone)]
+pub(super) struct Places {
+    pub(super) store: Arc<dyn Store>,
+    pub(super) local: Arc<MemoryStore<MonotonicClock>>,
+    pub(super) leases: Arc<Leases<MonotonicClock>>,
+    pub(super) metrics: Arc<Metrics>,
+    pub(super) instances: u32,
+}
+
+impl Places {
+    /// Runs `job` once for `reason`, its store call cut off after
+    /// `budget`; counted by result. What came back (tokens, or a slot),
+    /// when it did.
+    pub(super) async fn run(
+        &self,
+        job: Job,
+        reason: Reason,
+        budget: Option<std::time::Duration>,
+    ) -> Option<u64> {
+        // nobody waits for a late one: it may wait for a slow node
+        let budget = match reason {
+            Reason::Refused => budget,
+            Reason::Late => Some(LATE_PATIENCE),
+        };
+        let result: Result<u64, StoreError> = match (job.what, job.source) {
+            (What::Tokens { buckets, n }, Source::Store) => super::within(
+                budget,
+                self.store
+                    .decide_patiently(&buckets, Cost::Refund(n), budget),
+            )
+            .await
+            .map(|_| n),
+            (What::Tokens { buckets, n }, Source::Local) => {
+                self.local.decide_now(&buckets, Cost::Refund(n));
+                Ok(n)
+            }
+            (What::Tokens { buckets, n }, Source::Lease { generation }) => {
+                self.leases.put_back(&buckets, generation, n).await;
+                Ok(n)
+            }
+            (
+                What::Start {
+                    buckets,
+                    call,
+                    taken,
+                },
+                source,
+            ) => {
+                let (call, cost) = match reason {
+                    Reason::Refused => settle_unused(&call),
+                    Reason::Late => (withdrawal(&call), Cost::Check),
+                };
+                match source {
+                    Source::Local => {
+                        self.local.decide_attempt_now(&buckets, cost, &call);
+                        Ok(taken)
+                    }
+                    _ => super::within(
+                        budget,
+                        self.store.decide_attempt(&buckets, cost, &call, budget),
+                    )
+                    .await
+                    .map(|_| taken),
+                }
+            }
+            (What::Slot { slots, max, call }, source) => {
+                let release = release(&call);
+                match source {
+                    Source::Local => {
+                        let share = (max / u64::from(self.instances.max(1))).max(1);
+                        self.local
+                            .decide_slot_now(&slots, share, &release, job.rule);
+                        Ok(1)
+                    }
+                    _ => super::within(
+                        budget,
+                        self.store
+                            .decide_slot(&slots, max, &release, job.rule, budget),
+                    )
+                    .await
+                    .map(|_| 1),
+                }
+            }
+        };
+        match result {
+            Ok(n) => {
+                self.metrics.given_back(job.rule, reason.label(), "ok");
+                Some(n)
+            }
+            Err(e) => {
+                // sent, and no answer in time: it may still run (after the
+                // call it follows, on the same connection)
+                let sent = matches!(e, StoreError::Timeout | StoreError::Connection(_));
+                let result = if sent { "unanswered" } else { "failed" };
+                self.metrics.given_back(job.rule, reason.label(), result);
+                tracing::debug!(
+                    rule = %job.rule.labels().1,
+                    reason = reason.label(),
+                    error = %e,
+                    "could not give back what a descriptor took; it stays spent"
+                );
+                None
+            }
+        }
     }
 }
 

@@ -35,7 +35,7 @@ use crate::store::memory::MemoryStore;
 use crate::store::{AttemptOutcome, BucketRef, DescriptorBuckets, Store, StoreError};
 use crate::telemetry::tracing::SPAN_TARGET;
 use crate::telemetry::Metrics;
-use give_back::{Source, Spent, SpentKind};
+use give_back::{Job, Places, Reason, Source, Spent, SpentKind};
 use key::KeyOrigin;
 use lease::Leases;
 use plan::{plan, CalendarNow, LimitRef, Plan};
@@ -86,7 +86,7 @@ pub struct Limiter {
     in_flight: tokio::sync::Semaphore,
     default_failure_mode: FailureMode,
     /// Decides for `local` rules while the store is failing: B/N and r/N.
-    local: MemoryStore<MonotonicClock>,
+    local: Arc<MemoryStore<MonotonicClock>>,
     instances: u32,
     /// Local batches of tokens for rules with `lease:`.
     leases: Arc<Leases<MonotonicClock>>,
@@ -131,14 +131,16 @@ impl Limiter {
         // Bounded too, in buckets and bytes: a flood of new values while
         // the store fails would otherwise grow it faster than the sweeper
         // (`spawn_local_sweeper`) drops the full ones.
-        let local = MemoryStore::with_cap(
-            MonotonicClock::new(),
-            crate::store::memory::DEFAULT_MAX_BUCKETS,
-            Some(metrics.eviction_sink()),
-        )
-        .with_attempts(
-            crate::store::memory::DEFAULT_MAX_ATTEMPTS,
-            Some(metrics.expiry_sink()),
+        let local = Arc::new(
+            MemoryStore::with_cap(
+                MonotonicClock::new(),
+                crate::store::memory::DEFAULT_MAX_BUCKETS,
+                Some(metrics.eviction_sink()),
+            )
+            .with_attempts(
+                crate::store::memory::DEFAULT_MAX_ATTEMPTS,
+                Some(metrics.expiry_sink()),
+            ),
         );
         Self {
             leases: Arc::new(Leases::new(
@@ -243,44 +245,65 @@ impl Limiter {
         descriptors: &[DescriptorInput<'_, E>],
         budget: Option<std::time::Duration>,
     ) -> Result<Vec<Decision>, Unavailable> {
+        self.decide_by(rules, domain, descriptors, budget, None)
+            .await
+    }
+
+    /// [`Limiter::decide_within`] for a caller that gives up at `deadline`
+    /// (Envoy answers by its failure mode then): what a decision that
+    /// completes after it took is given back ([`give_back`], "Late
+    /// answers").
+    pub async fn decide_by<E: DescriptorEntry>(
+        &self,
+        rules: &RuleSet,
+        domain: &str,
+        descriptors: &[DescriptorInput<'_, E>],
+        budget: Option<std::time::Duration>,
+        deadline: Option<Instant>,
+    ) -> Result<Vec<Decision>, Unavailable> {
         let mut plans = plan(rules, domain, descriptors, self.calendar_now());
         self.bound_values(domain, &mut plans);
         let generation = rules.generation();
-        if let [only] = plans.as_slice() {
-            return Ok(vec![
-                self.decide_plan(only, generation, budget).await?.decision,
-            ]);
-        }
-        let decided = join_all(
-            plans
-                .iter()
-                .map(|p| self.decide_plan(p, generation, budget)),
-        )
-        .await
-        .into_iter()
-        .collect::<Result<Vec<Decided>, Unavailable>>()?;
-        let refused = decided
-            .iter()
-            .any(|d| d.decision.verdict == Verdict::OverLimit);
-        if !(self.give_back && refused) || plans.iter().any(Plan::is_stream_done) {
+        let decided = if let [only] = plans.as_slice() {
+            vec![self.decide_plan(only, generation, budget).await?]
+        } else {
+            join_all(
+                plans
+                    .iter()
+                    .map(|p| self.decide_plan(p, generation, budget)),
+            )
+            .await
+            .into_iter()
+            .collect::<Result<Vec<Decided>, Unavailable>>()?
+        };
+        let nothing_taken = decided.iter().all(|d| d.spent.is_none());
+        if nothing_taken || !self.give_back || plans.iter().any(Plan::is_stream_done) {
             return Ok(decided.into_iter().map(|d| d.decision).collect());
         }
+        let reason = if deadline.is_some_and(|d| Instant::now() >= d) {
+            Reason::Late
+        } else if decided
+            .iter()
+            .any(|d| d.decision.verdict == Verdict::OverLimit)
+        {
+            Reason::Refused
+        } else {
+            return Ok(decided.into_iter().map(|d| d.decision).collect());
+        };
         let mut decisions = Vec::with_capacity(decided.len());
-        let mut spent = Vec::new();
+        let mut jobs = Vec::new();
         for (i, (plan, d)) in plans.iter().zip(decided).enumerate() {
-            if let Some(s) = d.spent {
-                spent.push((i, plan, s));
+            if let Some(job) = d.spent.and_then(|s| Job::of(plan, s)) {
+                jobs.push((i, job));
             }
             decisions.push(d.decision);
         }
-        let returned = join_all(
-            spent
-                .into_iter()
-                .map(|(i, plan, s)| async move { (i, self.give_back(plan, s, budget).await) }),
-        )
-        .await;
+        let given = self.give_back(jobs, reason, budget);
+        if reason == Reason::Late {
+            return Ok(decisions); // nobody reads this answer
+        }
         // the answer says what is left once given back
-        for (i, back) in returned {
+        for (i, back) in given.await.unwrap_or_default() {
             if let (Some(n), Some(d)) = (back, decisions.get_mut(i)) {
                 d.remaining = d.remaining.saturating_add(n);
             }
@@ -288,97 +311,54 @@ impl Limiter {
         Ok(decisions)
     }
 
-    /// Gives back what `plan`'s descriptor took (`spent`) for a request
-    /// answered OVER_LIMIT: one call, never re-sent; counted by result.
-    /// What came back (tokens, or a slot), when it did.
-    async fn give_back(
+    /// Runs `jobs` for `reason` on a task of their own ([`give_back`]): a
+    /// caller that gives up cannot cut them in half. Each answer with its
+    /// descriptor's index.
+    fn give_back(
         &self,
-        plan: &Plan<'_>,
-        spent: Spent,
+        jobs: Vec<(usize, Job)>,
+        reason: Reason,
         budget: Option<std::time::Duration>,
-    ) -> Option<u64> {
-        let (rule, own) = match plan {
-            Plan::Buckets { rule, buckets, .. } => (rule.map(|r| r.id), Some(buckets)),
-            Plan::Slots { rule, .. } => (Some(rule.id), None),
-            Plan::Done(_) => return None,
-        };
-        let buckets = spent.buckets.as_ref().or(own);
-        let result: Result<(), StoreError> = match (plan, spent.kind, buckets) {
-            (_, SpentKind::Tokens(n), Some(b)) => match spent.source {
-                Source::Store => within(budget, self.store.decide(b, Cost::Refund(n)))
-                    .await
-                    .map(drop),
-                Source::Local => {
-                    self.local.decide_now(b, Cost::Refund(n));
-                    Ok(())
-                }
-                Source::Lease { generation } => {
-                    self.leases.put_back(b, generation, n).await;
-                    Ok(())
-                }
-            },
-            (
-                Plan::Buckets {
-                    attempt: Some(call),
-                    ..
-                },
-                SpentKind::Start(_),
-                Some(b),
-            ) => {
-                let (settle, cost) = give_back::settle_unused(call);
-                match spent.source {
-                    Source::Local => {
-                        self.local.decide_attempt_now(b, cost, &settle);
-                        Ok(())
-                    }
-                    _ => within(budget, self.store.decide_attempt(b, cost, &settle, budget))
-                        .await
-                        .map(drop),
-                }
-            }
-            (
-                Plan::Slots {
-                    rule,
-                    slots,
-                    max,
-                    attempt: Some(call),
-                },
-                SpentKind::Slot,
-                _,
-            ) => {
-                let release = give_back::release(call);
-                match spent.source {
-                    Source::Local => {
-                        let share = (*max / u64::from(self.instances)).max(1);
-                        self.local.decide_slot_now(slots, share, &release, rule.id);
-                        Ok(())
-                    }
-                    _ => within(
-                        budget,
-                        self.store
-                            .decide_slot(slots, *max, &release, rule.id, budget),
-                    )
-                    .await
-                    .map(drop),
-                }
-            }
-            _ => return None,
-        };
-        let rule = rule.unwrap_or_default();
-        match result {
-            Ok(()) => {
-                self.metrics.given_back(rule, "ok");
-                Some(spent.kind.units())
-            }
-            Err(e) => {
-                self.metrics.given_back(rule, "failed");
-                tracing::debug!(
-                    rule = %rule.labels().1,
-                    error = %e,
-                    "a refused request's other descriptor could not be given back what it took; it stays spent"
-                );
-                None
-            }
+    ) -> tokio::task::JoinHandle<Vec<(usize, Option<u64>)>> {
+        let places = self.places();
+        // on this thread's runtime: a Redis call follows the decisions on
+        // their connection
+        tokio::spawn(async move {
+            join_all(jobs.into_iter().map(|(i, job)| {
+                let places = &places;
+                async move { (i, places.run(job, reason, budget).await) }
+            }))
+            .await
+        })
+    }
+
+    /// An attempt's start whose store call failed after it may have been
+    /// sent (a timeout, a connection lost) may still run in Redis, where
+    /// the failure mode answered instead: a withdrawal follows it
+    /// ([`give_back`], "Late answers"), not waited for.
+    fn withdraw_if_sent(
+        &self,
+        rule: Option<RuleId>,
+        buckets: &DescriptorBuckets,
+        call: &AttemptCall,
+        slot_max: Option<u64>,
+        error: &StoreError,
+        budget: Option<std::time::Duration>,
+    ) {
+        let sent = matches!(error, StoreError::Timeout | StoreError::Connection(_));
+        if self.give_back && sent && call.phase == Phase::Start {
+            let job = Job::withdraw_start(rule.unwrap_or_default(), buckets, call, slot_max);
+            drop(self.give_back(vec![(0, job)], Reason::Late, budget));
+        }
+    }
+
+    fn places(&self) -> Places {
+        Places {
+            store: self.store.clone(),
+            local: self.local.clone(),
+            leases: self.leases.clone(),
+            metrics: self.metrics.clone(),
+            instances: self.instances,
         }
     }
 
@@ -672,6 +652,7 @@ impl Limiter {
             }
             Err(e) => {
                 self.metrics.store_error(e.kind());
+                self.withdraw_if_sent(rule.map(|r| r.id), buckets, call, None, &e, budget);
                 self.on_store_error(rule, limits, buckets, cost, Some(call), e)
             }
         }
@@ -709,6 +690,7 @@ impl Limiter {
             Ok(outcome) => (outcome, Source::Store),
             Err(e) => {
                 self.metrics.store_error(e.kind());
+                self.withdraw_if_sent(Some(rule.id), slots, call, Some(max), &e, budget);
                 let mode = rule.failure_mode.unwrap_or(self.default_failure_mode);
                 self.metrics.failure_policy(mode);
                 match mode {

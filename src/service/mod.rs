@@ -61,13 +61,22 @@ impl RateLimitGrpc {
         request: &RateLimitRequest,
         deadline: Option<Duration>,
     ) -> Result<RateLimitResponse, Status> {
+        // when Envoy gives up and answers by its failure mode (a little
+        // after it, counted from here rather than from arrival)
+        let due = deadline.map(|d| Instant::now() + d);
         tracing::debug!(?request, "ShouldRateLimit");
         let request = &*request::with_long_values_digested(request);
         let inputs = request::descriptor_inputs(request).map_err(Status::invalid_argument)?;
         let rules = self.rules.load();
         let mut decisions = self
             .limiter
-            .decide_within(&rules, &request.domain, &inputs, deadline.map(store_budget))
+            .decide_by(
+                &rules,
+                &request.domain,
+                &inputs,
+                deadline.map(store_budget),
+                due,
+            )
             .await
             .map_err(|e| Status::unavailable(e.to_string()))?;
         // only a call no rule decided looks at its domain: every other

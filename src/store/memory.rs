@@ -278,7 +278,9 @@ impl<C: Clock> MemoryStore<C> {
                 } else {
                     0
                 };
-                if let Some(r) =
+                if attempt::drops_record(call, &planned) {
+                    shard.attempts.remove(&key);
+                } else if let Some(r) =
                     attempt::record_after(call, record.as_ref(), &planned, admitted, taken, now)
                 {
                     let rule = descriptor

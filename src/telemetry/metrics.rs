@@ -487,13 +487,13 @@ impl Metrics {
             .inc_by(n);
     }
 
-    /// One descriptor of a refused request given back what it took
-    /// (`result`: ok, failed).
-    pub fn given_back(&self, rule: RuleId, result: &str) {
+    /// One descriptor given back what it took, for `reason` (refused,
+    /// late); `result`: ok, failed.
+    pub fn given_back(&self, rule: RuleId, reason: &str, result: &str) {
         let (domain, rule) = rule.labels();
         self.attempt
             .given_back
-            .with_label_values(&[&domain, &rule, result])
+            .with_label_values(&[&domain, &rule, reason, result])
             .inc();
     }
 

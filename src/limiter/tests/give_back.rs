@@ -3,6 +3,7 @@
 //! store's copy is in tests/give_back.rs).
 
 use super::*;
+use std::time::Instant;
 
 const RULES: &str = r#"
 domain: g
@@ -283,4 +284,98 @@ async fn the_local_failure_modes_share_is_given_back_locally() {
     }
     assert_eq!(left(&l, &r, &a).await, 5, "the local share got it back");
     assert_eq!(given_back(&l, "ok"), 4);
+}
+
+/// Decides `descriptors` for a caller whose deadline already passed.
+async fn decide_late(l: &Limiter, r: &RuleSet, descriptors: &[Descriptor]) -> Vec<Decision> {
+    let inputs: Vec<_> = descriptors
+        .iter()
+        .map(|(e, c)| DescriptorInput {
+            entries: e,
+            cost: *c,
+            limit_override: None,
+            own_hits_addend: matches!(c, Cost::Spend(n) if *n != 1),
+        })
+        .collect();
+    let past = Instant::now()
+        .checked_sub(std::time::Duration::from_millis(1))
+        .expect("a moment ago");
+    l.decide_by(r, "g", &inputs, None, Some(past))
+        .await
+        .expect("decided")
+}
+
+/// Waits (bounded) until the give-back task counted `n` for `reason`.
+async fn given_back_for(l: &Limiter, reason: &str, n: u64) {
+    for _ in 0..200 {
+        let counted: u64 = l
+            .metrics
+            .render()
+            .lines()
+            .filter(|line| {
+                line.starts_with("rls_given_back_total{")
+                    && line.contains(&format!("reason=\"{reason}\""))
+                    && line.contains("result=\"ok\"")
+            })
+            .filter_map(|line| line.rsplit(' ').next()?.parse::<u64>().ok())
+            .sum();
+        if counted >= n {
+            assert_eq!(counted, n);
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    panic!("never given back {n} for {reason}");
+}
+
+/// An answer that came after the caller's deadline (Envoy answered by its
+/// failure mode): every descriptor is given back what it took, and an
+/// attempt's start is withdrawn, so that a done call after it (the request
+/// may have run) is charged in full.
+#[tokio::test]
+async fn an_answer_after_the_deadline_keeps_nothing_and_withdraws_the_start() {
+    let (l, r) = (memory_limiter(), give_back_rules());
+    let d = decide_late(
+        &l,
+        &r,
+        &[
+            own(&[("reserving", "u"), ("request_id", "late")], Cost::Check),
+            own(&[("streams", "u"), ("request_id", "late")], Cost::Spend(1)),
+            own(&[("budget", "late")], Cost::Spend(2)),
+        ],
+    )
+    .await;
+    assert!(d.iter().all(|d| d.verdict == Verdict::Ok), "{d:?}");
+    given_back_for(&l, "late", 3).await;
+    assert_eq!(left(&l, &r, &[("reserving", "u")]).await, 1000);
+    assert_eq!(left(&l, &r, &[("budget", "late")]).await, 10);
+    // withdrawn, not settled: the done call charges what was used, in full
+    let done = decide(
+        &l,
+        &r,
+        &[own(
+            &[
+                ("reserving", "u"),
+                ("request_id", "late"),
+                ("phase", "done"),
+            ],
+            Cost::Spend(250),
+        )],
+    )
+    .await;
+    assert_eq!(done[0].remaining, 750);
+    // both slots free again
+    for id in ["x", "y"] {
+        let d = decide(
+            &l,
+            &r,
+            &[own(&[("streams", "u"), ("request_id", id)], Cost::Spend(1))],
+        )
+        .await;
+        assert_eq!(d[0].verdict, Verdict::Ok, "{id}");
+    }
+    // one descriptor alone is given back too
+    decide_late(&l, &r, &[own(&[("budget", "alone")], Cost::Spend(4))]).await;
+    given_back_for(&l, "late", 4).await;
+    assert_eq!(left(&l, &r, &[("budget", "alone")]).await, 10);
 }

@@ -113,7 +113,7 @@ impl Attempts {
                 }
             }
             Phase::Start => attempt::take_slot(held, &call.id, max, call.ttl_micros, now),
-            Phase::Done => attempt::release_slot(held, &call.id, now),
+            Phase::Done | Phase::Withdraw => attempt::release_slot(held, &call.id, now),
         };
         let bytes_after = bytes(held);
         let after = held.len();
@@ -126,6 +126,13 @@ impl Attempts {
             self.remember_due(now.saturating_add(call.ttl_micros));
         }
         outcome
+    }
+
+    /// Drops the record under `key`, if any.
+    pub(super) fn remove(&mut self, key: &[u8]) {
+        if self.records.remove(key).is_some() {
+            self.bytes -= record_bytes(key);
+        }
     }
 
     /// Keeps `record` under `key` (replacing what was there).

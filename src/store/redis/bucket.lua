@@ -24,7 +24,8 @@
 --             calendar period (below)
 --   then per bucket: capacity, tokens_per_unit, unit_secs, max_debt (the
 --             most debt a charge may leave; -1: capacity)
---   then, for a call of an attempt: phase (0 start, 1 done), mode (0
+--   then, for a call of an attempt: phase (0 start, 1 done, 2 withdraw:
+--             the service takes back a start answered too late), mode (0
 --             dedupe, 1 reserve), ttl_ms, the attempt id; its keys end with
 --             the attempt's record (n + 1 keys), and for a reservation the
 --             descriptor's unsettled reservations (n + 2 keys)
@@ -417,7 +418,17 @@ while a <= nargs do
         answers[d] = { -1 }
         break
       end
-      if phase == 0 then
+      if phase == 2 then
+        -- a withdrawal (the start's answer came after the caller's
+        -- deadline): what the live start took comes back, and its record
+        -- goes (a done call after it is charged in full)
+        if r_started >= 0 and r_done == 0 then
+          needed, deducted, charge = 0, -r_started, false
+          result = 2
+        else
+          again = true
+        end
+      elseif phase == 0 then
         -- a start after its attempt ended (settled, released, given
         -- back) is a new attempt
         again = r_started >= 0 and r_done == 0
@@ -627,7 +638,10 @@ while a <= nargs do
     if applies and deducted > 0 then taken = deducted end
     if attempt and not again then
       local keep = false
-      if phase == 0 then
+      if phase == 2 then
+        redis.call('DEL', rk)
+        if pk then redis.call('ZREM', pk, id) end
+      elseif phase == 0 then
         -- an admitted start that took (or gave) something; a check took
         -- nothing and is not remembered
         if all_admit and (deducted ~= 0 or charge) then

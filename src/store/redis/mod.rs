@@ -867,7 +867,8 @@ impl Store for RedisStore {
         let hash = tag_hash(&descriptor.tag);
         let key = self.prefixed(redis_key(hash, &super::key::slots_key(&descriptor.tag)));
         let args = [
-            Value::Integer(i64::from(call.phase == Phase::Done)),
+            // a withdrawal of a slot is its release
+            Value::Integer(i64::from(call.phase != Phase::Start)),
             Value::Bytes(Bytes::from(call.id.clone())),
             Value::Integer(i64::try_from(max).unwrap_or(i64::MAX)),
             Value::Integer(

@@ -64,7 +64,11 @@ pub(super) fn decision(
     }
     if let Some(call) = attempt {
         args.extend([
-            Value::Integer(i64::from(call.phase == Phase::Done)),
+            Value::Integer(match call.phase {
+                Phase::Start => 0,
+                Phase::Done => 1,
+                Phase::Withdraw => 2,
+            }),
             Value::Integer(i64::from(call.mode == AttemptMode::Reserve)),
             Value::Integer(
                 i64::try_from(call.ttl_micros / 1000)

@@ -39,9 +39,9 @@ impl AttemptMetrics {
             given_back: IntCounterVec::new(
                 Opts::new(
                     "rls_given_back_total",
-                    "Descriptors of requests answered OVER_LIMIT that were given back what they took (tokens, a reservation, a slot), by the rule that took it and result: ok, or failed (the call to give it back failed and is not re-sent: it stays spent)",
+                    "Descriptors given back what they took (tokens, a reservation, a slot), by the rule that took it, reason (refused: the request was answered OVER_LIMIT; late: the answer came after the caller's deadline, or an attempt's start timed out) and result: ok; unanswered (sent, no answer in time: it may still have run); failed (not sent, or refused: it stays spent). Never re-sent",
                 ),
-                &["domain", "rule", "result"],
+                &["domain", "rule", "reason", "result"],
             )
             .expect("valid metric"),
         }
