@@ -236,6 +236,9 @@ async fn a_start_that_timed_out_in_redis_is_withdrawn_once_it_ran() {
     let rules = rules_dir(RULES);
     let server = start(redis_args(&redis.url(), &rules, Duration::from_millis(100))).await;
     let mut c = client(&server).await;
+    // the script loaded before Redis pauses (a NOSCRIPT answer would be
+    // sent again as EVAL only by the caller that gave up)
+    assert_eq!(left(&mut c, &[("user", "frank")]).await, 1000);
     redis.cli(&["CLIENT", "PAUSE", "800", "WRITE"]);
     let start = descriptor(&[("user", "frank"), ("request_id", "slow")]);
     let r = c.should_rate_limit(request("ai", vec![start])).await;
