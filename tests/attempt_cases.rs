@@ -203,6 +203,70 @@ fn descriptor(tag: &str, bursts: &[u64]) -> DescriptorBuckets {
     }
 }
 
+/// Calendar periods (a budget a period, reservations and dedupe as on a
+/// token bucket, issue 51): the period holding now runs a month more.
+fn calendar_sequences() -> Vec<Sequence> {
+    use AttemptResult::{First, Repeat, Settled, Unknown};
+    vec![
+        Sequence {
+            name: "a month's budget: reserve, refuse past it, settle both ways",
+            bursts: vec![1000],
+            steps: vec![
+                ("a", Start, Reserve, Cost::Spend(600), First),
+                ("b", Start, Reserve, Cost::Spend(600), First),
+                ("a", Start, Reserve, Cost::Spend(600), Repeat),
+                ("a", Done, Reserve, Cost::Spend(100), Settled),
+                ("a", Done, Reserve, Cost::Spend(100), Repeat),
+                ("b", Start, Reserve, Cost::Spend(600), First),
+                ("b", Done, Reserve, Cost::Spend(900), Settled),
+                ("c", Start, Reserve, Cost::Spend(1), First),
+                ("x", Done, Reserve, Cost::Spend(50), Unknown),
+                ("x", Start, Reserve, Cost::Spend(50), Repeat),
+            ],
+        },
+        Sequence {
+            name: "a month's budget: dedupe, a withdrawal, two limits",
+            bursts: vec![10, 7],
+            steps: vec![
+                ("d", Start, Dedupe, Cost::Spend(2), First),
+                ("d", Start, Dedupe, Cost::Spend(2), Repeat),
+                ("w", Start, Dedupe, Cost::Spend(3), First),
+                ("w", Withdraw, Dedupe, Cost::Check, Settled),
+                ("w", Withdraw, Dedupe, Cost::Check, Repeat),
+                ("e", Start, Dedupe, Cost::Spend(6), First),
+                ("e", Start, Dedupe, Cost::Spend(6), First),
+            ],
+        },
+    ]
+}
+
+/// A descriptor of calendar periods, one per limit in `limits`.
+fn calendar_descriptor(tag: &str, limits: &[u64]) -> DescriptorBuckets {
+    let now = i64::try_from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("after 1970")
+            .as_secs(),
+    )
+    .expect("seconds fit");
+    let mut d = descriptor(tag, limits);
+    for (b, &limit) in d.buckets.iter_mut().zip(limits) {
+        b.params = BucketParams {
+            capacity: limit,
+            tokens_per_unit: limit,
+            unit_secs: 30 * 86_400,
+            max_debt: None,
+            algorithm: tokenbucket_rls::bucket::Algorithm::CalendarWindow,
+            period: Some(tokenbucket_rls::calendar::Periods {
+                start: now - 86_400,
+                end: now + 30 * 86_400,
+                next_end: now + 60 * 86_400,
+            }),
+        };
+    }
+    d
+}
+
 /// A Redis store on `redis`, batching decisions or not.
 async fn connect(redis: &RedisServer, batched: bool) -> RedisStore {
     RedisStore::connect(&RedisSettings {
@@ -237,8 +301,16 @@ async fn lua_and_rust_settle_attempts_alike() {
     let redis = RedisServer::standalone();
     let redis_store = connect(&redis, true).await;
     let memory = MemoryStore::new(MonotonicClock::new());
-    for (n, seq) in sequences().into_iter().enumerate() {
-        let d = descriptor(&format!("seq{n}"), &seq.bursts);
+    let all = sequences()
+        .into_iter()
+        .map(|s| (s, false))
+        .chain(calendar_sequences().into_iter().map(|s| (s, true)));
+    for (n, (seq, calendar)) in all.enumerate() {
+        let d = if calendar {
+            calendar_descriptor(&format!("seq{n}"), &seq.bursts)
+        } else {
+            descriptor(&format!("seq{n}"), &seq.bursts)
+        };
         for (i, (id, phase, mode, cost, want)) in seq.steps.iter().enumerate() {
             let c = call(id, *phase, *mode);
             let rust = memory.decide_attempt_now(&d, *cost, &c);

@@ -33,6 +33,14 @@ descriptors:
   - key: streams
     concurrency: 3
     attempts: {key: request_id, ttl: 2s}
+  - key: tenant
+    overdraft: true
+    rate_limit:
+      unit: month
+      requests_per_unit: 1000
+      name: month-tokens
+      calendar: {time_zone: America/New_York, starts: 15}
+    attempts: {key: request_id, ttl: 1m, reserve: 600}
   - key: team
     overdraft: true
     max_debt: 100
@@ -85,6 +93,47 @@ async fn scenarios(server: &RunningServer) {
     entries(server).await;
     slots(server, server).await;
     debts(server).await;
+    monthly(server, server).await;
+}
+
+/// A month's budget in a tenant's time zone from its billing day reserves
+/// as a token bucket does (issue 51: calendar periods refused `attempts:`,
+/// so parallel chats overshot it): one of twenty 600-token chats in
+/// flight, settled at what it used.
+async fn monthly(server: &RunningServer, other: &RunningServer) {
+    let c = client(server).await;
+    let d = client(other).await;
+    let tasks: Vec<_> = (0..20)
+        .map(|i| {
+            let mut c = if i % 2 == 0 { c.clone() } else { d.clone() };
+            tokio::spawn(async move {
+                let id = format!("month-{i}");
+                let r = call(&mut c, "tenant", "acme", Some(&id), false, Some(600)).await;
+                (id, r.overall_code)
+            })
+        })
+        .collect();
+    let mut admitted = Vec::new();
+    for t in tasks {
+        let (id, code) = t.await.expect("task");
+        if code == OK {
+            admitted.push(id);
+        }
+    }
+    assert_eq!(admitted.len(), 1, "{admitted:?}");
+    let mut c = d.clone();
+    let r = call(&mut c, "tenant", "acme", None, false, Some(0)).await;
+    assert_eq!(remaining(&r), 400);
+    let r = call(
+        &mut c,
+        "tenant",
+        "acme",
+        Some(&admitted[0]),
+        true,
+        Some(250),
+    )
+    .await;
+    assert_eq!((r.overall_code, remaining(&r)), (OK, 750), "settled at 250");
 }
 
 #[tokio::test]
@@ -148,6 +197,7 @@ async fn two_instances_on_a_redis_cluster() {
     settlements(&b).await;
     repeats(&a).await;
     slots(&a, &b).await;
+    monthly(&a, &b).await;
     a.shutdown().await.expect("stop");
     b.shutdown().await.expect("stop");
 }

@@ -153,10 +153,6 @@ fn check_calendar(
             "`lease` (tokens handed out ahead; a period has none to hand out)",
         ),
         (
-            doc.attempts.is_some(),
-            "`attempts` (reservations and dedupe are the token bucket's)",
-        ),
-        (
             doc.max_debt.is_some(),
             "`max_debt` (a period's charges are all counted, none forgiven)",
         ),

@@ -136,6 +136,46 @@ local LAYOUT, STORED_T, STORED_U, STORED_EXP, RETRY, NEVER = 7, 8, 9, 10, 11, 12
 local DEBT, FORGIVEN = 13, 14
 local B = { 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
 -- a batch's answers, one per decision (nil for one decision)
+-- What a call of an attempt leaves in its record (rk) and, for a
+-- reservation, its descriptor's unsettled set (pk): see the header.
+local function keep_record(phase, mode, rk, pk, id, ttl_ms, admitted, deducted, charge, result,
+    r_started, r_done, r_exp, r_forget)
+  local keep = false
+  if phase == 2 then
+    redis.call('DEL', rk)
+    if pk then redis.call('ZREM', pk, id) end
+  elseif phase == 0 then
+    -- an admitted start that took (or gave) something; a check took
+    -- nothing and is not remembered
+    if admitted and (deducted ~= 0 or charge) then
+      r_started, r_exp, r_forget = max(0, deducted), now_ms + ttl_ms, now_ms + 2 * ttl_ms
+      r_done = 0
+      keep = true
+      if pk and r_started > 0 then
+        redis.call('ZADD', pk, r_exp, id)
+        redis.call('PEXPIRE', pk, 2 * ttl_ms)
+      end
+    end
+  elseif mode == 0 then
+    keep = admitted and (deducted ~= 0 or charge)
+  else
+    -- a settlement, or an unknown attempt's charge: done whatever the
+    -- verdict
+    keep = true
+    if pk and result == 2 then redis.call('ZREM', pk, id) end
+  end
+  if keep then
+    if phase == 1 then
+      r_done = 1
+      if r_forget <= now_ms then
+        r_exp, r_forget = now_ms + ttl_ms, now_ms + 2 * ttl_ms
+      end
+    end
+    redis.call('SET', rk, struct.pack('<dddd', r_started, r_done, r_exp, r_forget),
+      'PX', max(1, r_forget - now_ms))
+  end
+end
+
 local answers = nil
 local nargs = #ARGV
 local a = 1 -- where the next decision's group starts in ARGV
@@ -186,6 +226,58 @@ while a <= nargs do
   end
   -- `repeat … until true`: a `break` from it ends this decision
   repeat
+    if attempt then
+      local value = redis.pcall('GET', rk)
+      if type(value) == 'table' and value.err then
+        if d == 1 then return value end
+        here = false
+      elseif type(value) == 'string' and #value == 32 then
+        r_started, r_done, r_exp, r_forget = struct.unpack('<dddd', value)
+        if r_forget <= now_ms then r_started, r_done, r_exp, r_forget = -1, 0, 0, 0 end
+      end
+      if not here then
+        answers[d] = { -1 }
+        break
+      end
+      if phase == 2 then
+        -- a withdrawal (the start's answer came after the caller's
+        -- deadline): what the live start took comes back, and its record
+        -- goes (a done call after it is charged in full)
+        if r_started >= 0 and r_done == 0 then
+          needed, deducted, charge = 0, -r_started, false
+          result = 2
+        else
+          again = true
+        end
+      elseif phase == 0 then
+        -- a start after its attempt ended (settled, released, given
+        -- back) is a new attempt
+        again = r_started >= 0 and r_done == 0
+        -- a reservation whose done call came first was charged in full by
+        -- it: the late start takes nothing
+        if mode == 1 and r_started < 0 and r_done == 1 then again = true end
+      elseif mode == 0 or r_done == 1 then
+        again = r_done == 1
+      elseif r_started >= 0 then
+        -- a reservation settled: what was used against what it took
+        local used = needed
+        if used >= r_started then
+          needed, deducted, charge = used - r_started, used - r_started, true
+        else
+          needed, deducted, charge = 0, used - r_started, false
+        end
+        if now_ms < r_exp then result = 2 else result = 3 end
+      else
+        result = 4
+      end
+      if again then
+        result = 1
+        needed, deducted, charge = 0, 0, false
+      end
+      if pk then
+        expired = redis.call('ZREMRANGEBYSCORE', pk, '-inf', now_ms)
+      end
+    end
     if fixed then
       local now_s = floor(now / 1000000)
       local counted = max(0, deducted)
@@ -308,6 +400,13 @@ while a <= nargs do
         o = o + 5
       end
       out[o + 1] = (applies and max(0, deducted)) or 0
+      if attempt then
+        if not again then
+          keep_record(phase, mode, rk, pk, id, ttl_ms, all_in, deducted, charge, result,
+            r_started, r_done, r_exp, r_forget)
+        end
+        out[o + 2], out[o + 3] = result, expired
+      end
       if answers == nil then return out end
       answers[d] = out
       break
@@ -404,58 +503,6 @@ while a <= nargs do
       if answers == nil then return out end
       answers[d] = out
       break
-    end
-    if attempt then
-      local value = redis.pcall('GET', rk)
-      if type(value) == 'table' and value.err then
-        if d == 1 then return value end
-        here = false
-      elseif type(value) == 'string' and #value == 32 then
-        r_started, r_done, r_exp, r_forget = struct.unpack('<dddd', value)
-        if r_forget <= now_ms then r_started, r_done, r_exp, r_forget = -1, 0, 0, 0 end
-      end
-      if not here then
-        answers[d] = { -1 }
-        break
-      end
-      if phase == 2 then
-        -- a withdrawal (the start's answer came after the caller's
-        -- deadline): what the live start took comes back, and its record
-        -- goes (a done call after it is charged in full)
-        if r_started >= 0 and r_done == 0 then
-          needed, deducted, charge = 0, -r_started, false
-          result = 2
-        else
-          again = true
-        end
-      elseif phase == 0 then
-        -- a start after its attempt ended (settled, released, given
-        -- back) is a new attempt
-        again = r_started >= 0 and r_done == 0
-        -- a reservation whose done call came first was charged in full by
-        -- it: the late start takes nothing
-        if mode == 1 and r_started < 0 and r_done == 1 then again = true end
-      elseif mode == 0 or r_done == 1 then
-        again = r_done == 1
-      elseif r_started >= 0 then
-        -- a reservation settled: what was used against what it took
-        local used = needed
-        if used >= r_started then
-          needed, deducted, charge = used - r_started, used - r_started, true
-        else
-          needed, deducted, charge = 0, used - r_started, false
-        end
-        if now_ms < r_exp then result = 2 else result = 3 end
-      else
-        result = 4
-      end
-      if again then
-        result = 1
-        needed, deducted, charge = 0, 0, false
-      end
-      if pk then
-        expired = redis.call('ZREMRANGEBYSCORE', pk, '-inf', now_ms)
-      end
     end
     for i = 1, n do
       local k = S * (i - 1)
@@ -637,40 +684,8 @@ while a <= nargs do
     local taken = 0
     if applies and deducted > 0 then taken = deducted end
     if attempt and not again then
-      local keep = false
-      if phase == 2 then
-        redis.call('DEL', rk)
-        if pk then redis.call('ZREM', pk, id) end
-      elseif phase == 0 then
-        -- an admitted start that took (or gave) something; a check took
-        -- nothing and is not remembered
-        if all_admit and (deducted ~= 0 or charge) then
-          r_started, r_exp, r_forget = max(0, deducted), now_ms + ttl_ms, now_ms + 2 * ttl_ms
-          r_done = 0
-          keep = true
-          if pk and r_started > 0 then
-            redis.call('ZADD', pk, r_exp, id)
-            redis.call('PEXPIRE', pk, 2 * ttl_ms)
-          end
-        end
-      elseif mode == 0 then
-        keep = all_admit and (deducted ~= 0 or charge)
-      else
-        -- a settlement, or an unknown attempt's charge: done whatever the
-        -- verdict
-        keep = true
-        if pk and result == 2 then redis.call('ZREM', pk, id) end
-      end
-      if keep then
-        if phase == 1 then
-          r_done = 1
-          if r_forget <= now_ms then
-            r_exp, r_forget = now_ms + ttl_ms, now_ms + 2 * ttl_ms
-          end
-        end
-        redis.call('SET', rk, struct.pack('<dddd', r_started, r_done, r_exp, r_forget),
-          'PX', max(1, r_forget - now_ms))
-      end
+      keep_record(phase, mode, rk, pk, id, ttl_ms, all_admit, deducted, charge, result,
+        r_started, r_done, r_exp, r_forget)
     end
     -- one bucket (most descriptors): the answer's table made at its size
     local out
