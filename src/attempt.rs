@@ -84,6 +84,9 @@ pub struct AttemptCall {
     pub mode: AttemptMode,
     /// How long a reservation may stay unsettled, and a repeat is known.
     pub ttl_micros: u64,
+    /// How often a live attempt's start is answered as a repeat (the
+    /// rule's `attempts.max_repeats`); past it, [`AttemptResult::Reused`].
+    pub max_repeats: u32,
 }
 
 /// What a store remembers of one attempt on one descriptor.
@@ -100,6 +103,8 @@ pub struct AttemptRecord {
     pub forget_micros: u64,
     /// The expiry of an unsettled reservation was counted.
     pub expired_counted: bool,
+    /// Starts answered as repeats of the live start.
+    pub repeats: u32,
 }
 
 impl AttemptRecord {
@@ -137,6 +142,10 @@ pub enum AttemptResult {
     NoId,
     /// A done call released its attempt's slot.
     Released,
+    /// A start of a live attempt repeated more often than the rule's
+    /// `max_repeats` (a retry policy's retries): a client reusing one id;
+    /// refused, nothing charged.
+    Reused,
     /// A done call found no slot of its attempt: its start was refused
     /// (Envoy sends the stream-done call of a request the start refused
     /// too), or the slot had returned by itself. Nothing to release, and
@@ -158,6 +167,7 @@ impl AttemptResult {
             AttemptResult::NoId => "no_id",
             AttemptResult::Released => "released",
             AttemptResult::NotHeld => "not_held",
+            AttemptResult::Reused => "reused",
         }
     }
 }
@@ -195,7 +205,12 @@ pub fn plan(call: &AttemptCall, record: Option<&AttemptRecord>, cost: Cost, now:
         // a start whose attempt was settled, released or given back is
         // a new attempt: ended attempts are no free pass
         (Phase::Start, mode) => match record {
-            Some(r) if r.started.is_some() && !r.done => repeat,
+            Some(r) if r.started.is_some() && !r.done && r.repeats < call.max_repeats => repeat,
+            Some(r) if r.started.is_some() && !r.done => Planned {
+                cost: None,
+                result: AttemptResult::Reused,
+                records: false,
+            },
             // a reservation whose done call came first (its start slow, or
             // retried) was charged in full by it: the late start takes
             // nothing, or the reservation would never settle and be kept
@@ -298,6 +313,7 @@ pub fn record_after(
         expires_micros: now.saturating_add(call.ttl_micros),
         forget_micros: now.saturating_add(call.ttl_micros.saturating_mul(2)),
         expired_counted: false,
+        repeats: 0,
     };
     match (planned.result, call.phase) {
         // a withdrawal drops the record ([`drops_record`])
@@ -319,6 +335,21 @@ pub fn record_after(
             ..record.unwrap_or_else(fresh)
         }),
     }
+}
+
+/// The record after a start answered as a repeat of the live start: one
+/// repeat more ([`plan`] bounds them); `None` for any other call.
+pub fn after_repeat(
+    call: &AttemptCall,
+    record: Option<&AttemptRecord>,
+    planned: &Planned,
+) -> Option<AttemptRecord> {
+    let r = record?;
+    (call.phase == Phase::Start && planned.result == AttemptResult::Repeat && r.started.is_some())
+        .then(|| AttemptRecord {
+            repeats: r.repeats.saturating_add(1),
+            ..*r
+        })
 }
 
 /// Whether `call`, planned as `planned`, drops the attempt's record: a

@@ -158,6 +158,27 @@ fn sequences() -> Vec<Sequence> {
             ],
         },
         Sequence {
+            name: "a live start repeated past max_repeats (3) is a reuse (issue 51)",
+            bursts: vec![10],
+            steps: vec![
+                ("a", Start, Dedupe, Cost::Spend(1), First),
+                ("a", Start, Dedupe, Cost::Spend(1), Repeat),
+                ("a", Start, Dedupe, Cost::Spend(1), Repeat),
+                ("a", Start, Dedupe, Cost::Spend(1), Repeat),
+                ("a", Start, Dedupe, Cost::Spend(1), AttemptResult::Reused),
+                ("a", Start, Dedupe, Cost::Spend(1), AttemptResult::Reused),
+                ("a", Done, Dedupe, Cost::Spend(1), First),
+                ("a", Start, Dedupe, Cost::Spend(1), First),
+                ("a", Start, Dedupe, Cost::Spend(1), Repeat),
+                ("r", Start, Reserve, Cost::Spend(2), First),
+                ("r", Start, Reserve, Cost::Spend(2), Repeat),
+                ("r", Start, Reserve, Cost::Spend(2), Repeat),
+                ("r", Start, Reserve, Cost::Spend(2), Repeat),
+                ("r", Start, Reserve, Cost::Spend(2), AttemptResult::Reused),
+                ("r", Done, Reserve, Cost::Spend(1), Settled),
+            ],
+        },
+        Sequence {
             name: "absurd usage is forgiven alike (issue 51)",
             bursts: vec![1000],
             steps: vec![
@@ -293,6 +314,7 @@ fn call(id: &str, phase: Phase, mode: AttemptMode) -> AttemptCall {
         phase,
         mode,
         ttl_micros: 60_000_000,
+        max_repeats: 3,
     }
 }
 
@@ -441,6 +463,7 @@ async fn lua_and_rust_hold_slots_alike() {
     let d = descriptor("slots", &[]);
     let slot_call = |id: &str, phase| AttemptCall {
         ttl_micros: 60_000_000,
+        max_repeats: 3,
         ..call(id, phase, AttemptMode::Slot)
     };
     for (i, (id, phase, admitted, in_flight, result)) in steps.into_iter().enumerate() {
@@ -465,6 +488,7 @@ async fn lua_and_rust_hold_slots_alike() {
     // slots of a short ttl return by themselves, counted by the next call
     let short = |id: &str| AttemptCall {
         ttl_micros: 200_000,
+        max_repeats: 3,
         ..slot_call(id, Start)
     };
     let e = descriptor("expiring", &[]);
@@ -506,6 +530,7 @@ async fn redis_counts_reservations_that_expire_unsettled() {
     let d = descriptor("expiring-reservations", &[1000]);
     let short = |id: &str, phase| AttemptCall {
         ttl_micros: 200_000,
+        max_repeats: 3,
         ..call(id, phase, Reserve)
     };
     for id in ["kept", "settled"] {

@@ -94,6 +94,34 @@ async fn scenarios(server: &RunningServer) {
     slots(server, server).await;
     debts(server).await;
     monthly(server, server).await;
+    reused(server).await;
+}
+
+/// One id sent a hundred times on a dedupe rule of 5 a day (issue 51: all
+/// hundred admitted, one charged): the first and three repeats (the rule's
+/// `max_repeats`, a retry policy's retries) pass, the other 96 are refused
+/// without a Retry-After and counted `reused`; one token is charged.
+async fn reused(server: &RunningServer) {
+    let mut c = client(server).await;
+    let before = counted(server, "api-calls", "reused");
+    let mut passed = 0;
+    for _ in 0..100 {
+        let r = call(&mut c, "api", "k9", Some("same"), false, None).await;
+        if r.overall_code == OK {
+            passed += 1;
+        } else {
+            assert!(
+                !r.response_headers_to_add
+                    .iter()
+                    .any(|h| h.key.eq_ignore_ascii_case("retry-after")),
+                "{r:?}"
+            );
+        }
+    }
+    assert_eq!(passed, 4);
+    assert_eq!(counted(server, "api-calls", "reused") - before, 96.0);
+    let r = call(&mut c, "api", "k9", None, false, Some(0)).await;
+    assert_eq!(remaining(&r), 4, "one charged");
 }
 
 /// A month's budget in a tenant's time zone from its billing day reserves

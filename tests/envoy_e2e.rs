@@ -1936,6 +1936,13 @@ async fn a_call_envoy_retries_while_redis_is_paused_is_charged_once() {
     .into_iter()
     .map(|(k, v)| (k.to_string(), v))
     .collect();
+    // the rule answers as many repeats as the policy sends (issue 51:
+    // past `max_repeats` a repeat is a reuse, refused)
+    std::fs::write(
+        rules.path().join("streams.yaml"),
+        STREAMS_CALLS.replace("ttl: 1m}", "ttl: 1m, max_repeats: 10}"),
+    )
+    .expect("rules");
     let mut rls = vec![spawn_rls(rules.path(), grpc, admin, &env)];
     let client = reqwest::Client::new();
     wait_until(

@@ -8,6 +8,7 @@ fn call(phase: Phase, mode: AttemptMode) -> AttemptCall {
         phase,
         mode,
         ttl_micros: 60 * S,
+        max_repeats: 3,
     }
 }
 
@@ -260,4 +261,33 @@ fn slots_stay_exact_and_their_queue_bounded_at_any_count() {
     assert_eq!(many.id_bytes(), 200_000 * 6);
     assert_eq!(many.expire(11 * S), (200_000, 200_000 * 6));
     assert!(many.is_empty());
+}
+
+#[test]
+fn a_live_starts_repeats_are_bounded_and_past_the_bound_it_is_a_reuse() {
+    let (start, done) = (
+        call(Phase::Start, AttemptMode::Dedupe),
+        call(Phase::Done, AttemptMode::Dedupe),
+    );
+    let mut record = None;
+    let mut results = Vec::new();
+    for i in 0..6 {
+        let planned = step(&mut record, &start, Cost::Spend(1), true, 10 * S + i);
+        if let Some(r) = after_repeat(&start, record.as_ref(), &planned) {
+            record = Some(r);
+        }
+        results.push(planned.result);
+    }
+    use AttemptResult::{First, Repeat, Reused};
+    assert_eq!(
+        results,
+        [First, Repeat, Repeat, Repeat, Reused, Reused],
+        "max_repeats 3"
+    );
+    assert_eq!(record.map(|r| r.repeats), Some(3));
+    // its done call ends it; a start after is a new attempt, counted afresh
+    step(&mut record, &done, Cost::Spend(1), true, 11 * S);
+    let again = step(&mut record, &start, Cost::Spend(1), true, 12 * S);
+    assert_eq!(again.result, First);
+    assert_eq!(record.map(|r| r.repeats), Some(0));
 }

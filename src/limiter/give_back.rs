@@ -446,6 +446,7 @@ mod tests {
             phase: Phase::Start,
             mode: AttemptMode::Dedupe,
             ttl_micros: 5,
+            max_repeats: 3,
         };
         let (call, cost) = settle_unused(&start);
         assert_eq!(

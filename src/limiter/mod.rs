@@ -103,6 +103,8 @@ pub struct Limiter {
     /// descriptors took ([`give_back`]); false: each descriptor spends on
     /// its own (`--per-descriptor-spending`).
     give_back: bool,
+    /// The rules whose reused attempt ids were logged (once each).
+    reused_said: parking_lot::Mutex<std::collections::HashSet<RuleId>>,
 }
 
 impl Limiter {
@@ -159,6 +161,7 @@ impl Limiter {
             regions: None,
             calendar_offset_secs: 0,
             give_back: true,
+            reused_said: parking_lot::Mutex::default(),
         }
     }
 
@@ -645,8 +648,12 @@ impl Limiter {
                     self.count_attempt(rule, outcome.result, outcome.expired);
                 }
                 self.count_forgiven(rule, &outcome.outcomes);
+                let mut decision = decision_from(rule, limits, &outcome.outcomes);
+                if outcome.result == AttemptResult::Reused {
+                    self.refuse_reused(rule, &mut decision);
+                }
                 Ok(Decided {
-                    decision: decision_from(rule, limits, &outcome.outcomes),
+                    decision,
                     spent: spent(Source::Store, start_taken(call, &outcome)),
                 })
             }
@@ -751,6 +758,29 @@ impl Limiter {
         }
     }
 
+    /// A start of a live attempt repeated past the rule's `max_repeats`:
+    /// refused, with no time to retry (the same id never passes again
+    /// while its attempt lives), and said once per rule in the log.
+    fn refuse_reused(&self, rule: Option<&Arc<Rule>>, decision: &mut Decision) {
+        decision.verdict = match rule {
+            Some(r) if r.shadow_mode => Verdict::Shadow,
+            Some(r) if r.quota_mode => Verdict::QuotaExceeded,
+            _ => Verdict::OverLimit,
+        };
+        decision.remaining = 0;
+        decision.reset_secs = None;
+        if let Some(rule) = rule {
+            if self.reused_said.lock().insert(rule.id) {
+                tracing::warn!(
+                    domain = %rule.domain,
+                    rule = %rule.path,
+                    max_repeats = rule.attempts.as_ref().map_or(0, |a| a.max_repeats),
+                    "an attempt id is reused: a start of a live attempt came more often than a retry policy sends it, and is refused (counted in rls_attempts_total{{result=\"reused\"}}; said once per rule). Take the attempt id from something a client cannot set (docs/usage.md, Attempts)"
+                );
+            }
+        }
+    }
+
     /// Counts what the debt bound cut off a charge (summed over the rule's
     /// limits): nothing is forgiven silently.
     fn count_forgiven(&self, rule: Option<&Arc<Rule>>, outcomes: &[BucketOutcome]) {
@@ -806,24 +836,29 @@ impl Limiter {
                         .collect(),
                 };
                 // an attempt is remembered here while the store fails
-                let (outcomes, took) = match attempt {
+                let (outcomes, took, reused) = match attempt {
                     Some(call) => {
                         let outcome = self.local.decide_attempt_now(&share, cost, call);
                         if let Some(rule) = rule {
                             self.count_attempt(rule, outcome.result, outcome.expired);
                         }
                         let took = start_taken(call, &outcome);
-                        (outcome.outcomes, took)
+                        let reused = outcome.result == AttemptResult::Reused;
+                        (outcome.outcomes, took, reused)
                     }
                     None => {
                         let outcomes = self.local.decide_now(&share, cost);
                         let took = give_back::tokens_taken(cost, &share, &outcomes);
-                        (outcomes, took)
+                        (outcomes, took, false)
                     }
                 };
                 self.count_forgiven(rule, &outcomes);
+                let mut decision = decision_from(rule, limits, &outcomes);
+                if reused {
+                    self.refuse_reused(rule, &mut decision);
+                }
                 Ok(Decided {
-                    decision: decision_from(rule, limits, &outcomes),
+                    decision,
                     spent: took.map(|kind| Spent {
                         source: Source::Local,
                         kind,

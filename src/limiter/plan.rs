@@ -296,6 +296,7 @@ fn attempt_call<E: DescriptorEntry>(a: &AttemptsConfig, entries: &[E]) -> Option
         phase: if done { Phase::Done } else { Phase::Start },
         mode: a.mode,
         ttl_micros: u64::try_from(a.ttl.as_micros()).unwrap_or(u64::MAX),
+        max_repeats: a.max_repeats,
     })
 }
 

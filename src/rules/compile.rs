@@ -634,6 +634,14 @@ fn compile_attempts(
         );
         ok = false;
     }
+    let max_repeats = attempts.max_repeats.unwrap_or(DEFAULT_MAX_REPEATS);
+    if max_repeats > MAX_REPEATS {
+        scope.error(
+            errors,
+            format!("attempts.max_repeats {max_repeats} is above {MAX_REPEATS}: it bounds how often one attempt's start is answered free as a repeat (a retry policy's retries, a few)"),
+        );
+        ok = false;
+    }
     let ttl = ttl?;
     ok.then_some(AttemptsConfig {
         key,
@@ -641,8 +649,18 @@ fn compile_attempts(
         ttl,
         reserve: attempts.reserve,
         mode,
+        max_repeats,
     })
 }
+
+/// How often a live attempt's start is answered as a repeat unless the
+/// rule says (`attempts.max_repeats`): Envoy's `grpc_service`
+/// `retry_policy` sends a call again `num_retries` times (1 by default),
+/// and a lost answer may be retried by the route too.
+pub const DEFAULT_MAX_REPEATS: u32 = 3;
+
+/// The most `attempts.max_repeats` may say.
+const MAX_REPEATS: u32 = 100;
 
 /// Shortest and longest lease `ttl` accepted.
 const LEASE_TTL_RANGE: (std::time::Duration, std::time::Duration) = (

@@ -104,6 +104,9 @@ pub struct AttemptsConfig {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reserve: Option<u64>,
     pub mode: crate::attempt::AttemptMode,
+    /// How often a live attempt's start is answered as a repeat; past it,
+    /// refused (counted `reused`).
+    pub max_repeats: u32,
 }
 
 /// A rule's `lease:`: each instance takes up to `size` tokens from the shared

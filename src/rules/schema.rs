@@ -117,6 +117,8 @@ pub struct AttemptsDoc {
         skip_serializing_if = "Option::is_none"
     )]
     pub phase_key: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_repeats: Option<u32>,
 }
 
 /// `lease: {size: 50, ttl: 1s}`.

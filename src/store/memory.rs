@@ -225,19 +225,31 @@ impl<C: Clock> MemoryStore<C> {
         let planned = attempt::plan(call, record.as_ref(), cost, now);
         let footprint = shard.attempts.footprint();
         let outcome = match planned.cost {
-            // a repeat: answered OK from the buckets as they are (a
-            // refund of nothing admits and writes nothing)
-            None => AttemptOutcome {
-                outcomes: self.decide_in(
-                    &mut shard,
-                    descriptor,
-                    Cost::Refund(0),
-                    now,
-                    &mut evicted,
-                ),
-                result: planned.result,
-                expired: 0,
-            },
+            // a repeat (or a reuse past the bound, which the limiter
+            // refuses): answered from the buckets as they are (a refund of
+            // nothing admits and writes nothing); a repeat of the live
+            // start is counted in its record
+            None => {
+                if let Some(r) = attempt::after_repeat(call, record.as_ref(), &planned) {
+                    let rule = descriptor
+                        .buckets
+                        .first()
+                        .map(|b| b.rule)
+                        .unwrap_or_default();
+                    shard.attempts.put(&key, r, rule);
+                }
+                AttemptOutcome {
+                    outcomes: self.decide_in(
+                        &mut shard,
+                        descriptor,
+                        Cost::Refund(0),
+                        now,
+                        &mut evicted,
+                    ),
+                    result: planned.result,
+                    expired: 0,
+                }
+            }
             Some(cost)
                 if planned.records
                     && record.is_none()

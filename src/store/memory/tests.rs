@@ -434,6 +434,7 @@ fn attempt(id: &str, phase: Phase, mode: AttemptMode) -> AttemptCall {
         phase,
         mode,
         ttl_micros: 10_000_000,
+        max_repeats: 3,
     }
 }
 
@@ -639,6 +640,7 @@ fn a_slot_start_with_no_room_is_refused_as_full() {
     let rule = RuleId::of("streams", "user");
     let start = |id: &str| AttemptCall {
         ttl_micros: 10_000_000,
+        max_repeats: 3,
         ..attempt(id, Phase::Start, AttemptMode::Slot)
     };
     let o = store.decide_slot_now(&d, 3, &start("a"), rule);

@@ -40,7 +40,9 @@
 -- call (its cost a charge of what was used) charges or gives back the
 -- difference to what its start took, once; with no record it is charged
 -- in full. The answer then ends with the call's result: 0 first, 1 repeat,
--- 2 settled, 3 late, 4 unknown; and the reservations of the descriptor
+-- 2 settled, 3 late, 4 unknown, 5 reused (a start of the live attempt
+-- repeated past its bound: answered as a repeat, nothing charged, and
+-- refused by the service); and the reservations of the descriptor
 -- whose ttl passed unsettled since its last call (kept as spent: counted
 -- here, once). Those are a sorted set of attempt id -> expiry (ms), kept
 -- two ttls past its newest entry: an admitted reservation is added, a
@@ -198,10 +200,11 @@ while a <= nargs do
   local keys, ka = KEYS, 0
   a = at + 4 * n + 1
   local nk = n
-  local phase, mode, ttl_ms, id = 0, 0, 0, nil
+  local phase, mode, ttl_ms, id, reps = 0, 0, 0, nil, 0
   if attempt then
     phase, mode, ttl_ms, id = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), ARGV[a + 3]
-    a = a + 4
+    reps = tonumber(ARGV[a + 4])
+    a = a + 5
     nk = n + 1
     if mode == 1 then nk = n + 2 end
   end
@@ -215,6 +218,9 @@ while a <= nargs do
   local here = true
   -- an attempt's record, and what the call is (see the header)
   local r_started, r_done, r_exp, r_forget = -1, 0, 0, 0
+  -- starts answered as repeats of the live start (kept in done's place,
+  -- times 2: done + 2 x repeats)
+  local r_reps = 0
   local result = 0
   local again = false
   local expired = 0
@@ -234,6 +240,8 @@ while a <= nargs do
       elseif type(value) == 'string' and #value == 32 then
         r_started, r_done, r_exp, r_forget = struct.unpack('<dddd', value)
         if r_forget <= now_ms then r_started, r_done, r_exp, r_forget = -1, 0, 0, 0 end
+        r_reps = floor(r_done / 2)
+        r_done = r_done % 2
       end
       if not here then
         answers[d] = { -1 }
@@ -256,6 +264,17 @@ while a <= nargs do
         -- a reservation whose done call came first was charged in full by
         -- it: the late start takes nothing
         if mode == 1 and r_started < 0 and r_done == 1 then again = true end
+        -- a repeat of the live start: counted, up to the rule's bound;
+        -- past it the call is a reuse (5), answered as a repeat here and
+        -- refused by the service
+        if again and r_started >= 0 then
+          if r_reps < reps then
+            redis.call('SET', rk, struct.pack('<dddd', r_started, 2 * (r_reps + 1), r_exp, r_forget),
+              'PX', max(1, r_forget - now_ms))
+          else
+            result = 5
+          end
+        end
       elseif mode == 0 or r_done == 1 then
         again = r_done == 1
       elseif r_started >= 0 then
@@ -271,7 +290,7 @@ while a <= nargs do
         result = 4
       end
       if again then
-        result = 1
+        if result ~= 5 then result = 1 end
         needed, deducted, charge = 0, 0, false
       end
       if pk then

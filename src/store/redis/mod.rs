@@ -838,6 +838,7 @@ impl Store for RedisStore {
             2 => AttemptResult::Settled,
             3 => AttemptResult::Late,
             4 => AttemptResult::Unknown,
+            5 => AttemptResult::Reused,
             other => {
                 return Err(StoreError::Script(format!(
                     "an attempt's result {other} in the script reply"

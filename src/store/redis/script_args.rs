@@ -76,6 +76,7 @@ pub(super) fn decision(
                     .max(1),
             ),
             Value::Bytes(Bytes::from(call.id.clone())),
+            Value::Integer(i64::from(call.max_repeats)),
         ]);
     }
     args

@@ -23,7 +23,7 @@ impl AttemptMetrics {
             attempts: IntCounterVec::new(
                 Opts::new(
                     "rls_attempts_total",
-                    "Calls of attempts on rules with `attempts:`, by result: first, repeat (answered as before, nothing charged), settled, late (settled after the ttl), unknown (a done call with no record: charged in full), full (no room to remember it), expired (a reservation never settled: kept as spent), no_id (no attempt entry), released (a done call gave back its slot), not_held (a done call found no slot: its start was refused, or the slot had returned)",
+                    "Calls of attempts on rules with `attempts:`, by result: first, repeat (answered as before, nothing charged), settled, late (settled after the ttl), unknown (a done call with no record: charged in full), full (no room to remember it), expired (a reservation never settled: kept as spent), no_id (no attempt entry), released (a done call gave back its slot), not_held (a done call found no slot: its start was refused, or the slot had returned), reused (a live attempt's start repeated past max_repeats: refused)",
                 ),
                 &["domain", "rule", "result"],
             )
