@@ -366,7 +366,8 @@ pub fn drops_record(call: &AttemptCall, planned: &Planned) -> bool {
 /// 292 ms for 64 starts when each call passed over all of them).
 #[derive(Debug, Default)]
 pub struct Slots {
-    until: HashMap<Box<[u8]>, u64>,
+    /// Each held id: when it returns, and the repeats of its start.
+    until: HashMap<Box<[u8]>, (u64, u32)>,
     /// (return time, id), earliest first; some no longer held.
     queue: BinaryHeap<Reverse<(u64, Box<[u8]>)>>,
     /// The bytes of the held ids, together.
@@ -403,7 +404,7 @@ impl Slots {
     }
 
     fn insert(&mut self, id: &[u8], until: u64) {
-        if self.until.insert(id.into(), until).is_none() {
+        if self.until.insert(id.into(), (until, 0)).is_none() {
             self.id_bytes += id.len();
         }
         self.queue.push(Reverse((until, id.into())));
@@ -418,7 +419,7 @@ impl Slots {
             if self.queue.len() > 2 * self.until.len() + 64 {
                 let live = &self.until;
                 self.queue
-                    .retain(|Reverse((at, id))| live.get(id) == Some(at));
+                    .retain(|Reverse((at, id))| live.get(id).map(|(u, _)| u) == Some(at));
             }
         }
         held
@@ -435,7 +436,7 @@ impl Slots {
             let Some(Reverse((at, id))) = self.queue.pop() else {
                 break;
             };
-            if self.until.get(&id) == Some(&at) {
+            if self.until.get(&id).map(|(u, _)| *u) == Some(at) {
                 self.until.remove(&id);
                 self.id_bytes -= id.len();
                 n += 1;
@@ -462,11 +463,25 @@ pub struct SlotOutcome {
 }
 
 /// Attempt `id` asks for one of at most `max` slots of `held`, kept
-/// `ttl_micros` unless released.
-pub fn take_slot(held: &mut Slots, id: &[u8], max: u64, ttl_micros: u64, now: u64) -> SlotOutcome {
+/// `ttl_micros` unless released; a start of an attempt that holds one is
+/// a repeat at most `max_repeats` times, then a reuse (refused).
+pub fn take_slot(
+    held: &mut Slots,
+    id: &[u8],
+    max: u64,
+    ttl_micros: u64,
+    max_repeats: u32,
+    now: u64,
+) -> SlotOutcome {
     let (expired, _) = held.expire(now);
-    let (admitted, result) = if held.holds(id) {
-        (true, AttemptResult::Repeat)
+    let repeats = held.until.get_mut(id).map(|(_, r)| r);
+    let (admitted, result) = if let Some(repeats) = repeats {
+        if *repeats < max_repeats {
+            *repeats += 1;
+            (true, AttemptResult::Repeat)
+        } else {
+            (false, AttemptResult::Reused)
+        }
     } else if (held.len() as u64) < max {
         held.insert(id, now.saturating_add(ttl_micros));
         (true, AttemptResult::First)

@@ -443,17 +443,22 @@ async fn attempts_in_a_batch_with_plain_decisions_are_each_decided_alone() {
 /// release of no slot held, and slots that return by themselves.
 #[tokio::test]
 async fn lua_and_rust_hold_slots_alike() {
-    use AttemptResult::{First, NotHeld, Released, Repeat};
+    use AttemptResult::{First, NotHeld, Released, Repeat, Reused};
     let redis = RedisServer::standalone();
     let store = connect(&redis, false).await;
     let memory = MemoryStore::new(MonotonicClock::new());
     let rule = RuleId::of("cases", "slots");
     // (id, phase, admitted, in flight after, result)
-    let steps: [(&str, Phase, bool, u64, AttemptResult); 9] = [
+    let steps: [(&str, Phase, bool, u64, AttemptResult); 13] = [
         ("a", Start, true, 1, First),
         ("b", Start, true, 2, First),
         ("c", Start, false, 2, First),
         ("a", Start, true, 2, Repeat),
+        // max_repeats 3: two more repeats, then a reuse, refused
+        ("a", Start, true, 2, Repeat),
+        ("a", Start, true, 2, Repeat),
+        ("a", Start, false, 2, Reused),
+        ("a", Start, false, 2, Reused),
         ("a", Done, true, 1, Released),
         ("a", Done, true, 1, NotHeld),
         ("c", Start, true, 2, First),

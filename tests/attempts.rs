@@ -122,6 +122,20 @@ async fn reused(server: &RunningServer) {
     assert_eq!(counted(server, "api-calls", "reused") - before, 96.0);
     let r = call(&mut c, "api", "k9", None, false, Some(0)).await;
     assert_eq!(remaining(&r), 4, "one charged");
+    // a concurrency limit of 3: ten starts with one id hold one slot; four
+    // pass (the first and three repeats), six are refused as reuses
+    let before = counted(server, "streams", "reused");
+    let mut passed = 0;
+    for _ in 0..10 {
+        let r = call(&mut c, "streams", "reuser", Some("mine"), false, None).await;
+        passed += u32::from(r.overall_code == OK);
+    }
+    assert_eq!(passed, 4);
+    assert_eq!(counted(server, "streams", "reused") - before, 6.0);
+    for id in ["other-1", "other-2"] {
+        let r = call(&mut c, "streams", "reuser", Some(id), false, None).await;
+        assert_eq!(r.overall_code, OK, "{id}: two slots were left");
+    }
 }
 
 /// A month's budget in a tenant's time zone from its billing day reserves

@@ -198,12 +198,12 @@ fn a_negative_usage_counts_as_nothing_used() {
 fn slots_hold_at_most_max_and_return_on_release_or_expiry() {
     let mut held = Slots::new();
     for id in ["a", "b", "c"] {
-        let o = take_slot(&mut held, id.as_bytes(), 3, 10 * S, S);
+        let o = take_slot(&mut held, id.as_bytes(), 3, 10 * S, 3, S);
         assert_eq!((o.admitted, o.result), (true, AttemptResult::First));
     }
-    let o = take_slot(&mut held, b"d", 3, 10 * S, 2 * S);
+    let o = take_slot(&mut held, b"d", 3, 10 * S, 3, 2 * S);
     assert_eq!((o.admitted, o.in_flight), (false, 3));
-    let o = take_slot(&mut held, b"b", 3, 10 * S, 2 * S);
+    let o = take_slot(&mut held, b"b", 3, 10 * S, 3, 2 * S);
     assert_eq!(
         (o.admitted, o.result),
         (true, AttemptResult::Repeat),
@@ -213,10 +213,10 @@ fn slots_hold_at_most_max_and_return_on_release_or_expiry() {
     assert_eq!((o.result, o.in_flight), (AttemptResult::Released, 2));
     let o = release_slot(&mut held, b"b", 3 * S);
     assert_eq!(o.result, AttemptResult::NotHeld, "released once");
-    let o = take_slot(&mut held, b"d", 3, 10 * S, 4 * S);
+    let o = take_slot(&mut held, b"d", 3, 10 * S, 3, 4 * S);
     assert!(o.admitted);
     // a and c were never released: back by themselves at 11 s
-    let o = take_slot(&mut held, b"e", 3, 10 * S, 11 * S);
+    let o = take_slot(&mut held, b"e", 3, 10 * S, 3, 11 * S);
     assert_eq!((o.admitted, o.expired, o.in_flight), (true, 2, 2));
 }
 
@@ -227,7 +227,7 @@ fn slots_stay_exact_and_their_queue_bounded_at_any_count() {
     // entries dropped as they outnumber the live ones
     for i in 0..10_000u64 {
         let id = format!("r{i}");
-        assert!(take_slot(&mut held, id.as_bytes(), 3, 10 * S, S + i).admitted);
+        assert!(take_slot(&mut held, id.as_bytes(), 3, 10 * S, 3, S + i).admitted);
         let o = release_slot(&mut held, id.as_bytes(), S + i);
         assert_eq!(o.result, AttemptResult::Released);
     }
@@ -239,23 +239,30 @@ fn slots_stay_exact_and_their_queue_bounded_at_any_count() {
         held.queue.len()
     );
     // a slot taken again after its release keeps only its new time
-    take_slot(&mut held, b"x", 3, 10 * S, S);
+    take_slot(&mut held, b"x", 3, 10 * S, 3, S);
     release_slot(&mut held, b"x", 2 * S);
-    take_slot(&mut held, b"x", 3, 10 * S, 5 * S);
-    let o = take_slot(&mut held, b"y", 3, 10 * S, 12 * S);
+    take_slot(&mut held, b"x", 3, 10 * S, 3, 5 * S);
+    let o = take_slot(&mut held, b"y", 3, 10 * S, 3, 12 * S);
     assert_eq!((o.expired, o.in_flight), (0, 2), "x held until 15 s");
-    let o = take_slot(&mut held, b"z", 3, 10 * S, 15 * S);
+    let o = take_slot(&mut held, b"z", 3, 10 * S, 3, 15 * S);
     assert_eq!((o.expired, o.in_flight), (1, 2));
     // 200,000 held: a start is refused, a repeat answered, then they all
     // return at once with their bytes
     let mut many = Slots::new();
     for i in 0..200_000u64 {
-        take_slot(&mut many, format!("{i:06}").as_bytes(), 200_000, 10 * S, S);
+        take_slot(
+            &mut many,
+            format!("{i:06}").as_bytes(),
+            200_000,
+            10 * S,
+            3,
+            S,
+        );
     }
-    let o = take_slot(&mut many, b"one-more", 200_000, 10 * S, 2 * S);
+    let o = take_slot(&mut many, b"one-more", 200_000, 10 * S, 3, 2 * S);
     assert_eq!((o.admitted, o.in_flight), (false, 200_000));
     assert_eq!(
-        take_slot(&mut many, b"000007", 200_000, 10 * S, 2 * S).result,
+        take_slot(&mut many, b"000007", 200_000, 10 * S, 3, 2 * S).result,
         AttemptResult::Repeat
     );
     assert_eq!(many.id_bytes(), 200_000 * 6);
@@ -290,4 +297,30 @@ fn a_live_starts_repeats_are_bounded_and_past_the_bound_it_is_a_reuse() {
     let again = step(&mut record, &start, Cost::Spend(1), true, 12 * S);
     assert_eq!(again.result, First);
     assert_eq!(record.map(|r| r.repeats), Some(0));
+}
+
+#[test]
+fn a_slots_start_repeated_past_max_repeats_is_a_reuse() {
+    let mut held = Slots::new();
+    let results: Vec<_> = (0..5)
+        .map(|i| {
+            let o = take_slot(&mut held, b"same", 3, 10 * S, 2, S + i);
+            (o.admitted, o.result)
+        })
+        .collect();
+    use AttemptResult::{First, Repeat, Reused};
+    assert_eq!(
+        results,
+        [
+            (true, First),
+            (true, Repeat),
+            (true, Repeat),
+            (false, Reused),
+            (false, Reused)
+        ]
+    );
+    assert_eq!(held.len(), 1, "one slot whatever the repeats");
+    release_slot(&mut held, b"same", 2 * S);
+    let o = take_slot(&mut held, b"same", 3, 10 * S, 2, 3 * S);
+    assert_eq!((o.admitted, o.result), (true, First), "a new attempt");
 }

@@ -725,8 +725,12 @@ impl Limiter {
         let took = call.phase == Phase::Start
             && outcome.admitted
             && outcome.result == AttemptResult::First;
+        let mut decision = slot_decision(rule, outcome.admitted, outcome.in_flight, max);
+        if outcome.result == AttemptResult::Reused {
+            self.refuse_reused(Some(rule), &mut decision);
+        }
         Ok(Decided {
-            decision: slot_decision(rule, outcome.admitted, outcome.in_flight, max),
+            decision,
             spent: spent(source, took.then_some(SpentKind::Slot)),
         })
     }

@@ -109,10 +109,12 @@ impl Attempts {
                 // expired ones still go; no new slot past the bound
                 SlotOutcome {
                     result: AttemptResult::Full,
-                    ..attempt::take_slot(held, &call.id, 0, call.ttl_micros, now)
+                    ..attempt::take_slot(held, &call.id, 0, call.ttl_micros, call.max_repeats, now)
                 }
             }
-            Phase::Start => attempt::take_slot(held, &call.id, max, call.ttl_micros, now),
+            Phase::Start => {
+                attempt::take_slot(held, &call.id, max, call.ttl_micros, call.max_repeats, now)
+            }
             Phase::Done | Phase::Withdraw => attempt::release_slot(held, &call.id, now),
         };
         let bytes_after = bytes(held);

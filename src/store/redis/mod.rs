@@ -877,6 +877,7 @@ impl Store for RedisStore {
                     .unwrap_or(i64::MAX)
                     .max(1),
             ),
+            Value::Integer(i64::from(call.max_repeats)),
         ];
         let reply = self
             .run(
@@ -901,6 +902,7 @@ impl Store for RedisStore {
                 1 => AttemptResult::Repeat,
                 4 => AttemptResult::NotHeld,
                 5 => AttemptResult::Released,
+                6 => AttemptResult::Reused,
                 _ => AttemptResult::First,
             },
             expired: expired.max(0) as u64,

@@ -7,9 +7,14 @@
 -- (ms, this server's TIME) its slot returns by itself. It expires a ttl
 -- after its last slot (slots that returned by themselves are counted by
 -- the next call within that ttl; later, not at all).
--- ARGV: phase (0 take, 1 release), the attempt id, the most slots, ttl_ms.
+-- A slot's score also counts the repeats of its start, in 128ths (a
+-- return time in ms is a whole number, so the fraction is free; it returns
+-- at most a millisecond later for it).
+-- ARGV: phase (0 take, 1 release), the attempt id, the most slots, ttl_ms,
+-- the most repeats of a start that holds a slot (at most 100).
 -- Returns {admitted (1/0), slots held after, result (0 first, 1 repeat, 4
--- not held: a release of no slot held, 5 released), slots that returned by
+-- not held: a release of no slot held, 5 released, 6 reused: a start
+-- repeated past the most repeats, refused), slots that returned by
 -- themselves before this call}.
 
 local time = redis.call('TIME')
@@ -20,14 +25,21 @@ local held = redis.call('ZSCORE', key, id)
 local admitted, result = 1, 0
 if tonumber(ARGV[1]) == 0 then
   if held then
-    result = 1
+    local score = tonumber(held)
+    local repeats = math.floor((score - math.floor(score)) * 128 + 0.5)
+    if repeats < tonumber(ARGV[5]) then
+      redis.call('ZADD', key, 'XX', score + 1 / 128, id)
+      result = 1
+    else
+      admitted, result = 0, 6
+    end
   elseif redis.call('ZCARD', key) < tonumber(ARGV[3]) then
     local ttl_ms = tonumber(ARGV[4])
     redis.call('ZADD', key, now_ms + ttl_ms, id)
     -- the set goes a ttl after the slot that returns last: a call within
     -- that ttl still sees (and counts) the slots that returned by themselves
     local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-    redis.call('PEXPIREAT', key, tonumber(last[2]) + ttl_ms)
+    redis.call('PEXPIREAT', key, math.floor(tonumber(last[2])) + ttl_ms)
   else
     admitted = 0
   end
