@@ -145,23 +145,7 @@ async fn reused(server: &RunningServer) {
 async fn monthly(server: &RunningServer, other: &RunningServer) {
     let c = client(server).await;
     let d = client(other).await;
-    let tasks: Vec<_> = (0..20)
-        .map(|i| {
-            let mut c = if i % 2 == 0 { c.clone() } else { d.clone() };
-            tokio::spawn(async move {
-                let id = format!("month-{i}");
-                let r = call(&mut c, "tenant", "acme", Some(&id), false, Some(600)).await;
-                (id, r.overall_code)
-            })
-        })
-        .collect();
-    let mut admitted = Vec::new();
-    for t in tasks {
-        let (id, code) = t.await.expect("task");
-        if code == OK {
-            admitted.push(id);
-        }
-    }
+    let admitted = chats_at_once(&c, &d, "tenant", "acme").await;
     assert_eq!(admitted.len(), 1, "{admitted:?}");
     let mut c = d.clone();
     let r = call(&mut c, "tenant", "acme", None, false, Some(0)).await;
@@ -284,15 +268,20 @@ async fn estimates_below_the_reserve(server: &RunningServer) {
 /// The case: 20 chats of 600 start at once on 1,000. Without
 /// attempts all 20 checks pass; with reservations exactly one is in
 /// flight, and the rest are refused with nothing taken.
-async fn twenty_chats(server: &RunningServer, other: &RunningServer) {
-    let c = client(server).await;
-    let d = client(other).await;
+/// Twenty chats of 600 for `key: value` at once, half on each server:
+/// the ids admitted; each refusal checked to carry a Retry-After.
+async fn chats_at_once(
+    c: &RateLimitServiceClient<Channel>,
+    d: &RateLimitServiceClient<Channel>,
+    key: &'static str,
+    value: &'static str,
+) -> Vec<String> {
     let tasks: Vec<_> = (0..20)
         .map(|i| {
             let mut c = if i % 2 == 0 { c.clone() } else { d.clone() };
             tokio::spawn(async move {
-                let id = format!("chat-{i}");
-                let r = call(&mut c, "user", "alice", Some(&id), false, Some(600)).await;
+                let id = format!("{key}-chat-{i}");
+                let r = call(&mut c, key, value, Some(&id), false, Some(600)).await;
                 (id, r)
             })
         })
@@ -312,6 +301,13 @@ async fn twenty_chats(server: &RunningServer, other: &RunningServer) {
             );
         }
     }
+    admitted
+}
+
+async fn twenty_chats(server: &RunningServer, other: &RunningServer) {
+    let c = client(server).await;
+    let d = client(other).await;
+    let admitted = chats_at_once(&c, &d, "user", "alice").await;
     assert_eq!(admitted.len(), 1, "{admitted:?}");
     let mut c = d.clone();
     // nothing was taken by the refused ones: 400 left

@@ -231,12 +231,7 @@ impl<C: Clock> MemoryStore<C> {
             // start is counted in its record
             None => {
                 if let Some(r) = attempt::after_repeat(call, record.as_ref(), &planned) {
-                    let rule = descriptor
-                        .buckets
-                        .first()
-                        .map(|b| b.rule)
-                        .unwrap_or_default();
-                    shard.attempts.put(&key, r, rule);
+                    shard.attempts.put(&key, r, rule_of(descriptor));
                 }
                 AttemptOutcome {
                     outcomes: self.decide_in(
@@ -295,12 +290,7 @@ impl<C: Clock> MemoryStore<C> {
                 } else if let Some(r) =
                     attempt::record_after(call, record.as_ref(), &planned, admitted, taken, now)
                 {
-                    let rule = descriptor
-                        .buckets
-                        .first()
-                        .map(|b| b.rule)
-                        .unwrap_or_default();
-                    shard.attempts.put(&key, r, rule);
+                    shard.attempts.put(&key, r, rule_of(descriptor));
                 }
                 AttemptOutcome {
                     outcomes,
@@ -528,6 +518,15 @@ impl<C: Clock> MemoryStore<C> {
             metrics.buckets_held("memory", store.len());
         });
     }
+}
+
+/// The rule an attempt's record is counted for: its descriptor's.
+fn rule_of(descriptor: &DescriptorBuckets) -> RuleId {
+    descriptor
+        .buckets
+        .first()
+        .map(|b| b.rule)
+        .unwrap_or_default()
 }
 
 #[async_trait]

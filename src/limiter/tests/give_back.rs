@@ -86,16 +86,29 @@ async fn exhaust_op(l: &Limiter, r: &RuleSet) {
     }
 }
 
-fn given_back(l: &Limiter, result: &str) -> u64 {
+/// `first` beside the spent operation (see [`exhaust_op`]), which refuses
+/// the request: the answer's two decisions.
+async fn beside_spent_op(l: &Limiter, r: &RuleSet, first: Descriptor) -> Vec<Decision> {
+    let d = decide(l, r, &[first, own(&[("op", "x")], Cost::Spend(1))]).await;
+    assert_eq!(d[1].verdict, Verdict::OverLimit);
+    d
+}
+
+/// `rls_given_back_total` summed over every series whose labels hold each
+/// of `labels` (`result="ok"`, …).
+fn counted(l: &Limiter, labels: &[&str]) -> u64 {
     l.metrics
         .render()
         .lines()
         .filter(|line| {
-            line.starts_with("rls_given_back_total{")
-                && line.contains(&format!("result=\"{result}\""))
+            line.starts_with("rls_given_back_total{") && labels.iter().all(|w| line.contains(w))
         })
         .filter_map(|line| line.rsplit(' ').next()?.parse::<u64>().ok())
         .sum()
+}
+
+fn given_back(l: &Limiter, result: &str) -> u64 {
+    counted(l, &[&format!("result=\"{result}\"")])
 }
 
 #[tokio::test]
@@ -105,17 +118,8 @@ async fn a_refused_request_keeps_no_tokens_of_its_other_descriptors() {
     for entries in [[("budget", "a")], [("sliding", "a")], [("month", "a")]] {
         let before = left(&l, &r, &entries).await;
         for _ in 0..5 {
-            let d = decide(
-                &l,
-                &r,
-                &[
-                    own(&entries, Cost::Spend(3)),
-                    own(&[("op", "x")], Cost::Spend(1)),
-                ],
-            )
-            .await;
+            let d = beside_spent_op(&l, &r, own(&entries, Cost::Spend(3))).await;
             assert_eq!(d[0].verdict, Verdict::Ok, "{entries:?} admitted on its own");
-            assert_eq!(d[1].verdict, Verdict::OverLimit);
         }
         assert_eq!(
             left(&l, &r, &entries).await,
@@ -145,15 +149,7 @@ async fn per_descriptor_spending_keeps_what_each_took() {
     let r = give_back_rules();
     exhaust_op(&l, &r).await;
     for _ in 0..2 {
-        decide(
-            &l,
-            &r,
-            &[
-                own(&[("budget", "a")], Cost::Spend(3)),
-                own(&[("op", "x")], Cost::Spend(1)),
-            ],
-        )
-        .await;
+        beside_spent_op(&l, &r, own(&[("budget", "a")], Cost::Spend(3))).await;
     }
     assert_eq!(left(&l, &r, &[("budget", "a")]).await, 4);
     assert_eq!(given_back(&l, "ok"), 0);
@@ -163,21 +159,13 @@ async fn per_descriptor_spending_keeps_what_each_took() {
 async fn fixed_windows_count_every_hit_and_charges_stay() {
     let (l, r) = (memory_limiter(), give_back_rules());
     exhaust_op(&l, &r).await;
-    let refused = |first: Descriptor| {
-        let l = &l;
-        let r = &r;
-        async move {
-            let d = decide(l, r, &[first, own(&[("op", "x")], Cost::Spend(1))]).await;
-            assert_eq!(d[1].verdict, Verdict::OverLimit);
-        }
-    };
-    refused(own(&[("window", "a")], Cost::Spend(1))).await;
+    beside_spent_op(&l, &r, own(&[("window", "a")], Cost::Spend(1))).await;
     assert_eq!(
         left(&l, &r, &[("window", "a")]).await,
         9,
         "a fixed window counts every hit, as envoyproxy/ratelimit"
     );
-    refused(own(&[("usage", "a")], Cost::Spend(100))).await;
+    beside_spent_op(&l, &r, own(&[("usage", "a")], Cost::Spend(100))).await;
     assert_eq!(left(&l, &r, &[("usage", "a")]).await, 900, "usage happened");
     assert_eq!(given_back(&l, "ok"), 0);
 }
@@ -248,15 +236,7 @@ async fn a_leases_tokens_go_back_to_the_lease() {
     let (l, r) = (memory_limiter(), give_back_rules());
     exhaust_op(&l, &r).await;
     for _ in 0..30 {
-        decide(
-            &l,
-            &r,
-            &[
-                own(&[("leased", "a")], Cost::Spend(1)),
-                own(&[("op", "x")], Cost::Spend(1)),
-            ],
-        )
-        .await;
+        beside_spent_op(&l, &r, own(&[("leased", "a")], Cost::Spend(1))).await;
     }
     // one lease of 10 taken, every token of it back in the lease
     assert_eq!(l.leases().held(), 10);
@@ -307,18 +287,9 @@ async fn decide_late(l: &Limiter, r: &RuleSet, descriptors: &[Descriptor]) -> Ve
 
 /// Waits (bounded) until the give-back task counted `n` for `reason`.
 async fn given_back_for(l: &Limiter, reason: &str, n: u64) {
+    let reason = format!("reason=\"{reason}\"");
     for _ in 0..200 {
-        let counted: u64 = l
-            .metrics
-            .render()
-            .lines()
-            .filter(|line| {
-                line.starts_with("rls_given_back_total{")
-                    && line.contains(&format!("reason=\"{reason}\""))
-                    && line.contains("result=\"ok\"")
-            })
-            .filter_map(|line| line.rsplit(' ').next()?.parse::<u64>().ok())
-            .sum();
+        let counted = counted(l, &[&reason, "result=\"ok\""]);
         if counted >= n {
             assert_eq!(counted, n);
             return;
