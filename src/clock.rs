@@ -52,6 +52,14 @@ impl Clock for MonotonicClock {
     }
 }
 
+/// Unix time now, in milliseconds (the wall clock: for what lives in wall
+/// time, such as a retired rule's records).
+pub fn unix_millis() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
 /// A clock that only moves when told to; for tests.
 #[derive(Debug, Clone, Default)]
 pub struct ManualClock {

@@ -514,3 +514,73 @@ async fn debts(server: &RunningServer) {
         .expect("retry-after");
     assert!((8_726..=8_727).contains(&retry), "{retry}");
 }
+
+/// A reload that takes `attempts:` off a rule while a reservation is in
+/// flight (issue 51: the 600 it reserved never came back): the done call
+/// that follows still settles from the record, at what the chat used.
+async fn a_reload_removing_attempts_settles_what_was_reserved(redis: Option<&RedisServer>) {
+    const WITH: &str = "domain: llm\ndescriptors:\n  - key: user\n    overdraft: true\n    rate_limit: {unit: day, requests_per_unit: 1000, burst: 1000, name: llm-tokens}\n    attempts: {key: request_id, ttl: 1m, reserve: 600}\n";
+    let rules = rules_dir(WITH);
+    let server = match redis {
+        Some(redis) => start_on_redis(&redis.url(), &rules, Duration::from_secs(2)).await,
+        None => tokenbucket_rls::server::start(&serve_args(rules.path().to_path_buf()))
+            .await
+            .expect("server starts"),
+    };
+    let mut c = client(&server).await;
+    let r = call(
+        &mut c,
+        "user",
+        "reloaded",
+        Some("in-flight"),
+        false,
+        Some(600),
+    )
+    .await;
+    assert_eq!((r.overall_code, remaining(&r)), (OK, 400));
+    let file = std::fs::read_dir(rules.path())
+        .expect("rules dir")
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .expect("a rules file");
+    std::fs::write(
+        &file,
+        WITH.replace(
+            "    attempts: {key: request_id, ttl: 1m, reserve: 600}\n",
+            "",
+        ),
+    )
+    .expect("rules written");
+    server.reloader.reload(true);
+    assert!(
+        server.rules.load().attempt_rules().is_empty(),
+        "no rule has attempts now"
+    );
+    let r = call(
+        &mut c,
+        "user",
+        "reloaded",
+        Some("in-flight"),
+        true,
+        Some(100),
+    )
+    .await;
+    assert_eq!(
+        (r.overall_code, remaining(&r)),
+        (OK, 900),
+        "the 600 back, the 100 used charged"
+    );
+    server.shutdown().await.expect("stop");
+}
+
+#[tokio::test]
+async fn a_reload_removing_attempts_on_the_memory_store() {
+    a_reload_removing_attempts_settles_what_was_reserved(None).await;
+}
+
+#[tokio::test]
+async fn a_reload_removing_attempts_on_redis() {
+    let redis = RedisServer::standalone();
+    a_reload_removing_attempts_settles_what_was_reserved(Some(&redis)).await;
+}

@@ -249,12 +249,17 @@ pub(super) fn plan<'a, E: DescriptorEntry>(
                 Cost::Spend(n) if m.rule.usage_charges && d.own_hits_addend => Cost::Charge(n),
                 other => other,
             };
-            let attempt = m
-                .rule
-                .attempts
-                .as_ref()
-                .and_then(|a| attempt_call(a, d.entries));
-            let cost = match (&m.rule.attempts, &attempt) {
+            // a rule whose `attempts:` a reload removed still settles the
+            // done calls of attempts started before it, from their records
+            let attempts = m.rule.attempts.as_ref().or_else(|| {
+                let now_ms = calendar.unix_secs.saturating_sub(calendar.offset_secs);
+                let now_ms = u64::try_from(now_ms).unwrap_or(0).saturating_mul(1000);
+                rules.retired_attempts(domain, &m.rule.path, now_ms)
+            });
+            let attempt = attempts
+                .and_then(|a| attempt_call(a, d.entries))
+                .filter(|call| m.rule.attempts.is_some() || call.phase == Phase::Done);
+            let cost = match (attempts, &attempt) {
                 (Some(a), Some(call)) => attempt_cost(a, call, d, usual),
                 _ => usual,
             };

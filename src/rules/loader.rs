@@ -183,6 +183,7 @@ pub fn load_sources(
                 files,
                 usage,
                 attempt_keys,
+                retired_attempts: Vec::new(),
             },
         );
     }

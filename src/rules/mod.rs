@@ -17,7 +17,7 @@ pub mod unit;
 pub mod watch;
 pub mod wildcard;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -41,6 +41,20 @@ pub struct Domain {
     /// The entry keys its rules' `attempts:` name (attempt ids and
     /// phases): passed over in matching and in bucket keys.
     pub attempt_keys: Vec<String>,
+    /// The `attempts:` of rules a reload took it from, kept while their
+    /// records may still be settled ([`RuleSet::succeeding`]).
+    pub retired_attempts: Vec<RetiredAttempts>,
+}
+
+/// A rule's `attempts:` that a reload removed (the rule gone, or without
+/// it now): its done calls still settle from their records until
+/// `until_ms` (Unix ms: two `ttl`s after the reload, as long as a record
+/// lives), so that a reservation in flight comes back as it was used.
+#[derive(Debug, Clone)]
+pub struct RetiredAttempts {
+    pub rule_path: String,
+    pub config: AttemptsConfig,
+    pub until_ms: u64,
 }
 
 /// A parsed rules file, kept for `/config`.
@@ -138,6 +152,82 @@ impl RuleSet {
             .get(domain)
             .map(|d| d.root.rules())
             .unwrap_or_default()
+    }
+
+    /// This set, succeeding `previous` at `now_ms` (Unix ms): the
+    /// `attempts:` of every rule of `previous` that lost them (and of every
+    /// retired one still live) are kept as [`RetiredAttempts`], their keys
+    /// passed over in matching as before, unless this set's tree matches
+    /// on them.
+    pub fn succeeding(mut self, previous: &RuleSet, now_ms: u64) -> Self {
+        for (name, domain) in self.domains.iter_mut() {
+            let Some(old) = previous.domains.get(name) else {
+                continue;
+            };
+            let current: HashSet<String> = domain
+                .root
+                .rules()
+                .into_iter()
+                .filter(|r| r.attempts.is_some())
+                .map(|r| r.path.clone())
+                .collect();
+            let lost = old
+                .root
+                .rules()
+                .into_iter()
+                .filter_map(|r| Some((r.path.clone(), r.attempts.clone()?)))
+                .filter(|(path, _)| !current.contains(path))
+                .map(|(rule_path, config)| RetiredAttempts {
+                    until_ms: now_ms.saturating_add(
+                        u64::try_from(config.ttl.as_millis())
+                            .unwrap_or(u64::MAX)
+                            .saturating_mul(2),
+                    ),
+                    rule_path,
+                    config,
+                });
+            let still = old
+                .retired_attempts
+                .iter()
+                .filter(|r| r.until_ms > now_ms && !current.contains(&r.rule_path))
+                .cloned();
+            let tree = domain.root.all_keys();
+            for retired in lost.chain(still) {
+                let keys = [&retired.config.key, &retired.config.phase_key];
+                if keys.iter().any(|k| tree.contains(k.as_str())) {
+                    continue; // the new tree matches on them
+                }
+                for k in keys {
+                    if !domain.attempt_keys.contains(k) {
+                        domain.attempt_keys.push(k.clone());
+                    }
+                }
+                if !domain
+                    .retired_attempts
+                    .iter()
+                    .any(|r| r.rule_path == retired.rule_path)
+                {
+                    domain.retired_attempts.push(retired);
+                }
+            }
+        }
+        self
+    }
+
+    /// The retired `attempts:` of `domain`'s rule at `path`, live at
+    /// `now_ms` (Unix ms).
+    pub fn retired_attempts(
+        &self,
+        domain: &str,
+        path: &str,
+        now_ms: u64,
+    ) -> Option<&AttemptsConfig> {
+        self.domains
+            .get(domain)?
+            .retired_attempts
+            .iter()
+            .find(|r| r.rule_path == path && r.until_ms > now_ms)
+            .map(|r| &r.config)
     }
 
     /// Counts loads: 1 for the first, +1 for each reload that was applied.

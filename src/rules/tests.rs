@@ -1110,3 +1110,49 @@ fn a_calendar_limit_counts_in_its_periods_and_refuses_what_it_cannot_honour() {
     let e = errors(mixed);
     assert!(e.contains("a descriptor of its own"), "{e}");
 }
+
+/// A reload that takes `attempts:` off a rule keeps them retired for two
+/// ttls (their records' life), their keys passed over in matching; a rule
+/// that takes them back, or a tree that matches on the keys, drops them.
+#[test]
+fn a_reload_keeps_removed_attempts_retired_while_their_records_live() {
+    let with = "domain: llm\ndescriptors:\n  - key: user\n    overdraft: true\n    rate_limit: {unit: day, requests_per_unit: 10}\n    attempts: {key: request_id, ttl: 1m, reserve: 5}\n";
+    let without = "domain: llm\ndescriptors:\n  - key: user\n    overdraft: true\n    rate_limit: {unit: day, requests_per_unit: 10}\n";
+    let old = load(with).expect("valid");
+    let now = 1_000_000;
+    let new = load(without).expect("valid").succeeding(&old, now);
+    let retired = new
+        .retired_attempts("llm", "user", now + 119_999)
+        .expect("retired");
+    assert_eq!((retired.reserve, retired.ttl.as_secs()), (Some(5), 60));
+    assert!(
+        new.retired_attempts("llm", "user", now + 120_000).is_none(),
+        "2 x ttl"
+    );
+    assert_eq!(
+        reach(
+            &new,
+            "llm",
+            &[("user", "a"), ("request_id", "r"), ("phase", "done")]
+        ),
+        "user",
+        "its keys still passed over"
+    );
+    // carried by the next reload while live, dropped once past
+    let next = load(without).expect("valid").succeeding(&new, now + 60_000);
+    assert!(next.retired_attempts("llm", "user", now + 60_001).is_some());
+    let later = load(without)
+        .expect("valid")
+        .succeeding(&next, now + 120_000);
+    assert!(later
+        .retired_attempts("llm", "user", now + 120_000)
+        .is_none());
+    // attempts back: nothing retired
+    let back = load(with).expect("valid").succeeding(&new, now + 1);
+    assert!(back.retired_attempts("llm", "user", now + 2).is_none());
+    // a tree that now matches on request_id keeps no retired keys
+    let matching = "domain: llm\ndescriptors:\n  - key: user\n    overdraft: true\n    rate_limit: {unit: day, requests_per_unit: 10}\n  - key: request_id\n    rate_limit: {unit: day, requests_per_unit: 10}\n";
+    let m = load(matching).expect("valid").succeeding(&old, now);
+    assert!(m.retired_attempts("llm", "user", now).is_none());
+    assert!(m.attempt_keys("llm").is_empty());
+}

@@ -90,7 +90,10 @@ impl Reloader {
             Ok(set) => {
                 let generation = self.rules.load().generation() + 1;
                 let domains = set.domains().count();
-                self.rules.store(Arc::new(set.with_generation(generation)));
+                let set = set
+                    .with_generation(generation)
+                    .succeeding(&self.rules.load(), crate::clock::unix_millis());
+                self.rules.store(Arc::new(set));
                 *self.applied.lock() = current;
                 let after_rejection = self.rejected.lock().take().is_some();
                 self.metrics.config_reload(true, generation);

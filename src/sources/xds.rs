@@ -429,7 +429,10 @@ fn apply(
         Ok((set, configs)) => {
             let generation = current + 1;
             let domains = set.domains().count();
-            rules.store(Arc::new(set.with_generation(generation)));
+            let set = set
+                .with_generation(generation)
+                .succeeding(&rules.load(), crate::clock::unix_millis());
+            rules.store(Arc::new(set));
             metrics.config_reload(true, generation);
             tracing::info!(generation, domains, version = %response.version_info, "rules from xDS applied");
             Ok(configs.into_iter().map(|c| (c.name.clone(), c)).collect())
