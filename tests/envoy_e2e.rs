@@ -1565,6 +1565,171 @@ async fn llm_reservations_hold_across_two_instances_on_a_redis_cluster() {
     reservations_hold(vec![on_redis(), on_redis()]).await;
 }
 
+/// An AI gateway's route, whole (`/chat/gateway` in
+/// `examples/envoy/llm.yaml` with the `gateway_*` rules of `examples/llm/`,
+/// issue 51): a concurrency limit of 2, a user's tokens reserved and
+/// settled, a tenant's month (from its billing day, New York) reserved and
+/// settled, and requests per user and operation, decided as one through a
+/// real Envoy. Every request sends the same `x-request-id` of its own (the
+/// edge replaces it). Five slow chats at once: two in flight; both settle
+/// at what they used; then a hundred requests refused by the operation's
+/// limit leave the token budgets as they were and hold no slot.
+#[tokio::test]
+async fn an_ai_gateways_route_holds_every_budget_and_refused_requests_hold_nothing() {
+    gateway_holds(vec![vec![]]).await;
+}
+
+/// The same with two instances on a Redis Cluster behind one Envoy.
+#[tokio::test]
+async fn an_ai_gateways_route_holds_on_two_instances_on_a_redis_cluster() {
+    let cluster = common::redis::RedisCluster::start();
+    let on_redis = || {
+        vec![
+            ("RLS_STORE", "redis".to_string()),
+            ("RLS_REDIS_URL", cluster.url()),
+            ("RLS_REDIS_TIMEOUT", "200ms".to_string()),
+        ]
+    };
+    gateway_holds(vec![on_redis(), on_redis()]).await;
+}
+
+async fn gateway_holds(instances: Vec<Vec<(&str, String)>>) {
+    use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+    // the example's rules, the minute made a day (no refill during the
+    // test) and 3 requests per operation a day
+    let example = std::fs::read_to_string(Path::new(ROOT).join("examples/llm/llm.yaml"))
+        .expect("example rules");
+    let text = example
+        .replace(
+            "{unit: minute, requests_per_unit: 1000, burst: 1000, name: gateway-minute-tokens}",
+            "{unit: day, requests_per_unit: 1000, burst: 1000, name: gateway-minute-tokens}",
+        )
+        .replace(
+            "{unit: day, requests_per_unit: 50, name: gateway-operation-requests}",
+            "{unit: day, requests_per_unit: 3, name: gateway-operation-requests}",
+        );
+    assert_eq!(text.matches("requests_per_unit: 3,").count(), 1, "edited");
+    assert!(text.contains("{unit: day, requests_per_unit: 1000, burst: 1000, name: gateway-minute"));
+    let rules = tempfile::tempdir().expect("tempdir");
+    std::fs::write(rules.path().join("llm.yaml"), text).expect("rules");
+    let envoy_dir = tempfile::tempdir().expect("tempdir");
+    let bootstrap = llm_bootstrap_with_a_long_answer(envoy_dir.path());
+    let edge = Edge::start_full(rules.path(), bootstrap.to_str().expect("utf-8"), &instances).await;
+    let chat = |op: &'static str, delay_ms: &'static str| {
+        let edge = &edge;
+        async move {
+            edge.get(
+                "/chat/gateway",
+                &[
+                    ("x-user", "ann"),
+                    ("x-tenant", "acme"),
+                    ("x-operation", op),
+                    ("x-tokens-used", "100"),
+                    ("x-envoy-fault-delay-request", delay_ms),
+                    ("x-request-id", "my-own-id"),
+                ],
+            )
+            .await
+            .status
+        }
+    };
+    let rls = RateLimitServiceClient::connect(format!("http://127.0.0.1:{}", edge.grpc_ports[0]))
+        .await
+        .expect("the service");
+    // what a budget has left: a check takes nothing
+    let left = |key: &'static str, value: &'static str| {
+        let mut d = common::descriptor(&[(key, value)]);
+        d.hits_addend = Some(envoy_types::pb::google::protobuf::UInt64Value { value: 0 });
+        let mut rls = rls.clone();
+        async move {
+            rls.should_rate_limit(common::request("llm", vec![d]))
+                .await
+                .expect("answer")
+                .into_inner()
+                .statuses[0]
+                .limit_remaining
+        }
+    };
+    let settled_at = |minute: u32, month: u32| {
+        let left = &left;
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                let now = (
+                    left("gateway_user", "ann").await,
+                    left("gateway_tenant", "acme").await,
+                );
+                if now == (minute, month) || Instant::now() > deadline {
+                    assert_eq!(now, (minute, month), "(minute, month) left");
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    // five slow chats at once: at most two in flight (one or two: a
+    // refused chat holds its reservations for the moment before they are
+    // given back, and a chat beside it may find them spent)
+    let statuses: Vec<u16> =
+        futures::future::join_all((0..5).map(|_| chat("summarize", "1500"))).await;
+    let admitted = statuses.iter().filter(|s| **s == 200).count();
+    assert!((1..=2).contains(&admitted), "{statuses:?}");
+    assert_eq!(statuses.iter().filter(|s| **s == 429).count(), 5 - admitted);
+    let used = u32::try_from(admitted).expect("small") * 100;
+    settled_at(1000 - used, 100_000 - used).await;
+    // the operation's other requests of the day, then its limit is spent
+    for _ in admitted..3 {
+        assert_eq!(chat("summarize", "0").await, 200);
+    }
+    settled_at(700, 99_700).await;
+    let given_back = || {
+        let edge = &edge;
+        async move {
+            let mut n = 0.0;
+            for i in 0..edge.rls_admin.len() {
+                for rule in [
+                    "gateway-minute-tokens",
+                    "gateway-month-tokens",
+                    "gateway_streams",
+                ] {
+                    let name = format!(
+                        "rls_given_back_total{{domain=\"llm\",reason=\"refused\",result=\"ok\",rule=\"{rule}\"}}"
+                    );
+                    n += rls_metric(edge, i, &name).await.unwrap_or(0.0);
+                }
+            }
+            n
+        }
+    };
+    let before = given_back().await;
+    // a hundred requests the operation's limit refuses hold nothing (one
+    // after another: each finds its slot and both reservations free)
+    for i in 0..100 {
+        assert_eq!(chat("summarize", "0").await, 429, "refused request {i}");
+    }
+    settled_at(700, 99_700).await;
+    assert_eq!(
+        given_back().await - before,
+        300.0,
+        "each refusal gave back a slot and two reservations"
+    );
+    // and no slot is held: two starts take the user's two slots
+    for (id, free_after) in [("probe-1", 1), ("probe-2", 0)] {
+        let start = common::descriptor(&[("gateway_streams", "ann"), ("request_id", id)]);
+        let r = rls
+            .clone()
+            .should_rate_limit(common::request("llm", vec![start]))
+            .await
+            .expect("answer")
+            .into_inner();
+        assert_eq!(
+            (r.overall_code, r.statuses[0].limit_remaining),
+            (1, free_after),
+            "{id}"
+        );
+    }
+}
+
 async fn reservations_hold(instances: Vec<Vec<(&str, String)>>) {
     let rules = tempfile::tempdir().expect("tempdir");
     std::fs::write(
