@@ -1593,10 +1593,44 @@ async fn an_ai_gateways_route_holds_on_two_instances_on_a_redis_cluster() {
     gateway_holds(vec![on_redis(), on_redis()]).await;
 }
 
-async fn gateway_holds(instances: Vec<Vec<(&str, String)>>) {
-    use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
-    // the example's rules, the minute made a day (no refill during the
-    // test) and 3 requests per operation a day
+/// A chat whose start Envoy gave up on (issue 51: Envoy answered 503 by its
+/// failure mode, and the service had reserved its tokens): Redis is paused
+/// under the start, Envoy's 0.25 s pass and it answers 503; when Redis runs
+/// the start, what it took is given back (the reservations withdrawn, the
+/// slot released), so the budgets stand as before and no slot is held.
+#[tokio::test]
+async fn a_chat_envoy_gave_up_on_keeps_nothing() {
+    let redis = common::redis::RedisServer::standalone();
+    let rules = gateway_rules();
+    let envoy_dir = tempfile::tempdir().expect("tempdir");
+    let bootstrap = llm_bootstrap_with_a_long_answer(envoy_dir.path());
+    let edge = Edge::start_full(
+        rules.path(),
+        bootstrap.to_str().expect("utf-8"),
+        &[vec![
+            ("RLS_STORE", "redis".to_string()),
+            ("RLS_REDIS_URL", redis.url()),
+            // a store that does not answer fails the call: Envoy's
+            // failure mode (failure_mode_deny) answers 503
+            ("RLS_FAILURE_MODE", "closed".to_string()),
+        ]],
+    )
+    .await;
+    let gw = Gateway::new(&edge).await;
+    // a first chat: the scripts loaded, 100 used of each budget
+    assert_eq!(gw.chat("summarize", "0").await, 200);
+    gw.settled_at(900, 99_900).await;
+    let paused = redis.cli(&["CLIENT", "PAUSE", "800", "WRITE"]);
+    assert!(paused.contains("OK"), "{paused}");
+    assert_eq!(gw.chat("translate", "0").await, 503, "Envoy's failure mode");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    gw.settled_at(900, 99_900).await;
+    gw.both_slots_free().await;
+}
+
+/// The example's rules, the minute made a day (no refill during a test)
+/// and 3 requests per operation a day.
+fn gateway_rules() -> tempfile::TempDir {
     let example = std::fs::read_to_string(Path::new(ROOT).join("examples/llm/llm.yaml"))
         .expect("example rules");
     let text = example
@@ -1612,13 +1646,31 @@ async fn gateway_holds(instances: Vec<Vec<(&str, String)>>) {
     assert!(text.contains("{unit: day, requests_per_unit: 1000, burst: 1000, name: gateway-minute"));
     let rules = tempfile::tempdir().expect("tempdir");
     std::fs::write(rules.path().join("llm.yaml"), text).expect("rules");
-    let envoy_dir = tempfile::tempdir().expect("tempdir");
-    let bootstrap = llm_bootstrap_with_a_long_answer(envoy_dir.path());
-    let edge = Edge::start_full(rules.path(), bootstrap.to_str().expect("utf-8"), &instances).await;
-    let chat = |op: &'static str, delay_ms: &'static str| {
-        let edge = &edge;
-        async move {
-            edge.get(
+    rules
+}
+
+/// `/chat/gateway` through `edge`, and the service's own answers beside.
+struct Gateway<'a> {
+    edge: &'a Edge,
+    rls: envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient<tonic::transport::Channel>,
+}
+
+impl<'a> Gateway<'a> {
+    async fn new(edge: &'a Edge) -> Self {
+        use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+        let rls =
+            RateLimitServiceClient::connect(format!("http://127.0.0.1:{}", edge.grpc_ports[0]))
+                .await
+                .expect("the service");
+        Self { edge, rls }
+    }
+
+    /// A chat of `ann` (tenant `acme`) on operation `op`, using 100 tokens
+    /// after `delay_ms`, with an `x-request-id` of the client's own (the
+    /// edge replaces it): its status.
+    async fn chat(&self, op: &str, delay_ms: &str) -> u16 {
+        self.edge
+            .get(
                 "/chat/gateway",
                 &[
                     ("x-user", "ann"),
@@ -1631,57 +1683,80 @@ async fn gateway_holds(instances: Vec<Vec<(&str, String)>>) {
             )
             .await
             .status
-        }
-    };
-    let rls = RateLimitServiceClient::connect(format!("http://127.0.0.1:{}", edge.grpc_ports[0]))
-        .await
-        .expect("the service");
-    // what a budget has left: a check takes nothing
-    let left = |key: &'static str, value: &'static str| {
+    }
+
+    /// What a budget has left: a check takes nothing.
+    async fn left(&self, key: &str, value: &str) -> u32 {
         let mut d = common::descriptor(&[(key, value)]);
         d.hits_addend = Some(envoy_types::pb::google::protobuf::UInt64Value { value: 0 });
-        let mut rls = rls.clone();
-        async move {
-            rls.should_rate_limit(common::request("llm", vec![d]))
+        self.rls
+            .clone()
+            .should_rate_limit(common::request("llm", vec![d]))
+            .await
+            .expect("answer")
+            .into_inner()
+            .statuses[0]
+            .limit_remaining
+    }
+
+    /// Waits (10 s at most) until the minute's and the month's budgets have
+    /// these left.
+    async fn settled_at(&self, minute: u32, month: u32) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let now = (
+                self.left("gateway_user", "ann").await,
+                self.left("gateway_tenant", "acme").await,
+            );
+            if now == (minute, month) || Instant::now() > deadline {
+                assert_eq!(now, (minute, month), "(minute, month) left");
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Two starts take the user's two slots: none was held.
+    async fn both_slots_free(&self) {
+        for (id, free_after) in [("probe-1", 1), ("probe-2", 0)] {
+            let start = common::descriptor(&[("gateway_streams", "ann"), ("request_id", id)]);
+            let r = self
+                .rls
+                .clone()
+                .should_rate_limit(common::request("llm", vec![start]))
                 .await
                 .expect("answer")
-                .into_inner()
-                .statuses[0]
-                .limit_remaining
+                .into_inner();
+            assert_eq!(
+                (r.overall_code, r.statuses[0].limit_remaining),
+                (1, free_after),
+                "{id}"
+            );
         }
-    };
-    let settled_at = |minute: u32, month: u32| {
-        let left = &left;
-        async move {
-            let deadline = Instant::now() + Duration::from_secs(10);
-            loop {
-                let now = (
-                    left("gateway_user", "ann").await,
-                    left("gateway_tenant", "acme").await,
-                );
-                if now == (minute, month) || Instant::now() > deadline {
-                    assert_eq!(now, (minute, month), "(minute, month) left");
-                    return;
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        }
-    };
+    }
+}
+
+async fn gateway_holds(instances: Vec<Vec<(&str, String)>>) {
+    let rules = gateway_rules();
+    let envoy_dir = tempfile::tempdir().expect("tempdir");
+    let bootstrap = llm_bootstrap_with_a_long_answer(envoy_dir.path());
+    let edge = Edge::start_full(rules.path(), bootstrap.to_str().expect("utf-8"), &instances).await;
+    let gw = Gateway::new(&edge).await;
     // five slow chats at once: at most two in flight (one or two: a
     // refused chat holds its reservations for the moment before they are
     // given back, and a chat beside it may find them spent)
     let statuses: Vec<u16> =
-        futures::future::join_all((0..5).map(|_| chat("summarize", "1500"))).await;
+        futures::future::join_all((0..5).map(|_| gw.chat("summarize", "1500"))).await;
     let admitted = statuses.iter().filter(|s| **s == 200).count();
     assert!((1..=2).contains(&admitted), "{statuses:?}");
     assert_eq!(statuses.iter().filter(|s| **s == 429).count(), 5 - admitted);
     let used = u32::try_from(admitted).expect("small") * 100;
-    settled_at(1000 - used, 100_000 - used).await;
+    gw.settled_at(1000 - used, 100_000 - used).await;
     // the operation's other requests of the day, then its limit is spent
     for _ in admitted..3 {
-        assert_eq!(chat("summarize", "0").await, 200);
+        assert_eq!(gw.chat("summarize", "0").await, 200);
     }
-    settled_at(700, 99_700).await;
+    gw.settled_at(700, 99_700).await;
     let given_back = || {
         let edge = &edge;
         async move {
@@ -1705,29 +1780,15 @@ async fn gateway_holds(instances: Vec<Vec<(&str, String)>>) {
     // a hundred requests the operation's limit refuses hold nothing (one
     // after another: each finds its slot and both reservations free)
     for i in 0..100 {
-        assert_eq!(chat("summarize", "0").await, 429, "refused request {i}");
+        assert_eq!(gw.chat("summarize", "0").await, 429, "refused request {i}");
     }
-    settled_at(700, 99_700).await;
+    gw.settled_at(700, 99_700).await;
     assert_eq!(
         given_back().await - before,
         300.0,
         "each refusal gave back a slot and two reservations"
     );
-    // and no slot is held: two starts take the user's two slots
-    for (id, free_after) in [("probe-1", 1), ("probe-2", 0)] {
-        let start = common::descriptor(&[("gateway_streams", "ann"), ("request_id", id)]);
-        let r = rls
-            .clone()
-            .should_rate_limit(common::request("llm", vec![start]))
-            .await
-            .expect("answer")
-            .into_inner();
-        assert_eq!(
-            (r.overall_code, r.statuses[0].limit_remaining),
-            (1, free_after),
-            "{id}"
-        );
-    }
+    gw.both_slots_free().await;
 }
 
 async fn reservations_hold(instances: Vec<Vec<(&str, String)>>) {

@@ -330,7 +330,12 @@ impl Places {
                 }
             }
             (What::Slot { slots, max, call }, source) => {
-                let release = release(&call);
+                // a late one is a withdrawal: released all the same, and
+                // sent after the start whatever the node's breaker says
+                let release = match reason {
+                    Reason::Refused => release(&call),
+                    Reason::Late => withdrawal(&call),
+                };
                 match source {
                     Source::Local => {
                         let share = (max / u64::from(self.instances.max(1))).max(1);

@@ -35,7 +35,7 @@ use async_trait::async_trait;
 use parking_lot::{Mutex, RwLock};
 
 use super::{AttemptOutcome, DescriptorBuckets, Store, StoreError};
-use crate::attempt::{AttemptCall, SlotOutcome};
+use crate::attempt::{AttemptCall, Phase, SlotOutcome};
 use crate::bucket::{BucketOutcome, Cost};
 use crate::labels::RuleId;
 use crate::telemetry::Metrics;
@@ -412,6 +412,12 @@ impl<S: Store + Nodes> Store for Breakers<S> {
         rule: RuleId,
         patience: Option<std::time::Duration>,
     ) -> Result<SlotOutcome, StoreError> {
+        if call.phase == Phase::Withdraw {
+            return self
+                .inner
+                .decide_slot(descriptor, max, call, rule, patience)
+                .await;
+        }
         self.guard_node(self.inner.node_of(descriptor), patience, |patience| {
             self.inner
                 .decide_slot(descriptor, max, call, rule, patience)
@@ -427,6 +433,15 @@ impl<S: Store + Nodes> Store for Breakers<S> {
         call: &AttemptCall,
         patience: Option<std::time::Duration>,
     ) -> Result<AttemptOutcome, StoreError> {
+        // a withdrawal follows a start that timed out, on its connection:
+        // sent whatever the breaker thinks of the node now (the timeouts
+        // that opened it are the starts it must follow), and not counted
+        if call.phase == Phase::Withdraw {
+            return self
+                .inner
+                .decide_attempt(descriptor, cost, call, patience)
+                .await;
+        }
         self.guard_node(self.inner.node_of(descriptor), patience, |patience| {
             self.inner.decide_attempt(descriptor, cost, call, patience)
         })
