@@ -1583,14 +1583,7 @@ async fn an_ai_gateways_route_holds_every_budget_and_refused_requests_hold_nothi
 #[tokio::test]
 async fn an_ai_gateways_route_holds_on_two_instances_on_a_redis_cluster() {
     let cluster = common::redis::RedisCluster::start();
-    let on_redis = || {
-        vec![
-            ("RLS_STORE", "redis".to_string()),
-            ("RLS_REDIS_URL", cluster.url()),
-            ("RLS_REDIS_TIMEOUT", "200ms".to_string()),
-        ]
-    };
-    gateway_holds(vec![on_redis(), on_redis()]).await;
+    gateway_holds(two_on(&cluster)).await;
 }
 
 /// A chat whose start Envoy gave up on (issue 51: Envoy answered 503 by its
@@ -1742,13 +1735,15 @@ async fn gateway_holds(instances: Vec<Vec<(&str, String)>>) {
     let bootstrap = llm_bootstrap_with_a_long_answer(envoy_dir.path());
     let edge = Edge::start_full(rules.path(), bootstrap.to_str().expect("utf-8"), &instances).await;
     let gw = Gateway::new(&edge).await;
-    // five slow chats at once: at most two in flight (one or two: a
-    // refused chat holds its reservations for the moment before they are
-    // given back, and a chat beside it may find them spent)
+    // five slow chats at once: at most two in flight. Not always two: a
+    // refused chat holds its reservations and slot for the moment before
+    // they are given back, and on a busy box the five can refuse each
+    // other (one takes a slot and finds the minute held by another, which
+    // found the slots held): none to two pass, each budget exact after
     let statuses: Vec<u16> =
         futures::future::join_all((0..5).map(|_| gw.chat("summarize", "1500"))).await;
     let admitted = statuses.iter().filter(|s| **s == 200).count();
-    assert!((1..=2).contains(&admitted), "{statuses:?}");
+    assert!(admitted <= 2, "{statuses:?}");
     assert_eq!(statuses.iter().filter(|s| **s == 429).count(), 5 - admitted);
     let used = u32::try_from(admitted).expect("small") * 100;
     gw.settled_at(1000 - used, 100_000 - used).await;

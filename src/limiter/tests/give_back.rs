@@ -59,6 +59,16 @@ fn own(entries: &[(&'static str, &'static str)], cost: Cost) -> Descriptor {
 }
 
 async fn decide(l: &Limiter, r: &RuleSet, descriptors: &[Descriptor]) -> Vec<Decision> {
+    decide_by(l, r, descriptors, None).await
+}
+
+/// Decides `descriptors` for a caller that gives up at `deadline`.
+async fn decide_by(
+    l: &Limiter,
+    r: &RuleSet,
+    descriptors: &[Descriptor],
+    deadline: Option<Instant>,
+) -> Vec<Decision> {
     let inputs: Vec<_> = descriptors
         .iter()
         .map(|(e, c)| DescriptorInput {
@@ -68,7 +78,9 @@ async fn decide(l: &Limiter, r: &RuleSet, descriptors: &[Descriptor]) -> Vec<Dec
             own_hits_addend: matches!(c, Cost::Spend(n) if *n != 1),
         })
         .collect();
-    l.decide(r, "g", &inputs).await.expect("decided")
+    l.decide_by(r, "g", &inputs, None, deadline)
+        .await
+        .expect("decided")
 }
 
 /// What `entries` has left, by a check (which takes nothing).
@@ -268,21 +280,10 @@ async fn the_local_failure_modes_share_is_given_back_locally() {
 
 /// Decides `descriptors` for a caller whose deadline already passed.
 async fn decide_late(l: &Limiter, r: &RuleSet, descriptors: &[Descriptor]) -> Vec<Decision> {
-    let inputs: Vec<_> = descriptors
-        .iter()
-        .map(|(e, c)| DescriptorInput {
-            entries: e,
-            cost: *c,
-            limit_override: None,
-            own_hits_addend: matches!(c, Cost::Spend(n) if *n != 1),
-        })
-        .collect();
     let past = Instant::now()
         .checked_sub(std::time::Duration::from_millis(1))
         .expect("a moment ago");
-    l.decide_by(r, "g", &inputs, None, Some(past))
-        .await
-        .expect("decided")
+    decide_by(l, r, descriptors, Some(past)).await
 }
 
 /// Waits (bounded) until the give-back task counted `n` for `reason`.
