@@ -108,6 +108,14 @@ pub struct AttemptRecord {
 }
 
 impl AttemptRecord {
+    /// When the start was admitted: a record is kept `ttl` to expiry and
+    /// `ttl` more to be forgotten, so it is `2 × expires − forget` (with the
+    /// ttl of the start, whatever a reload made it since). The Lua copy
+    /// computes the same from its record.
+    pub fn started_micros(&self) -> u64 {
+        (2 * self.expires_micros).saturating_sub(self.forget_micros)
+    }
+
     /// A reservation that was never settled and whose time to live passed:
     /// kept as spent, to be counted once.
     pub fn expired_unsettled(&self, now_micros: u64) -> bool {
@@ -219,12 +227,17 @@ pub fn plan(call: &AttemptCall, record: Option<&AttemptRecord>, cost: Cost, now:
             _ => first,
         },
         (Phase::Withdraw, _) => match record {
-            Some(AttemptRecord {
-                started: Some(taken),
-                done: false,
-                ..
-            }) => Planned {
-                cost: Some(Cost::Refund(*taken)),
+            Some(
+                r @ AttemptRecord {
+                    started: Some(taken),
+                    done: false,
+                    ..
+                },
+            ) => Planned {
+                cost: Some(Cost::GiveBack {
+                    tokens: *taken,
+                    taken_micros: r.started_micros(),
+                }),
                 result: AttemptResult::Settled,
                 records: false,
             },
@@ -239,12 +252,14 @@ pub fn plan(call: &AttemptCall, record: Option<&AttemptRecord>, cost: Cost, now:
             let used = used_of(cost);
             match record {
                 Some(r) if r.done => repeat,
-                Some(AttemptRecord {
-                    started: Some(reserved),
-                    expires_micros,
-                    ..
-                }) => Planned {
-                    cost: Some(settlement(used, *reserved)),
+                Some(
+                    r @ AttemptRecord {
+                        started: Some(reserved),
+                        expires_micros,
+                        ..
+                    },
+                ) => Planned {
+                    cost: Some(settlement(used, *reserved, r.started_micros())),
                     result: if now < *expires_micros {
                         AttemptResult::Settled
                     } else {
@@ -276,18 +291,22 @@ pub fn used_of(cost: Cost) -> u64 {
         Cost::Lease { needed, .. } => needed.min(crate::bucket::MAX_COST),
         // a check says nothing was used; a refund (Envoy's
         // `is_negative_hits`) is not a usage: nothing used
-        Cost::Check | Cost::Refund(_) => 0,
+        Cost::Check | Cost::Refund(_) | Cost::GiveBack { .. } => 0,
     }
 }
 
-/// The cost that settles a reservation of `reserved` that used `used`:
-/// the rest charged (into debt as `overdraft` does), or the unused part
-/// given back.
-pub fn settlement(used: u64, reserved: u64) -> Cost {
+/// The cost that settles a reservation of `reserved`, taken at
+/// `taken_micros`, that used `used`: the rest charged (into debt as
+/// `overdraft` does), or the unused part given back (to a window only while
+/// the window that counted it runs: [`Cost::GiveBack`]).
+pub fn settlement(used: u64, reserved: u64, taken_micros: u64) -> Cost {
     if used >= reserved {
         Cost::Charge(used - reserved)
     } else {
-        Cost::Refund(reserved - used)
+        Cost::GiveBack {
+            tokens: reserved - used,
+            taken_micros,
+        }
     }
 }
 

@@ -140,6 +140,13 @@ pub enum Cost {
     /// Give tokens back (Envoy's `is_negative_hits`: an operation turned out
     /// cheaper than charged); always answered OK, never above B.
     Refund(u64),
+    /// Give back what an attempt's start took at `taken_micros` (a
+    /// reservation's unused part, a withdrawn start): a refund for a token
+    /// bucket; a window or calendar period takes it off its count only
+    /// while the window that counted it is the current one (a window since
+    /// begun never counted it: giving it there would admit more than the
+    /// limit).
+    GiveBack { tokens: u64, taken_micros: u64 },
     /// Charge usage on an `overdraft` rule: always deducted, down to `-B`
     /// at most (a balance already below it stays); answered OK when the buckets held it, else OVER_LIMIT with
     /// the time until they hold it again (after this charge).
@@ -163,7 +170,7 @@ impl Cost {
         match self {
             Cost::Spend(n) | Cost::Charge(n) => n,
             Cost::Check => 1,
-            Cost::Refund(_) => 0,
+            Cost::Refund(_) | Cost::GiveBack { .. } => 0,
             Cost::Lease { needed, .. } => needed,
         }
         .min(MAX_COST)
@@ -178,8 +185,18 @@ impl Cost {
         match self {
             Cost::Spend(n) | Cost::Charge(n) => signed(n),
             Cost::Check => 0,
-            Cost::Refund(n) => -signed(n),
+            Cost::Refund(n) | Cost::GiveBack { tokens: n, .. } => -signed(n),
             Cost::Lease { needed, up_to } => signed(up_to.max(needed)),
+        }
+    }
+
+    /// Whether this cost gives back to the window `[start, end)` (µs): a
+    /// plain refund does (to the window now running), an attempt's
+    /// give-back only when that window counted it.
+    pub fn gives_back_to(self, start: u64, end: u64) -> bool {
+        match self {
+            Cost::GiveBack { taken_micros, .. } => (start..end).contains(&taken_micros),
+            _ => true,
         }
     }
 }
@@ -257,7 +274,7 @@ impl BucketParams {
 
     /// Whether `cost` fits into a bucket holding `tokens` (already refilled).
     fn verdict(&self, tokens: f64, cost: Cost) -> Result<(), Rejection> {
-        if let Cost::Refund(_) = cost {
+        if let Cost::Refund(_) | Cost::GiveBack { .. } = cost {
             // a refund is answered OK whatever the rule, `requests_per_unit: 0` too
             return Ok(());
         }

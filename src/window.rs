@@ -56,8 +56,19 @@ pub fn decide(
         return decide_calendar(params, states, now_micros, cost);
     }
     // a check (`hits_addend: 0`) counts nothing, and is over when the
-    // count already is: envoyproxy/ratelimit's `INCRBY key 0`
+    // count already is: envoyproxy/ratelimit's `INCRBY key 0`; a charge
+    // (`overdraft`) counts as every hit does, refused or not
     let counted = cost.deducted().max(0) as u64;
+    // a refund, a repeat and a settlement that moves nothing need nothing:
+    // answered OK
+    let needed = cost.needed();
+    // an attempt's give-back takes off the count of the window that
+    // counted it, and is always answered OK (a plain refund counts
+    // nothing here: a window keeps every hit)
+    let give_back = match cost {
+        Cost::GiveBack { tokens, .. } => Some(tokens.min(crate::bucket::MAX_COST)),
+        _ => None,
+    };
     let counts: Vec<(u64, u64, u64)> = params
         .iter()
         .zip(states)
@@ -72,33 +83,47 @@ pub fn decide(
     let over: Vec<bool> = params
         .iter()
         .zip(&counts)
-        .map(|(p, (_, _, count))| count.saturating_add(counted) > p.tokens_per_unit)
+        .map(|(p, (_, _, count))| needed > 0 && count.saturating_add(counted) > p.tokens_per_unit)
         .collect();
     let admitted = !over.iter().any(|o| *o);
+    let after: Vec<u64> = params
+        .iter()
+        .zip(&counts)
+        .map(|(p, (start, _, count))| match give_back {
+            Some(n) if cost.gives_back_to(*start, start + p.unit_secs.max(1) * MICROS) => {
+                count.saturating_sub(n)
+            }
+            Some(_) => *count,
+            None => count.saturating_add(counted),
+        })
+        .collect();
     let states = counts
         .iter()
-        .map(|(start, _, count)| BucketState {
-            tokens: count.saturating_add(counted) as f64,
+        .zip(&after)
+        .map(|((start, _, _), after)| BucketState {
+            tokens: *after as f64,
             updated_micros: *start,
         })
         .collect();
+    let charge = matches!(cost, Cost::Charge(_));
     let outcomes = params
         .iter()
         .zip(&counts)
         .zip(&over)
-        .map(|((p, (_, reset, count)), over)| BucketOutcome {
+        .zip(&after)
+        .map(|(((p, (_, reset, _)), over), after)| BucketOutcome {
             admitted,
             remaining: if *over {
                 0
             } else {
-                p.tokens_per_unit - count.saturating_add(counted)
+                p.tokens_per_unit.saturating_sub(*after)
             },
             retry_after_secs: (!admitted && *over).then_some(*reset),
             full_in_secs: *reset,
             never: None,
-            taken: if admitted { counted } else { 0 },
+            taken: if admitted || charge { counted } else { 0 },
             forgiven: 0,
-            window_count: Some(count.saturating_add(counted)),
+            window_count: Some(*after),
         })
         .collect();
     (states, outcomes)
@@ -122,7 +147,7 @@ pub fn period_of(params: &BucketParams, now_micros: u64) -> (u64, u64) {
 /// an admitted hit counts; a charge (`overdraft`, a usage domain) counts
 /// whatever the verdict, past the limit too, and is answered OVER_LIMIT
 /// when the count had no room; a refund takes off the count, never below
-/// 0; a check counts nothing and answers as a hit of one. A refusal waits,
+/// 0 (an attempt's give-back only in the period that counted it); a check counts nothing and answers as a hit of one. A refusal waits,
 /// and `duration_until_reset` is, the time until the period ends; a cost
 /// above the limit, or a limit of 0, is never admitted (no wait).
 pub fn decide_calendar(
@@ -165,12 +190,13 @@ pub fn decide_calendar(
     let applies = admitted
         || (matches!(cost, Cost::Charge(_))
             && !verdicts.contains(&Err(Some(NeverReason::ZeroRate))));
+    // (an attempt's give-back goes only to the period that counted it)
     let after: Vec<u64> = periods
         .iter()
-        .map(|(_, _, count)| match (applies, deducted) {
+        .map(|(start, end, count)| match (applies, deducted) {
             (true, d) if d >= 0 => count.saturating_add(d as u64),
-            (true, d) => count.saturating_sub(d.unsigned_abs()),
-            (false, _) => *count,
+            (true, d) if cost.gives_back_to(*start, *end) => count.saturating_sub(d.unsigned_abs()),
+            (_, _) => *count,
         })
         .collect();
     let states = periods

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use common::redis::RedisServer;
 use tokenbucket_rls::attempt::{AttemptCall, AttemptMode, AttemptResult, Phase};
-use tokenbucket_rls::bucket::{BucketParams, Cost};
+use tokenbucket_rls::bucket::{Algorithm, BucketParams, Cost};
 use tokenbucket_rls::clock::MonotonicClock;
 use tokenbucket_rls::labels::RuleId;
 use tokenbucket_rls::store::memory::MemoryStore;
@@ -26,6 +26,7 @@ use Phase::{Done, Start, Withdraw};
 /// must give.
 type Step = (&'static str, Phase, AttemptMode, Cost, AttemptResult);
 
+#[derive(Clone)]
 struct Sequence {
     name: &'static str,
     /// Bursts of the descriptor's buckets (each refills 1 a day).
@@ -261,6 +262,66 @@ fn calendar_sequences() -> Vec<Sequence> {
     ]
 }
 
+/// Fixed and sliding windows of a day (reservations and dedupe as on a
+/// token bucket, issue 51): a give-back takes off the count of the window
+/// that counted the start; on a fixed window a refused hit counts too.
+fn window_sequences() -> Vec<Sequence> {
+    use AttemptResult::{First, Repeat, Settled, Unknown};
+    vec![
+        Sequence {
+            name: "a window's reservations: settle both ways, refuse past it",
+            bursts: vec![1000],
+            steps: vec![
+                ("a", Start, Reserve, Cost::Spend(600), First),
+                ("a", Start, Reserve, Cost::Spend(600), Repeat),
+                ("a", Done, Reserve, Cost::Spend(100), Settled),
+                ("a", Done, Reserve, Cost::Spend(100), Repeat),
+                ("b", Start, Reserve, Cost::Spend(600), First),
+                ("b", Done, Reserve, Cost::Spend(900), Settled),
+                ("c", Start, Reserve, Cost::Spend(1), First),
+                ("x", Done, Reserve, Cost::Spend(50), Unknown),
+                ("x", Start, Reserve, Cost::Spend(50), Repeat),
+                ("c", Start, Reserve, Cost::Spend(1), First),
+            ],
+        },
+        Sequence {
+            name: "a window's dedupe: a withdrawal, two limits, refused past one",
+            bursts: vec![10, 7],
+            steps: vec![
+                ("d", Start, Dedupe, Cost::Spend(2), First),
+                ("d", Start, Dedupe, Cost::Spend(2), Repeat),
+                ("w", Start, Dedupe, Cost::Spend(3), First),
+                ("w", Withdraw, Dedupe, Cost::Check, Settled),
+                ("w", Withdraw, Dedupe, Cost::Check, Repeat),
+                ("d", Done, Dedupe, Cost::Spend(1), First),
+                ("d", Done, Dedupe, Cost::Spend(1), Repeat),
+                // refused past the limit of 7 (a fixed window counts it,
+                // a sliding one does not): not remembered
+                ("e", Start, Dedupe, Cost::Spend(6), First),
+                ("e", Start, Dedupe, Cost::Spend(6), First),
+                ("f", Start, Dedupe, Cost::Spend(1), First),
+            ],
+        },
+    ]
+}
+
+/// A descriptor of day-long windows counting as `algorithm`, one per limit
+/// in `limits`.
+fn window_descriptor(tag: &str, limits: &[u64], algorithm: Algorithm) -> DescriptorBuckets {
+    let mut d = descriptor(tag, limits);
+    for (b, &limit) in d.buckets.iter_mut().zip(limits) {
+        b.params = BucketParams {
+            capacity: limit,
+            tokens_per_unit: limit,
+            unit_secs: 86_400,
+            max_debt: None,
+            algorithm,
+            period: None,
+        };
+    }
+    d
+}
+
 /// A descriptor of calendar periods, one per limit in `limits`.
 fn calendar_descriptor(tag: &str, limits: &[u64]) -> DescriptorBuckets {
     let now = i64::try_from(
@@ -277,7 +338,7 @@ fn calendar_descriptor(tag: &str, limits: &[u64]) -> DescriptorBuckets {
             tokens_per_unit: limit,
             unit_secs: 30 * 86_400,
             max_debt: None,
-            algorithm: tokenbucket_rls::bucket::Algorithm::CalendarWindow,
+            algorithm: Algorithm::CalendarWindow,
             period: Some(tokenbucket_rls::calendar::Periods {
                 start: now - 86_400,
                 end: now + 30 * 86_400,
@@ -325,13 +386,24 @@ async fn lua_and_rust_settle_attempts_alike() {
     let memory = MemoryStore::new(MonotonicClock::new());
     let all = sequences()
         .into_iter()
-        .map(|s| (s, false))
-        .chain(calendar_sequences().into_iter().map(|s| (s, true)));
-    for (n, (seq, calendar)) in all.enumerate() {
-        let d = if calendar {
-            calendar_descriptor(&format!("seq{n}"), &seq.bursts)
-        } else {
-            descriptor(&format!("seq{n}"), &seq.bursts)
+        .map(|s| (s, Algorithm::TokenBucket))
+        .chain(
+            calendar_sequences()
+                .into_iter()
+                .map(|s| (s, Algorithm::CalendarWindow)),
+        )
+        .chain(window_sequences().into_iter().flat_map(|s| {
+            [
+                (s.clone(), Algorithm::FixedWindow),
+                (s, Algorithm::SlidingWindow),
+            ]
+        }));
+    for (n, (seq, algorithm)) in all.enumerate() {
+        let tag = format!("seq{n}");
+        let d = match algorithm {
+            Algorithm::TokenBucket => descriptor(&tag, &seq.bursts),
+            Algorithm::CalendarWindow => calendar_descriptor(&tag, &seq.bursts),
+            windows => window_descriptor(&tag, &seq.bursts, windows),
         };
         for (i, (id, phase, mode, cost, want)) in seq.steps.iter().enumerate() {
             let c = call(id, *phase, *mode);
@@ -340,7 +412,10 @@ async fn lua_and_rust_settle_attempts_alike() {
                 .decide_attempt(&d, *cost, &c, None)
                 .await
                 .unwrap_or_else(|e| panic!("{}, step {i}: {e}", seq.name));
-            let place = format!("{}, step {i} ({id} {phase:?} {cost:?})", seq.name);
+            let place = format!(
+                "{} ({algorithm:?}), step {i} ({id} {phase:?} {cost:?})",
+                seq.name
+            );
             assert_eq!(rust.result, *want, "{place}: Rust");
             assert_eq!(lua.result, *want, "{place}: Lua");
             assert_eq!(rust.outcomes.len(), lua.outcomes.len(), "{place}");
@@ -565,4 +640,84 @@ async fn redis_counts_reservations_that_expire_unsettled() {
         .await
         .expect("decided");
     assert_eq!(o.expired, 0, "counted once");
+}
+
+/// Sleeps until a little after the next start of a window of `secs`
+/// seconds (windows aligned to the Unix epoch).
+async fn next_window(secs: u64) {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_micros() as u64;
+    let length = secs * 1_000_000;
+    let wait = length - now % length + 50_000;
+    tokio::time::sleep(Duration::from_micros(wait)).await;
+}
+
+/// One call of an attempt on the memory store or on Redis.
+async fn on(
+    store: &str,
+    memory: &MemoryStore<MonotonicClock>,
+    redis: &RedisStore,
+    d: &DescriptorBuckets,
+    cost: Cost,
+    c: &AttemptCall,
+) -> tokenbucket_rls::store::AttemptOutcome {
+    if store == "memory" {
+        memory.decide_attempt_now(d, cost, c)
+    } else {
+        redis
+            .decide_attempt(d, cost, c, None)
+            .await
+            .expect("redis")
+    }
+}
+
+/// What a reservation did not use goes back to the window that counted
+/// it, and only there: settled in the window after, it would give the new
+/// window tokens it never counted (issue 51). Both windows, both stores.
+#[tokio::test]
+async fn a_reservation_gives_back_only_to_the_window_that_counted_it() {
+    let redis = RedisServer::standalone();
+    let redis_store = connect(&redis, false).await;
+    let memory = MemoryStore::new(MonotonicClock::new());
+    let stores = ["memory", "redis"];
+    for algorithm in [Algorithm::FixedWindow, Algorithm::SlidingWindow] {
+        let mut d = window_descriptor(&format!("edge-{algorithm:?}"), &[100], algorithm);
+        d.buckets[0].params.unit_secs = 4;
+        let d = &d;
+        let run = |store, cost, id, phase| {
+            let c = call(id, phase, Reserve);
+            let (memory, redis_store) = (&memory, &redis_store);
+            async move { on(store, memory, redis_store, d, cost, &c).await }
+        };
+        next_window(4).await;
+        for store in stores {
+            run(store, Cost::Spend(60), "a", Start).await;
+            // settled in its own window: 50 of the 60 come back
+            let o = run(store, Cost::Spend(10), "a", Done).await;
+            assert_eq!(o.outcomes[0].remaining, 90, "{algorithm:?} {store}");
+            let o = run(store, Cost::Spend(20), "b", Start).await;
+            assert_eq!(o.outcomes[0].remaining, 70, "{algorithm:?} {store}");
+        }
+        next_window(4).await;
+        for store in stores {
+            let o = run(store, Cost::Spend(40), "c", Start).await;
+            assert!(o.outcomes[0].admitted, "{algorithm:?} {store}");
+            // b settles in the window after its own, having used
+            // nothing: its 20 are not given to this window
+            let o = run(store, Cost::Check, "b", Done).await;
+            assert_eq!(o.result, AttemptResult::Settled, "{algorithm:?} {store}");
+            let left = o.outcomes[0].remaining;
+            if algorithm == Algorithm::FixedWindow {
+                // 100 − 40 (given here: 80)
+                assert_eq!(left, 60, "{algorithm:?} {store}");
+            } else {
+                // 100 − 40 − the 30 of the window before, weighted by
+                // the part of it still covered (given here: 20 more
+                // whatever the weight)
+                assert!(left < 50, "{algorithm:?} {store}: {left}");
+            }
+        }
+    }
 }

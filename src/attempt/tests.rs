@@ -87,13 +87,13 @@ fn a_done_call_settles_the_difference_once() {
     let mut record = None;
     step(&mut record, &start, Cost::Spend(600), true, 10 * S);
     let settle = step(&mut record, &done, Cost::Charge(200), true, 20 * S);
-    assert_eq!(settle.cost, Some(Cost::Refund(400)));
+    assert_eq!(settle.cost, Some(given(400, 10 * S)));
     let mut record = None;
     step(&mut record, &start, Cost::Spend(600), true, 10 * S);
     let settle = step(&mut record, &done, Cost::Check, true, 20 * S);
-    assert_eq!(settle.cost, Some(Cost::Refund(600)));
+    assert_eq!(settle.cost, Some(given(600, 10 * S)));
     // exactly what was reserved: nothing moves
-    assert_eq!(settlement(600, 600), Cost::Charge(0));
+    assert_eq!(settlement(600, 600, 10 * S), Cost::Charge(0));
 }
 
 #[test]
@@ -111,7 +111,11 @@ fn a_late_done_call_still_settles_exactly_and_an_unknown_one_is_charged_in_full(
         "kept as spent at the time to live"
     );
     let late = step(&mut record, &done, Cost::Charge(100), true, 100 * S);
-    assert_eq!(late.cost, Some(Cost::Refund(500)));
+    assert_eq!(
+        late.cost,
+        Some(given(500, 10 * S)),
+        "to the window of its start"
+    );
     assert_eq!(late.result, AttemptResult::Late);
     assert!(!record.expect("kept").expired_unsettled(100 * S), "settled");
     // after twice the time to live the record is gone: charged in full
@@ -122,6 +126,14 @@ fn a_late_done_call_still_settles_exactly_and_an_unknown_one_is_charged_in_full(
     assert_eq!(unknown.result, AttemptResult::Unknown);
     let again = step(&mut record, &done, Cost::Charge(100), true, 132 * S);
     assert_eq!(again.result, AttemptResult::Repeat, "charged once");
+}
+
+/// What an attempt's start, taken at `at`, gives back.
+fn given(tokens: u64, at: u64) -> Cost {
+    Cost::GiveBack {
+        tokens,
+        taken_micros: at,
+    }
 }
 
 #[test]
@@ -166,7 +178,7 @@ fn a_settled_or_given_back_reservation_is_no_free_pass() {
     let back = step(&mut record, &done, Cost::Charge(0), true, 11 * S);
     assert_eq!(
         (back.cost, back.result),
-        (Some(Cost::Refund(600)), AttemptResult::Settled)
+        (Some(given(600, 10 * S)), AttemptResult::Settled)
     );
     let again = step(&mut record, &start, Cost::Spend(600), true, 12 * S);
     assert_eq!(
@@ -175,7 +187,11 @@ fn a_settled_or_given_back_reservation_is_no_free_pass() {
         "reserved afresh"
     );
     let settle = step(&mut record, &done, Cost::Charge(100), true, 13 * S);
-    assert_eq!(settle.cost, Some(Cost::Refund(500)), "settles the new one");
+    assert_eq!(
+        settle.cost,
+        Some(given(500, 12 * S)),
+        "settles the new one"
+    );
 }
 
 #[test]
@@ -189,7 +205,7 @@ fn a_negative_usage_counts_as_nothing_used() {
     let d = step(&mut record, &done, Cost::Refund(50), true, 11 * S);
     assert_eq!(
         d.cost,
-        Some(Cost::Refund(10)),
+        Some(given(10, 10 * S)),
         "the reservation back, no more"
     );
 }

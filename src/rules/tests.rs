@@ -829,19 +829,14 @@ fn what_a_fixed_window_cannot_honour_is_refused_naming_the_place() {
             "has no burst",
         ),
         (
-            "    overdraft: true\n",
+            "    overdraft: true\n    max_debt: 2\n",
             "{unit: minute, requests_per_unit: 3}",
-            "`overdraft`",
+            "`max_debt`",
         ),
         (
             "    lease: {size: 2}\n",
             "{unit: minute, requests_per_unit: 3}",
             "`lease`",
-        ),
-        (
-            "    attempts: {key: request_id, ttl: 1m}\n",
-            "{unit: minute, requests_per_unit: 3}",
-            "`attempts`",
         ),
         (
             "    scope: global\n",
@@ -945,9 +940,9 @@ fn a_sliding_window_rule_counts_so_and_refuses_what_it_cannot_honour() {
             "has no burst".to_string(),
         ),
         (
-            "    overdraft: true\n".to_string(),
+            "    overdraft: true\n    max_debt: 2\n".to_string(),
             "{unit: minute, requests_per_unit: 3}".to_string(),
-            "`algorithm: sliding_window` with `overdraft`".to_string(),
+            "`algorithm: sliding_window` with `max_debt`".to_string(),
         ),
         (
             "    lease: {size: 2}\n".to_string(),
@@ -979,16 +974,55 @@ fn a_sliding_window_rule_counts_so_and_refuses_what_it_cannot_honour() {
     let e = load_sources(
         vec![(
             PathBuf::from("rules.yaml"),
-            "domain: d\ndescriptors:\n  - key: user\n    overdraft: true\n    rate_limit: {unit: minute, requests_per_unit: 3}\n".to_string(),
+            "domain: d\ndescriptors:\n  - key: user\n    lease: {size: 2}\n    rate_limit: {unit: minute, requests_per_unit: 3}\n".to_string(),
         )],
         LoadOptions {
             default_algorithm: Algorithm::SlidingWindow,
             ..LoadOptions::default()
         },
     )
-    .expect_err("overdraft under the sliding default")
+    .expect_err("a lease under the sliding default")
     .to_string();
     assert!(e.contains("--algorithm sliding_window"), "{e}");
+}
+
+#[test]
+fn windows_take_attempts_and_reservations() {
+    use crate::attempt::AttemptMode;
+    use crate::bucket::Algorithm;
+    for algorithm in ["fixed_window", "sliding_window"] {
+        for (extra, mode) in [
+            ("", AttemptMode::Dedupe),
+            (
+                "    overdraft: true\n    attempts: {key: request_id, ttl: 5m, reserve: 2}\n",
+                AttemptMode::Reserve,
+            ),
+        ] {
+            let extra = if extra.is_empty() {
+                "    attempts: {key: request_id, ttl: 5m}\n"
+            } else {
+                extra
+            };
+            let yaml = format!(
+                "domain: d\ndescriptors:\n  - key: user\n    algorithm: {algorithm}\n{extra}    rate_limit: {{unit: minute, requests_per_unit: 3}}\n"
+            );
+            let r = load_sources(
+                vec![(PathBuf::from("rules.yaml"), yaml)],
+                LoadOptions::default(),
+            )
+            .unwrap_or_else(|e| panic!("{algorithm} {mode:?}: {e}"));
+            let rule = &r.lookup("d", &[("user", "u")]).expect("match").rule;
+            assert_eq!(rule.attempts.as_ref().map(|a| a.mode), Some(mode));
+            match &rule.action {
+                RuleAction::Limited(limits) => assert_ne!(
+                    limits[0].params.algorithm,
+                    Algorithm::TokenBucket,
+                    "{algorithm}"
+                ),
+                _ => panic!("limited"),
+            }
+        }
+    }
 }
 
 #[test]

@@ -241,7 +241,7 @@ impl RatelimitStats {
             };
             let hits = match cost {
                 Cost::Spend(n) | Cost::Charge(n) => n,
-                Cost::Check | Cost::Refund(_) | Cost::Lease { .. } => 0,
+                Cost::Check | Cost::Refund(_) | Cost::GiveBack { .. } | Cost::Lease { .. } => 0,
             };
             let spent = limit.burst.saturating_sub(d.remaining) as f64;
             let near = spent > limit.burst as f64 * self.near_ratio;

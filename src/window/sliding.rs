@@ -37,6 +37,7 @@
 
 use crate::bucket::{
     whole_tokens, BucketOutcome, BucketParams, BucketState, Cost, NeverReason, EPSILON,
+    MAX_WINDOW_COUNT,
 };
 
 const MICROS: u64 = 1_000_000;
@@ -153,10 +154,10 @@ pub fn decide(
     cost: Cost,
 ) -> (Vec<BucketState>, Vec<BucketOutcome>) {
     let needed = cost.needed() as f64;
-    // what an admitted call adds to the current count (a lease or a charge
-    // is refused at validation: each counts what it needs)
+    // what an admitted call adds to the current count (a lease is refused
+    // at validation; a charge counts what it needs)
     let counted = match cost {
-        Cost::Refund(n) => -(n.min(crate::bucket::MAX_COST) as f64),
+        Cost::Refund(_) | Cost::GiveBack { .. } => cost.deducted() as f64,
         Cost::Check => 0.0,
         _ => needed,
     };
@@ -184,9 +185,17 @@ pub fn decide(
         })
         .collect();
     let admitted = verdicts.iter().all(Result::is_ok);
-    if admitted {
-        for w in &mut windows {
-            w.current = (w.current + counted).max(0.0);
+    // a charge (`overdraft`) counts whatever the verdict, except where
+    // nothing could ever be admitted (a limit of 0)
+    let charge = matches!(cost, Cost::Charge(_))
+        && !verdicts.contains(&Err(Some(NeverReason::ZeroRate)));
+    if admitted || charge {
+        for (w, p) in windows.iter_mut().zip(params) {
+            // an attempt's give-back only to the window that counted it
+            let end = w.start + length_micros(p);
+            if counted >= 0.0 || cost.gives_back_to(w.start, end) {
+                w.current = (w.current + counted).clamp(0.0, MAX_WINDOW_COUNT as f64);
+            }
         }
     }
     let outcomes = params
@@ -205,7 +214,11 @@ pub fn decide(
                 retry_after_secs,
                 full_in_secs: w.empty_in_secs(p),
                 never,
-                taken: if admitted { counted.max(0.0) as u64 } else { 0 },
+                taken: if admitted || charge {
+                    counted.max(0.0) as u64
+                } else {
+                    0
+                },
                 forgiven: 0,
                 window_count: None,
             }

@@ -61,16 +61,8 @@ pub(super) fn compile_algorithm(
     };
     let refused = [
         (
-            doc.overdraft,
-            "`overdraft` (a usage charge into debt; a window counts hits)",
-        ),
-        (
             doc.lease.is_some(),
             "`lease` (tokens handed out ahead; a window has none to hand out)",
-        ),
-        (
-            doc.attempts.is_some(),
-            "`attempts` (reservations and dedupe are the token bucket's)",
         ),
         (doc.max_debt.is_some(), "`max_debt` (a window has no debt)"),
         (

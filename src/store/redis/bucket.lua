@@ -224,6 +224,9 @@ while a <= nargs do
   local result = 0
   local again = false
   local expired = 0
+  -- for an attempt's give-back, when its start was admitted (ms): a
+  -- window or period takes it off only if it counted it
+  local back_since = -1
   -- the record's key, and a reservation's unsettled set
   local rk, pk = nil, nil
   if attempt then
@@ -254,6 +257,7 @@ while a <= nargs do
         if r_started >= 0 and r_done == 0 then
           needed, deducted, charge = 0, -r_started, false
           result = 2
+          back_since = 2 * r_exp - r_forget
         else
           again = true
         end
@@ -284,6 +288,7 @@ while a <= nargs do
           needed, deducted, charge = used - r_started, used - r_started, true
         else
           needed, deducted, charge = 0, used - r_started, false
+          back_since = 2 * r_exp - r_forget
         end
         if now_ms < r_exp then result = 2 else result = 3 end
       else
@@ -320,7 +325,7 @@ while a <= nargs do
           if su == start then count = max(0, st) end
         end
         local over = 0
-        if count + counted > limit then
+        if needed > 0 and count + counted > limit then
           over = 1
           all_in = false
         end
@@ -337,17 +342,31 @@ while a <= nargs do
       for i = 1, n do
         local k = S * (i - 1)
         local after = B[k + TOKENS] + counted
-        if counted > 0 then
+        local write = counted > 0
+        -- an attempt's give-back, to the window that counted it
+        if back_since >= 0 and back_since * 1000 >= B[k + STAMP]
+            and back_since * 1000 < B[k + STAMP] + B[k + PER_SEC] * 1000000 then
+          after = max(0, B[k + TOKENS] + deducted)
+          write = true
+        end
+        if write then
           local ms = ceil((B[k + STAMP] + B[k + PER_SEC] * 1000000 - now) / 1000) + margin_ms
           redis.call('SET', keys[ka + i], struct.pack('<ddd', after, B[k + STAMP], now_ms + ms), 'PX', ms)
         end
         local remaining, retry = 0, -1
-        if B[k + LAYOUT] == 0 then remaining = B[k + CAP] - after end
+        if B[k + LAYOUT] == 0 then remaining = max(0, B[k + CAP] - after) end
         if not all_in and B[k + LAYOUT] == 1 then retry = B[k + UNIT] end
         out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5] = remaining, retry, B[k + UNIT], 0, after
         o = o + 5
       end
-      out[o + 1] = (all_in and counted) or 0
+      out[o + 1] = ((all_in or charge) and counted) or 0
+      if attempt then
+        if not again then
+          keep_record(phase, mode, rk, pk, id, ttl_ms, all_in, deducted, charge, result,
+            r_started, r_done, r_exp, r_forget)
+        end
+        out[o + 2], out[o + 3] = result, expired
+      end
       if answers == nil then return out end
       answers[d] = out
       break
@@ -400,7 +419,9 @@ while a <= nargs do
         local k = S * (i - 1)
         local after = B[k + TOKENS]
         local stop = B[k + UNIT]
-        if applies and deducted ~= 0 then
+        -- (an attempt's give-back only to the period that counted it)
+        if applies and deducted ~= 0 and (back_since < 0 or deducted > 0
+            or (back_since * 1000 >= B[k + STAMP] and back_since * 1000 < stop)) then
           after = max(0, after + deducted)
           local ms = ceil((stop - now) / 1000) + margin_ms
           redis.call('SET', keys[ka + i], struct.pack('<ddd', after, B[k + STAMP], now_ms + ms), 'PX', ms)
@@ -481,14 +502,24 @@ while a <= nargs do
       end
       local counted = needed
       if deducted < needed then counted = deducted end
+      -- a charge counts whatever the verdict, except on a limit of 0
+      local applies = all_in
+      if charge and not all_in then
+        applies = true
+        for i = 1, n do
+          if B[S * (i - 1) + LAYOUT] == 2 then applies = false end
+        end
+      end
       local out = { all_in and 1 or 0 }
       local o = 1
       for i = 1, n do
         local k = S * (i - 1)
         local limit, length, start, at_now = B[k + CAP], B[k + RATE], B[k + UNIT], B[k + PER_SEC]
         local prev, cur = B[k + TOKENS], B[k + STAMP]
-        if all_in and counted ~= 0 then
-          cur = max(0, cur + counted)
+        -- (an attempt's give-back only to the window that counted it)
+        if applies and counted ~= 0 and (back_since < 0 or counted > 0
+            or (back_since * 1000 >= start and back_since * 1000 < start + length)) then
+          cur = min(SHIFT - 1, max(0, cur + counted))
           local ms = ceil((start + 2 * length - now) / 1000) + margin_ms
           redis.call('SET', keys[ka + i], struct.pack('<ddd', prev * SHIFT + cur, start, now_ms + ms), 'PX', ms)
         end
@@ -518,7 +549,14 @@ while a <= nargs do
         out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5] = remaining, retry, full_in, never, 0
         o = o + 5
       end
-      out[o + 1] = (all_in and max(0, counted)) or 0
+      out[o + 1] = (applies and max(0, counted)) or 0
+      if attempt then
+        if not again then
+          keep_record(phase, mode, rk, pk, id, ttl_ms, all_in, deducted, charge, result,
+            r_started, r_done, r_exp, r_forget)
+        end
+        out[o + 2], out[o + 3] = result, expired
+      end
       if answers == nil then return out end
       answers[d] = out
       break
