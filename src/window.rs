@@ -264,6 +264,57 @@ mod tests {
     }
 
     #[test]
+    fn a_give_back_goes_to_the_window_that_counted_it_and_a_charge_counts_past_the_limit() {
+        let q = p(10, 60);
+        let t = 1_000_000_020 * SEC;
+        let mut s = None;
+        one(q, &mut s, t, Cost::Spend(6));
+        let back = |at: u64| Cost::GiveBack {
+            tokens: 5,
+            taken_micros: at,
+        };
+        let o = one(q, &mut s, t + 30 * SEC, back(t));
+        assert_eq!((o.admitted, o.remaining), (true, 9), "its own window");
+        // a charge (`overdraft`) counts past the limit, answered over
+        let o = one(q, &mut s, t + 31 * SEC, Cost::Charge(12));
+        assert_eq!((o.admitted, o.remaining, o.taken), (false, 0, 12));
+        // a give-back is answered OK even over the limit
+        assert!(one(q, &mut s, t + 32 * SEC, back(t)).admitted);
+        assert_eq!(s.map(|s| s.tokens), Some(8.0));
+        // in the window after, what the one before counted is not given
+        let next = t + 60 * SEC;
+        one(q, &mut s, next, Cost::Spend(4));
+        let o = one(q, &mut s, next + SEC, back(t + 59 * SEC));
+        assert_eq!((o.admitted, o.remaining), (true, 6));
+        // a plain refund gives nothing to a window (every hit counts),
+        // and is answered OK
+        one(q, &mut s, next + SEC, Cost::Spend(7));
+        let o = one(q, &mut s, next + 2 * SEC, Cost::Refund(3));
+        assert_eq!((o.admitted, o.remaining), (true, 0));
+    }
+
+    #[test]
+    fn a_calendar_give_back_goes_only_to_the_period_that_counted_it() {
+        let mut q = p(100, 60);
+        q.algorithm = Algorithm::CalendarWindow;
+        let t = 1_000_000_020 * SEC;
+        let mut s = None;
+        let (states, _) = decide(&[q], &[s], t, Cost::Spend(60));
+        s = Some(states[0]);
+        let back = Cost::GiveBack {
+            tokens: 50,
+            taken_micros: t,
+        };
+        let (states, o) = decide(&[q], &[s], t + SEC, back);
+        assert_eq!(o[0].remaining, 90);
+        s = Some(states[0]);
+        let next = t + 60 * SEC;
+        let (states, _) = decide(&[q], &[s], next, Cost::Spend(30));
+        let (_, o) = decide(&[q], &[Some(states[0])], next + SEC, back);
+        assert_eq!(o[0].remaining, 70, "not given to the period after");
+    }
+
+    #[test]
     fn windows_are_aligned_to_the_epoch() {
         // 1,000,000,037 s: 17 s into its minute (which began at ...020)
         let now = 1_000_000_037 * SEC + 500_000;

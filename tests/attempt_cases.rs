@@ -277,6 +277,9 @@ fn window_sequences() -> Vec<Sequence> {
                 ("a", Done, Reserve, Cost::Spend(100), Settled),
                 ("a", Done, Reserve, Cost::Spend(100), Repeat),
                 ("b", Start, Reserve, Cost::Spend(600), First),
+                // refused: a reservation takes nothing, on a fixed window
+                // too (so that b's settlement below fits)
+                ("y", Start, Reserve, Cost::Spend(600), First),
                 ("b", Done, Reserve, Cost::Spend(900), Settled),
                 ("c", Start, Reserve, Cost::Spend(1), First),
                 ("x", Done, Reserve, Cost::Spend(50), Unknown),
@@ -666,10 +669,7 @@ async fn on(
     if store == "memory" {
         memory.decide_attempt_now(d, cost, c)
     } else {
-        redis
-            .decide_attempt(d, cost, c, None)
-            .await
-            .expect("redis")
+        redis.decide_attempt(d, cost, c, None).await.expect("redis")
     }
 }
 

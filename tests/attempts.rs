@@ -41,6 +41,20 @@ descriptors:
       name: month-tokens
       calendar: {time_zone: America/New_York, starts: 15}
     attempts: {key: request_id, ttl: 1m, reserve: 600}
+  - key: daily_window
+    algorithm: fixed_window
+    overdraft: true
+    rate_limit: {unit: day, requests_per_unit: 1000, name: window-tokens}
+    attempts: {key: request_id, ttl: 1m, reserve: 600}
+  - key: sliding_window
+    algorithm: sliding_window
+    overdraft: true
+    rate_limit: {unit: day, requests_per_unit: 1000, name: sliding-tokens}
+    attempts: {key: request_id, ttl: 1m, reserve: 600}
+  - key: window_calls
+    algorithm: fixed_window
+    rate_limit: {unit: day, requests_per_unit: 5, name: window-calls}
+    attempts: {key: request_id, ttl: 1m}
   - key: team
     overdraft: true
     max_debt: 100
@@ -94,7 +108,38 @@ async fn scenarios(server: &RunningServer) {
     slots(server, server).await;
     debts(server).await;
     monthly(server, server).await;
+    windows(server, server).await;
     reused(server).await;
+}
+
+/// Fixed and sliding windows reserve and dedupe as a token bucket does
+/// (issue 51: they refused `attempts:`): one of twenty 600-token chats in
+/// flight on 1,000 a day, the refused ones taking nothing (on a fixed
+/// window too, where a plain refused hit counts), settled at what it used;
+/// a retried start on a window of calls counted once.
+async fn windows(server: &RunningServer, other: &RunningServer) {
+    let c = client(server).await;
+    let d = client(other).await;
+    for key in ["daily_window", "sliding_window"] {
+        let admitted = chats_at_once(&c, &d, key, "acme").await;
+        assert_eq!(admitted.len(), 1, "{key}: {admitted:?}");
+        let mut c = d.clone();
+        let r = call(&mut c, key, "acme", None, false, Some(0)).await;
+        assert_eq!(remaining(&r), 400, "{key}: 600 reserved");
+        let r = call(&mut c, key, "acme", Some(&admitted[0]), true, Some(250)).await;
+        assert_eq!(
+            (r.overall_code, remaining(&r)),
+            (OK, 750),
+            "{key}: settled at 250"
+        );
+    }
+    let mut c = client(server).await;
+    for _ in 0..3 {
+        let r = call(&mut c, "window_calls", "acme", Some("once"), false, None).await;
+        assert_eq!(r.overall_code, OK);
+    }
+    let r = call(&mut c, "window_calls", "acme", Some("twice"), false, None).await;
+    assert_eq!(remaining(&r), 3, "the retried start counted once");
 }
 
 /// One id sent a hundred times on a dedupe rule of 5 a day (issue 51: all
@@ -224,6 +269,7 @@ async fn two_instances_on_a_redis_cluster() {
     repeats(&a).await;
     slots(&a, &b).await;
     monthly(&a, &b).await;
+    windows(&a, &b).await;
     a.shutdown().await.expect("stop");
     b.shutdown().await.expect("stop");
 }

@@ -809,6 +809,16 @@ fn fixed_window_cases() -> Vec<FixedCase> {
             vec![(fw(3, 30), Some((1.0, 0)))],
             Cost::Spend(2),
         ),
+        (
+            "a charge counts past the limit",
+            vec![(fw(3, 60), Some((2.0, 0)))],
+            Cost::Charge(5),
+        ),
+        (
+            "a refund over the limit: answered OK, counts nothing",
+            vec![(fw(3, 60), Some((5.0, 0)))],
+            Cost::Refund(2),
+        ),
     ]
 }
 
@@ -943,6 +953,26 @@ fn sliding_window_cases() -> Vec<SlidingCase> {
             vec![(sw(most, 60), Some((0.0, (most - 1) as f64, 0)))],
             Cost::Spend(1),
         ),
+        (
+            "a charge counts past the limit",
+            vec![(sw(10, 60), Some((0.0, 8.0, 0)))],
+            Cost::Charge(5),
+        ),
+        (
+            "a charge above the limit, the window before weighing",
+            vec![(sw(10, 3600), Some((6.0, 2.0, 0)))],
+            Cost::Charge(30),
+        ),
+        (
+            "a charge on a limit of 0 counts nothing",
+            vec![(sw(0, 60), None)],
+            Cost::Charge(3),
+        ),
+        (
+            "a huge charge is held to what a window counts",
+            vec![(sw(10, 60), Some((0.0, 4.0, 0)))],
+            Cost::Charge(u64::MAX),
+        ),
     ]
 }
 
@@ -979,7 +1009,8 @@ async fn sliding_windows_in_lua_and_rust_give_the_same_answers() {
         "sliding",
         cases,
         tokenbucket_rls::window::sliding::decide,
-        |outcomes, cost| outcomes[0].admitted && cost.deducted() != 0,
+        // (a charge counts whatever the verdict: it took what it counted)
+        |outcomes, cost| (outcomes[0].admitted || outcomes[0].taken > 0) && cost.deducted() != 0,
         |params, state| state.updated_micros as i64 + 2 * params.unit_secs as i64 * SEC,
     )
     .await;

@@ -187,11 +187,7 @@ fn a_settled_or_given_back_reservation_is_no_free_pass() {
         "reserved afresh"
     );
     let settle = step(&mut record, &done, Cost::Charge(100), true, 13 * S);
-    assert_eq!(
-        settle.cost,
-        Some(given(500, 12 * S)),
-        "settles the new one"
-    );
+    assert_eq!(settle.cost, Some(given(500, 12 * S)), "settles the new one");
 }
 
 #[test]

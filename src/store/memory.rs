@@ -200,7 +200,7 @@ impl<C: Clock> MemoryStore<C> {
         let mut shard = self.shard(&descriptor.tag).lock();
         let now = self.clock.now_micros();
         let mut evicted = Vec::new();
-        let outcomes = self.decide_in(&mut shard, descriptor, cost, now, &mut evicted);
+        let outcomes = self.decide_in(&mut shard, descriptor, cost, now, &mut evicted, true);
         drop(shard);
         if !evicted.is_empty() {
             self.report(evicted);
@@ -240,6 +240,7 @@ impl<C: Clock> MemoryStore<C> {
                         Cost::Refund(0),
                         now,
                         &mut evicted,
+                        true,
                     ),
                     result: planned.result,
                     expired: 0,
@@ -258,8 +259,14 @@ impl<C: Clock> MemoryStore<C> {
             {
                 if call.mode == AttemptMode::Reserve && call.phase == Phase::Start {
                     // a reservation nobody could settle is not taken
-                    let mut outcomes =
-                        self.decide_in(&mut shard, descriptor, Cost::Refund(0), now, &mut evicted);
+                    let mut outcomes = self.decide_in(
+                        &mut shard,
+                        descriptor,
+                        Cost::Refund(0),
+                        now,
+                        &mut evicted,
+                        true,
+                    );
                     for o in &mut outcomes {
                         o.admitted = false;
                         o.retry_after_secs = Some(1);
@@ -271,14 +278,31 @@ impl<C: Clock> MemoryStore<C> {
                     }
                 } else {
                     AttemptOutcome {
-                        outcomes: self.decide_in(&mut shard, descriptor, cost, now, &mut evicted),
+                        outcomes: self.decide_in(
+                            &mut shard,
+                            descriptor,
+                            cost,
+                            now,
+                            &mut evicted,
+                            true,
+                        ),
                         result: AttemptResult::Full,
                         expired: 0,
                     }
                 }
             }
             Some(cost) => {
-                let outcomes = self.decide_in(&mut shard, descriptor, cost, now, &mut evicted);
+                // a reservation refused took nothing, a fixed window's too
+                let refused_counts =
+                    !(call.mode == AttemptMode::Reserve && call.phase == Phase::Start);
+                let outcomes = self.decide_in(
+                    &mut shard,
+                    descriptor,
+                    cost,
+                    now,
+                    &mut evicted,
+                    refused_counts,
+                );
                 let admitted = outcomes.iter().all(|o| o.admitted);
                 let taken = if admitted {
                     u64::try_from(cost.deducted()).unwrap_or(0)
@@ -339,6 +363,8 @@ impl<C: Clock> MemoryStore<C> {
     }
 
     /// Decides `cost` against `descriptor`'s buckets in its locked `shard`.
+    /// A fixed window counts a refused hit unless `refused_counts` is
+    /// false (a reservation's start: refused, it took nothing).
     fn decide_in(
         &self,
         shard: &mut ShardState,
@@ -346,6 +372,7 @@ impl<C: Clock> MemoryStore<C> {
         cost: Cost,
         now: u64,
         evicted: &mut Vec<RuleId>,
+        refused_counts: bool,
     ) -> Vec<BucketOutcome> {
         let params: Vec<_> = descriptor.buckets.iter().map(|b| b.params).collect();
         let byte_cap = self.shard_cap * BYTES_PER_BUCKET;
@@ -393,8 +420,9 @@ impl<C: Clock> MemoryStore<C> {
         let admitted = outcomes.first().is_some_and(|o| o.admitted);
         let charged =
             matches!(cost, Cost::Charge(_)) && outcomes.first().is_some_and(|o| o.taken > 0);
-        let writes =
-            (admitted && cost.deducted() != 0) || charged || (fixed_window && cost.deducted() > 0);
+        let writes = (admitted && cost.deducted() != 0)
+            || charged
+            || (fixed_window && refused_counts && cost.deducted() > 0);
         if !writes {
             // Nothing to store, but a reload may have lowered the rate since
             // the bucket was written: it is full later now, not at the time

@@ -187,8 +187,8 @@ pub fn decide(
     let admitted = verdicts.iter().all(Result::is_ok);
     // a charge (`overdraft`) counts whatever the verdict, except where
     // nothing could ever be admitted (a limit of 0)
-    let charge = matches!(cost, Cost::Charge(_))
-        && !verdicts.contains(&Err(Some(NeverReason::ZeroRate)));
+    let charge =
+        matches!(cost, Cost::Charge(_)) && !verdicts.contains(&Err(Some(NeverReason::ZeroRate)));
     if admitted || charge {
         for (w, p) in windows.iter_mut().zip(params) {
             // an attempt's give-back only to the window that counted it

@@ -342,7 +342,8 @@ while a <= nargs do
       for i = 1, n do
         local k = S * (i - 1)
         local after = B[k + TOKENS] + counted
-        local write = counted > 0
+        -- every hit counts, but a reservation refused took nothing
+        local write = counted > 0 and (all_in or not (attempt and mode == 1 and phase == 0))
         -- an attempt's give-back, to the window that counted it
         if back_since >= 0 and back_since * 1000 >= B[k + STAMP]
             and back_since * 1000 < B[k + STAMP] + B[k + PER_SEC] * 1000000 then

@@ -223,3 +223,36 @@ fn a_steady_client_gets_the_limit_in_any_span_of_a_window() {
     // before to leave a whole hit of room): never above the rate
     assert_eq!(admitted_at_second.len(), 55);
 }
+
+#[test]
+fn a_charge_counts_past_the_limit_and_a_give_back_goes_to_its_window() {
+    let q = p(10, 60);
+    let t = 1_000_000_020 * SEC;
+    let mut s = None;
+    let o = one(q, &mut s, t, Cost::Charge(12));
+    assert_eq!((o.admitted, o.taken), (false, 12), "counted, answered over");
+    assert_eq!(s.map(|s| s.window_counts()), Some((0.0, 12.0)));
+    let back = |at: u64| Cost::GiveBack {
+        tokens: 5,
+        taken_micros: at,
+    };
+    let o = one(q, &mut s, t + SEC, back(t));
+    assert_eq!((o.admitted, o.remaining), (true, 3));
+    // the window after: the one before weighs, nothing given to this one
+    let next = t + 60 * SEC;
+    one(q, &mut s, next, Cost::Spend(0));
+    let o = one(q, &mut s, next, back(t));
+    assert!(o.admitted);
+    assert_eq!(s.map(|s| s.window_counts()), Some((7.0, 0.0)));
+    // a charge on a limit of 0 counts nothing (no debt could be repaid)
+    let mut z = None;
+    let o = one(p(0, 60), &mut z, t, Cost::Charge(3));
+    assert_eq!((o.admitted, o.taken), (false, 0));
+    // a huge charge is held to what a window can count
+    let mut h = None;
+    one(q, &mut h, t, Cost::Charge(u64::MAX));
+    assert_eq!(
+        h.map(|s| s.window_counts().1),
+        Some(MAX_WINDOW_COUNT as f64)
+    );
+}
