@@ -12,7 +12,12 @@
 //! is), and the wait, for a refusal
 //! and for `duration_until_reset` alike, is the time until the window
 //! ends. A descriptor's buckets (`limits`) each count the hit; the call is
-//! admitted when every one is within its limit.
+//! admitted when every one is within its limit. A charge (`overdraft`)
+//! counts as a hit does; a plain refund counts nothing and, as an
+//! attempt's repeat, is answered OK; an attempt's give-back
+//! ([`Cost::GiveBack`]) takes off the count of the window that counted it
+//! (in a later window, nothing). A reservation refused takes nothing: the
+//! store does not keep its count.
 //!
 //! A bucket's state is (the count, the window's start in µs) in
 //! [`BucketState`]'s two fields; a count of another window is a count of

@@ -23,7 +23,10 @@
 //!   one when only the one before did, else 0.
 //! - A check (`hits_addend: 0`) answers as a hit of one would and counts
 //!   nothing; a refund (`is_negative_hits`) takes hits off the current
-//!   window's count, never below 0.
+//!   window's count, never below 0, an attempt's give-back
+//!   ([`Cost::GiveBack`]) only when the current window counted it; a
+//!   charge (`overdraft`) counts whatever the verdict (not on a limit of
+//!   0), at most [`MAX_WINDOW_COUNT`].
 //! - A clock stepped back into an earlier window (a new Redis primary
 //!   whose clock is behind) reads the stored windows as they were at their
 //!   start: nothing ages, nothing is forgotten.

@@ -54,7 +54,10 @@
 -- a count of another window is none. Every hit counts, refused or not: the
 -- count after it is stored whatever the verdict, and a bucket is over when
 -- that count is above its limit (a check counts none, and is over when the
--- count already is, as envoyproxy/ratelimit's INCRBY 0).
+-- count already is, as envoyproxy/ratelimit's INCRBY 0; what needs nothing,
+-- a refund or an attempt's repeat, is never over). A charge counts as a hit;
+-- a reservation refused is not kept; an attempt's give-back takes off the
+-- count only of the window that counted its start (back_since).
 -- It answers as a bucket does: remaining (0 when over), the wait until the
 -- window ends (for a bucket over, when refused), that same wait as
 -- full_in, never 0, then in forgiven's place the window's count after the
@@ -68,7 +71,8 @@
 -- packs (the period's count, its start in µs, expiry set); a count of
 -- another period is none. A hit is admitted when every count has room for
 -- what it needs; only then does it count, but a charge counts whatever the
--- verdict (not on a limit of 0), and a refund takes off, never below 0. The
+-- verdict (not on a limit of 0), and a refund takes off, never below 0 (an
+-- attempt's give-back only from the period that counted its start). The
 -- key expires when the period ends. It answers as a bucket does:
 -- remaining (the limit less the count, at least 0), the wait until the
 -- period ends (for a bucket refusing), that same wait as full_in, never
@@ -83,7 +87,9 @@
 -- its start, any other is none. The estimate, previous * (1 - elapsed
 -- share of the current window) + current, must have room for the hit;
 -- only an admitted hit counts (a refund takes off the current count, never
--- below 0), and only then is the key written, expiring two windows after
+-- below 0; an attempt's give-back only if this window counted its start),
+-- or a charge whatever the verdict (not on a limit of 0; the count held to
+-- SHIFT - 1), and only then is the key written, expiring two windows after
 -- the current one's start. It answers as a bucket does: remaining (of the
 -- estimate), the wait until the estimate has room (for a bucket refusing),
 -- the wait until the estimate is 0 as full_in, never (1 a limit of 0, 2 a
