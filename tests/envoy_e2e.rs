@@ -1623,6 +1623,47 @@ async fn a_chat_envoy_gave_up_on_keeps_nothing() {
     gw.both_slots_free().await;
 }
 
+/// A chat whose start answered after Envoy's 0.25 s, where Envoy lets a
+/// request through when the service does not answer (`failure_mode_deny:
+/// false`): the chat runs and uses its 100 tokens, and is charged them
+/// once (issue 51: the reservation taken late was kept besides). Redis is
+/// paused under the start; the late start is withdrawn, and its stream-done
+/// call settles or charges the 100 whichever reaches Redis first.
+#[tokio::test]
+async fn a_slow_chat_past_the_services_timeout_is_charged_once() {
+    let redis = common::redis::RedisServer::standalone();
+    let rules = gateway_rules();
+    let envoy_dir = tempfile::tempdir().expect("tempdir");
+    let long = llm_bootstrap_with_a_long_answer(envoy_dir.path());
+    let bootstrap = std::fs::read_to_string(&long)
+        .expect("bootstrap")
+        .replace("failure_mode_deny: true", "failure_mode_deny: false");
+    assert!(bootstrap.contains("failure_mode_deny: false"), "edited");
+    std::fs::write(&long, bootstrap).expect("bootstrap");
+    let edge = Edge::start_full(
+        rules.path(),
+        long.to_str().expect("utf-8"),
+        &[vec![
+            ("RLS_STORE", "redis".to_string()),
+            ("RLS_REDIS_URL", redis.url()),
+        ]],
+    )
+    .await;
+    let gw = Gateway::new(&edge).await;
+    assert_eq!(gw.chat("summarize", "0").await, 200);
+    gw.settled_at(900, 99_900).await;
+    let paused = redis.cli(&["CLIENT", "PAUSE", "800", "WRITE"]);
+    assert!(paused.contains("OK"), "{paused}");
+    assert_eq!(
+        gw.chat("translate", "0").await,
+        200,
+        "let through by Envoy's failure mode"
+    );
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    gw.settled_at(800, 99_800).await;
+    gw.both_slots_free().await;
+}
+
 /// The example's rules, the minute made a day (no refill during a test)
 /// and 3 requests per operation a day.
 fn gateway_rules() -> tempfile::TempDir {
