@@ -12,6 +12,8 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 10}
   - key: op
     rate_limit: {unit: day, requests_per_unit: 2}
+  - key: per_operation
+    rate_limit: {unit: day, requests_per_unit: 0}
   - key: window
     algorithm: fixed_window
     rate_limit: {unit: minute, requests_per_unit: 10}
@@ -185,8 +187,8 @@ async fn fixed_windows_count_every_hit_and_charges_stay() {
 #[tokio::test]
 async fn a_refused_requests_reservation_and_slot_come_back_and_its_id_is_no_free_pass() {
     let (l, r) = (memory_limiter(), give_back_rules());
-    exhaust_op(&l, &r).await;
     for i in 0..5 {
+        // (the refusing limit is decided last: its key is the longest)
         let d = decide(
             &l,
             &r,
@@ -194,7 +196,7 @@ async fn a_refused_requests_reservation_and_slot_come_back_and_its_id_is_no_free
                 own(&[("streams", "u"), ("request_id", "r1")], Cost::Spend(1)),
                 own(&[("reserving", "u"), ("request_id", "r1")], Cost::Check),
                 own(&[("dedupe", "u"), ("request_id", "r1")], Cost::Spend(1)),
-                own(&[("op", "x")], Cost::Spend(1)),
+                own(&[("per_operation", "x")], Cost::Spend(1)),
             ],
         )
         .await;
@@ -350,4 +352,49 @@ async fn an_answer_after_the_deadline_keeps_nothing_and_withdraws_the_start() {
     decide_late(&l, &r, &[own(&[("budget", "alone")], Cost::Spend(4))]).await;
     given_back_for(&l, "late", 4).await;
     assert_eq!(left(&l, &r, &[("budget", "alone")]).await, 10);
+}
+
+/// A request that starts an attempt is decided one descriptor at a time,
+/// slots first, stopping at the first refusal: what comes after it takes
+/// nothing (so that two such requests cannot each hold what refuses the
+/// other), and is answered by a check.
+#[tokio::test]
+async fn a_refusal_early_in_the_turn_leaves_the_rest_untaken() {
+    let (l, r) = (memory_limiter(), give_back_rules());
+    exhaust_op(&l, &r).await;
+    let d = decide(
+        &l,
+        &r,
+        &[
+            own(&[("reserving", "u"), ("request_id", "r1")], Cost::Check),
+            own(&[("op", "x")], Cost::Spend(1)),
+            own(&[("dedupe", "u"), ("request_id", "r1")], Cost::Spend(1)),
+            own(&[("streams", "u"), ("request_id", "r1")], Cost::Spend(1)),
+        ],
+    )
+    .await;
+    let verdicts: Vec<_> = d.iter().map(|d| d.verdict).collect();
+    assert_eq!(
+        verdicts,
+        [Verdict::Ok, Verdict::OverLimit, Verdict::Ok, Verdict::Ok]
+    );
+    // the slot (first in the turn) was taken and given back; the
+    // reservation and the dedupe call came after the refusal: checked
+    assert_eq!(given_back(&l, "ok"), 1);
+    assert_eq!((d[0].remaining, d[2].remaining), (1000, 10));
+    assert_eq!(left(&l, &r, &[("reserving", "u")]).await, 1000);
+    assert_eq!(left(&l, &r, &[("dedupe", "u")]).await, 10);
+    // a plain request (no attempt) is decided all at once: each took, and
+    // gave back
+    let d = decide(
+        &l,
+        &r,
+        &[
+            own(&[("budget", "b")], Cost::Spend(1)),
+            own(&[("op", "x")], Cost::Spend(1)),
+        ],
+    )
+    .await;
+    assert_eq!(d[1].verdict, Verdict::OverLimit);
+    assert_eq!(given_back(&l, "ok"), 2);
 }
