@@ -34,7 +34,8 @@ r = json.loads(out); hz = os.sysconf("SC_CLK_TCK"); n = r["requests"]
 svc = (int(a) - int(b)) / hz * 1e6 / n
 red = (int(r1) - int(r0)) / hz * 1e6 / n
 extra = f"  redis-server {red:.1f} us" if store == "redis" else ""
-print(f"{label:<34} {svc:6.1f} us/decision{extra}  {r['throughput_rps']:8.0f}/s  ok {r.get('ok', '?')}")
+lat = r.get("latency_us", {})
+print(f"{label:<34} {svc:6.1f} us/decision{extra}  {r['throughput_rps']:8.0f}/s  ok {r.get('ok', '?')}  p50 {lat.get('p50', '?')} p99 {lat.get('p99', '?')} us")
 PY
   sleep 0.3
 }

@@ -226,9 +226,11 @@ impl Limiter {
     }
 
     /// Decides every descriptor of one request. Each descriptor is decided
-    /// in its own store call (the buckets of one descriptor together); when
-    /// one refuses, what the others took is given back ([`give_back`]),
-    /// unless each spends on its own (`--per-descriptor-spending`).
+    /// in its own store call (the buckets of one descriptor together), side
+    /// by side, or one at a time for a request that starts an attempt
+    /// (`plan::in_turn`); when one refuses, what the others took is given
+    /// back ([`give_back`]), unless each spends on its own
+    /// (`--per-descriptor-spending`).
     pub async fn decide<E: DescriptorEntry>(
         &self,
         rules: &RuleSet,
