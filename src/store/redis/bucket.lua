@@ -142,47 +142,15 @@ local CAP, RATE, UNIT, PER_SEC, TOKENS, STAMP = 1, 2, 3, 4, 5, 6
 -- LAYOUT: 0 no key, 1 packed, 2 hash; then what is stored, and the answer
 local LAYOUT, STORED_T, STORED_U, STORED_EXP, RETRY, NEVER = 7, 8, 9, 10, 11, 12
 local DEBT, FORGIVEN = 13, 14
+-- the bucket's four numbers as sent (see the header), unpacked where a
+-- token bucket keeps them; a window or period reads them before it
+-- writes its own
+local A1, A2, A3, A4 = CAP, RATE, UNIT, DEBT
 local B = { 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
 -- a batch's answers, one per decision (nil for one decision)
--- What a call of an attempt leaves in its record (rk) and, for a
--- reservation, its descriptor's unsettled set (pk): see the header.
-local function keep_record(phase, mode, rk, pk, id, ttl_ms, admitted, deducted, charge, result,
-    r_started, r_done, r_exp, r_forget)
-  local keep = false
-  if phase == 2 then
-    redis.call('DEL', rk)
-    if pk then redis.call('ZREM', pk, id) end
-  elseif phase == 0 then
-    -- an admitted start that took (or gave) something; a check took
-    -- nothing and is not remembered
-    if admitted and (deducted ~= 0 or charge) then
-      r_started, r_exp, r_forget = max(0, deducted), now_ms + ttl_ms, now_ms + 2 * ttl_ms
-      r_done = 0
-      keep = true
-      if pk and r_started > 0 then
-        redis.call('ZADD', pk, r_exp, id)
-        redis.call('PEXPIRE', pk, 2 * ttl_ms)
-      end
-    end
-  elseif mode == 0 then
-    keep = admitted and (deducted ~= 0 or charge)
-  else
-    -- a settlement, or an unknown attempt's charge: done whatever the
-    -- verdict
-    keep = true
-    if pk and result == 2 then redis.call('ZREM', pk, id) end
-  end
-  if keep then
-    if phase == 1 then
-      r_done = 1
-      if r_forget <= now_ms then
-        r_exp, r_forget = now_ms + ttl_ms, now_ms + 2 * ttl_ms
-      end
-    end
-    redis.call('SET', rk, struct.pack('<dddd', r_started, r_done, r_exp, r_forget),
-      'PX', max(1, r_forget - now_ms))
-  end
-end
+-- What a call of an attempt leaves in its record: made only for a call of
+-- an attempt (Lua makes a closure each time its definition runs)
+local keep_record = nil
 
 local answers = nil
 local nargs = #ARGV
@@ -190,27 +158,67 @@ local a = 1 -- where the next decision's group starts in ARGV
 local d = 0
 while a <= nargs do
   d = d + 1
-  local n = tonumber(ARGV[a])
-  local needed = tonumber(ARGV[a + 1])
-  local deducted = tonumber(ARGV[a + 2])
-  local margin_ms = tonumber(ARGV[a + 3])
-  local flags = tonumber(ARGV[a + 4])
-  local write_hash = flags % 2 == 1
-  local charge = floor(flags / 2) % 2 == 1
-  local attempt = floor(flags / 4) % 2 == 1
-  local fixed = floor(flags / 8) % 2 == 1
-  local sliding = floor(flags / 16) % 2 == 1
-  local calendar = floor(flags / 32) % 2 == 1
-  -- bucket i's numbers at ARGV[at + 4i - 3 ..], its key at keys[ka + i]
-  local at = a + 4
+  -- the group's numbers, packed (one unpack costs less than one
+  -- tonumber of a decimal argument)
+  local group = ARGV[a]
+  local n, f_hash, f_charge, f_attempt, f_fixed, f_sliding, f_calendar, needed, deducted, margin_ms, pos =
+    struct.unpack('<HBBBBBBddd', group)
+  local write_hash, charge, attempt = f_hash == 1, f_charge == 1, f_attempt == 1
+  local fixed, sliding, calendar = f_fixed == 1, f_sliding == 1, f_calendar == 1
+  for i = 1, n do
+    local k = S * (i - 1)
+    B[k + A1], B[k + A2], B[k + A3], B[k + A4], pos = struct.unpack('<dddd', group, pos)
+  end
+  a = a + 1
+  -- bucket i's key at keys[ka + i]
   local keys, ka = KEYS, 0
-  a = at + 4 * n + 1
   local nk = n
   local phase, mode, ttl_ms, id, reps = 0, 0, 0, nil, 0
   if attempt then
-    phase, mode, ttl_ms, id = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), ARGV[a + 3]
-    reps = tonumber(ARGV[a + 4])
-    a = a + 5
+    if keep_record == nil then
+      -- What a call of an attempt leaves in its record (rk) and, for a
+      -- reservation, its descriptor's unsettled set (pk): see the header.
+      keep_record = function(phase, mode, rk, pk, id, ttl_ms, admitted, deducted, charge, result,
+          r_started, r_done, r_exp, r_forget)
+        local keep = false
+        if phase == 2 then
+          redis.call('DEL', rk)
+          if pk then redis.call('ZREM', pk, id) end
+        elseif phase == 0 then
+          -- an admitted start that took (or gave) something; a check took
+          -- nothing and is not remembered
+          if admitted and (deducted ~= 0 or charge) then
+            r_started, r_exp, r_forget = max(0, deducted), now_ms + ttl_ms, now_ms + 2 * ttl_ms
+            r_done = 0
+            keep = true
+            if pk and r_started > 0 then
+              redis.call('ZADD', pk, r_exp, id)
+              redis.call('PEXPIRE', pk, 2 * ttl_ms)
+            end
+          end
+        elseif mode == 0 then
+          keep = admitted and (deducted ~= 0 or charge)
+        else
+          -- a settlement, or an unknown attempt's charge: done whatever the
+          -- verdict
+          keep = true
+          if pk and result == 2 then redis.call('ZREM', pk, id) end
+        end
+        if keep then
+          if phase == 1 then
+            r_done = 1
+            if r_forget <= now_ms then
+              r_exp, r_forget = now_ms + ttl_ms, now_ms + 2 * ttl_ms
+            end
+          end
+          redis.call('SET', rk, struct.pack('<dddd', r_started, r_done, r_exp, r_forget),
+            'PX', max(1, r_forget - now_ms))
+        end
+      end
+    end
+    phase, mode, ttl_ms, reps = struct.unpack('<BBdd', group, pos)
+    id = ARGV[a]
+    a = a + 1
     nk = n + 1
     if mode == 1 then nk = n + 2 end
   end
@@ -314,8 +322,8 @@ while a <= nargs do
       local all_in = true
       for i = 1, n do
         local k = S * (i - 1)
-        local limit = tonumber(ARGV[at + 4 * i - 2])
-        local length = max(1, tonumber(ARGV[at + 4 * i - 1]))
+        local limit = B[k + A2]
+        local length = max(1, B[k + A3])
         local into = now_s % length
         local start = (now_s - into) * 1000000
         local count = 0
@@ -382,11 +390,11 @@ while a <= nargs do
       local all_in, zero = true, false
       for i = 1, n do
         local k = S * (i - 1)
-        local limit = tonumber(ARGV[at + 4 * i - 2])
-        local start = tonumber(ARGV[at + 4 * i - 3]) * 1000000
-        local stop = tonumber(ARGV[at + 4 * i - 1]) * 1000000
+        local limit = B[k + A2]
+        local start = B[k + A1] * 1000000
+        local stop = B[k + A3] * 1000000
         if now >= stop then
-          start, stop = stop, tonumber(ARGV[at + 4 * i]) * 1000000
+          start, stop = stop, B[k + A4] * 1000000
         end
         local count = 0
         local value = redis.pcall('GET', keys[ka + i])
@@ -462,8 +470,8 @@ while a <= nargs do
       local all_in = true
       for i = 1, n do
         local k = S * (i - 1)
-        local limit = tonumber(ARGV[at + 4 * i - 2])
-        local secs = max(1, tonumber(ARGV[at + 4 * i - 1]))
+        local limit = B[k + A2]
+        local secs = max(1, B[k + A3])
         local length = secs * 1000000
         local now_s = floor(now / 1000000)
         local start = (now_s - now_s % secs) * 1000000
@@ -570,10 +578,7 @@ while a <= nargs do
     end
     for i = 1, n do
       local k = S * (i - 1)
-      local cap = tonumber(ARGV[at + 4 * i - 3])
-      local rate = tonumber(ARGV[at + 4 * i - 2])
-      local unit = tonumber(ARGV[at + 4 * i - 1])
-      local debt = tonumber(ARGV[at + 4 * i])
+      local cap, rate, unit, debt = B[k + A1], B[k + A2], B[k + A3], B[k + A4]
       if debt < 0 then debt = cap end
       local per_sec = 0
       if unit ~= 0 then per_sec = rate / unit end

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Instructions redis-server executes per script call (#55), counted by
+# callgrind: deterministic where CPU time on a shared box is not (runs of
+# the same script differ by 1-2 %, CPU time by 40 %). One hot key, one
+# connection, 16 calls pipelined (integration/script_calls.py); only the
+# calls are counted (instrumentation on around them). Rows: an empty
+# script (what any EVALSHA costs), the minimal token-bucket script
+# (integration/minimal-bucket.lua: GET, TIME, the refill, SET … PX; the
+# baseline), and bucket.lua deciding the same plain token bucket.
+#   integration/bench-script-ir.sh [CALLS]   (default 2000)
+# Needs valgrind, redis-server, python3.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+calls=${1:-2000}; port=18789
+out=$(mktemp -d)
+(cd "$out" && valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$out/cg.out" \
+  redis-server --port "$port" --save "" --appendonly no >"$out/log" 2>&1 &)
+for _ in $(seq 300); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.1; done
+vpid=$(pgrep -f "callgrind.*--port $port" | head -1)
+trap 'redis-cli -p $port shutdown nosave >/dev/null 2>&1 || true; sleep 1; rm -rf "$out"' EXIT
+# row LABEL SCRIPT KIND: instructions per call
+row() {
+  local sha ir
+  sha=$(redis-cli -p "$port" script load "$(cat "$2")")
+  redis-cli -p "$port" flushall >/dev/null
+  python3 integration/script_calls.py "$port" "$sha" "$3" 16
+  callgrind_control -z "$vpid" >/dev/null 2>&1
+  callgrind_control -i on "$vpid" >/dev/null 2>&1
+  python3 integration/script_calls.py "$port" "$sha" "$3" "$calls"
+  ir=$(callgrind_control -e Ir "$vpid" 2>/dev/null | awk '$1 == "Th" {gsub(",", "", $3); s += $3} END {print s + 0}')
+  callgrind_control -i off "$vpid" >/dev/null 2>&1
+  echo "$1 $((ir / calls))"
+}
+printf 'return 1\n' >"$out/empty.lua"
+{
+  row empty "$out/empty.lua" minimal
+  row minimal integration/minimal-bucket.lua minimal
+  row bucket.lua src/store/redis/bucket.lua token_bucket
+} | awk '{v[$1] = $2; print} END {
+  printf "bucket.lua / minimal: %.2f (above an empty script: %.2f)\n", v["bucket.lua"] / v["minimal"], (v["bucket.lua"] - v["empty"]) / (v["minimal"] - v["empty"])
+}'
