@@ -46,32 +46,42 @@ for round in $(seq "$rounds"); do
     run "$store, reserve + done call" "$store" bench_attempts usage --attempt-key request_id --settle
   done
 done
-# The script alone, without the service: redis-benchmark running bucket.lua
-# as the store sends it (one bucket; a fresh attempt id per call), and the
+# The script alone, without the service: bucket.lua as the store sends it
+# (one bucket; a fresh attempt id per call; integration/script_calls.py, as
+# its packed arguments hold bytes redis-benchmark cannot send), and the
 # price of what an attempt adds, a new key with an expiry: a script that
 # only SETs one with PX, on a fresh key per call against the same key.
 if [[ " ${STORES:-memory redis} " == *" redis "* ]]; then
-  echo "redis-benchmark, $calls calls each (redis-server CPU per call)"
+  echo "$calls calls each (redis-server CPU per call)"
   sha=$(redis-cli -p 18699 script load "$(cat src/store/redis/bucket.lua)")
   set_px=$(redis-cli -p 18699 script load "return redis.call('SET', KEYS[1], ARGV[1], 'PX', 120000)")
-  bench_script() {
+  cpu_per_call() { # LABEL R0 R1
+    python3 -c "import os,sys; print(f'{sys.argv[1]:<34} {(int(sys.argv[3]) - int(sys.argv[2])) / os.sysconf(\"SC_CLK_TCK\") * 1e6 / int(sys.argv[4]):6.2f} us/call')" \
+      "$1" "$2" "$3" "$calls"
+  }
+  bench_script() { # LABEL KIND
+    redis-cli -p 18699 flushall >/dev/null
+    local r0 r1
+    r0=$(ticks "$redis_pid")
+    python3 integration/script_calls.py 18699 "$sha" "$2" "$calls"
+    r1=$(ticks "$redis_pid")
+    cpu_per_call "$1" "$r0" "$r1"
+  }
+  bench_set() { # LABEL redis-benchmark arguments
     local label=$1; shift
     redis-cli -p 18699 flushall >/dev/null
     local r0 r1
     r0=$(ticks "$redis_pid")
     redis-benchmark -p 18699 -n "$calls" -r 100000000 -P 16 -c 8 -q "$@" >/dev/null
     r1=$(ticks "$redis_pid")
-    python3 -c "import os,sys; print(f'{sys.argv[1]:<34} {(int(sys.argv[3]) - int(sys.argv[2])) / os.sysconf(\"SC_CLK_TCK\") * 1e6 / int(sys.argv[4]):6.2f} us/call')" \
-      "$label" "$r0" "$r1" "$calls"
+    cpu_per_call "$label" "$r0" "$r1"
   }
-  bucket=(1 1 1 1000)
-  numbers=(1000000000 1000000000 1 -1)
   for round in $(seq "$rounds"); do
-    bench_script "bucket.lua, without attempts" EVALSHA "$sha" 1 '{b}k' "${bucket[@]}" 0 "${numbers[@]}"
-    bench_script "bucket.lua, dedupe (an id per call)" EVALSHA "$sha" 2 '{b}k' '{b}a:__rand_int__' "${bucket[@]}" 4 "${numbers[@]}" 0 0 60000 __rand_int__
-    bench_script "bucket.lua, dedupe (one id: repeats)" EVALSHA "$sha" 2 '{b}k' '{b}a:1' "${bucket[@]}" 4 "${numbers[@]}" 0 0 60000 1
-    bench_script "bucket.lua, reserve (an id per call)" EVALSHA "$sha" 3 '{b}k' '{b}a:__rand_int__' '{b}r' "${bucket[@]}" 6 "${numbers[@]}" 0 1 60000 __rand_int__
-    bench_script "SET … PX, the same key" EVALSHA "$set_px" 1 'a:1' xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx
-    bench_script "SET … PX, a new key per call" EVALSHA "$set_px" 1 'a:__rand_int__' xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx
+    bench_script "bucket.lua, without attempts" token_bucket
+    bench_script "bucket.lua, dedupe (an id per call)" dedupe
+    bench_script "bucket.lua, dedupe (one id: repeats)" dedupe_repeat
+    bench_script "bucket.lua, reserve (an id per call)" reserve
+    bench_set "SET … PX, the same key" EVALSHA "$set_px" 1 'a:1' xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx
+    bench_set "SET … PX, a new key per call" EVALSHA "$set_px" 1 'a:__rand_int__' xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx
   done
 fi

@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Redis's CPU per decision for the bucket script alone, without the
-# service: redis-benchmark (-c 8 -P 16) sends EVALSHA of bucket.lua with one
+# service: integration/script_calls.py (one connection, 16 calls pipelined;
+# bucket.lua's packed arguments hold bytes redis-benchmark cannot send)
+# sends EVALSHA of bucket.lua with one
 # decision per call, then with a batch of K decisions per call (the batch
 # script: `#!lua flags=allow-cross-slot-keys` + bucket.lua, as the service
 # sends it; src/store/redis/batch.rs), on one hot key per decision and on
 # keys drawn from 100,000. CPU per decision is redis-server's utime+stime
 # from /proc; EVALSHA's own usec_per_call is printed beside it. One local
-# redis-server on CPU 0, redis-benchmark on CPU 1. Needs redis-server and
-# redis-benchmark.
+# redis-server on CPU 0, the client on CPU 1. Needs redis-server and
+# python3.
 #   integration/bench-script.sh [K] [ROUNDS]     (default 16, 2)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,20 +25,14 @@ batch=$(redis-cli -p "$port" script load "$(printf '#!lua flags=allow-cross-slot
 ticks() { awk '{print $14 + $15}' "/proc/$pid/stat"; }
 # run DECISIONS_PER_CALL hot|spread
 run() {
-  local per=$1 keys=$2 spread=() key
-  if [ "$keys" = spread ]; then spread=(-r 100000); key='rls:{__rand_int__}:k'; else key='rls:{hot}:k'; fi
-  # one decision's group: buckets, needed, deducted, margin, flags, capacity, rate, unit, max_debt
-  local args=(1 1 1 1000 0 1000000000 1000000000 1 -1) i extra
-  for i in $(seq 2 "$per"); do
-    if [ "$keys" = spread ]; then extra="rls:{__rand_int__}:k$i"; else extra="rls:{hot$i}:k"; fi
-    args+=(1 1 1 1000 0 1000000000 1000000000 1 -1 "$extra")
-  done
+  local per=$1 keys=$2 spread=()
+  [ "$keys" = spread ] && spread=(--spread 100000)
   local sha=$single; [ "$per" -gt 1 ] && sha=$batch
   local calls=$((240000 / per))
   redis-cli -p "$port" flushall >/dev/null; redis-cli -p "$port" config resetstat >/dev/null
   local t0 t1
   t0=$(ticks)
-  taskset -c 1 redis-benchmark -p "$port" -c 8 -P 16 -n "$calls" "${spread[@]}" -q evalsha "$sha" 1 "$key" "${args[@]}" >/dev/null
+  taskset -c 1 python3 integration/script_calls.py "$port" "$sha" token_bucket "$calls" --batch "$per" "${spread[@]}"
   t1=$(ticks)
   local usec
   usec=$(redis-cli -p "$port" info commandstats | grep -oE 'cmdstat_evalsha:.*usec_per_call=[0-9.]+' | grep -oE '[0-9.]+$')

@@ -1,56 +1,74 @@
 #!/usr/bin/env python3
 """Sends N calls of a Lua script to a redis-server, pipelined, as the service
 sends them: `bucket.lua`'s packed arguments (src/store/redis/script_args.rs)
-need bytes a shell argument cannot hold, so redis-benchmark cannot.
+hold bytes a shell argument cannot, so redis-benchmark cannot send them.
 
-    script_calls.py PORT SHA KIND N [PIPELINE]
+    script_calls.py PORT SHA KIND N [--pipeline P] [--spread K] [--batch B]
 
-KIND: `token_bucket` (one plain decision: burst and rate 10^9 a second, one
-hot key), `minimal` (the same decision's numbers as decimals, for
-integration/minimal-bucket.lua).
+KIND, one decision of one bucket (burst and rate 10^9 a second):
+  token_bucket   plain
+  dedupe         an attempt's start, a fresh id per call
+  dedupe_repeat  an attempt's start, always the same id (repeats)
+  reserve        a reservation's start, a fresh id per call
+  minimal        the plain decision's numbers as decimals, for
+                 integration/minimal-bucket.lua
+--spread K: each call's key drawn from K (default: one hot key).
+--batch B: B decisions per call (SHA must be the batch script, bucket.lua
+behind `#!lua flags=allow-cross-slot-keys`), each on its own key.
 """
+import argparse
+import random
 import socket
 import struct
 import sys
 
 
-def command(*parts):
-    out = [b"*%d\r\n" % len(parts)]
-    for p in parts:
-        if isinstance(p, str):
-            p = p.encode()
-        out.append(b"$%d\r\n%s\r\n" % (len(p), p))
-    return b"".join(out)
+def bulk(p):
+    if isinstance(p, str):
+        p = p.encode()
+    return b"$%d\r\n%s\r\n" % (len(p), p)
 
 
-def token_bucket_group():
-    # n, then the flags (hash layout, charge, attempt, fixed, sliding,
-    # calendar), needed, deducted, margin ms, then the bucket's capacity,
-    # tokens per unit, unit seconds, max debt (-1: the burst)
-    return struct.pack("<HBBBBBBddd", 1, 0, 0, 0, 0, 0, 0, 1, 1, 1000) + struct.pack(
-        "<dddd", 1e9, 1e9, 1, -1
-    )
+def group(attempt=None):
+    """One decision's packed numbers: n, the flags (hash layout, charge,
+    attempt, fixed, sliding, calendar), needed, deducted, margin ms, the
+    bucket's capacity, tokens per unit, unit seconds, max debt (-1: the
+    burst), then an attempt's phase, mode, ttl ms and repeats."""
+    out = struct.pack("<HBBBBBBddd", 1, 0, 0, int(attempt is not None), 0, 0, 0, 1, 1, 1000)
+    out += struct.pack("<dddd", 1e9, 1e9, 1, -1)
+    if attempt is not None:
+        out += struct.pack("<BBdd", 0, attempt, 60000, 3)
+    return out
 
 
-def main():
-    port, sha, kind, n = int(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4])
-    pipeline = int(sys.argv[5]) if len(sys.argv) > 5 else 16
+def decision(kind, key, rng):
+    """(keys, args) of one decision."""
     if kind == "token_bucket":
-        call = command("EVALSHA", sha, "1", "rls:{hot}:k", token_bucket_group())
-    elif kind == "minimal":
-        call = command("EVALSHA", sha, "1", "rls:{hot}:k", "1", "1", "1", "1000", "0",
-                       "1000000000", "1000000000", "1", "-1")
-    else:
-        sys.exit(f"unknown kind {kind}")
-    s = socket.create_connection(("127.0.0.1", port))
-    f = s.makefile("rb")
-    sent = 0
-    while sent < n:
-        batch = min(pipeline, n - sent)
-        s.sendall(call * batch)
-        for _ in range(batch):
-            read_reply(f)
-        sent += batch
+        return [key], [group()]
+    if kind == "minimal":
+        return [key], ["1", "1", "1", "1000", "0", "1000000000", "1000000000", "1", "-1"]
+    if kind in ("dedupe", "dedupe_repeat", "reserve"):
+        ident = "1" if kind == "dedupe_repeat" else str(rng.randrange(10**12))
+        tag = key.split("}")[0] + "}"
+        keys = [key, f"{tag}a:{ident}"]
+        if kind == "reserve":
+            keys.append(f"{tag}r")
+            return keys, [group(attempt=1), ident]
+        return keys, [group(attempt=0), ident]
+    sys.exit(f"unknown kind {kind}")
+
+
+def call(sha, kind, spread, batch, rng):
+    def key(i):
+        n = rng.randrange(spread) if spread else 0
+        return f"rls:{{{'hot' if not spread else n}{i}}}:k"
+    parts = [b"EVALSHA", sha.encode()]
+    keys, args = decision(kind, key(0), rng)
+    body = [bulk(str(len(keys)))] + [bulk(k) for k in keys] + [bulk(a) for a in args]
+    for i in range(1, batch):
+        k, a = decision(kind, key(i), rng)
+        body += [bulk(x) for x in a] + [bulk(x) for x in k]
+    return b"*%d\r\n" % (2 + len(body)) + b"".join(bulk(p) for p in parts) + b"".join(body)
 
 
 def read_reply(f):
@@ -63,6 +81,29 @@ def read_reply(f):
             read_reply(f)
     elif kind == b"$" and int(rest) >= 0:
         f.read(int(rest) + 2)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("port", type=int)
+    p.add_argument("sha")
+    p.add_argument("kind")
+    p.add_argument("n", type=int)
+    p.add_argument("--pipeline", type=int, default=16)
+    p.add_argument("--spread", type=int, default=0)
+    p.add_argument("--batch", type=int, default=1)
+    a = p.parse_args()
+    rng = random.Random(7)
+    s = socket.create_connection(("127.0.0.1", a.port))
+    f = s.makefile("rb")
+    sent = 0
+    fixed = None if a.spread or a.kind in ("dedupe", "reserve") else call(a.sha, a.kind, 0, a.batch, rng)
+    while sent < a.n:
+        count = min(a.pipeline, a.n - sent)
+        s.sendall(b"".join(fixed or call(a.sha, a.kind, a.spread, a.batch, rng) for _ in range(count)))
+        for _ in range(count):
+            read_reply(f)
+        sent += count
 
 
 if __name__ == "__main__":

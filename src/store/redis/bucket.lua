@@ -6,30 +6,38 @@
 -- A call decides one descriptor, or several: a batch of the decisions
 -- queued for this server at one moment by concurrent requests
 -- (src/store/redis/batch.rs), each decided as if alone, at one TIME.
--- ARGV holds one group per decision:
---   n         its number of buckets
---   needed    tokens needed to admit
+-- ARGV holds one group per decision: its numbers packed in one argument
+-- (one struct.unpack costs less than a single tonumber of a decimal, of
+-- which a decision needed nine: a fifth of its instructions), then, for a
+-- call of an attempt, the attempt id, then, for each decision after the
+-- first, its keys. The numbers, little-endian ('<HBBBBBBddd', then
+-- '<dddd' per bucket, then '<BBdd' for an attempt):
+--   n         its number of buckets (u16)
+--   flags     one byte each, 0 or 1: the hash layout of earlier versions
+--             is written (for a rolling upgrade: instances of both versions
+--             read it), else the packed one; a charge (a rule's
+--             `overdraft`): deducted whatever the verdict (not on a rate of
+--             0), down to -capacity at most (a balance already below it
+--             stays), its wait counted from after it; a call of an
+--             attempt; a fixed window; a sliding one; a calendar period
+--             (below)
+--   needed    tokens needed to admit (a double, as every number below:
+--             each an integer below 2^53, exact)
 --   deducted  tokens to deduct when admitted (0 for a check, negative for a
 --             refund); more than needed for a lease: take as many whole
 --             tokens as every bucket holds, up to deducted, and at least
 --             needed
 --   margin    expiry margin in ms, added to the time a bucket needs to refill
---   flags     + 1 to write the hash layout of earlier versions (for a
---             rolling upgrade: instances of both versions read it), else
---             the packed one; + 2 for a charge (a rule's `overdraft`):
---             deducted whatever the verdict (not on a rate of 0), down to
---             -capacity at most (a balance already below it stays), its
---             wait counted from after it; + 4 for a call of an attempt;
---             + 8 for a fixed window, + 16 for a sliding one, + 32 for a
---             calendar period (below)
 --   then per bucket: capacity, tokens_per_unit, unit_secs, max_debt (the
 --             most debt a charge may leave; -1: capacity)
---   then, for a call of an attempt: phase (0 start, 1 done, 2 withdraw:
---             the service takes back a start answered too late), mode (0
---             dedupe, 1 reserve), ttl_ms, the attempt id; its keys end with
---             the attempt's record (n + 1 keys), and for a reservation the
---             descriptor's unsettled reservations (n + 2 keys)
---   then, for each decision after the first, its keys.
+--   then, for a call of an attempt: phase (a byte: 0 start, 1 done, 2
+--             withdraw: the service takes back a start answered too late),
+--             mode (a byte: 0 dedupe, 1 reserve), ttl_ms, the most repeats
+--             of a live start; its keys end with the attempt's record (n +
+--             1 keys), and for a reservation the descriptor's unsettled
+--             reservations (n + 2 keys)
+-- src/store/redis/script_args.rs writes them; integration/script_calls.py
+-- sends them for the benchmarks.
 --
 -- An attempt's record (src/attempt.rs has the Rust copy, `plan` and
 -- `record_after`): struct.pack('<dddd', tokens its admitted start took (-1:
@@ -122,9 +130,12 @@
 --
 -- Written for Redis's CPU: one table for every bucket's numbers (a table is
 -- the costliest thing a short script makes), made at the size one bucket
--- needs and used again by each decision; no functions (Lua makes a closure
--- for each on every run: 0.8 µs of a 10 µs script); an answer built in one
--- constructor for one bucket; one GET and one SET … PX per bucket.
+-- needs and used again by each decision; no function made on a plain
+-- decision's path (Lua makes a closure for each definition it runs: 0.8 µs
+-- of a 10 µs script); the numbers packed in one argument (each tonumber of
+-- a decimal ran strtod: nine of them were a fifth of the instructions); an
+-- answer built in one constructor for one bucket; one GET and one SET … PX
+-- per bucket. integration/bench-script-ir.sh counts the instructions.
 
 local min, max, floor, ceil = math.min, math.max, math.floor, math.ceil
 local EPSILON = 1e-9
@@ -147,11 +158,11 @@ local DEBT, FORGIVEN = 13, 14
 -- writes its own
 local A1, A2, A3, A4 = CAP, RATE, UNIT, DEBT
 local B = { 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
--- a batch's answers, one per decision (nil for one decision)
 -- What a call of an attempt leaves in its record: made only for a call of
 -- an attempt (Lua makes a closure each time its definition runs)
 local keep_record = nil
 
+-- a batch's answers, one per decision (nil for one decision)
 local answers = nil
 local nargs = #ARGV
 local a = 1 -- where the next decision's group starts in ARGV
