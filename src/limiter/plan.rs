@@ -137,10 +137,12 @@ pub(super) fn plan<'a, E: DescriptorEntry>(
     descriptors: &'a [DescriptorInput<'a, E>],
     calendar: CalendarNow,
 ) -> Vec<Plan<'a>> {
-    let known_domain = rules.has_domain(domain);
-    let usage_domain = rules.is_usage_domain(domain);
+    // looked up once for every descriptor of the call
+    let rules_of_domain = rules.domain(domain);
+    let known_domain = rules_of_domain.is_some();
+    let usage_domain = rules_of_domain.is_some_and(|d| d.usage);
     // a domain's attempt entries take no part in matching or bucket keys
-    let attempt_keys = rules.attempt_keys(domain);
+    let attempt_keys: &[String] = rules_of_domain.map_or(&[], |d| &d.attempt_keys);
     let matching = |e: &&E| attempt_keys.is_empty() || !attempt_keys.iter().any(|k| k == e.key());
     let matches: Vec<_> = descriptors
         .iter()
@@ -148,7 +150,7 @@ pub(super) fn plan<'a, E: DescriptorEntry>(
             if d.limit_override.is_some() && known_domain {
                 None
             } else {
-                rules.lookup(domain, d.entries)
+                rules_of_domain.and_then(|r| r.lookup(d.entries))
             }
         })
         .collect();
@@ -156,18 +158,22 @@ pub(super) fn plan<'a, E: DescriptorEntry>(
     // A limit named in another matched limit's `replaces` is dropped, an
     // unlimited one included (then the descriptor has no rule), as in
     // envoyproxy/ratelimit.
-    let replaced: HashSet<&str> = matches
-        .iter()
-        .flatten()
-        .flat_map(|m| -> Box<dyn Iterator<Item = &String>> {
-            match &m.rule.action {
-                RuleAction::Limited(limits) => Box::new(limits.iter().flat_map(|l| &l.replaces)),
-                RuleAction::Unlimited { replaces, .. } => Box::new(replaces.iter()),
-                RuleAction::Concurrency { .. } => Box::new(std::iter::empty()),
+    // (built only when a matched rule replaces something: most calls
+    // have no `replaces` at all)
+    let mut replaced: HashSet<&str> = HashSet::new();
+    for m in matches.iter().flatten() {
+        match &m.rule.action {
+            RuleAction::Limited(limits) => {
+                for l in limits {
+                    replaced.extend(l.replaces.iter().map(String::as_str));
+                }
             }
-        })
-        .map(String::as_str)
-        .collect();
+            RuleAction::Unlimited { replaces, .. } => {
+                replaced.extend(replaces.iter().map(String::as_str));
+            }
+            RuleAction::Concurrency { .. } => {}
+        }
+    }
 
     descriptors
         .iter()
@@ -292,9 +298,10 @@ pub(super) fn plan<'a, E: DescriptorEntry>(
             // a rule whose `attempts:` a reload removed still settles the
             // done calls of attempts started before it, from their records
             let attempts = m.rule.attempts.as_ref().or_else(|| {
+                let retired = rules_of_domain.filter(|r| !r.retired_attempts.is_empty())?;
                 let now_ms = calendar.unix_secs.saturating_sub(calendar.offset_secs);
                 let now_ms = u64::try_from(now_ms).unwrap_or(0).saturating_mul(1000);
-                rules.retired_attempts(domain, &m.rule.path, now_ms)
+                retired.retired_attempts(&m.rule.path, now_ms)
             });
             let attempt = attempts
                 .and_then(|a| attempt_call(a, d.entries))

@@ -46,6 +46,22 @@ pub struct Domain {
     pub retired_attempts: Vec<RetiredAttempts>,
 }
 
+impl Domain {
+    /// The rule matching `entries` (its attempt entries passed over).
+    pub fn lookup<'a, E: DescriptorEntry>(&'a self, entries: &'a [E]) -> Option<Match<'a>> {
+        self.root.lookup_skipping(entries, &self.attempt_keys)
+    }
+
+    /// The `attempts:` a reload removed from the rule at `path`, while its
+    /// records may still be settled at `now_ms`.
+    pub fn retired_attempts(&self, path: &str, now_ms: u64) -> Option<&AttemptsConfig> {
+        self.retired_attempts
+            .iter()
+            .find(|r| r.rule_path == path && r.until_ms > now_ms)
+            .map(|r| &r.config)
+    }
+}
+
 /// A rule's `attempts:` that a reload removed (the rule gone, or without
 /// it now): its done calls still settle from their records until
 /// `until_ms` (Unix ms: two `ttl`s after the reload, as long as a record
@@ -90,8 +106,12 @@ impl RuleSet {
         domain: &str,
         entries: &'a [E],
     ) -> Option<Match<'a>> {
-        let domain = self.domains.get(domain)?;
-        domain.root.lookup_skipping(entries, &domain.attempt_keys)
+        self.domains.get(domain)?.lookup(entries)
+    }
+
+    /// `domain`'s rules, looked up once for all of a call's descriptors.
+    pub fn domain(&self, domain: &str) -> Option<&Domain> {
+        self.domains.get(domain)
     }
 
     /// The entry keys that name attempts in `domain` (empty: none).
@@ -222,12 +242,7 @@ impl RuleSet {
         path: &str,
         now_ms: u64,
     ) -> Option<&AttemptsConfig> {
-        self.domains
-            .get(domain)?
-            .retired_attempts
-            .iter()
-            .find(|r| r.rule_path == path && r.until_ms > now_ms)
-            .map(|r| &r.config)
+        self.domains.get(domain)?.retired_attempts(path, now_ms)
     }
 
     /// Counts loads: 1 for the first, +1 for each reload that was applied.

@@ -380,27 +380,28 @@ impl<C: Clock> MemoryStore<C> {
         // where each bucket is kept: its own key, or, for a new one in a
         // shard where only throttled clients' buckets could make room, its
         // rule's overflow bucket
-        let keys: Vec<Vec<u8>> = descriptor
+        // (borrowed: a decision on a bucket held copies no key)
+        let keys: Vec<std::borrow::Cow<'_, [u8]>> = descriptor
             .buckets
             .iter()
             .map(|b| {
                 // (a check stores nothing: it needs no room)
                 if cost.deducted() == 0 || shard.buckets.contains_key(b.key.as_slice()) {
-                    return b.key.clone();
+                    return b.key.as_slice().into();
                 }
                 let incoming = bucket_bytes(&b.key);
                 let full =
                     shard.buckets.len() >= self.shard_cap || shard.bytes + incoming > byte_cap;
                 if !full || make_room(shard, caps, incoming, now, evicted, true) {
-                    b.key.clone()
+                    b.key.as_slice().into()
                 } else {
-                    overflow_key(b.rule)
+                    overflow_key(b.rule).into()
                 }
             })
             .collect();
         let states: Vec<Option<BucketState>> = keys
             .iter()
-            .map(|k| shard.buckets.get(k.as_slice()).map(|e| e.state))
+            .map(|k| shard.buckets.get(k.as_ref()).map(|e| e.state))
             .collect();
         let algorithm = params
             .first()
@@ -428,7 +429,7 @@ impl<C: Clock> MemoryStore<C> {
             // the bucket was written: it is full later now, not at the time
             // its old numbers gave (the Lua script lengthens the TTL alike).
             for ((key, p), o) in keys.iter().zip(&params).zip(&outcomes) {
-                if let Some(e) = shard.buckets.get_mut(key.as_slice()) {
+                if let Some(e) = shard.buckets.get_mut(key.as_ref()) {
                     e.full_at = e.full_at.max(FullAt::of(p.full_at_micros(&e.state)));
                     e.capacity = p.capacity as f32;
                     e.rate = p.rate_per_sec() as f32;
@@ -453,7 +454,7 @@ impl<C: Clock> MemoryStore<C> {
                     continue;
                 }
                 let full_at = FullAt::of(p.full_at_micros(&state));
-                match shard.buckets.get_mut(key.as_slice()) {
+                match shard.buckets.get_mut(key.as_ref()) {
                     Some(e) => {
                         e.state = state;
                         e.full_at = full_at;
@@ -474,7 +475,7 @@ impl<C: Clock> MemoryStore<C> {
                             make_room(shard, caps, incoming, now, evicted, false);
                         }
                         shard.bytes += incoming;
-                        shard.buckets.insert(key.clone().into_boxed_slice(), entry);
+                        shard.buckets.insert(key.to_vec().into_boxed_slice(), entry);
                     }
                 }
             }

@@ -333,11 +333,9 @@ impl Metrics {
         entries: &[&[E]],
         decisions: &[Decision],
     ) {
-        let domain_label = if rules.has_domain(domain) {
-            domain
-        } else {
-            UNKNOWN_DOMAIN
-        };
+        // a decision by a rule says the domain has rules; else look
+        let known = decisions.iter().any(|d| d.rule.is_some()) || rules.has_domain(domain);
+        let domain_label = if known { domain } else { UNKNOWN_DOMAIN };
         for (decision, entries) in decisions.iter().zip(entries) {
             let detailed;
             let rule = match &decision.rule {
