@@ -116,19 +116,29 @@ pub fn decide(
         .zip(&counts)
         .zip(&over)
         .zip(&after)
-        .map(|(((p, (_, reset, _)), over), after)| BucketOutcome {
-            admitted,
-            remaining: if *over {
-                0
-            } else {
-                p.tokens_per_unit.saturating_sub(*after)
-            },
-            retry_after_secs: (!admitted && *over).then_some(*reset),
-            full_in_secs: *reset,
-            never: None,
-            taken: if admitted || charge { counted } else { 0 },
-            forgiven: 0,
-            window_count: Some(*after),
+        .map(|(((p, (_, reset, _)), over), after)| {
+            // a refusal that waiting cannot cure (a limit of 0, a cost
+            // above the limit) gets no wait, as every refusal that can
+            // never pass
+            let never = match *over {
+                true if p.tokens_per_unit == 0 => Some(NeverReason::ZeroRate),
+                true if counted > p.tokens_per_unit => Some(NeverReason::CostAboveCapacity),
+                _ => None,
+            };
+            BucketOutcome {
+                admitted,
+                remaining: if *over {
+                    0
+                } else {
+                    p.tokens_per_unit.saturating_sub(*after)
+                },
+                retry_after_secs: (!admitted && *over && never.is_none()).then_some(*reset),
+                full_in_secs: *reset,
+                never,
+                taken: if admitted || charge { counted } else { 0 },
+                forgiven: 0,
+                window_count: Some(*after),
+            }
         })
         .collect();
     (states, outcomes)
@@ -448,11 +458,21 @@ mod tests {
     }
 
     #[test]
-    fn a_limit_of_zero_refuses_until_the_window_ends_and_time_back_counts_as_another_window() {
+    fn a_limit_of_zero_never_admits_and_time_back_counts_as_another_window() {
         let mut s = None;
         let o = one(p(0, 60), &mut s, 120 * SEC + 10 * SEC, Cost::Spend(1));
         assert!(!o.admitted);
-        assert_eq!(o.retry_after_secs, Some(50));
+        // waiting cannot cure it: no wait (issue 52), as every refusal
+        // that can never pass; the window still resets in 50 s
+        assert_eq!(o.retry_after_secs, None);
+        assert_eq!(o.never, Some(NeverReason::ZeroRate));
+        assert_eq!(o.full_in_secs, 50);
+        // a cost above the limit, likewise
+        let o = one(p(3, 60), &mut None, 130 * SEC, Cost::Spend(4));
+        assert_eq!(
+            (o.retry_after_secs, o.never),
+            (None, Some(NeverReason::CostAboveCapacity))
+        );
         // a clock stepped back into an earlier window: that window's count
         // is not the stored one, so it starts from nothing (as
         // envoyproxy/ratelimit, whose key names the window)

@@ -819,7 +819,50 @@ fn fixed_window_cases() -> Vec<FixedCase> {
             vec![(fw(3, 60), Some((5.0, 0)))],
             Cost::Refund(2),
         ),
+        (
+            "a cost above the limit can never pass: no wait",
+            vec![(fw(3, 60), None)],
+            Cost::Spend(5),
+        ),
+        (
+            "a check after hits on a limit of 0: over, no wait",
+            vec![(fw(0, 60), Some((2.0, 0)))],
+            Cost::Check,
+        ),
     ]
+}
+
+/// A fixed window of limit 0 keeps its count on both stores (issue 52:
+/// the memory store skipped writing a bucket whose rate is 0, so a check
+/// after two refused hits was OK there and OVER_LIMIT on Redis, as
+/// envoyproxy/ratelimit's `INCRBY 0`), and its refusals carry no wait.
+#[tokio::test]
+async fn a_fixed_window_of_limit_0_counts_alike_on_both_stores() {
+    let redis = RedisServer::standalone();
+    let (store, _client) = store_and_client(&redis, BucketLayout::Packed).await;
+    let memory = tokenbucket_rls::store::memory::MemoryStore::new(
+        tokenbucket_rls::clock::MonotonicClock::new(),
+    );
+    let d = buckets_of(b"zero", [fw(0, 3600)]);
+    for (i, cost) in [Cost::Spend(1), Cost::Spend(1), Cost::Check]
+        .into_iter()
+        .enumerate()
+    {
+        let lua = store.decide(&d, cost).await.expect("redis");
+        let rust = memory.decide_now(&d, cost);
+        for (name, o) in [("Lua", lua[0]), ("Rust", rust[0])] {
+            assert!(!o.admitted, "call {i} {cost:?}: {name}");
+            assert_eq!(
+                o.retry_after_secs, None,
+                "call {i}: {name} waits for nothing"
+            );
+            assert_eq!(
+                o.never,
+                Some(bucket::NeverReason::ZeroRate),
+                "call {i}: {name}"
+            );
+        }
+    }
 }
 
 /// The fixed window's two copies (`src/window.rs`, `bucket.lua` flag 8)

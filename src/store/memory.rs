@@ -448,9 +448,12 @@ impl<C: Clock> MemoryStore<C> {
                 .zip(new_states)
                 .zip(&params)
             {
-                if p.rate_per_sec() <= 0.0 {
+                if p.rate_per_sec() <= 0.0 && p.algorithm != Algorithm::FixedWindow {
                     // rate 0 (only a refund gets here): never refills,
-                    // nothing of it is worth keeping
+                    // nothing of it is worth keeping; a fixed window's
+                    // count is kept whatever its limit (every hit counts:
+                    // a check after hits on a limit of 0 is over, as
+                    // envoyproxy/ratelimit's `INCRBY 0` and the Lua copy)
                     continue;
                 }
                 let full_at = FullAt::of(p.full_at_micros(&state));

@@ -67,8 +67,9 @@
 -- a reservation refused is not kept; an attempt's give-back takes off the
 -- count only of the window that counted its start (back_since).
 -- It answers as a bucket does: remaining (0 when over), the wait until the
--- window ends (for a bucket over, when refused), that same wait as
--- full_in, never 0, then in forgiven's place the window's count after the
+-- window ends (for a bucket over, when refused, unless it can never pass),
+-- that same wait as full_in, never (1 over a limit of 0, 2 over by a cost
+-- above the limit, else 0), then in forgiven's place the window's count after the
 -- hit (for envoyproxy/ratelimit's near/over statistics), then what was
 -- counted when admitted.
 -- A calendar period (src/window.rs, decide_calendar, has the Rust copy):
@@ -379,10 +380,18 @@ while a <= nargs do
           local ms = ceil((B[k + STAMP] + B[k + PER_SEC] * 1000000 - now) / 1000) + margin_ms
           redis.call('SET', keys[ka + i], struct.pack('<ddd', after, B[k + STAMP], now_ms + ms), 'PX', ms)
         end
-        local remaining, retry = 0, -1
-        if B[k + LAYOUT] == 0 then remaining = max(0, B[k + CAP] - after) end
-        if not all_in and B[k + LAYOUT] == 1 then retry = B[k + UNIT] end
-        out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5] = remaining, retry, B[k + UNIT], 0, after
+        local remaining, retry, never = 0, -1, 0
+        if B[k + LAYOUT] == 0 then
+          remaining = max(0, B[k + CAP] - after)
+        elseif B[k + CAP] == 0 then
+          -- over a limit of 0, or by a cost above the limit: waiting
+          -- cannot cure it, no wait
+          never = 1
+        elseif counted > B[k + CAP] then
+          never = 2
+        end
+        if not all_in and B[k + LAYOUT] == 1 and never == 0 then retry = B[k + UNIT] end
+        out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5] = remaining, retry, B[k + UNIT], never, after
         o = o + 5
       end
       out[o + 1] = ((all_in or charge) and counted) or 0
