@@ -163,8 +163,8 @@ impl Calendar {
                 Anchor::Weekday(w)
             }
             (PeriodUnit::Month, None) => Anchor::DayOfMonth(1),
-            (PeriodUnit::Month, Some(s)) => match s.parse::<i8>() {
-                Ok(d) if (1..=31).contains(&d) => Anchor::DayOfMonth(d),
+            (PeriodUnit::Month, Some(s)) => match day_number(s) {
+                Some(d) if (1..=31).contains(&d) => Anchor::DayOfMonth(d),
                 _ => {
                     return Err(format!(
                         "starts '{s}' on a calendar month: a day of the month, 1 to 31 (past a month's end, its last day)"
@@ -175,7 +175,7 @@ impl Calendar {
             (PeriodUnit::Year, Some(s)) => {
                 let parsed = s
                     .split_once('-')
-                    .and_then(|(m, d)| Some((m.parse::<i8>().ok()?, d.parse::<i8>().ok()?)))
+                    .and_then(|(m, d)| Some((day_number(m)?, day_number(d)?)))
                     // a date of a leap year: 02-29 is a day that exists
                     .filter(|(m, d)| Date::new(2024, *m, *d).is_ok());
                 let Some((m, d)) = parsed else {
@@ -366,6 +366,14 @@ impl Periods {
             (micros(self.start), micros(self.end))
         }
     }
+}
+
+/// A month's or a day's number as written in `starts:`: one or two ASCII
+/// digits, nothing else (`+4-+1` was read as April 1).
+fn day_number(s: &str) -> Option<i8> {
+    (!s.is_empty() && s.len() <= 2 && s.bytes().all(|b| b.is_ascii_digit()))
+        .then(|| s.parse().ok())
+        .flatten()
 }
 
 /// The Unix epoch's date, where runs of days and weeks are counted from.

@@ -143,6 +143,11 @@ fn what_is_not_a_calendar_is_refused_saying_why() {
         ("year", "UTC", Some("02-30"), "MM-DD"),
         ("year", "UTC", Some("13-01"), "MM-DD"),
         ("day", "UTC", Some("06:00"), "takes no anchor"),
+        // signs and spaces are not digits (issue 52: `+4-+1` was April 1)
+        ("year", "UTC", Some("+4-+1"), "MM-DD"),
+        ("year", "UTC", Some("04- 1"), "MM-DD"),
+        ("month", "UTC", Some("+15"), "1 to 31"),
+        ("month", "UTC", Some("015"), "1 to 31"),
     ] {
         let e = Calendar::parse(unit, zone, starts).expect_err("refused");
         assert!(e.contains(says), "{unit} {zone} {starts:?}: {e}");
@@ -151,6 +156,9 @@ fn what_is_not_a_calendar_is_refused_saying_why() {
         cal("month", "America/New_York", Some("15")).to_string(),
         "a calendar month in America/New_York from day 15"
     );
+    // one digit or two
+    let _ = cal("year", "UTC", Some("4-1"));
+    let _ = cal("year", "UTC", Some("04-01"));
 }
 
 #[test]

@@ -36,6 +36,10 @@ pub struct Cli {
     pub serve: ServeArgs,
 }
 
+/// The most `--calendar-clock-offset` may move the calendar's clock: 100
+/// years of seconds.
+pub const MAX_CALENDAR_OFFSET_SECS: i64 = 100 * 365 * 86_400;
+
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Load and validate rules as the server would; print every error as `FILE: message`.
@@ -104,11 +108,15 @@ pub struct ServeArgs {
     /// this many seconds later (negative: earlier): to rehearse a month's
     /// end in staging, or in tests. Every instance sharing a store must
     /// be given the same.
+    /// At most 100 years either way: further, the periods cannot be
+    /// computed (an offset of 300,000,000,000 s collapsed every period to
+    /// a window of length 0 that never reset).
     #[arg(
         long,
         env = "RLS_CALENDAR_CLOCK_OFFSET",
         default_value_t = 0,
-        allow_hyphen_values = true
+        allow_hyphen_values = true,
+        value_parser = clap::value_parser!(i64).range(-MAX_CALENDAR_OFFSET_SECS..=MAX_CALENDAR_OFFSET_SECS)
     )]
     pub calendar_clock_offset: i64,
     /// Serve gRPC on this unix socket instead of --grpc-addr (a sidecar's
@@ -444,7 +452,22 @@ impl ServeArgs {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_socket_mode;
+    use super::{parse_socket_mode, Cli, MAX_CALENDAR_OFFSET_SECS};
+    use clap::Parser;
+
+    #[test]
+    fn a_calendar_offset_whose_periods_cannot_be_computed_stops_the_start() {
+        for bad in ["300000000000", "-300000000000", &i64::MAX.to_string()] {
+            let e = Cli::try_parse_from(["tokenbucket-rls", "--calendar-clock-offset", bad])
+                .expect_err(bad)
+                .to_string();
+            assert!(e.contains("--calendar-clock-offset"), "{e}");
+        }
+        let most = MAX_CALENDAR_OFFSET_SECS.to_string();
+        let cli = Cli::try_parse_from(["tokenbucket-rls", "--calendar-clock-offset", &most])
+            .expect("a century ahead is a clock");
+        assert_eq!(cli.serve.calendar_clock_offset, MAX_CALENDAR_OFFSET_SECS);
+    }
 
     #[test]
     fn socket_modes_are_octal() {
