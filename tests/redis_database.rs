@@ -115,3 +115,18 @@ async fn a_cluster_url_naming_another_database_stops_the_start() {
         assert!(e.contains(named) && e.contains("database"), "{url}: {e}");
     }
 }
+
+/// An IPv6 literal in a Redis URL (issue 52: `redis://[::1]:6391/2`
+/// started, warned "the name does not resolve", and answered by the
+/// failure mode for good): the decisions reach the server on `::1`, in the
+/// database the URL names.
+#[tokio::test]
+async fn an_ipv6_literal_address_holds_the_buckets() {
+    let port = free_redis_port();
+    let redis = RedisServer::start(port, &["--bind", "127.0.0.1", "::1"]);
+    three_decisions_on(format!("redis://[::1]:{port}/2")).await;
+    assert_eq!(
+        (keys_in(&redis, 2).as_str(), keys_in(&redis, 0).as_str()),
+        ("1", "0")
+    );
+}

@@ -24,7 +24,7 @@ pub async fn reach(server: &ServerConfig) -> Result<(), String> {
     };
     let mut why = Vec::new();
     for (host, port) in servers {
-        let addrs = match tokio::net::lookup_host((host.as_str(), port)).await {
+        let addrs = match tokio::net::lookup_host((super::url::socket_host(&host), port)).await {
             Ok(addrs) => addrs.collect::<Vec<_>>(),
             Err(e) => {
                 why.push(format!("{host}:{port}: the name does not resolve ({e})"));

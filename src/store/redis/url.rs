@@ -19,6 +19,16 @@ use std::path::PathBuf;
 
 use fred::types::config::{Config, ServerConfig};
 
+/// A host as a socket is opened to it: an IPv6 literal without the
+/// brackets a URL writes it in (`[::1]` is `::1`; fred keeps the brackets,
+/// which its own resolver needs, and a name lookup of `[::1]` fails:
+/// issue 52, `redis://[::1]:6391/2` never connected).
+pub fn socket_host(host: &str) -> &str {
+    host.strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host)
+}
+
 /// Parses a Redis URL into fred's configuration; errors say what is wrong.
 pub fn parse(url: &str) -> Result<Config, String> {
     const SCHEMES: &str =

@@ -93,7 +93,8 @@ pub(in crate::store::redis) async fn open(target: &Target) -> Result<Box<dyn Io>
         let mut stream: Box<dyn Io> = match (&target.unix, &target.tls) {
             (Some(path), _) => Box::new(tokio::net::UnixStream::connect(path).await.map_err(io)?),
             (None, tls) => {
-                let tcp = TcpStream::connect((target.host.as_str(), target.port))
+                let host = super::super::url::socket_host(&target.host);
+                let tcp = TcpStream::connect((host, target.port))
                     .await
                     .map_err(io)?;
                 tcp.set_nodelay(true).map_err(io)?;
