@@ -101,12 +101,35 @@ fn cluster(url: &str, scheme: &str, rest: &str) -> Result<Config, String> {
     for (_, node) in params(query.unwrap_or(""), &["node"], url)? {
         nodes.push(format!("node={node}"));
     }
-    let fred_url = if nodes.is_empty() {
+    let bracketed = nodes.iter().any(|n| n.contains('['));
+    let fred_url = if nodes.is_empty() || bracketed {
         format!("{scheme}://{auth}{first}")
     } else {
         format!("{scheme}://{auth}{first}?{}", nodes.join("&"))
     };
-    Config::from_url(&fred_url).map_err(|e| format!("invalid Redis URL '{}': {e}", redact(url)))
+    let mut config = Config::from_url(&fred_url)
+        .map_err(|e| format!("invalid Redis URL '{}': {e}", redact(url)))?;
+    if bracketed {
+        // fred reads a `node=` seed as host:port split at its one colon:
+        // an IPv6 literal ([::1]:7001) is read here instead
+        if let ServerConfig::Clustered { hosts, .. } = &mut config.server {
+            for node in &nodes {
+                let seed = node.trim_start_matches("node=");
+                let (host, port) = seed
+                    .rsplit_once(':')
+                    .and_then(|(h, p)| Some((h, p.parse::<u16>().ok()?)))
+                    .filter(|(h, _)| !h.is_empty())
+                    .ok_or_else(|| {
+                        format!(
+                            "'{}': the cluster node '{seed}' is not host:port",
+                            redact(url)
+                        )
+                    })?;
+                hosts.push(fred::types::config::Server::new(host, port));
+            }
+        }
+    }
+    Ok(config)
 }
 
 /// `unix://[user:password@]/path`: one server on a unix socket.
@@ -480,6 +503,25 @@ mod tests {
             assert!(e.contains(said), "{url}: {e}");
             assert!(!e.contains("hunter2"), "{e}");
         }
+    }
+
+    #[test]
+    fn ipv6_literal_seeds_are_read_with_their_brackets() {
+        let c = parse("redis-cluster://[::1]:7000,[::1]:7001?node=[::1]:7002").expect("valid");
+        match &c.server {
+            ServerConfig::Clustered { hosts, .. } => {
+                let seeds: Vec<String> = hosts
+                    .iter()
+                    .map(|h| format!("{}:{}", h.host, h.port))
+                    .collect();
+                assert_eq!(seeds, ["[::1]:7000", "[::1]:7001", "[::1]:7002"]);
+            }
+            other => panic!("clustered, got {other:?}"),
+        }
+        assert_eq!(socket_host("[::1]"), "::1");
+        assert_eq!(socket_host("redis.internal"), "redis.internal");
+        let e = parse("redis-cluster://[::1]:7000,[::1]").expect_err("no port");
+        assert!(e.contains("not host:port"), "{e}");
     }
 
     #[test]

@@ -94,9 +94,7 @@ pub(in crate::store::redis) async fn open(target: &Target) -> Result<Box<dyn Io>
             (Some(path), _) => Box::new(tokio::net::UnixStream::connect(path).await.map_err(io)?),
             (None, tls) => {
                 let host = super::super::url::socket_host(&target.host);
-                let tcp = TcpStream::connect((host, target.port))
-                    .await
-                    .map_err(io)?;
+                let tcp = TcpStream::connect((host, target.port)).await.map_err(io)?;
                 tcp.set_nodelay(true).map_err(io)?;
                 match tls {
                     None => Box::new(tcp),
