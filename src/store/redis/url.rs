@@ -39,6 +39,9 @@ pub fn parse(url: &str) -> Result<Config, String> {
             redact(url)
         )
     })?;
+    if scheme != "unix" && scheme != "redis+unix" {
+        unescaped_credentials(url, rest)?;
+    }
     match scheme {
         "redis" | "rediss" => single(url, scheme, rest),
         "redis-cluster" | "rediss-cluster" => cluster(url, scheme, rest),
@@ -48,6 +51,28 @@ pub fn parse(url: &str) -> Result<Config, String> {
             "unsupported Redis URL scheme '{other}' (expected {SCHEMES})"
         )),
     }
+}
+
+/// Refuses a user or password holding a character a URL must escape in
+/// it (`@`, `/`, `?`, `#`), saying which to escape and never a part of it
+/// (issue 52: `redis://:p@ss:w/o%rd#?@host` was refused with "the database
+/// 'o%rd#' is not a number", a fragment of the password).
+fn unescaped_credentials(url: &str, rest: &str) -> Result<(), String> {
+    let Some((credentials, _)) = rest.rsplit_once('@') else {
+        return Ok(());
+    };
+    // an `@` in a parameter's value (`?sentinel_password=a@b`), where a
+    // URL may hold one unescaped
+    if credentials.contains('=') {
+        return Ok(());
+    }
+    if credentials.contains(['@', '/', '?', '#']) {
+        return Err(format!(
+            "'{}': the user or password holds a character to escape: write @ as %40, / as %2F, ? as %3F and # as %23",
+            redact(url)
+        ));
+    }
+    Ok(())
 }
 
 /// `redis[s]://[user:password@]host[:port][/db][?db=N]`: one server.
@@ -503,6 +528,28 @@ mod tests {
             assert!(e.contains(said), "{url}: {e}");
             assert!(!e.contains("hunter2"), "{e}");
         }
+    }
+
+    #[test]
+    fn an_unescaped_password_is_refused_without_a_fragment_of_it() {
+        for url in [
+            "redis://:p@ss:w/o%rd#?@host",
+            "redis://user:se/cret@host:6379",
+            "rediss://:a?b@host",
+            "redis-cluster://:x#y@h1:7000,h2:7000",
+            "redis-sentinel://:p@w@s1:26379/mymaster",
+        ] {
+            let e = parse(url).expect_err(url);
+            assert!(e.contains("%40"), "{url}: {e}");
+            for fragment in ["ss:w", "o%rd", "se/cret", "cret", "a?b", "x#y", "p@w"] {
+                assert!(!e.contains(fragment), "{url}: {e}");
+            }
+        }
+        // escaped, it is a password like any other
+        let c = parse("redis://:p%40ss%3Aw%2Fo%25rd%23%3F@host:6379").expect("escaped");
+        assert_eq!(c.password.as_deref(), Some("p@ss:w/o%rd#?"));
+        // an @ in a parameter's value is no password
+        parse("redis-sentinel://s1:26379/mymaster?sentinel_password=a@b").expect("a parameter");
     }
 
     #[test]
