@@ -300,7 +300,7 @@ impl Sentinels {
                 Ok(Some(role)) if role == "master" => return Ok((server, agreement)),
                 Ok(Some(role)) => why.push(format!("{host}:{port} is a {role}")),
                 Ok(None) => why.push(format!("{host}:{port} does not say its role (ROLE)")),
-                Err(e) => why.push(format!("{host}:{port}: {e}")),
+                Err(e) => why.push(role_refused(host, *port, &e.to_string())),
             }
         }
         for (sentinel, e) in &agreement.failed {
@@ -313,6 +313,19 @@ impl Sentinels {
             why: format!("no primary for '{}': {}", self.master, why.join("; ")),
             unknown_master: false,
         })
+    }
+}
+
+/// Why asking `host:port` its role failed, in words: an ACL user denied
+/// `ROLE` is named as such (issue 52: it never found a primary, and said
+/// only the server's error).
+fn role_refused(host: &str, port: u16, error: &str) -> String {
+    if error.contains("NOPERM") {
+        format!(
+            "{host}:{port} refused ROLE to this user ({error}): Sentinel mode asks each server ROLE before following it; allow it (ACL SETUSER <user> +role)"
+        )
+    } else {
+        format!("{host}:{port}: {error}")
     }
 }
 
@@ -445,6 +458,21 @@ mod tests {
 
     fn named(host: &str, port: u16) -> Said {
         Said::Primary(host.into(), port)
+    }
+
+    #[test]
+    fn a_user_denied_role_is_named_as_such() {
+        let why = role_refused(
+            "10.0.0.1",
+            6379,
+            "NOPERM User rls has no permissions to run the 'role' command",
+        );
+        assert!(why.contains("refused ROLE to this user"), "{why}");
+        assert!(why.contains("+role"), "{why}");
+        assert_eq!(
+            role_refused("10.0.0.1", 6379, "IO error"),
+            "10.0.0.1:6379: IO error"
+        );
     }
 
     #[test]
