@@ -7,7 +7,9 @@
 # script (what any EVALSHA costs), the minimal token-bucket script
 # (integration/minimal-bucket.lua: GET, TIME, the refill, SET … PX; the
 # baseline), and bucket.lua deciding the same plain token bucket, then an
-# attempt's start (dedupe with a fresh id, its repeat, a reservation).
+# attempt's start (dedupe with a fresh id, its repeat, a reservation); a
+# fixed window and a dedupe start beside minimal scripts doing only their
+# work (integration/minimal-fixed-window.lua, minimal-dedupe.lua).
 #   integration/bench-script-ir.sh [CALLS]   (default 2000)
 # Needs valgrind, redis-server, python3.
 set -euo pipefail
@@ -37,9 +39,13 @@ printf 'return 1\n' >"$out/empty.lua"
   row empty "$out/empty.lua" minimal
   row minimal integration/minimal-bucket.lua minimal
   row bucket.lua src/store/redis/bucket.lua token_bucket
+  row minimal-fixed-window integration/minimal-fixed-window.lua minimal_fixed_window
+  row bucket.lua,fixed-window src/store/redis/bucket.lua fixed_window
+  row minimal-dedupe integration/minimal-dedupe.lua minimal_dedupe
   row bucket.lua,dedupe src/store/redis/bucket.lua dedupe
   row bucket.lua,dedupe-repeat src/store/redis/bucket.lua dedupe_repeat
   row bucket.lua,reserve src/store/redis/bucket.lua reserve
 } | awk '{v[$1] = $2; print} END {
   printf "bucket.lua / minimal: %.2f (above an empty script: %.2f)\n", v["bucket.lua"] / v["minimal"], (v["bucket.lua"] - v["empty"]) / (v["minimal"] - v["empty"])
+  printf "fixed window / its minimal: %.2f; dedupe start / its minimal: %.2f\n", v["bucket.lua,fixed-window"] / v["minimal-fixed-window"], v["bucket.lua,dedupe"] / v["minimal-dedupe"]
 }'

@@ -10,8 +10,12 @@ KIND, one decision of one bucket (burst and rate 10^9 a second):
   dedupe         an attempt's start, a fresh id per call
   dedupe_repeat  an attempt's start, always the same id (repeats)
   reserve        a reservation's start, a fresh id per call
+  fixed_window   a plain fixed-window decision (10^9 an hour)
   minimal        the plain decision's numbers as decimals, for
                  integration/minimal-bucket.lua
+  minimal_fixed_window, minimal_dedupe
+                 the same for integration/minimal-fixed-window.lua and
+                 integration/minimal-dedupe.lua (a fresh id per call)
 --spread K: each call's key drawn from K (default: one hot key).
 --batch B: B decisions per call (SHA must be the batch script, bucket.lua
 behind `#!lua flags=allow-cross-slot-keys`), each on its own key.
@@ -27,6 +31,12 @@ def bulk(p):
     if isinstance(p, str):
         p = p.encode()
     return b"$%d\r\n%s\r\n" % (len(p), p)
+
+
+def fixed_window_group():
+    """A plain fixed-window decision: a limit of 10^9 an hour."""
+    out = struct.pack("<HBBBBBBddd", 1, 0, 0, 0, 1, 0, 0, 1, 1, 1000)
+    return out + struct.pack("<dddd", 1e9, 1e9, 3600, -1)
 
 
 def group(attempt=None):
@@ -47,6 +57,15 @@ def decision(kind, key, rng):
         return [key], [group()]
     if kind == "minimal":
         return [key], ["1", "1", "1", "1000", "0", "1000000000", "1000000000", "1", "-1"]
+    if kind == "fixed_window":
+        return [key], [fixed_window_group()]
+    if kind == "minimal_fixed_window":
+        return [key], ["1000000000", "3600"]
+    if kind == "minimal_dedupe":
+        ident = str(rng.randrange(10**12))
+        tag = key.split("}")[0] + "}"
+        return [key, f"{tag}a:{ident}"], ["1", "1", "1", "1000", "0", "1000000000",
+                                          "1000000000", "1", "-1", "60000"]
     if kind in ("dedupe", "dedupe_repeat", "reserve"):
         ident = "1" if kind == "dedupe_repeat" else str(rng.randrange(10**12))
         tag = key.split("}")[0] + "}"
@@ -97,7 +116,8 @@ def main():
     s = socket.create_connection(("127.0.0.1", a.port))
     f = s.makefile("rb")
     sent = 0
-    fixed = None if a.spread or a.kind in ("dedupe", "reserve") else call(a.sha, a.kind, 0, a.batch, rng)
+    fresh = ("dedupe", "reserve", "minimal_dedupe")
+    fixed = None if a.spread or a.kind in fresh else call(a.sha, a.kind, 0, a.batch, rng)
     while sent < a.n:
         count = min(a.pipeline, a.n - sent)
         s.sendall(b"".join(fixed or call(a.sha, a.kind, a.spread, a.batch, rng) for _ in range(count)))
