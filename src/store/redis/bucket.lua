@@ -363,7 +363,14 @@ while a <= nargs do
         answers[d] = { -1 }
         break
       end
-      local out = { all_in and 1 or 0 }
+      -- one bucket: the answer made at its size (an attempt's two
+      -- fields fill the nils), not grown field by field
+      local out
+      if n == 1 then
+        out = { all_in and 1 or 0, 0, 0, 0, 0, 0, 0, nil, nil }
+      else
+        out = { all_in and 1 or 0 }
+      end
       local o = 1
       for i = 1, n do
         local k = S * (i - 1)
@@ -448,7 +455,14 @@ while a <= nargs do
         break
       end
       local applies = all_in or (charge and not zero)
-      local out = { all_in and 1 or 0 }
+      -- one bucket: the answer made at its size (an attempt's two
+      -- fields fill the nils), not grown field by field
+      local out
+      if n == 1 then
+        out = { all_in and 1 or 0, 0, 0, 0, 0, 0, 0, nil, nil }
+      else
+        out = { all_in and 1 or 0 }
+      end
       local o = 1
       for i = 1, n do
         local k = S * (i - 1)
@@ -545,7 +559,14 @@ while a <= nargs do
           if B[S * (i - 1) + LAYOUT] == 2 then applies = false end
         end
       end
-      local out = { all_in and 1 or 0 }
+      -- one bucket: the answer made at its size (an attempt's two
+      -- fields fill the nils), not grown field by field
+      local out
+      if n == 1 then
+        out = { all_in and 1 or 0, 0, 0, 0, 0, 0, 0, nil, nil }
+      else
+        out = { all_in and 1 or 0 }
+      end
       local o = 1
       for i = 1, n do
         local k = S * (i - 1)
@@ -780,6 +801,9 @@ while a <= nargs do
     local out
     if n == 1 and not attempt then
       out = { all_admit and 1 or 0, 0, 0, 0, 0, 0, taken }
+    elseif n == 1 then
+      -- an attempt's two fields fill the nils
+      out = { all_admit and 1 or 0, 0, 0, 0, 0, 0, taken, nil, nil }
     else
       out = { all_admit and 1 or 0 }
     end
