@@ -11,6 +11,7 @@
 //! `decision`, `rules` and leaves.
 
 mod give_back;
+mod in_turn;
 pub mod key;
 pub mod lease;
 mod plan;
@@ -228,7 +229,7 @@ impl Limiter {
     /// Decides every descriptor of one request. Each descriptor is decided
     /// in its own store call (the buckets of one descriptor together), side
     /// by side, or one at a time for a request that starts an attempt
-    /// (`plan::in_turn`); when one refuses, what the others took is given
+    /// (`in_turn`); when one refuses, what the others took is given
     /// back ([`give_back`]), unless each spends on its own
     /// (`--per-descriptor-spending`).
     pub async fn decide<E: DescriptorEntry>(
@@ -270,7 +271,7 @@ impl Limiter {
         self.bound_values(domain, &mut plans);
         let generation = rules.generation();
         let in_turn = if self.give_back {
-            plan::in_turn(&plans)
+            in_turn::order(&plans)
         } else {
             None
         };
@@ -322,82 +323,6 @@ impl Limiter {
             }
         }
         Ok(decisions)
-    }
-
-    /// Decides `plans` one at a time in `order` ([`plan::in_turn`]),
-    /// stopping at the first refusal: those after it take nothing, and are
-    /// answered by what a check finds (a bucket's tokens left, spending
-    /// none) or, for a `concurrency` rule, as undecided (OK, 0 left).
-    async fn decide_in_turn(
-        &self,
-        plans: &[Plan<'_>],
-        order: &[usize],
-        generation: u64,
-        budget: Option<std::time::Duration>,
-    ) -> Result<Vec<Decided>, Unavailable> {
-        let mut decided: Vec<Option<Decided>> = plans.iter().map(|_| None).collect();
-        for &i in order {
-            let d = self.decide_plan(&plans[i], generation, budget).await?;
-            let refused = d.decision.verdict == Verdict::OverLimit;
-            decided[i] = Some(d);
-            if refused {
-                break;
-            }
-        }
-        let checks = join_all(
-            plans
-                .iter()
-                .zip(&decided)
-                .filter(|(_, d)| d.is_none())
-                .map(|(p, _)| self.check_plan(p, generation, budget)),
-        )
-        .await;
-        let mut checks = checks.into_iter();
-        decided
-            .into_iter()
-            .map(|d| match d {
-                Some(d) => Ok(d),
-                None => checks.next().unwrap_or_else(|| {
-                    Ok(Decided::kept(Decision::without_limit(
-                        Verdict::NoRule,
-                        None,
-                    )))
-                }),
-            })
-            .collect()
-    }
-
-    /// What `plan` would answer, taking nothing: a check of its buckets (its
-    /// attempt left out), a slot rule undecided.
-    async fn check_plan(
-        &self,
-        plan: &Plan<'_>,
-        generation: u64,
-        budget: Option<std::time::Duration>,
-    ) -> Result<Decided, Unavailable> {
-        match plan {
-            Plan::Done(decision) => Ok(Decided::kept(decision.clone())),
-            Plan::Slots { rule, max, .. } => {
-                Ok(Decided::kept(slot_decision(rule, true, *max, *max)))
-            }
-            Plan::Buckets {
-                rule,
-                limits,
-                buckets,
-                ..
-            } => {
-                self.decide_buckets(
-                    *rule,
-                    limits,
-                    buckets,
-                    Cost::Check,
-                    None,
-                    generation,
-                    budget,
-                )
-                .await
-            }
-        }
     }
 
     /// Runs `jobs` for `reason` on a task of their own ([`give_back`]): a

@@ -56,46 +56,6 @@ impl Plan<'_> {
     }
 }
 
-/// The order in which a request's descriptors are decided one at a time
-/// (issue 51), or `None` where they are decided all at once.
-///
-/// Decided at once, two requests that each need the same two scarce
-/// things can each take one and be refused by the other (a chat takes the
-/// last slot and finds the minute's tokens reserved by a chat that found
-/// the slots taken): both refused, both given back, none admitted where
-/// one could have been. Decided one at a time in one order for every
-/// request, slots first and then by descriptor key, stopping at the first
-/// refusal, the first to take the first scarce thing goes on to the next
-/// and the other stops there, as locks taken in one order cannot deadlock.
-///
-/// Only a request that starts an attempt (a reservation, a slot) among two
-/// or more descriptors that take something: its request is long and dear
-/// (an LLM chat), a round trip per descriptor is nothing beside it. Plain
-/// requests keep one round trip for all their descriptors, each decided
-/// on its own as envoyproxy/ratelimit does.
-pub(super) fn in_turn(plans: &[Plan<'_>]) -> Option<Vec<usize>> {
-    let starts = plans.iter().any(|p| match p {
-        Plan::Buckets { attempt, .. } | Plan::Slots { attempt, .. } => {
-            attempt.as_ref().is_some_and(|a| a.phase == Phase::Start)
-        }
-        Plan::Done(_) => false,
-    });
-    let taking = plans.iter().filter(|p| !matches!(p, Plan::Done(_))).count();
-    if !starts || taking < 2 || plans.iter().any(Plan::is_stream_done) {
-        return None;
-    }
-    let turn = |p: &Plan<'_>| -> (u8, Vec<u8>) {
-        match p {
-            Plan::Slots { slots, .. } => (0, slots.tag.clone()),
-            Plan::Buckets { buckets, .. } => (1, buckets.tag.clone()),
-            Plan::Done(_) => (2, Vec::new()),
-        }
-    };
-    let mut order: Vec<usize> = (0..plans.len()).collect();
-    order.sort_by_cached_key(|&i| turn(&plans[i]));
-    Some(order)
-}
-
 /// A limit taken from a rule, or made from a request override.
 pub(super) enum LimitRef<'a> {
     Rule(&'a Limit),
