@@ -131,12 +131,16 @@
 --
 -- Written for Redis's CPU: one table for every bucket's numbers (a table is
 -- the costliest thing a short script makes), made at the size one bucket
--- needs and used again by each decision; no function made on a plain
--- decision's path (Lua makes a closure for each definition it runs: 0.8 µs
--- of a 10 µs script); the numbers packed in one argument (each tonumber of
--- a decimal ran strtod: nine of them were a fifth of the instructions); an
--- answer built in one constructor for one bucket; one GET and one SET … PX
--- per bucket. integration/bench-script-ir.sh counts the instructions.
+-- needs and used again by each decision; no function defined (Lua makes a
+-- closure for each definition it runs: 0.8 µs of a 10 µs script), every
+-- kind's answer ending in one shared tail (an attempt's record); the
+-- numbers packed in one argument (each tonumber of a decimal ran strtod:
+-- nine of them were a fifth of the instructions) and the flags compared
+-- where read; C calls (math.max, type) written out as comparisons on the
+-- hot paths; an answer built in one constructor for one bucket; one GET
+-- and one SET … PX per bucket. integration/bench-script-ir.sh counts the
+-- instructions. A script per kind (only its branch kept) was measured and
+-- gains nothing: Lua pays only for the code it runs.
 
 local min, max, floor, ceil = math.min, math.max, math.floor, math.ceil
 local EPSILON = 1e-9
@@ -144,7 +148,8 @@ local EPSILON = 1e-9
 local SHIFT = 67108864
 local MAX_TTL_MS = 3153600000000 -- 100 years
 local time = redis.call('TIME')
-local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
+local now_s = tonumber(time[1])
+local now = now_s * 1000000 + tonumber(time[2])
 local now_ms = floor(now / 1000)
 
 -- Per bucket i, at B[S * (i - 1) + field]; every field is set for each
@@ -159,10 +164,6 @@ local DEBT, FORGIVEN = 13, 14
 -- writes its own
 local A1, A2, A3, A4 = CAP, RATE, UNIT, DEBT
 local B = { 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
--- What a call of an attempt leaves in its record: made only for a call of
--- an attempt (Lua makes a closure each time its definition runs)
-local keep_record = nil
-
 -- a batch's answers, one per decision (nil for one decision)
 local answers = nil
 local nargs = #ARGV
@@ -173,10 +174,11 @@ while a <= nargs do
   -- the group's numbers, packed (one unpack costs less than one
   -- tonumber of a decimal argument)
   local group = ARGV[a]
-  local n, f_hash, f_charge, f_attempt, f_fixed, f_sliding, f_calendar, needed, deducted, margin_ms, pos =
+  -- the flags stay bytes (0 or 1), compared where they are read: made
+  -- booleans here, six of them cost more than the comparisons do
+  local n, write_hash, charge, attempt, fixed, sliding, calendar, needed, deducted, margin_ms, pos =
     struct.unpack('<HBBBBBBddd', group)
-  local write_hash, charge, attempt = f_hash == 1, f_charge == 1, f_attempt == 1
-  local fixed, sliding, calendar = f_fixed == 1, f_sliding == 1, f_calendar == 1
+  charge = charge == 1
   for i = 1, n do
     local k = S * (i - 1)
     B[k + A1], B[k + A2], B[k + A3], B[k + A4], pos = struct.unpack('<dddd', group, pos)
@@ -186,48 +188,7 @@ while a <= nargs do
   local keys, ka = KEYS, 0
   local nk = n
   local phase, mode, ttl_ms, id, reps = 0, 0, 0, nil, 0
-  if attempt then
-    if keep_record == nil then
-      -- What a call of an attempt leaves in its record (rk) and, for a
-      -- reservation, its descriptor's unsettled set (pk): see the header.
-      keep_record = function(phase, mode, rk, pk, id, ttl_ms, admitted, deducted, charge, result,
-          r_started, r_done, r_exp, r_forget)
-        local keep = false
-        if phase == 2 then
-          redis.call('DEL', rk)
-          if pk then redis.call('ZREM', pk, id) end
-        elseif phase == 0 then
-          -- an admitted start that took (or gave) something; a check took
-          -- nothing and is not remembered
-          if admitted and (deducted ~= 0 or charge) then
-            r_started, r_exp, r_forget = max(0, deducted), now_ms + ttl_ms, now_ms + 2 * ttl_ms
-            r_done = 0
-            keep = true
-            if pk and r_started > 0 then
-              redis.call('ZADD', pk, r_exp, id)
-              redis.call('PEXPIRE', pk, 2 * ttl_ms)
-            end
-          end
-        elseif mode == 0 then
-          keep = admitted and (deducted ~= 0 or charge)
-        else
-          -- a settlement, or an unknown attempt's charge: done whatever the
-          -- verdict
-          keep = true
-          if pk and result == 2 then redis.call('ZREM', pk, id) end
-        end
-        if keep then
-          if phase == 1 then
-            r_done = 1
-            if r_forget <= now_ms then
-              r_exp, r_forget = now_ms + ttl_ms, now_ms + 2 * ttl_ms
-            end
-          end
-          redis.call('SET', rk, struct.pack('<dddd', r_started, r_done, r_exp, r_forget),
-            'PX', max(1, r_forget - now_ms))
-        end
-      end
-    end
+  if attempt == 1 then
     phase, mode, ttl_ms, reps = struct.unpack('<BBdd', group, pos)
     id = ARGV[a]
     a = a + 1
@@ -255,22 +216,28 @@ while a <= nargs do
   local back_since = -1
   -- the record's key, and a reservation's unsettled set
   local rk, pk = nil, nil
-  if attempt then
+  if attempt == 1 then
     rk = keys[ka + n + 1]
     if mode == 1 then pk = keys[ka + n + 2] end
   end
+  -- the decision's answer, made by its kind's branch
+  local out = nil
   -- `repeat … until true`: a `break` from it ends this decision
   repeat
-    if attempt then
+    if attempt == 1 then
       local value = redis.pcall('GET', rk)
-      if type(value) == 'table' and value.err then
+      if not value then
+        -- no record: a first call
+      elseif type(value) == 'string' then
+        if #value == 32 then
+          r_started, r_done, r_exp, r_forget = struct.unpack('<dddd', value)
+          if r_forget <= now_ms then r_started, r_done, r_exp, r_forget = -1, 0, 0, 0 end
+          r_reps = floor(r_done / 2)
+          r_done = r_done % 2
+        end
+      elseif value.err then
         if d == 1 then return value end
         here = false
-      elseif type(value) == 'string' and #value == 32 then
-        r_started, r_done, r_exp, r_forget = struct.unpack('<dddd', value)
-        if r_forget <= now_ms then r_started, r_done, r_exp, r_forget = -1, 0, 0, 0 end
-        r_reps = floor(r_done / 2)
-        r_done = r_done % 2
       end
       if not here then
         answers[d] = { -1 }
@@ -328,27 +295,31 @@ while a <= nargs do
         expired = redis.call('ZREMRANGEBYSCORE', pk, '-inf', now_ms)
       end
     end
-    if fixed then
-      local now_s = floor(now / 1000000)
-      local counted = max(0, deducted)
+    if fixed == 1 then
+      -- (comparisons written out where math.max would be a C call)
+      local counted = 0
+      if deducted > 0 then counted = deducted end
       local all_in = true
       for i = 1, n do
         local k = S * (i - 1)
         local limit = B[k + A2]
-        local length = max(1, B[k + A3])
+        local length = B[k + A3]
+        if length < 1 then length = 1 end
         local into = now_s % length
         local start = (now_s - into) * 1000000
         local count = 0
         local value = redis.pcall('GET', keys[ka + i])
-        if type(value) == 'table' and value.err then
+        if type(value) == 'string' then
+          if #value == 24 then
+            local st, su = struct.unpack('<ddd', value)
+            if su == start and st > 0 then count = st end
+          end
+        elseif value and value.err then
           if string.sub(value.err, 1, 9) ~= 'WRONGTYPE' then
             if d == 1 then return value end
             here = false
             break
           end
-        elseif type(value) == 'string' and #value == 24 then
-          local st, su = struct.unpack('<ddd', value)
-          if su == start then count = max(0, st) end
         end
         local over = 0
         if needed > 0 and count + counted > limit then
@@ -365,7 +336,6 @@ while a <= nargs do
       end
       -- one bucket: the answer made at its size (an attempt's two
       -- fields fill the nils), not grown field by field
-      local out
       if n == 1 then
         out = { all_in and 1 or 0, 0, 0, 0, 0, 0, 0, nil, nil }
       else
@@ -376,7 +346,7 @@ while a <= nargs do
         local k = S * (i - 1)
         local after = B[k + TOKENS] + counted
         -- every hit counts, but a reservation refused took nothing
-        local write = counted > 0 and (all_in or not (attempt and mode == 1 and phase == 0))
+        local write = counted > 0 and (all_in or not (attempt == 1 and mode == 1 and phase == 0))
         -- an attempt's give-back, to the window that counted it
         if back_since >= 0 and back_since * 1000 >= B[k + STAMP]
             and back_since * 1000 < B[k + STAMP] + B[k + PER_SEC] * 1000000 then
@@ -389,7 +359,8 @@ while a <= nargs do
         end
         local remaining, retry, never = 0, -1, 0
         if B[k + LAYOUT] == 0 then
-          remaining = max(0, B[k + CAP] - after)
+          remaining = B[k + CAP] - after
+          if remaining < 0 then remaining = 0 end
         elseif B[k + CAP] == 0 then
           -- over a limit of 0, or by a cost above the limit: waiting
           -- cannot cure it, no wait
@@ -402,18 +373,10 @@ while a <= nargs do
         o = o + 5
       end
       out[o + 1] = ((all_in or charge) and counted) or 0
-      if attempt then
-        if not again then
-          keep_record(phase, mode, rk, pk, id, ttl_ms, all_in, deducted, charge, result,
-            r_started, r_done, r_exp, r_forget)
-        end
-        out[o + 2], out[o + 3] = result, expired
-      end
-      if answers == nil then return out end
-      answers[d] = out
+      all_admit = all_in
       break
     end
-    if calendar then
+    if calendar == 1 then
       local all_in, zero = true, false
       for i = 1, n do
         local k = S * (i - 1)
@@ -425,15 +388,17 @@ while a <= nargs do
         end
         local count = 0
         local value = redis.pcall('GET', keys[ka + i])
-        if type(value) == 'table' and value.err then
+        if type(value) == 'string' then
+          if #value == 24 then
+            local st, su = struct.unpack('<ddd', value)
+            if su == start and st > 0 then count = st end
+          end
+        elseif value and value.err then
           if string.sub(value.err, 1, 9) ~= 'WRONGTYPE' then
             if d == 1 then return value end
             here = false
             break
           end
-        elseif type(value) == 'string' and #value == 24 then
-          local st, su = struct.unpack('<ddd', value)
-          if su == start then count = max(0, st) end
         end
         -- LAYOUT: 0 fits, 1 wait, 2 never (a limit of 0), 3 never (cost)
         local verdict = 0
@@ -457,7 +422,6 @@ while a <= nargs do
       local applies = all_in or (charge and not zero)
       -- one bucket: the answer made at its size (an attempt's two
       -- fields fill the nils), not grown field by field
-      local out
       if n == 1 then
         out = { all_in and 1 or 0, 0, 0, 0, 0, 0, 0, nil, nil }
       else
@@ -489,44 +453,37 @@ while a <= nargs do
         o = o + 5
       end
       out[o + 1] = (applies and max(0, deducted)) or 0
-      if attempt then
-        if not again then
-          keep_record(phase, mode, rk, pk, id, ttl_ms, all_in, deducted, charge, result,
-            r_started, r_done, r_exp, r_forget)
-        end
-        out[o + 2], out[o + 3] = result, expired
-      end
-      if answers == nil then return out end
-      answers[d] = out
+      all_admit = all_in
       break
     end
-    if sliding then
+    if sliding == 1 then
       local all_in = true
       for i = 1, n do
         local k = S * (i - 1)
         local limit = B[k + A2]
         local secs = max(1, B[k + A3])
         local length = secs * 1000000
-        local now_s = floor(now / 1000000)
         local start = (now_s - now_s % secs) * 1000000
         local at_now, prev, cur = now, 0, 0
         local value = redis.pcall('GET', keys[ka + i])
-        if type(value) == 'table' and value.err then
+        if type(value) == 'string' then
+          if #value == 24 then
+            local st, su = struct.unpack('<ddd', value)
+            local sp = floor(st / SHIFT)
+            local sc = st - sp * SHIFT
+            if su == start then
+              prev, cur = sp, sc
+            elseif su + length == start then
+              prev = sc
+            elseif su > start then
+              start, at_now, prev, cur = su, su, sp, sc
+            end
+          end
+        elseif value and value.err then
           if string.sub(value.err, 1, 9) ~= 'WRONGTYPE' then
             if d == 1 then return value end
             here = false
             break
-          end
-        elseif type(value) == 'string' and #value == 24 then
-          local st, su = struct.unpack('<ddd', value)
-          local sp = floor(st / SHIFT)
-          local sc = st - sp * SHIFT
-          if su == start then
-            prev, cur = sp, sc
-          elseif su + length == start then
-            prev = sc
-          elseif su > start then
-            start, at_now, prev, cur = su, su, sp, sc
           end
         end
         local estimate = prev * (1 - (at_now - start) / length) + cur
@@ -561,7 +518,6 @@ while a <= nargs do
       end
       -- one bucket: the answer made at its size (an attempt's two
       -- fields fill the nils), not grown field by field
-      local out
       if n == 1 then
         out = { all_in and 1 or 0, 0, 0, 0, 0, 0, 0, nil, nil }
       else
@@ -606,15 +562,7 @@ while a <= nargs do
         o = o + 5
       end
       out[o + 1] = (applies and max(0, counted)) or 0
-      if attempt then
-        if not again then
-          keep_record(phase, mode, rk, pk, id, ttl_ms, all_in, deducted, charge, result,
-            r_started, r_done, r_exp, r_forget)
-        end
-        out[o + 2], out[o + 3] = result, expired
-      end
-      if answers == nil then return out end
-      answers[d] = out
+      all_admit = all_in
       break
     end
     for i = 1, n do
@@ -775,7 +723,7 @@ while a <= nargs do
         end
       end
       if write then
-        if write_hash then
+        if write_hash == 1 then
           if B[k + LAYOUT] == 1 then redis.call('DEL', keys[ka + i]) end
           redis.call('HSET', keys[ka + i], 't', string.format('%.17g', wt), 'u', string.format('%d', wu))
           if ms then
@@ -793,13 +741,8 @@ while a <= nargs do
 
     local taken = 0
     if applies and deducted > 0 then taken = deducted end
-    if attempt and not again then
-      keep_record(phase, mode, rk, pk, id, ttl_ms, all_admit, deducted, charge, result,
-        r_started, r_done, r_exp, r_forget)
-    end
     -- one bucket (most descriptors): the answer's table made at its size
-    local out
-    if n == 1 and not attempt then
+    if n == 1 and attempt == 0 then
       out = { all_admit and 1 or 0, 0, 0, 0, 0, 0, taken }
     elseif n == 1 then
       -- an attempt's two fields fill the nils
@@ -826,9 +769,53 @@ while a <= nargs do
       o = o + 5
     end
     out[o + 1] = taken
-    if attempt then out[o + 2], out[o + 3] = result, expired end
+  until true
+  -- every kind's answer ends here (none for a decision sent again alone)
+  if out then
+    if attempt == 1 then
+      if not again then
+        -- what the call leaves in the attempt's record (rk) and, for a
+        -- reservation, its descriptor's unsettled set (pk): see the header
+        local keep = false
+        if phase == 2 then
+          redis.call('DEL', rk)
+          if pk then redis.call('ZREM', pk, id) end
+        elseif phase == 0 then
+          -- an admitted start that took (or gave) something; a check took
+          -- nothing and is not remembered
+          if all_admit and (deducted ~= 0 or charge) then
+            r_started, r_exp, r_forget = max(0, deducted), now_ms + ttl_ms, now_ms + 2 * ttl_ms
+            r_done = 0
+            keep = true
+            if pk and r_started > 0 then
+              redis.call('ZADD', pk, r_exp, id)
+              redis.call('PEXPIRE', pk, 2 * ttl_ms)
+            end
+          end
+        elseif mode == 0 then
+          keep = all_admit and (deducted ~= 0 or charge)
+        else
+          -- a settlement, or an unknown attempt's charge: done whatever the
+          -- verdict
+          keep = true
+          if pk and result == 2 then redis.call('ZREM', pk, id) end
+        end
+        if keep then
+          if phase == 1 then
+            r_done = 1
+            if r_forget <= now_ms then
+              r_exp, r_forget = now_ms + ttl_ms, now_ms + 2 * ttl_ms
+            end
+          end
+          redis.call('SET', rk, struct.pack('<dddd', r_started, r_done, r_exp, r_forget),
+            'PX', max(1, r_forget - now_ms))
+        end
+      end
+      local o = 5 * n + 1
+      out[o + 2], out[o + 3] = result, expired
+    end
     if answers == nil then return out end
     answers[d] = out
-  until true
+  end
 end
 return answers
