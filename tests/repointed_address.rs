@@ -261,3 +261,97 @@ async fn an_address_that_reaches_a_replica_is_tried_until_it_is_a_primary() {
     assert_eq!(left.round(), BURST - admitted as f64);
     s.shutdown().await.expect("stop");
 }
+
+/// The value of `rls_store_primary_events_total{event}` on `s`.
+fn primary_events(s: &tokenbucket_rls::server::RunningServer, event: &str) -> f64 {
+    let prefix = format!("rls_store_primary_events_total{{event=\"{event}\"}} ");
+    s.metrics
+        .render()
+        .lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()).map(str::to_string))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// Issue 52: a demoted primary configured `replica-read-only no` takes the
+/// writes of the connections it kept, answering no `READONLY` that would
+/// tell: every decision admitted there and lost, nothing said. The service
+/// asks the server its connections are on `ROLE` every half second, and
+/// leaves one that says it is a replica: decisions go to the new primary
+/// again, the demotion and the move counted.
+#[tokio::test]
+async fn a_demoted_server_that_still_takes_writes_is_left() {
+    let first = RedisServer::start(free_redis_port(), &["--replica-read-only", "no"]);
+    let second = RedisServer::start(
+        free_redis_port(),
+        &["--replicaof", "127.0.0.1", &first.port.to_string()],
+    );
+    wait_for("the replica in sync", || replication_up(&second));
+    let address = Address::start(first.port).await;
+    let rules = rules_dir(&format!(
+        "domain: d\ndescriptors:\n  - key: k\n    failure_mode: closed\n    rate_limit: {{unit: day, requests_per_unit: 1, burst: {BURST}}}\n"
+    ));
+    let mut args = serve_args(rules.path().to_path_buf());
+    args.store = tokenbucket_rls::cli::StoreKind::Redis;
+    args.redis_url = Some(format!("redis://127.0.0.1:{}", address.port));
+    args.redis_timeout = Duration::from_millis(500);
+    let s = tokenbucket_rls::server::start(&args).await.expect("start");
+    assert_eq!(
+        primary_events(&s, "demoted"),
+        0.0,
+        "the series from the start"
+    );
+    let mut c = client(&s).await;
+    for _ in 0..10 {
+        decide(&mut c).await;
+    }
+    // the failover: the replica promoted, the address pointed at it, the
+    // old primary demoted, still taking the writes of its connections
+    assert_eq!(second.cli(&["REPLICAOF", "NO", "ONE"]).trim(), "OK");
+    address.point_at(second.port);
+    assert_eq!(
+        first
+            .cli(&["REPLICAOF", "127.0.0.1", &second.port.to_string()])
+            .trim(),
+        "OK"
+    );
+    let demoted = Instant::now();
+    while primary_events(&s, "moved") < 1.0 {
+        assert!(
+            demoted.elapsed() < Duration::from_secs(20),
+            "decisions still go to the demoted server"
+        );
+        decide(&mut c).await;
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(primary_events(&s, "demoted") >= 1.0);
+    let before = common::redis::tokens_on(second.port, "d", &[("k", "v")], "0").await;
+    for _ in 0..100 {
+        decide(&mut c).await;
+    }
+    let after = common::redis::tokens_on(second.port, "d", &[("k", "v")], "0").await;
+    assert_eq!(
+        (before - after).round(),
+        100.0,
+        "every decision after the move counted on the new primary"
+    );
+    eprintln!(
+        "left the demoted server {:?} after the failover",
+        demoted.elapsed()
+    );
+    s.shutdown().await.expect("stop");
+}
+
+/// One call of `k=v`, admitted (both servers take writes).
+async fn decide(
+    c: &mut envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient<
+        tonic::transport::Channel,
+    >,
+) {
+    let r = c
+        .should_rate_limit(request("d", vec![descriptor(&[("k", "v")])]))
+        .await
+        .expect("decided: both servers take writes")
+        .into_inner();
+    assert_eq!(r.overall_code, Code::Ok as i32);
+}

@@ -12,7 +12,8 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::sentinel::{Seen, SentinelSet};
+use common::redis::RedisServer;
+use common::sentinel::{Seen, Sentinel, SentinelSet, MASTER};
 use common::{client, descriptor, request, rules_dir};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 
@@ -191,7 +192,8 @@ async fn envoyproxy_ratelimits_sentinel_settings_reach_the_primary() {
     assert_eq!(tokens_on(primary, "env").await.round(), BURST - 3.0);
 }
 
-/// A sentinel that answers every command with `port` as the primary's.
+/// A sentinel that answers every command with `port` as the primary's
+/// (one reply per command read: the service asks two at once).
 async fn lying_sentinel(port: u16) -> u16 {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -207,7 +209,14 @@ async fn lying_sentinel(port: u16) -> u16 {
                 );
                 let mut buf = [0u8; 512];
                 while let Ok(n) = stream.read(&mut buf).await {
-                    if n == 0 || stream.write_all(reply.as_bytes()).await.is_err() {
+                    // every command the service sends has three parts
+                    let commands = buf[..n].windows(4).filter(|w| w == b"*3\r\n").count();
+                    if n == 0
+                        || stream
+                            .write_all(reply.repeat(commands).as_bytes())
+                            .await
+                            .is_err()
+                    {
                         return;
                     }
                 }
@@ -247,4 +256,95 @@ async fn sentinels_that_disagree_never_send_decisions_to_a_replica() {
         BURST - 3.0
     );
     s.shutdown().await.expect("stop");
+}
+
+/// Issue 52: a stale sentinel (a real one, watching the old primary under
+/// the master's name, which kept taking writes) and a current one, given
+/// to two instances in opposite orders. Each saw a one-to-one tie and took
+/// the sentinel first in its URL: two primaries, twice the budget. The tie
+/// now goes to the newest configuration epoch (the set's, raised by its
+/// failover), so both follow the set's primary, and the disagreement is
+/// logged and counted.
+#[tokio::test]
+async fn instances_given_the_sentinels_in_any_order_follow_one_primary() {
+    let set = SentinelSet::start();
+    let first = set.servers[set.primary()].port;
+    assert_eq!(
+        set.sentinels[0]
+            .cli(&["SENTINEL", "FAILOVER", MASTER])
+            .trim(),
+        "OK"
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while set
+        .sentinels
+        .iter()
+        .any(|s| s.primary_port().is_none_or(|p| p == first))
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the failover never ended"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    set.wait_settled();
+    let primary = set.servers[set.primary()].port;
+    let epoch = set.sentinels[0].cli(&["SENTINEL", "MASTER", MASTER]);
+    // another primary under the same name, and a sentinel of its own that
+    // names it: the stale view, at epoch 0
+    let old = RedisServer::standalone();
+    let stale = Sentinel::start(old.port);
+    assert_eq!(stale.primary_port(), Some(old.port));
+    let current = set.sentinels[1].port;
+    let rules = rules_dir(RULES);
+    let urls = [
+        format!(
+            "redis-sentinel://127.0.0.1:{},127.0.0.1:{current}/{MASTER}",
+            stale.port
+        ),
+        format!(
+            "redis-sentinel://127.0.0.1:{current},127.0.0.1:{}/{MASTER}",
+            stale.port
+        ),
+    ];
+    let mut calls = 0;
+    for url in &urls {
+        let s = common::start_on_redis(url, &rules, Duration::from_millis(500)).await;
+        let mut c = client(&s).await;
+        for _ in 0..5 {
+            let r = c
+                .should_rate_limit(request("d", vec![descriptor(&[("hot", "split")])]))
+                .await
+                .expect("decided")
+                .into_inner();
+            assert_eq!(r.overall_code, Code::Ok as i32);
+            calls += 1;
+        }
+        // logged and counted when the watch first sees it (every 100 ms)
+        let counted = || {
+            s.metrics
+                .render()
+                .lines()
+                .find_map(|l| {
+                    l.strip_prefix("rls_store_primary_events_total{event=\"sentinels_disagree\"} ")
+                })
+                .and_then(|v| v.trim().parse::<f64>().ok())
+                .unwrap_or(0.0)
+        };
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while counted() < 1.0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the disagreement was never counted ({url})"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        s.shutdown().await.expect("stop");
+    }
+    assert_eq!(
+        tokens_on(primary, "split").await.round(),
+        BURST - calls as f64,
+        "every decision on the set's primary ({epoch})"
+    );
+    assert_eq!(old.cli(&["DBSIZE"]).trim(), "0", "nothing on the stale one");
 }

@@ -72,6 +72,7 @@ pub struct Metrics {
     store_call_series: OnceLock<(String, IntCounter, Histogram)>,
     store_errors: IntCounterVec,
     store_retries: IntCounterVec,
+    primary_events: IntCounterVec,
     node_errors: IntCounterVec,
     breaker_open: IntGaugeVec,
     failure_policy: IntCounterVec,
@@ -134,6 +135,14 @@ impl Metrics {
                 "Store calls sent again because they did not run (tryagain: keys split by a slot migration)",
             ),
             &["reason"],
+        )
+        .expect("valid metric");
+        let primary_events = IntCounterVec::new(
+            Opts::new(
+                "rls_store_primary_events_total",
+                "What the watch of a single Redis primary saw: sentinels_disagree, moved (decisions went to another primary), demoted (the server the connections are on says it is a replica)",
+            ),
+            &["event"],
         )
         .expect("valid metric");
         let node_errors = IntCounterVec::new(
@@ -211,6 +220,7 @@ impl Metrics {
             Box::new(store_duration.clone()),
             Box::new(store_errors.clone()),
             Box::new(store_retries.clone()),
+            Box::new(primary_events.clone()),
             Box::new(node_errors.clone()),
             Box::new(breaker_open.clone()),
             Box::new(failure_policy.clone()),
@@ -250,6 +260,7 @@ impl Metrics {
             store_duration,
             store_errors,
             store_retries,
+            primary_events,
             node_errors,
             breaker_open,
             failure_policy,
@@ -421,6 +432,17 @@ impl Metrics {
     /// A store call that did not run was sent again, for `reason`.
     pub fn store_retry(&self, reason: &str) {
         self.store_retries.with_label_values(&[reason]).inc();
+    }
+
+    /// The watch of a single Redis primary saw `event`.
+    pub fn primary_event(&self, event: &str) {
+        self.primary_events.with_label_values(&[event]).inc();
+    }
+
+    /// `event`'s series, at zero until it happens (a store that has such a
+    /// watch shows them from the start).
+    pub fn primary_event_series(&self, event: &str) {
+        self.primary_events.with_label_values(&[event]);
     }
 
     /// A call to `node` timed out or lost its connection (`kind`:

@@ -21,7 +21,7 @@ pub struct Sentinel {
 }
 
 impl Sentinel {
-    fn start(primary: u16) -> Self {
+    pub fn start(primary: u16) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
         let port = free_redis_port();
         let conf = dir.path().join("sentinel.conf");

@@ -20,6 +20,7 @@ mod keys;
 pub mod memory;
 pub mod nodes;
 pub mod pipe;
+mod primary_events;
 mod reach;
 mod redial;
 mod redirect;
@@ -408,8 +409,20 @@ impl RedisStore {
         .await
     }
 
-    /// Counts in `metrics` the calls it sends again (`rls_store_retries_total`).
+    /// Counts in `metrics` the calls it sends again (`rls_store_retries_total`)
+    /// and, for one primary (a single server, or Sentinel's), what the watch
+    /// of which server is the primary sees (`rls_store_primary_events_total`).
     pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        let slots = [
+            self.sentinels.as_ref().map(|s| s.metrics()),
+            self.redial.as_ref().map(|r| r.metrics()),
+        ];
+        for slot in slots.into_iter().flatten() {
+            for event in primary_events::PrimaryEvent::ALL {
+                metrics.primary_event_series(event.as_str());
+            }
+            slot.fill(metrics.clone());
+        }
         self.metrics = Some(metrics);
         self
     }

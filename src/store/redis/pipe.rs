@@ -35,7 +35,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use self::connect::open;
 pub use self::connect::Target;
-pub(super) use self::connect::{open as open_connection, request, Io};
+pub(super) use self::connect::{open as open_connection, request, requests, Io};
 use self::pending::{fail_all, lost, Pending, BATCH_UNKNOWN};
 use self::reader::read_replies;
 use self::writer::{write_calls, Call, Command};

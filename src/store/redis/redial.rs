@@ -15,22 +15,38 @@
 //! the wait doubling up to [`REDIAL_RETRY_MAX`] (an address that names a
 //! replica for good, a mistake, costs two connections a second).
 //!
+//! A demoted primary configured `replica-read-only no` answers no write
+//! `READONLY`: it takes them, and they are lost (issue 52: 9,994 admitted,
+//! 3,723 counted on the new primary, nothing said). So the server the
+//! connections are on is also asked `ROLE` every [`ROLE_CHECK`], on the
+//! probe's connection (made with the decisions' ones, never behind them);
+//! one that says it is a replica is left as on `READONLY`, logged and
+//! counted (`rls_store_primary_events_total{event="demoted"}`). What it
+//! took in between is bounded by the calls of one [`ROLE_CHECK`].
+//!
 //! **Layer:** store (the Redis store's rooms). Uses the nodes' connections
 //! and `ROLE`; builds [`Routing`].
 
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use fred::types::config::Config;
+use fred::clients::Client;
+use fred::interfaces::ClientLike;
+use fred::types::config::{Config, Options};
+use fred::types::Value;
 use parking_lot::RwLock;
 use tokio::sync::Notify;
 
 use super::nodes::{role, ClientRecipe, NodeClients, Routing, CLIENT_STALL_BOUND};
+use super::primary_events::{MetricsSlot, PrimaryEvent};
 
 /// How soon the address is tried again while it reaches no primary...
 pub const REDIAL_RETRY: Duration = Duration::from_millis(100);
 /// ...and at most, the wait doubling each time.
 pub const REDIAL_RETRY_MAX: Duration = Duration::from_millis(500);
+
+/// How often the server the connections are on is asked its role.
+pub const ROLE_CHECK: Duration = Duration::from_millis(500);
 
 /// The single server's address, to dial again when it was demoted.
 pub struct Redial {
@@ -38,6 +54,7 @@ pub struct Redial {
     name: Arc<str>,
     config: Config,
     wake: Notify,
+    metrics: MetricsSlot,
 }
 
 impl Redial {
@@ -46,7 +63,13 @@ impl Redial {
             name,
             config,
             wake: Notify::new(),
+            metrics: MetricsSlot::default(),
         })
+    }
+
+    /// Where demotions found and moves are counted.
+    pub fn metrics(&self) -> &MetricsSlot {
+        &self.metrics
     }
 
     /// A decision met `READONLY`: the server is no longer a primary.
@@ -55,26 +78,37 @@ impl Redial {
     }
 }
 
-/// Waits for [`Redial::wake`] while the routing lives; then dials the
-/// address until it reaches a primary, and moves the routing there.
+/// Waits for [`Redial::wake`], or for the server the connections are on
+/// to say it is a replica, while the routing lives; then dials the address
+/// until it reaches a primary, and moves the routing there.
 pub fn spawn(redial: Arc<Redial>, recipe: ClientRecipe, routing: Weak<RwLock<Arc<Routing>>>) {
     tokio::spawn(async move {
         loop {
-            // woken, or a look every second whether the store is still there
             let woken = tokio::select! {
                 () = redial.wake.notified() => true,
-                () = tokio::time::sleep(Duration::from_secs(1)) => false,
+                () = tokio::time::sleep(ROLE_CHECK) => false,
             };
-            if routing.strong_count() == 0 {
+            let Some(shared) = routing.upgrade() else {
                 return;
+            };
+            if woken {
+                drop(shared);
+                tracing::warn!(
+                    server = %redial.name,
+                    "Redis answered READONLY: the server is no longer a primary; dialling its address again"
+                );
+            } else {
+                let probe = shared.read().nodes.first().map(|n| n.clients.probe.clone());
+                drop(shared);
+                let Some(role) = demoted(probe).await else {
+                    continue;
+                };
+                redial.metrics.count(PrimaryEvent::Demoted);
+                tracing::warn!(
+                    server = %redial.name,
+                    "Redis: the server the connections are on says it is a {role} (ROLE) and still takes writes (replica-read-only no), which no primary will see; dialling its address again"
+                );
             }
-            if !woken {
-                continue;
-            }
-            tracing::warn!(
-                server = %redial.name,
-                "Redis answered READONLY: the server is no longer a primary; dialling its address again"
-            );
             let mut said = String::new();
             let mut wait = REDIAL_RETRY;
             loop {
@@ -94,6 +128,7 @@ pub fn spawn(redial: Arc<Redial>, recipe: ClientRecipe, routing: Weak<RwLock<Arc
                 let why = match reached {
                     Ok(news) => match move_to(&redial, &recipe, &routing).await {
                         Ok(()) => {
+                            redial.metrics.count(PrimaryEvent::Moved);
                             tracing::warn!(server = %redial.name, "Redis: {news}");
                             break;
                         }
@@ -117,6 +152,32 @@ pub fn spawn(redial: Arc<Redial>, recipe: ClientRecipe, routing: Weak<RwLock<Arc
             let _ = tokio::time::timeout(Duration::ZERO, redial.wake.notified()).await;
         }
     });
+}
+
+/// The role the server `probe` is connected to says it has, when that is
+/// not a primary's; `None` for a primary, no probe, or no answer (a proxy
+/// refusing `ROLE` cannot say, and the decisions' own answers tell then).
+async fn demoted(probe: Option<Client>) -> Option<String> {
+    let probe = probe?;
+    if !probe.is_connected() {
+        return None;
+    }
+    let opts = Options {
+        timeout: Some(CLIENT_STALL_BOUND),
+        fail_fast: true,
+        max_attempts: Some(1),
+        ..Options::default()
+    };
+    let reply: Value = probe
+        .with_options(&opts)
+        .custom(fred::cmd!("ROLE"), Vec::<Value>::new())
+        .await
+        .ok()?;
+    let Value::Array(parts) = reply else {
+        return None;
+    };
+    let role = parts.first()?.as_string()?;
+    (role != "master").then_some(role)
 }
 
 /// Fresh connections to the address in place of the routing's node; the

@@ -4,13 +4,22 @@
 //! A `redis-sentinel://` URL names the sentinels and the master. At start
 //! and then every [`SENTINEL_REFRESH`] (or at once when a decision meets a
 //! `READONLY` answer: [`Sentinels::wake`]), every sentinel is asked
-//! `SENTINEL GET-MASTER-ADDR-BY-NAME`, all at once, until all answered or
-//! more than half of them name one address ([`settled`]: a hung sentinel is
-//! not waited for); the address most of those that answer name (the
-//! earlier sentinel in the URL breaking a tie) is taken only if
-//! that server says it is a primary (`ROLE`, asked of a new one only), so a sentinel that has not yet
-//! seen a failover, or that disagrees with the others, cannot send
-//! decisions to a replica. When the primary changes, the routing's one node
+//! `SENTINEL GET-MASTER-ADDR-BY-NAME` and `SENTINEL MASTER` (for the
+//! master's configuration epoch, which each failover raises), in one round
+//! trip, all sentinels at once, until all answered or more than half of
+//! them name one address ([`settled`]: a hung sentinel is not waited for).
+//! The address most of those that answer name is taken, a tie going to the
+//! one named with the newest configuration epoch, then to the lowest
+//! address: never to the sentinels' order in the URL, so that instances
+//! given the sentinels in different orders follow one primary (issue 52:
+//! two instances, a stale sentinel first in one URL and last in the other,
+//! followed two servers and admitted twice the budget). It is taken only
+//! if that server says it is a primary (`ROLE`: asked of a new one, and of
+//! the one decisions go to while the sentinels disagree), so a sentinel
+//! that has not yet seen a failover, or that disagrees with the others,
+//! cannot send decisions to a replica. A disagreement is logged and
+//! counted when it begins (`rls_store_primary_events_total{event=
+//! "sentinels_disagree"}`). When the primary changes, the routing's one node
 //! is replaced by connections to the new primary and the old ones close:
 //! decisions in flight on them are answered as they stand (an error if
 //! the connection goes first), never sent again.
@@ -31,7 +40,8 @@ use redis_protocol::resp2::types::BytesFrame;
 use tokio::sync::{Mutex, Notify};
 
 use super::nodes::{role, ClientRecipe, NodeClients, Routing, CLIENT_STALL_BOUND};
-use super::pipe::{open_connection, request, Io, Target};
+use super::pipe::{open_connection, requests, Io, Target};
+use super::primary_events::{MetricsSlot, PrimaryEvent};
 
 /// How long a sentinel that did not answer the last time is waited for.
 pub const SUSPECT_BOUND: Duration = Duration::from_millis(25);
@@ -42,20 +52,48 @@ pub const SENTINEL_REFRESH: Duration = Duration::from_millis(100);
 /// What one sentinel said about the master.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Said {
-    /// The primary's address.
-    Primary(String, u16),
+    /// The primary's address, and the master's configuration epoch as this
+    /// sentinel knows it (`None`: it did not say).
+    Primary(String, u16, Option<u64>),
     /// No master of that name (a nil reply).
     Unknown,
     /// No answer: why.
     Failed(String),
 }
 
+/// An address the sentinels named.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Candidate {
+    pub host: String,
+    pub port: u16,
+    /// How many sentinels named it.
+    pub votes: usize,
+    /// The newest configuration epoch it was named with.
+    pub epoch: Option<u64>,
+}
+
+impl Candidate {
+    pub fn is(&self, host: &str, port: u16) -> bool {
+        self.host == host && self.port == port
+    }
+}
+
+impl std::fmt::Display for Candidate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{} (named by {}", self.host, self.port, self.votes)?;
+        match self.epoch {
+            Some(epoch) => write!(f, ", epoch {epoch})"),
+            None => write!(f, ")"),
+        }
+    }
+}
+
 /// What the sentinels said together.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Agreement {
-    /// The addresses named, most named first (ties: the earlier sentinel),
-    /// with how many named each.
-    pub candidates: Vec<((String, u16), usize)>,
+    /// The addresses named, best first: the most named, then the newest
+    /// epoch, then the lowest address (never the sentinels' order).
+    pub candidates: Vec<Candidate>,
     /// The sentinels that know no master of that name.
     pub unknown: Vec<String>,
     /// The sentinels that did not answer, and why.
@@ -74,27 +112,37 @@ impl Agreement {
     }
 }
 
-/// Reads the sentinels' answers (in the URL's order).
+/// Reads the sentinels' answers.
 pub fn agree(said: &[(String, Said)]) -> Agreement {
-    let mut candidates: Vec<((String, u16), usize)> = Vec::new();
+    let mut candidates: Vec<Candidate> = Vec::new();
     let (mut unknown, mut failed) = (Vec::new(), Vec::new());
     for (sentinel, answer) in said {
         match answer {
-            Said::Primary(host, port) => {
-                match candidates
-                    .iter_mut()
-                    .find(|((h, p), _)| h == host && p == port)
-                {
-                    Some((_, votes)) => *votes += 1,
-                    None => candidates.push(((host.clone(), *port), 1)),
+            Said::Primary(host, port, epoch) => {
+                match candidates.iter_mut().find(|c| c.is(host, *port)) {
+                    Some(c) => {
+                        c.votes += 1;
+                        c.epoch = c.epoch.max(*epoch);
+                    }
+                    None => candidates.push(Candidate {
+                        host: host.clone(),
+                        port: *port,
+                        votes: 1,
+                        epoch: *epoch,
+                    }),
                 }
             }
             Said::Unknown => unknown.push(sentinel.clone()),
             Said::Failed(why) => failed.push((sentinel.clone(), why.clone())),
         }
     }
-    // stable: among equals, the first named stays first
-    candidates.sort_by_key(|c| std::cmp::Reverse(c.1));
+    // the same order whatever order the sentinels were asked in
+    candidates.sort_by(|a, b| {
+        b.votes
+            .cmp(&a.votes)
+            .then(b.epoch.cmp(&a.epoch))
+            .then_with(|| (&a.host, a.port).cmp(&(&b.host, b.port)))
+    });
     Agreement {
         candidates,
         unknown,
@@ -106,9 +154,18 @@ pub fn agree(said: &[(String, Said)]) -> Agreement {
 /// one address named by more than half of them, which the rest cannot
 /// outvote (so a hung sentinel is not waited for).
 pub fn settled(said: &[(String, Said)], total: usize) -> bool {
+    let address = |answer: &Said| match answer {
+        Said::Primary(host, port, _) => Some((host.clone(), *port)),
+        _ => None,
+    };
     said.iter().any(|(_, answer)| {
-        matches!(answer, Said::Primary(..))
-            && said.iter().filter(|(_, other)| other == answer).count() * 2 > total
+        address(answer).is_some_and(|named| {
+            said.iter()
+                .filter(|(_, other)| address(other).as_ref() == Some(&named))
+                .count()
+                * 2
+                > total
+        })
     })
 }
 
@@ -124,7 +181,9 @@ struct Sentinel {
 }
 
 impl Sentinel {
-    /// `SENTINEL GET-MASTER-ADDR-BY-NAME master`, within the stall bound.
+    /// `SENTINEL GET-MASTER-ADDR-BY-NAME master` and `SENTINEL MASTER
+    /// master` (its configuration epoch), in one write, within the stall
+    /// bound.
     /// The kept connection is taken out while the question is out and put
     /// back only with its answer read: an ask given up half way (the others
     /// settled it, [`settled`]) or failed drops it, and no later ask reads
@@ -147,17 +206,24 @@ impl Sentinel {
                     .await
                     .map_err(|e| e.to_string())?,
             };
-            let command: [&[u8]; 3] = [b"SENTINEL", b"GET-MASTER-ADDR-BY-NAME", master.as_bytes()];
-            let frame = request(&mut io, &command)
+            let address: [&[u8]; 3] = [b"SENTINEL", b"GET-MASTER-ADDR-BY-NAME", master.as_bytes()];
+            let config: [&[u8]; 3] = [b"SENTINEL", b"MASTER", master.as_bytes()];
+            let frames = requests(&mut io, &[&address, &config])
                 .await
                 .map_err(|e| e.to_string())?;
-            Ok((io, frame))
+            Ok((io, frames))
         })
         .await
         .unwrap_or_else(|_| Err(format!("no answer within {bound:?}")));
         let said = match asked {
-            Ok((io, frame)) => {
-                let said = said_of(&frame);
+            Ok((io, frames)) => {
+                let said = match frames.as_slice() {
+                    [address, config] => match said_of(address) {
+                        Said::Primary(host, port, _) => Said::Primary(host, port, epoch_of(config)),
+                        other => other,
+                    },
+                    _ => Said::Failed("fewer replies than questions".into()),
+                };
                 if !matches!(said, Said::Failed(_)) {
                     *kept = Some(io);
                 }
@@ -178,7 +244,7 @@ fn said_of(frame: &BytesFrame) -> Said {
             [BytesFrame::BulkString(host), BytesFrame::BulkString(port)] => {
                 let host = String::from_utf8_lossy(host).to_string();
                 match std::str::from_utf8(port).ok().and_then(|p| p.parse().ok()) {
-                    Some(port) => Said::Primary(host, port),
+                    Some(port) => Said::Primary(host, port, None),
                     None => Said::Failed(format!("a port that is not a number: {port:?}")),
                 }
             }
@@ -190,12 +256,29 @@ fn said_of(frame: &BytesFrame) -> Said {
     }
 }
 
+/// The master's configuration epoch in a `SENTINEL MASTER` reply (a flat
+/// list of fields and values); `None` where the reply does not say (an
+/// error: a sentinel ACL allowing only `GET-MASTER-ADDR-BY-NAME`).
+fn epoch_of(frame: &BytesFrame) -> Option<u64> {
+    let BytesFrame::Array(parts) = frame else {
+        return None;
+    };
+    parts.chunks(2).find_map(|pair| match pair {
+        [BytesFrame::BulkString(k), BytesFrame::BulkString(v)] if &k[..] == b"config-epoch" => {
+            std::str::from_utf8(v).ok()?.parse().ok()
+        }
+        _ => None,
+    })
+}
+
 /// The sentinels of one master.
 pub struct Sentinels {
     master: String,
     sentinels: Vec<Sentinel>,
     /// Asks the watch to look again now.
     wake: Arc<Notify>,
+    /// Where what the watch sees is counted, once the server has metrics.
+    metrics: MetricsSlot,
 }
 
 impl Sentinels {
@@ -233,11 +316,17 @@ impl Sentinels {
             master: service_name.clone(),
             sentinels,
             wake: Arc::new(Notify::new()),
+            metrics: MetricsSlot::default(),
         })
     }
 
     pub fn master(&self) -> &str {
         &self.master
+    }
+
+    /// Where the watch counts disagreements and moves.
+    pub fn metrics(&self) -> &MetricsSlot {
+        &self.metrics
     }
 
     /// Asks the watch to ask the sentinels again now (a decision met
@@ -270,10 +359,10 @@ impl Sentinels {
         agree(&said)
     }
 
-    /// The primary: the candidate most sentinels name that says it is one
-    /// (`current`, the primary decisions already go to, is not asked again:
-    /// a demoted one answers `READONLY`, which wakes the watch); else why
-    /// none is.
+    /// The primary: the first candidate that says it is one (`current`,
+    /// the primary decisions already go to, is not asked again while the
+    /// sentinels agree: a demoted one answers `READONLY`, which wakes the
+    /// watch); else why none is.
     pub async fn primary(
         &self,
         recipe: &ClientRecipe,
@@ -291,9 +380,10 @@ impl Sentinels {
             });
         }
         let mut why = Vec::new();
-        for ((host, port), _) in &agreement.candidates {
+        for candidate in &agreement.candidates {
+            let (host, port) = (&candidate.host, &candidate.port);
             let server = Server::new(host.as_str(), *port);
-            if current == Some(format!("{host}:{port}").as_str()) {
+            if !agreement.disagree() && current == Some(format!("{host}:{port}").as_str()) {
                 return Ok((server, agreement));
             }
             match role(&recipe.for_server(&server)).await {
@@ -369,8 +459,8 @@ pub async fn connect(
                 named_by = agreement
                     .candidates
                     .iter()
-                    .find(|((h, p), _)| **h == *server.host && *p == server.port)
-                    .map_or(0, |c| c.1),
+                    .find(|c| c.is(&server.host, server.port))
+                    .map_or(0, |c| c.votes),
                 "Redis Sentinel: primary found"
             );
             routing
@@ -394,6 +484,9 @@ pub fn spawn_watch(
     tokio::spawn(async move {
         // what was last said of a failure, said again only when it changes
         let mut last_problem = String::new();
+        // the sentinels disagreed at the last look: a disagreement is
+        // counted when it begins
+        let mut disagreed = false;
         loop {
             tokio::select! {
                 () = tokio::time::sleep(SENTINEL_REFRESH) => {}
@@ -408,18 +501,24 @@ pub fn spawn_watch(
                 Ok((server, agreement)) => {
                     let name = format!("{}:{}", server.host, server.port);
                     let mut problem = String::new();
+                    // (counted once there are metrics to count it in)
+                    let mut counted = disagreed;
                     if agreement.disagree() {
+                        if !disagreed {
+                            counted = sentinels.metrics.count(PrimaryEvent::SentinelsDisagree);
+                        }
                         problem = format!(
-                            "the sentinels of '{}' disagree: {}; following {name}, which says it is the primary",
+                            "the sentinels of '{}' disagree: {}; following {name}, which says it is the primary (ROLE)",
                             sentinels.master,
                             agreement
                                 .candidates
                                 .iter()
-                                .map(|((h, p), n)| format!("{h}:{p} (named by {n})"))
+                                .map(Candidate::to_string)
                                 .collect::<Vec<_>>()
                                 .join(", ")
                         );
                     }
+                    disagreed = agreement.disagree() && counted;
                     if current.as_deref() != Some(name.as_str()) {
                         match routing_of(&recipe, &server) {
                             Ok(next) => {
@@ -428,6 +527,7 @@ pub fn spawn_watch(
                                 };
                                 next.nodes[0].clients.wait(CLIENT_STALL_BOUND).await;
                                 Routing::replace(&shared, next);
+                                sentinels.metrics.count(PrimaryEvent::Moved);
                                 tracing::warn!(
                                     master = %sentinels.master,
                                     primary = %name,
@@ -457,7 +557,20 @@ mod tests {
     use super::*;
 
     fn named(host: &str, port: u16) -> Said {
-        Said::Primary(host.into(), port)
+        Said::Primary(host.into(), port, None)
+    }
+
+    fn named_at(host: &str, port: u16, epoch: u64) -> Said {
+        Said::Primary(host.into(), port, Some(epoch))
+    }
+
+    fn best(said: &[(&str, Said)]) -> (String, u16) {
+        let said: Vec<(String, Said)> = said
+            .iter()
+            .map(|(s, a)| (s.to_string(), a.clone()))
+            .collect();
+        let a = agree(&said);
+        (a.candidates[0].host.clone(), a.candidates[0].port)
     }
 
     #[test]
@@ -482,13 +595,12 @@ mod tests {
             ("s2".into(), named("10.0.0.2", 6379)),
             ("s3".into(), named("10.0.0.2", 6379)),
         ]);
-        assert_eq!(
-            a.candidates,
-            [
-                (("10.0.0.2".into(), 6379), 2),
-                (("10.0.0.1".into(), 6379), 1)
-            ]
-        );
+        let named: Vec<(&str, u16, usize)> = a
+            .candidates
+            .iter()
+            .map(|c| (c.host.as_str(), c.port, c.votes))
+            .collect();
+        assert_eq!(named, [("10.0.0.2", 6379, 2), ("10.0.0.1", 6379, 1)]);
         assert!(a.disagree());
         assert!(!a.unknown_master());
     }
@@ -517,15 +629,89 @@ mod tests {
         assert!(!settled(&said(&[failed(), failed()]), 3));
     }
 
+    /// Issue 52: two instances given a stale sentinel and a current one in
+    /// opposite orders followed two primaries. A tie goes to the newest
+    /// configuration epoch, whatever the order.
     #[test]
-    fn a_tie_goes_to_the_earlier_sentinel() {
-        let a = agree(&[
-            ("s1".into(), named("a", 1)),
-            ("s2".into(), named("b", 2)),
-            ("s3".into(), Said::Failed("refused".into())),
+    fn a_tie_goes_to_the_newest_epoch_whatever_the_sentinels_order() {
+        let stale = ("stale", named_at("10.0.0.9", 6379, 0));
+        let current = ("s2", named_at("10.0.0.2", 6379, 3));
+        let expected = ("10.0.0.2".to_string(), 6379);
+        assert_eq!(best(&[stale.clone(), current.clone()]), expected);
+        assert_eq!(best(&[current, stale]), expected);
+    }
+
+    /// With no epoch to tell them apart, the lowest address: the same for
+    /// every instance, never the first sentinel of each one's URL.
+    #[test]
+    fn a_tie_without_epochs_goes_to_the_lowest_address() {
+        let a = ("s1", named("10.0.0.9", 6379));
+        let b = ("s2", named("10.0.0.2", 6380));
+        let failed = ("s3", Said::Failed("refused".into()));
+        let expected = ("10.0.0.2".to_string(), 6380);
+        assert_eq!(best(&[a.clone(), b.clone(), failed.clone()]), expected);
+        assert_eq!(best(&[b, failed, a]), expected);
+    }
+
+    /// Votes come first: a lone sentinel with a newer epoch does not
+    /// outvote two that agree (the ROLE check guards the rest).
+    #[test]
+    fn more_votes_win_over_a_newer_epoch() {
+        let got = best(&[
+            ("s1", named_at("a", 1, 7)),
+            ("s2", named_at("b", 1, 6)),
+            ("s3", named_at("b", 1, 6)),
         ]);
-        assert_eq!(a.candidates[0].0, ("a".to_string(), 1));
-        assert_eq!(a.failed, [("s3".to_string(), "refused".to_string())]);
+        assert_eq!(got, ("b".to_string(), 1));
+    }
+
+    #[test]
+    fn an_address_named_with_several_epochs_keeps_the_newest() {
+        let a = agree(&[
+            ("s1".into(), named_at("a", 1, 2)),
+            ("s2".into(), named_at("a", 1, 5)),
+            ("s3".into(), named("a", 1)),
+        ]);
+        assert_eq!(a.candidates.len(), 1);
+        assert_eq!((a.candidates[0].votes, a.candidates[0].epoch), (3, Some(5)));
+        assert!(!a.disagree());
+        assert!(
+            settled(
+                &[
+                    ("s1".into(), named_at("a", 1, 2)),
+                    ("s2".into(), named_at("a", 1, 5)),
+                ],
+                3
+            ),
+            "one address named by two of three, epochs aside"
+        );
+    }
+
+    #[test]
+    fn the_epoch_is_read_from_sentinel_master() {
+        use fred::bytes::Bytes;
+        let bulk = |s: &str| BytesFrame::BulkString(Bytes::from(s.to_string()));
+        let reply = BytesFrame::Array(
+            [
+                "name",
+                "mymaster",
+                "ip",
+                "127.0.0.1",
+                "config-epoch",
+                "4",
+                "flags",
+                "master",
+            ]
+            .iter()
+            .map(|s| bulk(s))
+            .collect(),
+        );
+        assert_eq!(epoch_of(&reply), Some(4));
+        assert_eq!(epoch_of(&BytesFrame::Error("NOPERM".into())), None);
+        assert_eq!(
+            epoch_of(&BytesFrame::Array(vec![bulk("config-epoch"), bulk("x")])),
+            None
+        );
     }
 
     #[test]

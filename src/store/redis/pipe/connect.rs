@@ -142,26 +142,44 @@ pub(in crate::store::redis) async fn request(
     stream: &mut Box<dyn Io>,
     command: &[&[u8]],
 ) -> Result<BytesFrame, RedisError> {
+    let mut replies = requests(stream, &[command]).await?;
+    replies
+        .pop()
+        .ok_or_else(|| RedisError::new(ErrorKind::Protocol, "no reply"))
+}
+
+/// Sends `commands` on `stream` in one write and reads their replies, in
+/// order (one round trip for several questions to one server).
+pub(in crate::store::redis) async fn requests(
+    stream: &mut Box<dyn Io>,
+    commands: &[&[&[u8]]],
+) -> Result<Vec<BytesFrame>, RedisError> {
     let io = |e: std::io::Error| RedisError::new(ErrorKind::IO, e.to_string());
-    stream
-        .write_all(&encode(command.iter().copied()))
-        .await
-        .map_err(io)?;
+    let mut out = Vec::new();
+    for command in commands {
+        out.extend_from_slice(&encode(command.iter().copied()));
+    }
+    stream.write_all(&out).await.map_err(io)?;
     stream.flush().await.map_err(io)?;
     let mut buf = BytesMut::with_capacity(256);
-    loop {
+    let mut replies = Vec::with_capacity(commands.len());
+    while replies.len() < commands.len() {
+        match decode_bytes_mut(&mut buf) {
+            Ok(Some((frame, _, _))) => {
+                replies.push(frame);
+                continue;
+            }
+            Ok(None) => {}
+            Err(e) => return Err(RedisError::new(ErrorKind::Protocol, e.to_string())),
+        }
         if stream.read_buf(&mut buf).await.map_err(io)? == 0 {
             return Err(RedisError::new(
                 ErrorKind::IO,
                 "Redis closed the connection",
             ));
         }
-        match decode_bytes_mut(&mut buf) {
-            Ok(Some((frame, _, _))) => return Ok(frame),
-            Ok(None) => {}
-            Err(e) => return Err(RedisError::new(ErrorKind::Protocol, e.to_string())),
-        }
     }
+    Ok(replies)
 }
 
 /// Sends `command` and expects `+OK`; an error reply is of `kind`.
