@@ -348,3 +348,64 @@ async fn instances_given_the_sentinels_in_any_order_follow_one_primary() {
     );
     assert_eq!(old.cli(&["DBSIZE"]).trim(), "0", "nothing on the stale one");
 }
+
+/// What a commanded failover loses at a given call rate (#52 item 1: the
+/// cost is the rate times the time the old primary keeps taking writes
+/// unseen). A measurement, not a check (its figures are in
+/// docs/redis.md); run with the rate in `RLS_FAILOVER_RATE` (calls a
+/// second, default 1000):
+///
+///     RLS_FAILOVER_RATE=1500 cargo test --release --test sentinel \
+///       what_a_commanded_failover_loses -- --ignored --nocapture
+#[tokio::test]
+#[ignore]
+async fn what_a_commanded_failover_loses() {
+    let rate: u64 = std::env::var("RLS_FAILOVER_RATE")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(1000);
+    let mut set = SentinelSet::start();
+    let rules = rules_dir(RULES);
+    let s = common::start_on_redis(&set.url(), &rules, Duration::from_millis(500)).await;
+    let seen = Arc::new(Seen::new());
+    let clients = 8u64;
+    let mut tasks = Vec::new();
+    for _ in 0..clients {
+        let mut c = client(&s).await;
+        let seen = seen.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut tick =
+                tokio::time::interval(Duration::from_micros(1_000_000 * clients / rate.max(1)));
+            while !seen.stopped() {
+                tick.tick().await;
+                match c
+                    .should_rate_limit(request("d", vec![descriptor(&[("hot", "rate")])]))
+                    .await
+                {
+                    Ok(r) if r.get_ref().overall_code == Code::Ok as i32 => seen.admitted(),
+                    Ok(r) => panic!("refused with {BURST} tokens of burst: {r:?}"),
+                    Err(_) => seen.failed(),
+                }
+            }
+        }));
+    }
+    let started = std::time::Instant::now();
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let failover = set.fail_over(false, &seen).await;
+    seen.stop.store(true, Ordering::SeqCst);
+    for t in tasks {
+        t.await.expect("traffic task");
+    }
+    let admitted = seen.admitted.load(Ordering::SeqCst);
+    let tokens = tokens_on(failover.new_port, "rate").await;
+    eprintln!(
+        "RATE target {rate}/s, achieved {:.0}/s: the sentinels named the new primary {:?} after the command; \
+         {} admitted from the command to 300 ms after that; tokens lost (spent again): {}; answered by the failure mode: {}",
+        admitted as f64 / started.elapsed().as_secs_f64(),
+        failover.announced_after,
+        failover.in_window,
+        (tokens - (BURST - admitted as f64)).round(),
+        seen.unavailable.load(Ordering::SeqCst),
+    );
+    s.shutdown().await.expect("stop");
+}
