@@ -125,10 +125,21 @@ async fn metrics_count_every_decision_exactly() {
     assert_eq!(d("shadow", "shadow"), Some(2.0));
     assert_eq!(d("free", "unlimited"), Some(4.0));
     assert_eq!(d("_none", "no_rule"), Some(1.0));
+    // detailed_metric keeps the rule's own series (dashboards and alerts
+    // on its name go on) and adds the request's values in another
+    assert_eq!(d("detailed", "ok"), Some(1.0), "{body}");
+    assert_eq!(
+        sample(
+            &body,
+            "rls_decisions_detailed_total{descriptor=\"detailed_v1\",domain=\"d\",result=\"ok\",rule=\"detailed\"}"
+        ),
+        Some(1.0),
+        "detailed_metric shows the value: {body}"
+    );
     assert_eq!(
         d("detailed_v1", "ok"),
-        Some(1.0),
-        "detailed_metric shows the value"
+        None,
+        "no series renamed by its values"
     );
     assert_eq!(
         sample(

@@ -63,6 +63,10 @@ type RuleCounters = [IntCounter; RESULTS.len()];
 pub struct Metrics {
     registry: Registry,
     decisions: IntCounterVec,
+    /// Decisions of rules with `detailed_metric` or `value_to_metric`, by
+    /// the request's values (beside `decisions`, which keeps the rule's
+    /// own series).
+    decisions_detailed: IntCounterVec,
     /// By [`RuleId`] index; grows as rules are first counted.
     rule_decisions: ArcSwap<Vec<Option<Arc<RuleCounters>>>>,
     duration: Histogram,
@@ -100,6 +104,14 @@ impl Metrics {
                 "Descriptor decisions by domain, rule and result",
             ),
             &["domain", "rule", "result"],
+        )
+        .expect("valid metric");
+        let decisions_detailed = IntCounterVec::new(
+            Opts::new(
+                "rls_decisions_detailed_total",
+                "Descriptor decisions of rules with detailed_metric or value_to_metric, by the request's values",
+            ),
+            &["domain", "rule", "descriptor", "result"],
         )
         .expect("valid metric");
         let duration = Histogram::with_opts(
@@ -215,6 +227,7 @@ impl Metrics {
         let region = RegionMetrics::new();
         for c in [
             Box::new(decisions.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(decisions_detailed.clone()),
             Box::new(duration.clone()),
             Box::new(store_calls.clone()),
             Box::new(store_duration.clone()),
@@ -253,6 +266,7 @@ impl Metrics {
         Self {
             registry,
             decisions,
+            decisions_detailed,
             rule_decisions: ArcSwap::from_pointee(Vec::new()),
             store_call_series: OnceLock::new(),
             duration,
@@ -348,17 +362,8 @@ impl Metrics {
         let known = decisions.iter().any(|d| d.rule.is_some()) || rules.has_domain(domain);
         let domain_label = if known { domain } else { UNKNOWN_DOMAIN };
         for (decision, entries) in decisions.iter().zip(entries) {
-            let detailed;
             let rule = match &decision.rule {
                 None => NO_RULE,
-                Some(r) if r.detailed_metric || r.value_to_metric => {
-                    detailed = entries
-                        .iter()
-                        .map(|e| format!("{}_{}", e.key(), e.value()))
-                        .collect::<Vec<_>>()
-                        .join(".");
-                    &detailed
-                }
                 Some(r) => r.label(),
             };
             let result = if decision.verdict == Verdict::NoRule && decision.rule.is_some() {
@@ -368,15 +373,29 @@ impl Metrics {
                 decision.verdict.result_label()
             };
             match (&decision.rule, RESULTS.iter().position(|r| *r == result)) {
-                (Some(r), Some(i))
-                    if !(r.detailed_metric || r.value_to_metric) && r.id != RuleId::default() =>
-                {
+                (Some(r), Some(i)) if r.id != RuleId::default() => {
                     self.rule_counters(r.id)[i].inc()
                 }
                 _ => self
                     .decisions
                     .with_label_values(&[domain_label, rule, result])
                     .inc(),
+            }
+            // the request's values in a series of their own: the rule's
+            // series above stays what dashboards and alerts read
+            if let Some(r) = decision
+                .rule
+                .as_ref()
+                .filter(|r| r.detailed_metric || r.value_to_metric)
+            {
+                let descriptor = entries
+                    .iter()
+                    .map(|e| format!("{}_{}", e.key(), e.value()))
+                    .collect::<Vec<_>>()
+                    .join(".");
+                self.decisions_detailed
+                    .with_label_values(&[domain_label, r.label(), &descriptor, result])
+                    .inc();
             }
         }
     }
