@@ -520,6 +520,11 @@ async fn open_redis(
         layout: args.redis_bucket_layout,
         key_prefix: args.redis_key_prefix.clone(),
         skip_hostname_verification: args.redis_tls_skip_hostname_verification,
+        // the main store's (the per-second one's password is in its URL)
+        password_file: per_second
+            .is_none()
+            .then(|| args.redis_password_file.clone())
+            .flatten(),
     };
     if settings.skip_hostname_verification && per_second.is_none() {
         tracing::warn!(

@@ -365,6 +365,7 @@ async fn connect(redis: &RedisServer, batched: bool) -> RedisStore {
         layout: BucketLayout::Packed,
         key_prefix: String::new(),
         skip_hostname_verification: false,
+        password_file: None,
     })
     .await
     .expect("connect")

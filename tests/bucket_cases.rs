@@ -380,6 +380,7 @@ async fn store_and_client(redis: &RedisServer, layout: BucketLayout) -> (RedisSt
         layout,
         key_prefix: String::new(),
         skip_hostname_verification: false,
+        password_file: None,
     })
     .await
     .expect("connect");

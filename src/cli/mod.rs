@@ -161,6 +161,11 @@ pub struct ServeArgs {
     /// For rediss://: PEM CA that signed the Redis servers' certificates (default: system roots).
     #[arg(long, env = "RLS_REDIS_CA_FILE")]
     pub redis_ca_file: Option<PathBuf>,
+    /// A file holding the Redis password (the URL then has none), read
+    /// again for every new connection: a rotated password (a Kubernetes
+    /// Secret, an IAM token) is used without a restart.
+    #[arg(long, env = "RLS_REDIS_PASSWORD_FILE")]
+    pub redis_password_file: Option<PathBuf>,
     /// For rediss:// servers that require client certificates: PEM certificate (with --redis-client-key).
     #[arg(long, env = "RLS_REDIS_CLIENT_CERT", requires = "redis_client_key")]
     pub redis_client_cert: Option<PathBuf>,

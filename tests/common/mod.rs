@@ -50,6 +50,7 @@ pub fn serve_args(config: PathBuf) -> ServeArgs {
         redis_persecond_timeout: None,
         redis_batch: None,
         redis_ca_file: None,
+        redis_password_file: None,
         redis_client_cert: None,
         redis_client_key: None,
         redis_tls_skip_hostname_verification: false,

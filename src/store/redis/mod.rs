@@ -16,6 +16,7 @@
 //! decided as if alone.
 
 pub mod batch;
+pub mod credentials;
 mod keys;
 pub mod memory;
 pub mod nodes;
@@ -129,6 +130,9 @@ pub struct RedisSettings {
     /// For `rediss://`: check the servers' certificates against the CA but
     /// not their names.
     pub skip_hostname_verification: bool,
+    /// A file holding the password, read again for every new connection
+    /// (`--redis-password-file`: credentials that rotate).
+    pub password_file: Option<PathBuf>,
 }
 
 /// Time allowed for the breaker's probe of each server.
@@ -181,6 +185,19 @@ impl RedisStore {
             ));
         }
         let mut config = url::parse(&settings.url)?;
+        if let Some(path) = &settings.password_file {
+            if config.password.is_some() {
+                return Err(format!(
+                    "--redis-password-file ({}) and a password in the Redis URL: give one of them",
+                    path.display()
+                ));
+            }
+            if matches!(config.server, ServerConfig::Sentinel { .. }) {
+                return Err("--redis-password-file is not offered with Sentinel (its sentinels and servers may have passwords of their own): give the password in the URL".into());
+            }
+            let file = credentials::PasswordFile::new(path, config.username.clone())?;
+            config.credential_provider = Some(Arc::new(file));
+        }
         if let Some(tls) = tls_client_config(settings)? {
             if config.tls.is_none() {
                 return Err("--redis-ca-file, --redis-client-cert and --redis-tls-skip-hostname-verification need a rediss:// or rediss-cluster:// URL".into());

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use fred::bytes::BytesMut;
 use fred::error::{Error as RedisError, ErrorKind};
-use fred::types::config::{Config, ServerConfig, TlsConnector};
+use fred::types::config::{Config, CredentialProvider, ServerConfig, TlsConnector};
 use redis_protocol::resp2::decode::decode_bytes_mut;
 use redis_protocol::resp2::types::BytesFrame;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -26,6 +26,9 @@ pub struct Target {
     pub(super) tls: Option<(tokio_rustls::TlsConnector, String)>,
     pub(super) username: Option<String>,
     pub(super) password: Option<String>,
+    /// Where the credentials are read for each connection instead
+    /// (`--redis-password-file`: a password that rotates).
+    pub(super) credentials: Option<std::sync::Arc<dyn CredentialProvider>>,
     /// A database other than 0 (`redis://host:port/3`), selected on
     /// every connection before it carries anything.
     pub(super) database: Option<u8>,
@@ -45,6 +48,7 @@ impl Target {
                 tls: None,
                 username: config.username.clone(),
                 password: config.password.clone(),
+                credentials: config.credential_provider.clone(),
                 database: config.database.filter(|db| *db != 0),
                 connect_timeout,
             });
@@ -73,6 +77,7 @@ impl Target {
             tls,
             username: config.username.clone(),
             password: config.password.clone(),
+            credentials: config.credential_provider.clone(),
             database: config.database.filter(|db| *db != 0),
             connect_timeout,
         })
@@ -106,14 +111,29 @@ pub(in crate::store::redis) async fn open(target: &Target) -> Result<Box<dyn Io>
                 }
             }
         };
-        if let Some(password) = &target.password {
-            let mut auth = vec![b"AUTH".to_vec()];
-            if let Some(user) = &target.username {
-                auth.push(user.as_bytes().to_vec());
+        match &target.credentials {
+            None => {
+                if let Some(password) = &target.password {
+                    authenticate(&mut stream, target.username.as_deref(), password).await?;
+                }
             }
-            auth.push(password.as_bytes().to_vec());
-            let command = encode(auth.iter().map(Vec::as_slice));
-            handshake(&mut stream, &command, ErrorKind::Auth).await?;
+            Some(file) => {
+                // the newest password; one refused is read once more (the
+                // server may have rotated before the file was replaced)
+                // before the connection counts as failed
+                let (user, password) = file.fetch(None).await?;
+                if let Some(password) = password {
+                    if let Err(e) = authenticate(&mut stream, user.as_deref(), &password).await {
+                        let (user, again) = file.fetch(None).await?;
+                        match again {
+                            Some(again) if again != password => {
+                                authenticate(&mut stream, user.as_deref(), &again).await?;
+                            }
+                            _ => return Err(e),
+                        }
+                    }
+                }
+            }
         }
         if let Some(db) = target.database {
             let db = db.to_string();
@@ -180,6 +200,20 @@ pub(in crate::store::redis) async fn requests(
         }
     }
     Ok(replies)
+}
+
+/// `AUTH [user] password`.
+async fn authenticate<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
+    user: Option<&str>,
+    password: &str,
+) -> Result<(), RedisError> {
+    let mut auth: Vec<&[u8]> = vec![b"AUTH"];
+    if let Some(user) = user {
+        auth.push(user.as_bytes());
+    }
+    auth.push(password.as_bytes());
+    handshake(stream, &encode(auth.into_iter()), ErrorKind::Auth).await
 }
 
 /// Sends `command` and expects `+OK`; an error reply is of `kind`.

@@ -99,6 +99,7 @@ fn target(port: u16) -> Target {
         tls: None,
         username: None,
         password: None,
+        credentials: None,
         database: None,
         connect_timeout: Duration::from_secs(2),
     }

@@ -1,0 +1,218 @@
+//! Credentials that rotate (#53 item 3): the Redis password read from a
+//! file (`--redis-password-file`) again for every new connection, against a
+//! real redis-server whose password changes while the service decides: the
+//! default user's (`CONFIG SET requirepass`) and an ACL user's (`ACL
+//! SETUSER`, the new password added before the old one goes, as a Secret's
+//! rotation does). The connections the server drops authenticate again
+//! with the newest password; no admitted decision is lost or counted twice.
+
+mod common;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::redis::RedisServer;
+use common::{client, descriptor, request, rules_dir, serve_args};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use tonic::transport::Channel;
+
+const BURST: f64 = 100_000.0;
+
+/// Replaces the file as a Secret's mount does: a new file renamed over it.
+fn rotate(path: &Path, password: &str) {
+    let next = path.with_extension("next");
+    std::fs::write(&next, format!("{password}\n")).expect("write");
+    std::fs::rename(&next, path).expect("rename");
+}
+
+async fn decided(c: &mut RateLimitServiceClient<Channel>) -> Result<(), tonic::Status> {
+    let r = c
+        .should_rate_limit(request("d", vec![descriptor(&[("k", "v")])]))
+        .await?
+        .into_inner();
+    assert_eq!(r.overall_code, Code::Ok as i32);
+    Ok(())
+}
+
+/// Tokens left in `k=v`'s bucket, read with `url`'s credentials.
+async fn tokens(url: &str) -> f64 {
+    use fred::prelude::*;
+    let config = tokenbucket_rls::store::redis::url::parse(url).expect("url");
+    let raw = Builder::from_config(config).build().expect("client");
+    raw.init().await.expect("raw client connects");
+    let key = common::redis::bucket_key_in("d", &[("k", "v")], "0");
+    common::redis::stored_bucket(&raw, &key)
+        .await
+        .expect("the bucket is there")
+        .0
+}
+
+/// Starts the service on `server` as `user` (none: the default user) with
+/// the password in a file holding `first`; decides, has `change` rotate the
+/// server's password to `second` (and the file), decides until the dropped
+/// connections are back, then checks every admitted decision was counted
+/// once.
+async fn rotation(
+    server: &RedisServer,
+    user: Option<&str>,
+    first: &str,
+    second: &str,
+    change: impl FnOnce(&Path),
+) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("redis-password");
+    rotate(&file, first);
+    let rules = rules_dir(&format!(
+        "domain: d\ndescriptors:\n  - key: k\n    failure_mode: closed\n    rate_limit: {{unit: day, requests_per_unit: 1, burst: {BURST}}}\n"
+    ));
+    let at = user.map_or(String::new(), |u| format!("{u}@"));
+    let mut args = serve_args(rules.path().to_path_buf());
+    args.store = tokenbucket_rls::cli::StoreKind::Redis;
+    args.redis_url = Some(format!("redis://{at}127.0.0.1:{}", server.port));
+    args.redis_password_file = Some(file.clone());
+    args.redis_timeout = Duration::from_millis(500);
+    let s = tokenbucket_rls::server::start(&args).await.expect("start");
+    let mut c = client(&s).await;
+    let mut admitted = 0u64;
+    for _ in 0..50 {
+        decided(&mut c)
+            .await
+            .expect("decided with the first password");
+        admitted += 1;
+    }
+    change(&file);
+    // the connections the server dropped come back with the new password
+    let changed = Instant::now();
+    let mut refused = 0u64;
+    loop {
+        match decided(&mut c).await {
+            Ok(()) => {
+                admitted += 1;
+                break;
+            }
+            Err(e) => {
+                assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}");
+                assert!(
+                    changed.elapsed() < Duration::from_secs(20),
+                    "never decided again after the rotation ({refused} answered by the failure mode)"
+                );
+                refused += 1;
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
+    for _ in 0..50 {
+        decided(&mut c)
+            .await
+            .expect("decided with the new password");
+        admitted += 1;
+    }
+    eprintln!(
+        "rotation: decided again {:?} after it, {refused} calls answered by the failure mode in between",
+        changed.elapsed()
+    );
+    let left = tokens(&format!(
+        "redis://{}:{second}@127.0.0.1:{}",
+        user.unwrap_or(""),
+        server.port
+    ))
+    .await;
+    assert_eq!(left.round(), BURST - admitted as f64, "each decision once");
+    s.shutdown().await.expect("stop");
+}
+
+#[tokio::test]
+async fn a_rotated_requirepass_is_read_from_the_file() {
+    let server = RedisServer::standalone();
+    assert!(server
+        .cli(&["CONFIG", "SET", "requirepass", "old-pass"])
+        .contains("OK"));
+    let port = server.port.to_string();
+    rotation(&server, None, "old-pass", "new-pass", |file| {
+        let cli = |pass: &str, args: &[&str]| {
+            let mut all = vec!["-p", &port, "-a", pass, "--no-auth-warning"];
+            all.extend_from_slice(args);
+            let out = std::process::Command::new("redis-cli")
+                .args(&all)
+                .output()
+                .expect("redis-cli");
+            String::from_utf8_lossy(&out.stdout).to_string()
+        };
+        assert!(cli("old-pass", &["CONFIG", "SET", "requirepass", "new-pass"]).contains("OK"));
+        rotate(file, "new-pass");
+        // every connection of the old password goes (as a restart or a
+        // failover would drop them); they come back with the new one
+        let killed = cli("new-pass", &["CLIENT", "KILL", "TYPE", "normal"]);
+        assert!(
+            killed.trim().parse::<u32>().is_ok_and(|n| n >= 1),
+            "the service's connections dropped: {killed}"
+        );
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn an_acl_users_rotated_password_is_read_from_the_file() {
+    let server = RedisServer::standalone();
+    assert!(server
+        .cli(&["ACL", "SETUSER", "rls", "on", ">first", "~*", "+@all"])
+        .contains("OK"));
+    rotation(&server, Some("rls"), "first", "second", |file| {
+        // a Secret's rotation: the new password added, the file replaced,
+        // then the old password removed and its connections dropped
+        assert!(server
+            .cli(&["ACL", "SETUSER", "rls", ">second"])
+            .contains("OK"));
+        rotate(file, "second");
+        assert!(server
+            .cli(&["ACL", "SETUSER", "rls", "<first"])
+            .contains("OK"));
+        let killed = server.cli(&["CLIENT", "KILL", "USER", "rls"]);
+        assert!(
+            killed.trim().parse::<u32>().is_ok_and(|n| n >= 1),
+            "the service's connections dropped: {killed}"
+        );
+    })
+    .await;
+}
+
+/// The file and a password in the URL, or a file that holds none, stop
+/// the start naming the file, never its content.
+#[tokio::test]
+async fn a_password_file_beside_a_password_or_empty_stops_the_start() {
+    let server = RedisServer::standalone();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("redis-password");
+    std::fs::write(&file, "in-the-file\n").expect("write");
+    let rules = rules_dir(
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: day, requests_per_unit: 1}\n",
+    );
+    let start = |url: String| {
+        let mut args = serve_args(rules.path().to_path_buf());
+        args.store = tokenbucket_rls::cli::StoreKind::Redis;
+        args.redis_url = Some(url);
+        args.redis_password_file = Some(file.clone());
+        async move {
+            match tokenbucket_rls::server::start(&args).await {
+                Ok(_) => panic!("must not start"),
+                Err(e) => format!("{e:#}"),
+            }
+        }
+    };
+    let e = start(format!("redis://:in-the-url@127.0.0.1:{}", server.port)).await;
+    assert!(
+        e.contains("--redis-password-file") && e.contains("give one"),
+        "{e}"
+    );
+    assert!(
+        !e.contains("in-the-file") && !e.contains("in-the-url"),
+        "{e}"
+    );
+    std::fs::write(&file, "").expect("write");
+    let e = start(format!("redis://127.0.0.1:{}", server.port)).await;
+    assert!(
+        e.contains("is empty") && e.contains("redis-password"),
+        "{e}"
+    );
+}
