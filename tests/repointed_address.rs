@@ -61,6 +61,20 @@ fn replication_up(server: &RedisServer) -> bool {
         .contains("master_link_status:up")
 }
 
+/// The service on the Redis at `url`, one closed rule `k` of burst
+/// [`BURST`] (its rules' directory kept alive beside it).
+async fn serve_on(url: String) -> (tempfile::TempDir, tokenbucket_rls::server::RunningServer) {
+    let rules = rules_dir(&format!(
+        "domain: d\ndescriptors:\n  - key: k\n    failure_mode: closed\n    rate_limit: {{unit: day, requests_per_unit: 1, burst: {BURST}}}\n"
+    ));
+    let mut args = serve_args(rules.path().to_path_buf());
+    args.store = tokenbucket_rls::cli::StoreKind::Redis;
+    args.redis_url = Some(url);
+    args.redis_timeout = Duration::from_millis(500);
+    let s = tokenbucket_rls::server::start(&args).await.expect("start");
+    (rules, s)
+}
+
 fn wait_for(what: &str, done: impl Fn() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(30);
     while !done() {
@@ -97,14 +111,7 @@ async fn failover_behind_an_address(extra: &[&str]) {
     }
     wait_for("the replica in sync", || replication_up(&second));
     let address = Address::start(first.port).await;
-    let rules = rules_dir(&format!(
-        "domain: d\ndescriptors:\n  - key: k\n    failure_mode: closed\n    rate_limit: {{unit: day, requests_per_unit: 1, burst: {BURST}}}\n"
-    ));
-    let mut args = serve_args(rules.path().to_path_buf());
-    args.store = tokenbucket_rls::cli::StoreKind::Redis;
-    args.redis_url = Some(format!("redis://127.0.0.1:{}", address.port));
-    args.redis_timeout = Duration::from_millis(500);
-    let s = tokenbucket_rls::server::start(&args).await.expect("start");
+    let (_rules, s) = serve_on(format!("redis://127.0.0.1:{}", address.port)).await;
     let mut c = client(&s).await;
     let mut admitted = 0u64;
     for _ in 0..100 {
@@ -214,14 +221,7 @@ async fn an_address_that_reaches_a_replica_is_tried_until_it_is_a_primary() {
         &["--replicaof", "127.0.0.1", &first.port.to_string()],
     );
     wait_for("the replica in sync", || replication_up(&second));
-    let rules = rules_dir(&format!(
-        "domain: d\ndescriptors:\n  - key: k\n    failure_mode: closed\n    rate_limit: {{unit: day, requests_per_unit: 1, burst: {BURST}}}\n"
-    ));
-    let mut args = serve_args(rules.path().to_path_buf());
-    args.store = tokenbucket_rls::cli::StoreKind::Redis;
-    args.redis_url = Some(second.url());
-    args.redis_timeout = Duration::from_millis(500);
-    let s = tokenbucket_rls::server::start(&args).await.expect("start");
+    let (_rules, s) = serve_on(second.url()).await;
     let mut c = client(&s).await;
     // a second of calls on the replica: all by the failure mode
     let started = Instant::now();
@@ -288,14 +288,7 @@ async fn a_demoted_server_that_still_takes_writes_is_left() {
     );
     wait_for("the replica in sync", || replication_up(&second));
     let address = Address::start(first.port).await;
-    let rules = rules_dir(&format!(
-        "domain: d\ndescriptors:\n  - key: k\n    failure_mode: closed\n    rate_limit: {{unit: day, requests_per_unit: 1, burst: {BURST}}}\n"
-    ));
-    let mut args = serve_args(rules.path().to_path_buf());
-    args.store = tokenbucket_rls::cli::StoreKind::Redis;
-    args.redis_url = Some(format!("redis://127.0.0.1:{}", address.port));
-    args.redis_timeout = Duration::from_millis(500);
-    let s = tokenbucket_rls::server::start(&args).await.expect("start");
+    let (_rules, s) = serve_on(format!("redis://127.0.0.1:{}", address.port)).await;
     assert_eq!(
         primary_events(&s, "demoted"),
         0.0,

@@ -6,9 +6,17 @@
 //! mode. So the store reads `used_memory` and `maxmemory` from each primary
 //! every [`MEMORY_WATCH`] (on the probe connection, never behind decisions),
 //! exports them per node, and warns at `/readyz` from [`WARNING_SHARE`] on,
-//! before writes start failing.
+//! before writes start failing. And once at start-up, the eviction
+//! policy: anything but `noeviction` is warned about.
 
+use std::sync::Arc;
 use std::time::Duration;
+
+use fred::interfaces::{ClientLike, ConfigInterface};
+use fred::types::config::Options;
+
+use super::{RedisStore, PROBE_TIMEOUT};
+use crate::telemetry::Metrics;
 
 /// How often each primary's memory is read.
 pub const MEMORY_WATCH: Duration = Duration::from_secs(1);
@@ -53,6 +61,80 @@ impl NodeMemory {
                 share * 100.0
             )
         })
+    }
+}
+
+impl RedisStore {
+    /// Warns when a server may evict keys: every bucket key has a TTL, so
+    /// `volatile-*` policies would evict them too, resetting budgets silently.
+    pub async fn check_eviction_policy(&self) {
+        let routing = self.routing.read().clone();
+        let mut warnings = Vec::new();
+        for node in &routing.nodes {
+            let opts = Options {
+                timeout: Some(Duration::from_secs(2)),
+                ..Options::default()
+            };
+            let name = &node.name;
+            match node
+                .clients
+                .probe
+                .with_options(&opts)
+                .config_get::<Vec<String>, _>("maxmemory-policy")
+                .await
+            {
+                Ok(v) => {
+                    let policy = v.get(1).cloned().unwrap_or_default();
+                    if policy != "noeviction" {
+                        tracing::warn!(server = %name, policy = %policy, "Redis may evict rate-limit buckets (maxmemory-policy is not noeviction): evicted buckets reset to full");
+                        warnings.push(format!(
+                            "{name}: maxmemory-policy is {policy}, not noeviction"
+                        ));
+                    }
+                }
+                Err(e) => {
+                    tracing::info!(server = %name, error = %e, "cannot read maxmemory-policy (CONFIG may be disabled); make sure it is noeviction")
+                }
+            }
+        }
+        self.status.write().eviction_warnings = warnings;
+    }
+
+    /// Reads every primary's memory every [`MEMORY_WATCH`] until the
+    /// store is gone: gauges per node, and warnings for `/readyz`.
+    pub fn spawn_memory_watch(self: &Arc<Self>, metrics: Arc<Metrics>) {
+        crate::periodic::spawn_every(self, MEMORY_WATCH, move |store| {
+            let routing = store.routing.read().clone();
+            let status = store.status.clone();
+            let metrics = metrics.clone();
+            tokio::spawn(async move {
+                let opts = Options {
+                    timeout: Some(PROBE_TIMEOUT),
+                    fail_fast: true,
+                    max_attempts: Some(1),
+                    ..Options::default()
+                };
+                let reads = routing.nodes.iter().map(|node| async {
+                    let info: Result<String, _> = node
+                        .clients
+                        .probe
+                        .with_options(&opts)
+                        .info(Some(fred::types::InfoKind::Memory))
+                        .await;
+                    (
+                        node.name.clone(),
+                        info.ok().as_deref().and_then(NodeMemory::parse),
+                    )
+                });
+                let mut warnings = Vec::new();
+                for (name, read) in futures::future::join_all(reads).await {
+                    let Some(m) = read else { continue };
+                    metrics.node_memory(&name, m.used, m.max);
+                    warnings.extend(m.warning(&name));
+                }
+                status.write().memory_warnings = warnings;
+            });
+        });
     }
 }
 
