@@ -971,6 +971,7 @@ fn offer(
     };
     due.then(|| {
         sub.sent = Some((what, now_micros, ttl));
+        tracing::debug!(stream = ?sub.stream, bucket = ?key, ?what, ttl_ms = ttl / 1000, "RLQS assignment sent");
         action(sub.id(key), what, ttl, exact)
     })
 }
