@@ -21,6 +21,7 @@ pub mod limiter;
 pub mod pb_struct;
 pub mod periodic;
 pub mod quota;
+pub mod replication;
 pub mod rules;
 pub mod server;
 pub mod service;

@@ -142,6 +142,21 @@ fn print_attempts(set: &tokenbucket_rls::rules::RuleSet) {
     }
 }
 
+/// One line per rule with `replication:` (docs/redis.md, "Failovers that
+/// lose nothing"): what an admission waits for, and what the memory store
+/// does with it.
+fn print_replication(set: &tokenbucket_rls::rules::RuleSet) {
+    for (domain, rule) in sorted_rules(set) {
+        let Some(r) = &rule.replication else { continue };
+        println!(
+            "replication: domain {domain}, rule {}: an admission is answered once {} replica(s) of the Redis primary hold it (WAIT, up to {}; then the rule's failure mode); the memory store decides it as any other",
+            rule.path,
+            r.replicas,
+            humantime::format_duration(r.timeout)
+        );
+    }
+}
+
 /// One line per calendar limit (docs/rules.md, "Calendar periods"): its
 /// period, and the one running now.
 fn print_calendars(set: &tokenbucket_rls::rules::RuleSet) {
@@ -220,6 +235,7 @@ fn check_config(
                 path.display()
             );
             print_attempts(&set);
+            print_replication(&set);
             print_calendars(&set);
             if rlqs {
                 print_rlqs(&set);

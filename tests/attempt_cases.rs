@@ -222,6 +222,7 @@ fn descriptor(tag: &str, bursts: &[u64]) -> DescriptorBuckets {
                 rule: RuleId::of("cases", "attempts"),
             })
             .collect(),
+        replication: None,
     }
 }
 

@@ -563,6 +563,7 @@ async fn decisions_batched_into_one_call_give_the_same_answers() {
             params: p(1, 1, 1),
             rule: Default::default(),
         }],
+        replication: None,
     };
     store.decide(&warm, Cost::Spend(0)).await.expect("warm");
     let _: () = client
@@ -605,6 +606,7 @@ async fn a_lowered_rate_lengthens_the_ttl_at_the_next_decision() {
             params: p(5, 1, unit_secs),
             rule: Default::default(),
         }],
+        replication: None,
     };
     let key = redis_key(tag_hash(b"lowered"), b"lowered#0");
     for _ in 0..5 {
@@ -676,6 +678,7 @@ async fn a_rolling_upgrade_shares_buckets_with_the_previous_version() {
             params: p(10, 1, 86_400),
             rule: Default::default(),
         }],
+        replication: None,
     };
     let key = redis_key(tag_hash(b"upgrade"), b"upgrade#0");
     // 0.1's call: needed, deducted, margin, then capacity, rate, unit
@@ -724,6 +727,7 @@ fn buckets_of(tag: &[u8], params: impl IntoIterator<Item = BucketParams>) -> Des
             })
             .collect(),
         tag: tag.to_vec(),
+        replication: None,
     }
 }
 

@@ -329,3 +329,38 @@ fn check_config_shows_calendar_periods_and_refuses_an_unknown_zone() {
         "{stdout}"
     );
 }
+
+/// A rule with `replication:` (#52 item 1): `check-config` says what an
+/// admission waits for; a timeout past the bound is refused naming the
+/// file, the rule and the value.
+#[test]
+fn check_config_shows_replication_and_refuses_a_timeout_too_long() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let rules = dir.path().join("rules.yaml");
+    std::fs::write(
+        &rules,
+        "domain: paid\ndescriptors:\n  - key: api_key\n    failure_mode: closed\n    replication: {replicas: 2, timeout: 80ms}\n    rate_limit: {unit: second, requests_per_unit: 10}\n",
+    )
+    .expect("write");
+    let out = check_config(&[rules.to_str().expect("utf-8")]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(
+        stdout.contains("replication: domain paid, rule api_key: an admission is answered once 2 replica(s) of the Redis primary hold it (WAIT, up to 80ms; then the rule's failure mode)"),
+        "{stdout}"
+    );
+    std::fs::write(
+        &rules,
+        "domain: paid\ndescriptors:\n  - key: api_key\n    replication: {replicas: 2, timeout: 5s}\n    rate_limit: {unit: second, requests_per_unit: 10}\n",
+    )
+    .expect("write");
+    let out = check_config(&[rules.to_str().expect("utf-8")]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success());
+    assert!(
+        stdout.contains("rules.yaml")
+            && stdout.contains("api_key")
+            && stdout.contains("replication.timeout '5s' is longer than 1s"),
+        "{stdout}"
+    );
+}

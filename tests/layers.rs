@@ -36,6 +36,7 @@ const ROOMS: &[&[&str]] = &[
         "labels",
         "pb_struct",
         "periodic",
+        "replication",
         "window",
     ],
 ];

@@ -398,6 +398,7 @@ mod tests {
                 },
                 rule: RuleId::default(),
             }],
+            replication: None,
         }
     }
 

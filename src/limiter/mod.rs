@@ -541,6 +541,7 @@ impl Limiter {
                 params,
                 rule: own.rule,
             }],
+            replication: None,
         };
         let mut decided = self
             .decide_buckets(Some(rule), limits, &share, cost, None, generation, budget)
@@ -849,6 +850,7 @@ impl Limiter {
                             },
                         })
                         .collect(),
+                    replication: None,
                 };
                 // an attempt is remembered here while the store fails
                 let (outcomes, took, reused) = match attempt {

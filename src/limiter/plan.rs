@@ -171,6 +171,7 @@ pub(super) fn plan<'a, E: DescriptorEntry>(
                             rule: RuleId::of(domain, "override"),
                         }],
                         tag,
+                        replication: None,
                     },
                     cost: match d.cost {
                         Cost::Spend(n) if d.own_hits_addend && rpu > 0 && usage_domain => {
@@ -224,6 +225,7 @@ pub(super) fn plan<'a, E: DescriptorEntry>(
                         slots: DescriptorBuckets {
                             tag,
                             buckets: Vec::new(),
+                            replication: None,
                         },
                         max: u64::from(*max),
                         attempt: m
@@ -281,7 +283,11 @@ pub(super) fn plan<'a, E: DescriptorEntry>(
             Plan::Buckets {
                 rule: Some(m.rule),
                 limits: limits.into_iter().map(LimitRef::Rule).collect(),
-                buckets: DescriptorBuckets { tag, buckets },
+                buckets: DescriptorBuckets {
+                    tag,
+                    buckets,
+                    replication: m.rule.replication,
+                },
                 cost,
                 global,
                 attempt,

@@ -19,6 +19,7 @@ use crate::attempt::AttemptMode;
 use crate::bucket::Algorithm;
 
 mod algorithm;
+mod replication;
 
 /// What a descriptor passes down to the ones nested in it.
 #[derive(Clone)]
@@ -294,6 +295,7 @@ fn compile_rule(scope: &Scope<'_>, doc: &DescriptorDoc, errors: &mut ConfigError
             Some(compile_attempts(scope, doc, a, limits, mode, errors)?)
         }
     };
+    let replication = replication::compile_replication(scope, doc, &action, errors)?;
     let metadata = match &doc.metadata {
         None | Some(serde_yaml::Value::Null) => None,
         Some(m @ serde_yaml::Value::Mapping(_)) => Some(crate::pb_struct::struct_from_yaml(m)),
@@ -324,6 +326,7 @@ fn compile_rule(scope: &Scope<'_>, doc: &DescriptorDoc, errors: &mut ConfigError
         max_values,
         global,
         attempts,
+        replication,
         id: Default::default(),
     };
     rule.id = crate::labels::RuleId::of(&rule.domain, rule.label());

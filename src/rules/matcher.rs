@@ -82,6 +82,10 @@ pub struct Rule {
     /// what the rule does with it ([`crate::attempt`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub attempts: Option<AttemptsConfig>,
+    /// `replication:` (Redis store): an admission is answered once this many
+    /// replicas hold it ([`crate::replication`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub replication: Option<crate::replication::Replication>,
     /// (domain, [`Rule::label`]) as a small id, for what stores count per bucket.
     #[serde(skip)]
     pub id: crate::labels::RuleId,

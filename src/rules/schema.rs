@@ -91,6 +91,24 @@ pub struct DescriptorDoc {
     /// (ours; default one burst). What it cuts off is counted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_debt: Option<u64>,
+    /// Redis store: an admission is answered only once this many replicas
+    /// hold it (ours; docs/redis.md "Failovers that lose nothing").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replication: Option<ReplicationDoc>,
+}
+
+/// `replication: {replicas: 2, timeout: 50ms}`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReplicationDoc {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<u32>,
+    #[serde(
+        default,
+        deserialize_with = "opt_scalar_string",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub timeout: Option<String>,
 }
 
 /// `attempts: {key: request_id, ttl: 5m, reserve: 600, phase_key: phase}`.

@@ -1190,3 +1190,108 @@ fn a_reload_keeps_removed_attempts_retired_while_their_records_live() {
     assert!(m.retired_attempts("llm", "user", now).is_none());
     assert!(m.attempt_keys("llm").is_empty());
 }
+
+#[test]
+fn replication_is_parsed_with_a_default_timeout() {
+    let rules = load(
+        r#"
+domain: d
+descriptors:
+  - key: paid
+    replication: {replicas: 2, timeout: 80ms}
+    rate_limit: {unit: second, requests_per_unit: 10}
+  - key: plain
+    replication: {replicas: 1}
+    failure_mode: closed
+    rate_limit: {unit: minute, requests_per_unit: 10}
+  - key: none
+    rate_limit: {unit: minute, requests_per_unit: 10}
+"#,
+    )
+    .expect("valid");
+    let replication = |k: &str| {
+        rules
+            .lookup("d", &[(k, "x")])
+            .and_then(|m| m.rule.replication)
+    };
+    let paid = replication("paid").expect("paid");
+    assert_eq!(
+        (paid.replicas, paid.timeout),
+        (2, std::time::Duration::from_millis(80))
+    );
+    let plain = replication("plain").expect("plain");
+    assert_eq!(
+        (plain.replicas, plain.timeout),
+        (1, std::time::Duration::from_millis(50))
+    );
+    assert_eq!(replication("none"), None);
+}
+
+#[test]
+fn bad_replication_is_named() {
+    let rule = |replication: &str, rest: &str| {
+        format!("domain: d\ndescriptors:\n  - key: k\n    replication: {replication}\n{rest}")
+    };
+    let limit = "    rate_limit: {unit: second, requests_per_unit: 10}\n";
+    let cases = [
+        (
+            rule("{timeout: 50ms}", limit),
+            "replication.replicas is missing or 0",
+        ),
+        (
+            rule("{replicas: 0}", limit),
+            "replication.replicas is missing or 0",
+        ),
+        (
+            rule("{replicas: 17}", limit),
+            "replication.replicas 17 is more than 16",
+        ),
+        (
+            rule("{replicas: 1, timeout: 0s}", limit),
+            "replication.timeout '0s' is 0",
+        ),
+        (
+            rule("{replicas: 1, timeout: 2s}", limit),
+            "replication.timeout '2s' is longer than 1s",
+        ),
+        (
+            rule("{replicas: 1, timeout: soon}", limit),
+            "replication.timeout 'soon' is not a duration",
+        ),
+        (
+            rule("{replicas: 1, wait: 1s}", limit),
+            "unknown field `wait`",
+        ),
+        (
+            rule("{replicas: 1}", ""),
+            "`replication` needs a `rate_limit` or `limits`",
+        ),
+        (
+            rule("{replicas: 1}", "    rate_limit: {unlimited: true}\n"),
+            "`replication` on an unlimited rule: there is no bucket in Redis to replicate",
+        ),
+        (
+            rule("{replicas: 1}", &format!("    lease: {{size: 5}}\n{limit}")),
+            "`replication` and `lease` together",
+        ),
+        (
+            rule("{replicas: 1}", &format!("    scope: global\n{limit}")),
+            "`replication` with `scope: global`",
+        ),
+        (
+            rule(
+                "{replicas: 1}",
+                "    concurrency: 3\n    attempts: {key: id, ttl: 1m}\n",
+            ),
+            "`replication` on a `concurrency` rule",
+        ),
+    ];
+    for (yaml, expected) in cases {
+        let msg = errors(&yaml);
+        assert!(msg.starts_with("rules.yaml: "), "names the file: {msg}");
+        assert!(
+            msg.contains(expected),
+            "{yaml}\nwanted {expected:?}\ngot {msg}"
+        );
+    }
+}

@@ -57,9 +57,11 @@ pub enum CallOutcome {
 impl CallOutcome {
     pub fn of<T>(result: &Result<T, StoreError>) -> Option<Self> {
         match result {
-            Ok(_) | Err(StoreError::Script(_) | StoreError::OutOfMemory(_)) => {
-                Some(CallOutcome::Answered)
-            }
+            // the primary answered (its replicas may be slow or gone)
+            Ok(_)
+            | Err(
+                StoreError::Script(_) | StoreError::OutOfMemory(_) | StoreError::NotReplicated(_),
+            ) => Some(CallOutcome::Answered),
             Err(StoreError::Timeout) => Some(CallOutcome::Timeout),
             Err(StoreError::Connection(_)) => Some(CallOutcome::Connection),
             Err(StoreError::BreakerOpen | StoreError::Overloaded | StoreError::Upstream) => None,

@@ -17,6 +17,7 @@ use async_trait::async_trait;
 use crate::attempt::{AttemptCall, AttemptResult, SlotOutcome};
 use crate::bucket::{BucketOutcome, BucketParams, Cost};
 use crate::labels::RuleId;
+use crate::replication::Replication;
 
 /// One bucket of a descriptor: its store key, its parameters, and the rule
 /// it belongs to.
@@ -34,6 +35,9 @@ pub struct DescriptorBuckets {
     /// Redis slot, so that they can be decided in one atomic step.
     pub tag: Vec<u8>,
     pub buckets: Vec<BucketRef>,
+    /// The rule's `replication:`: an admission is answered once this many
+    /// replicas hold it (the Redis store; the memory store has none).
+    pub replication: Option<Replication>,
 }
 
 /// One call of an attempt, decided: the buckets' outcomes (a repeat is
@@ -67,11 +71,15 @@ pub enum StoreError {
     /// is unreachable, and the rule fails closed.
     #[error("the global tier is unreachable and this region's share of a global rule has expired")]
     Upstream,
+    /// A rule's `replication:` was not met: fewer replicas than it asks
+    /// acknowledged an admission in its time (the primary answered).
+    #[error("admission not replicated: {0}")]
+    NotReplicated(String),
 }
 
 impl StoreError {
     /// Every value of [`StoreError::kind`] (the metric's list).
-    pub const KINDS: [&'static str; 7] = crate::telemetry::metrics::STORE_ERROR_KINDS;
+    pub const KINDS: [&'static str; 8] = crate::telemetry::metrics::STORE_ERROR_KINDS;
 
     /// The `kind` label of `rls_store_errors_total`.
     pub fn kind(&self) -> &'static str {
@@ -83,6 +91,7 @@ impl StoreError {
             StoreError::BreakerOpen => "breaker_open",
             StoreError::Overloaded => "overloaded",
             StoreError::Upstream => "upstream",
+            StoreError::NotReplicated(_) => "not_replicated",
         }
     }
 }

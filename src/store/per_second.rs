@@ -142,6 +142,7 @@ mod tests {
                     rule: RuleId::default(),
                 })
                 .collect(),
+            replication: None,
         }
     }
 

@@ -31,7 +31,7 @@ use self::region::RegionMetrics;
 
 /// Every `kind` of `rls_store_errors_total` (the store's errors name
 /// theirs from this list), present from the start.
-pub const STORE_ERROR_KINDS: [&str; 7] = [
+pub const STORE_ERROR_KINDS: [&str; 8] = [
     "timeout",
     "connection",
     "script",
@@ -39,6 +39,7 @@ pub const STORE_ERROR_KINDS: [&str; 7] = [
     "breaker_open",
     "overloaded",
     "upstream",
+    "not_replicated",
 ];
 
 /// Latency buckets in seconds: fine below a millisecond, where a healthy

@@ -35,5 +35,6 @@ pub fn api_key(value: &str, params: BucketParams, rule: RuleId) -> DescriptorBuc
             rule,
         }],
         tag,
+        replication: None,
     }
 }

@@ -275,6 +275,7 @@ fn bucket(capacity: u64, tokens_per_unit: u64, unit_secs: u64) -> DescriptorBuck
                 period: None,
             },
         }],
+        replication: None,
     }
 }
 

@@ -133,6 +133,7 @@ fn on(node: u8) -> DescriptorBuckets {
     DescriptorBuckets {
         tag: vec![node],
         buckets: Vec::new(),
+        replication: None,
     }
 }
 

@@ -22,6 +22,7 @@ fn descriptor(key: &str, capacity: u64, rate: u64) -> DescriptorBuckets {
                 period: None,
             },
         }],
+        replication: None,
     }
 }
 
@@ -234,6 +235,7 @@ fn login(user: &str) -> DescriptorBuckets {
                 period: None,
             },
         }],
+        replication: None,
     }
 }
 

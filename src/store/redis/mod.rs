@@ -56,6 +56,7 @@ use super::{AttemptOutcome, DescriptorBuckets, Store, StoreError};
 use crate::attempt::{self, AttemptCall, AttemptMode, AttemptResult, Phase, SlotOutcome};
 use crate::bucket::{BucketOutcome, Cost};
 use crate::labels::RuleId;
+use crate::replication::Replication;
 use crate::telemetry::Metrics;
 
 /// The decision script, kept in its own file.
@@ -329,10 +330,11 @@ impl RedisStore {
         keys: &[Key],
         args: &[Value],
         options: &Options,
+        wait: Option<Replication>,
     ) -> Result<Vec<i64>, RedisError> {
         if let Some(pipes) = &node.pipes {
             if script.decisions {
-                return pipes.decide(keys, args).await;
+                return pipes.decide(keys, args, wait).await;
             }
             return pipes.eval(&script.sha, script.body, keys, args).await;
         }
@@ -340,7 +342,7 @@ impl RedisStore {
         // decision's future (moved when it is boxed) as large
         Box::pin(async {
             let client = node.pool.next().with_options(options);
-            match client
+            let mut reply: Vec<i64> = match client
                 .evalsha(&script.sha, keys.to_vec(), args.to_vec())
                 .await
             {
@@ -348,7 +350,15 @@ impl RedisStore {
                     client.eval(script.body, keys.to_vec(), args.to_vec()).await
                 }
                 other => other,
+            }?;
+            // on the same connection: the replicas' count ends the reply
+            if let Some(w) = wait {
+                let acked: i64 = client
+                    .wait(i64::from(w.replicas), w.timeout_ms() as i64)
+                    .await?;
+                reply.push(acked);
             }
+            Ok(reply)
         })
         .await
     }
@@ -382,22 +392,23 @@ impl RedisStore {
         keys: &[Key],
         args: &[Value],
         options: &Options,
+        wait: Option<Replication>,
     ) -> Result<Vec<i64>, RedisError> {
         let started = tokio::time::Instant::now();
         let retrying = async {
-            let mut wait = TRYAGAIN_FIRST_WAIT;
+            let mut pause = TRYAGAIN_FIRST_WAIT;
             let mut sends = 1;
             loop {
-                match self.run_once(script, slot, keys, args, options).await {
+                match self.run_once(script, slot, keys, args, options, wait).await {
                     Err(e) if e.details().starts_with("TRYAGAIN") => {
                         let left = options.timeout.map(|t| t.saturating_sub(started.elapsed()));
-                        // a wait, and at least as long again for the call
-                        let room = left.is_none_or(|l| l > wait * 2);
+                        // a pause, and at least as long again for the call
+                        let room = left.is_none_or(|l| l > pause * 2);
                         if !room || sends >= TRYAGAIN_MAX_SENDS {
                             return Err(e);
                         }
-                        tokio::time::sleep(wait).await;
-                        wait = (wait * 2).min(TRYAGAIN_MAX_WAIT);
+                        tokio::time::sleep(pause).await;
+                        pause = (pause * 2).min(TRYAGAIN_MAX_WAIT);
                         sends += 1;
                         if let Some(m) = &self.metrics {
                             m.store_retry("tryagain");
@@ -427,6 +438,7 @@ impl RedisStore {
         keys: &[Key],
         args: &[Value],
         options: &Options,
+        wait: Option<Replication>,
     ) -> Result<Vec<i64>, RedisError> {
         let node = self
             .routing
@@ -443,9 +455,9 @@ impl RedisStore {
         for _ in 0..=MAX_REDIRECTIONS {
             let result = if asking {
                 // boxed, as fred's calls in run_on: rare, and large
-                Box::pin(self.run_asking(script, &node, keys, args, options)).await
+                Box::pin(self.run_asking(script, &node, keys, args, options, wait)).await
             } else {
-                self.run_on(script, &node, keys, args, options).await
+                self.run_on(script, &node, keys, args, options, wait).await
             };
             let redirect = match &result {
                 Err(e) => {
@@ -494,10 +506,11 @@ impl RedisStore {
         keys: &[Key],
         args: &[Value],
         options: &Options,
+        wait: Option<Replication>,
     ) -> Result<Vec<i64>, RedisError> {
         if let Some(pipes) = &node.pipes {
             return pipes
-                .eval_asking(&script.sha, script.body, keys, args)
+                .eval_asking(&script.sha, script.body, keys, args, wait)
                 .await;
         }
         let client = node.pool.next();
@@ -527,11 +540,31 @@ impl RedisStore {
                 fred::cmd!("EVALSHA")
             };
             let _: () = queue.custom(command, call).await?;
+            if let Some(w) = wait {
+                let _: () = queue
+                    .custom(
+                        fred::cmd!("WAIT"),
+                        vec![
+                            Value::Integer(i64::from(w.replicas)),
+                            Value::Integer(w.timeout_ms() as i64),
+                        ],
+                    )
+                    .await?;
+            }
             let mut replies = pipeline.try_all::<Value>().await;
-            replies
+            let no_reply = || RedisError::new(ErrorKind::Protocol, "no reply");
+            let acked = match wait {
+                Some(_) => Some(replies.pop().unwrap_or_else(|| Err(no_reply()))?),
+                None => None,
+            };
+            let mut reply = replies
                 .pop()
-                .unwrap_or_else(|| Err(RedisError::new(ErrorKind::Protocol, "no reply")))?
-                .convert::<Vec<i64>>()
+                .unwrap_or_else(|| Err(no_reply()))?
+                .convert::<Vec<i64>>()?;
+            if let Some(acked) = acked {
+                reply.push(acked.convert::<i64>()?);
+            }
+            Ok::<_, RedisError>(reply)
         };
         match send(false).await {
             Err(e) if e.details().starts_with("NOSCRIPT") => send(true).await,
@@ -582,7 +615,7 @@ impl RedisStore {
         let slot = fred::util::redis_keyslot(&key);
         let patient = self.patient(patience);
         let options = patient.as_ref().unwrap_or(&self.options);
-        self.run(script, slot, &[Key::from(key)], args, options)
+        self.run(script, slot, &[Key::from(key)], args, options, None)
             .await
             .map_err(store_error)
     }
@@ -628,11 +661,35 @@ impl RedisStore {
             }
         }
         let args = script_args::decision(descriptor, cost, attempt, self.layout);
+        let wait = descriptor.replication;
+        // a rule with `replication:` waits for its replicas besides the call
+        let patience = match wait {
+            Some(w) => {
+                let usual = self.options.timeout.unwrap_or(Duration::ZERO) + w.timeout;
+                Some(patience.map_or(usual, |p| p.max(usual)))
+            }
+            None => patience,
+        };
         let patient = self.patient(patience);
         let options = patient.as_ref().unwrap_or(&self.options);
-        self.run(&self.script, slot_of(hash), &keys, &args, options)
+        let mut reply = self
+            .run(&self.script, slot_of(hash), &keys, &args, options, wait)
             .await
-            .map_err(store_error)
+            .map_err(store_error)?;
+        if let Some(w) = wait {
+            let acked = reply
+                .pop()
+                .ok_or_else(|| StoreError::Script("a reply without WAIT's count".into()))?;
+            let admitted = reply.first() == Some(&1);
+            if admitted && !w.holds(acked) {
+                return Err(StoreError::NotReplicated(format!(
+                    "{acked} of {} replicas acknowledged the admission within {}",
+                    w.replicas,
+                    humantime::format_duration(w.timeout)
+                )));
+            }
+        }
+        Ok(reply)
     }
 
     /// The options of a call that may wait `patience` when it is longer
@@ -843,6 +900,7 @@ impl Store for RedisStore {
                 &[Key::from(key)],
                 &args,
                 self.patient(patience).as_ref().unwrap_or(&self.options),
+                None,
             )
             .await
             .map_err(store_error)?;

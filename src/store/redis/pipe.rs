@@ -41,6 +41,7 @@ use self::reader::read_replies;
 use self::writer::{write_calls, Call, Command};
 use super::batch::{self, Decision};
 use super::resp::{encode_eval, Reply};
+use crate::replication::Replication;
 
 mod connect;
 mod pending;
@@ -75,7 +76,18 @@ pub struct Pipes {
     pipes: Vec<Pipe>,
     /// One per serving thread, made on that thread's first call.
     lanes: Box<[OnceLock<Pipe>]>,
+    /// The calls of rules with `replication:`, each write followed by a
+    /// `WAIT` that blocks the connection until the replicas answer: on a
+    /// connection of their own, so that no other decision queues behind
+    /// it. Made at the first such call, on `runtime`.
+    durable: OnceLock<Pipe>,
+    runtime: tokio::runtime::Handle,
 }
+
+/// How long the first call of a rule with `replication:` waits for its
+/// connection to be made; then, as on every connection, a call made while
+/// it is down fails at once.
+const DURABLE_FIRST_CONNECT: Duration = Duration::from_millis(500);
 
 impl Pipes {
     /// `count` connections to `target`, connecting in the background, and
@@ -90,7 +102,27 @@ impl Pipes {
                 .map(|_| Pipe::connect(target.clone(), batch))
                 .collect(),
             lanes: (0..lanes).map(|_| OnceLock::new()).collect(),
+            durable: OnceLock::new(),
+            runtime: tokio::runtime::Handle::current(),
         }
+    }
+
+    /// The connection of rules with `replication:` (see [`Pipes::durable`]),
+    /// made now if it is the first call, and waited for while it connects.
+    async fn durable(&self) -> &Pipe {
+        let mut made = false;
+        let pipe = self.durable.get_or_init(|| {
+            made = true;
+            let _runtime = self.runtime.enter();
+            Pipe::connect(self.target.clone(), 1)
+        });
+        if made {
+            let deadline = tokio::time::Instant::now() + DURABLE_FIRST_CONNECT;
+            while !pipe.up.load(Ordering::Relaxed) && tokio::time::Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        }
+        pipe
     }
 
     /// This serving thread's lane when it is up and not behind; else the
@@ -126,9 +158,9 @@ impl Pipes {
     pub async fn eval(&self, sha: &str, body: &str, keys: &[Key], args: &[Value]) -> Reply {
         let pipe = self.pick();
         let command = encode_eval("EVALSHA", sha, keys, args)?;
-        match pipe.call(Command::Whole(command)).await {
+        match pipe.call(Command::Whole(command), None).await {
             Err(e) if e.details().starts_with("NOSCRIPT") => {
-                pipe.call(Command::Whole(encode_eval("EVAL", body, keys, args)?))
+                pipe.call(Command::Whole(encode_eval("EVAL", body, keys, args)?), None)
                     .await
             }
             other => other,
@@ -139,13 +171,27 @@ impl Pipes {
     /// after `ASKING`, on the next connection: where an `ASK` redirection
     /// sent it. Never sent again once written: a connection lost with it
     /// in flight answers an error, as every call here.
-    pub async fn eval_asking(&self, sha: &str, body: &str, keys: &[Key], args: &[Value]) -> Reply {
-        let pipe = self.pick();
+    /// With `wait`, as [`Pipes::decide`] says.
+    pub async fn eval_asking(
+        &self,
+        sha: &str,
+        body: &str,
+        keys: &[Key],
+        args: &[Value],
+        wait: Option<Replication>,
+    ) -> Reply {
+        let pipe = match wait {
+            Some(_) => self.durable().await,
+            None => self.pick(),
+        };
         let command = encode_eval("EVALSHA", sha, keys, args)?;
-        match pipe.call(Command::Asking(command)).await {
+        match pipe.call(Command::Asking(command), wait).await {
             Err(e) if e.details().starts_with("NOSCRIPT") => {
-                pipe.call(Command::Asking(encode_eval("EVAL", body, keys, args)?))
-                    .await
+                pipe.call(
+                    Command::Asking(encode_eval("EVAL", body, keys, args)?),
+                    wait,
+                )
+                .await
             }
             other => other,
         }
@@ -155,17 +201,24 @@ impl Pipes {
     /// in a batch with the decisions queued beside it: sent again alone
     /// when its batch could not take it, and with `EVAL` when the server
     /// does not have the script.
-    pub async fn decide(&self, keys: &[Key], args: &[Value]) -> Reply {
-        let pipe = self.pick();
-        let mut alone = false;
+    ///
+    /// With `wait` (a rule's `replication:`): alone, on the durable
+    /// connection, its write followed by `WAIT`; its reply ends with the
+    /// number of replicas that acknowledged (the caller judges it).
+    pub async fn decide(&self, keys: &[Key], args: &[Value], wait: Option<Replication>) -> Reply {
+        let pipe = match wait {
+            Some(_) => self.durable().await,
+            None => self.pick(),
+        };
+        let mut alone = wait.is_some();
         loop {
             let decision = Decision::new(keys, args)?;
-            match pipe.call(Command::Decision { decision, alone }).await {
+            match pipe.call(Command::Decision { decision, alone }, wait).await {
                 Err(e) if batch::is_again_alone(&e) && !alone => alone = true,
                 Err(e) if e.details().starts_with("NOSCRIPT") => {
                     let body = batch::scripts().single_body;
                     let command = encode_eval("EVAL", body, keys, args)?;
-                    return pipe.call(Command::Whole(command)).await;
+                    return pipe.call(Command::Whole(command), wait).await;
                 }
                 other => return other,
             }
@@ -237,7 +290,8 @@ impl Pipe {
         Self { queue, up, writes }
     }
 
-    async fn call(&self, command: Command) -> Reply {
+    /// `wait`: the call's write is followed by `WAIT` ([`writer`]).
+    async fn call(&self, command: Command, wait: Option<Replication>) -> Reply {
         if !self.up.load(Ordering::Relaxed) {
             return Err(RedisError::new(
                 ErrorKind::IO,
@@ -246,7 +300,11 @@ impl Pipe {
         }
         let (answer, reply) = oneshot::channel();
         self.queue
-            .try_send(Call { command, answer })
+            .try_send(Call {
+                command,
+                answer,
+                wait,
+            })
             .map_err(|e| match e {
                 mpsc::error::TrySendError::Full(_) => RedisError::new(
                     ErrorKind::Backpressure,

@@ -109,6 +109,8 @@ pub(super) fn reply_of(frame: BytesFrame) -> Reply {
                 )),
             })
             .collect(),
+        // `WAIT`'s count
+        BytesFrame::Integer(i) => Ok(vec![i]),
         BytesFrame::Error(e) => {
             let text = e.to_string();
             let kind = if text.starts_with("MOVED ") || text.starts_with("ASK ") {

@@ -22,6 +22,12 @@ pub(super) enum Waiting {
     Load,
     /// `ASKING`'s reply, read and dropped.
     Asking,
+    /// A call of a rule with `replication:`: its reply is held until the
+    /// write's [`Waiting::Wait`] answers.
+    Held(oneshot::Sender<Reply>),
+    /// The write's `WAIT`: its count is added at the end of every held
+    /// reply, which is then answered.
+    Wait,
 }
 
 /// Whether a connection's server has taken the batch script.
@@ -42,7 +48,7 @@ pub(super) fn lost() -> RedisError {
 pub(super) fn fail_all(pending: &Pending) {
     for waiting in std::mem::take(&mut *pending.lock()) {
         match waiting {
-            Waiting::One(answer) => {
+            Waiting::One(answer) | Waiting::Held(answer) => {
                 let _ = answer.send(Err(lost()));
             }
             Waiting::Batch(answers) => {
@@ -50,7 +56,7 @@ pub(super) fn fail_all(pending: &Pending) {
                     let _ = answer.send(Err(lost()));
                 }
             }
-            Waiting::Load | Waiting::Asking => {}
+            Waiting::Load | Waiting::Asking | Waiting::Wait => {}
         }
     }
 }

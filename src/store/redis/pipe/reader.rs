@@ -8,10 +8,11 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use fred::bytes::BytesMut;
 use fred::error::{Error as RedisError, ErrorKind};
 use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio::sync::oneshot;
 
 use super::pending::{Pending, Waiting, BATCH_LOADED, BATCH_REFUSED, BATCH_UNKNOWN};
 use crate::store::redis::batch;
-use crate::store::redis::resp::next_reply;
+use crate::store::redis::resp::{next_reply, Reply};
 
 /// How the reader reads the next reply.
 enum Next {
@@ -19,6 +20,8 @@ enum Next {
     Asking,
     Batch(usize),
     Load,
+    Held,
+    Wait,
 }
 
 /// Reads replies and answers the calls waiting for them, until the
@@ -29,6 +32,9 @@ pub(super) async fn read_replies<R: AsyncRead + Unpin>(
     script: &AtomicU8,
 ) -> Result<(), RedisError> {
     let mut buf = BytesMut::with_capacity(16 * 1024);
+    // replies of calls with `replication:`, until their write's `WAIT`
+    // answers (dropped with the connection: their callers get an error)
+    let mut held: Vec<(oneshot::Sender<Reply>, Vec<i64>)> = Vec::new();
     loop {
         let n = reader
             .read_buf(&mut buf)
@@ -53,6 +59,8 @@ pub(super) async fn read_replies<R: AsyncRead + Unpin>(
                 Some(Waiting::Batch(answers)) => Next::Batch(answers.len()),
                 Some(Waiting::Load) => Next::Load,
                 Some(Waiting::Asking) => Next::Asking,
+                Some(Waiting::Held(_)) => Next::Held,
+                Some(Waiting::Wait) => Next::Wait,
             };
             match next {
                 Next::One => {
@@ -61,6 +69,43 @@ pub(super) async fn read_replies<R: AsyncRead + Unpin>(
                     };
                     if let Some(Waiting::One(answer)) = pending.lock().pop_front() {
                         let _ = answer.send(reply);
+                    }
+                }
+                Next::Held => {
+                    let Some(reply) = next_reply(&mut buf)? else {
+                        break;
+                    };
+                    if let Some(Waiting::Held(answer)) = pending.lock().pop_front() {
+                        match reply {
+                            Ok(values) => held.push((answer, values)),
+                            // refused or failed: nothing to wait for
+                            Err(e) => {
+                                let _ = answer.send(Err(e));
+                            }
+                        }
+                    }
+                }
+                Next::Wait => {
+                    let Some(reply) = next_reply(&mut buf)? else {
+                        break;
+                    };
+                    pending.lock().pop_front();
+                    let acked = match reply {
+                        Ok(values) => values.first().copied().ok_or_else(|| {
+                            RedisError::new(ErrorKind::Protocol, "an empty WAIT reply")
+                        }),
+                        Err(e) => Err(e),
+                    };
+                    for (answer, mut values) in held.drain(..) {
+                        let _ = answer.send(match &acked {
+                            Ok(n) => {
+                                values.push(*n);
+                                Ok(values)
+                            }
+                            Err(e) => {
+                                Err(RedisError::new(e.kind().clone(), e.details().to_string()))
+                            }
+                        });
                     }
                 }
                 Next::Asking => {

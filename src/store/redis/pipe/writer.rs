@@ -11,6 +11,7 @@ use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot};
 
 use super::pending::{Pending, Waiting, BATCH_LOADED, BATCH_REFUSED, BATCH_UNKNOWN};
+use crate::replication::Replication;
 use crate::store::redis::batch::{self, Decision};
 use crate::store::redis::resp::Reply;
 
@@ -22,6 +23,9 @@ const MAX_WRITE: usize = 256 * 1024;
 pub(super) struct Call {
     pub(super) command: Command,
     pub(super) answer: oneshot::Sender<Reply>,
+    /// A rule's `replication:`: never batched, and the write it goes in
+    /// ends with `WAIT`, whose count its reply gets at its end.
+    pub(super) wait: Option<Replication>,
 }
 
 /// What a call sends.
@@ -78,6 +82,9 @@ pub(super) async fn write_calls<W: AsyncWrite + Unpin>(
             taken.push(call);
         }
         buf.clear();
+        // the most replicas and the longest timeout of the calls with
+        // `replication:` in this write: one `WAIT` after them all
+        let mut wait: Option<Replication> = None;
         {
             let mut waiting = pending.lock();
             let batching = batch > 1 && script.load(Ordering::Relaxed) != BATCH_REFUSED;
@@ -85,6 +92,14 @@ pub(super) async fn write_calls<W: AsyncWrite + Unpin>(
                 if call.answer.is_closed() {
                     // its caller is gone (its deadline passed, and the
                     // failure mode answered): never written, never spent
+                    continue;
+                }
+                if let Some(w) = call.wait {
+                    write_held(&mut buf, &mut waiting, call.command, call.answer);
+                    wait = Some(wait.map_or(w, |before: Replication| Replication {
+                        replicas: before.replicas.max(w.replicas),
+                        timeout: before.timeout.max(w.timeout),
+                    }));
                     continue;
                 }
                 match call.command {
@@ -114,6 +129,10 @@ pub(super) async fn write_calls<W: AsyncWrite + Unpin>(
                 }
             }
             put_group(&mut buf, &mut waiting, &mut group, script);
+            if let Some(w) = wait.take() {
+                put_wait(&mut buf, w);
+                waiting.push_back(Waiting::Wait);
+            }
         }
         writes.fetch_add(1, Ordering::Relaxed);
         if let Err(e) = async {
@@ -156,6 +175,37 @@ fn put_group(
     let (decisions, answers): (Vec<Decision>, Vec<_>) = group.drain(..).unzip();
     batch::write_batch(buf, &decisions);
     waiting.push_back(Waiting::Batch(answers));
+}
+
+/// A call whose reply waits for the write's `WAIT`: written alone (a
+/// decision never batched), its reply held by the reader until then.
+fn write_held(
+    buf: &mut Vec<u8>,
+    waiting: &mut VecDeque<Waiting>,
+    command: Command,
+    answer: oneshot::Sender<Reply>,
+) {
+    match command {
+        Command::Decision { decision, .. } => batch::write_one(buf, &decision),
+        Command::Whole(bytes) => buf.extend_from_slice(&bytes),
+        Command::Asking(bytes) => {
+            buf.extend_from_slice(ASKING);
+            waiting.push_back(Waiting::Asking);
+            buf.extend_from_slice(&bytes);
+        }
+    }
+    waiting.push_back(Waiting::Held(answer));
+}
+
+/// `WAIT <replicas> <timeout ms>`, encoded: answered with how many
+/// replicas acknowledged every write made before it on this connection.
+fn put_wait(buf: &mut Vec<u8>, w: Replication) {
+    let replicas = w.replicas.to_string();
+    let timeout = w.timeout_ms().to_string();
+    buf.extend_from_slice(b"*3\r\n$4\r\nWAIT\r\n");
+    for arg in [replicas, timeout] {
+        buf.extend_from_slice(format!("${}\r\n{arg}\r\n", arg.len()).as_bytes());
+    }
 }
 
 /// `ASKING`, encoded.
