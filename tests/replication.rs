@@ -12,8 +12,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::redis::redis_cli;
-use common::sentinel::{Seen, SentinelSet, MASTER};
+use common::sentinel::{Seen, SentinelSet};
 use common::{client, descriptor, request, rules_dir};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
@@ -176,29 +175,61 @@ fn check_nothing_lost(label: &str, seen: &Seen, tokens: f64, started: Instant) {
     );
 }
 
-#[tokio::test]
-async fn a_commanded_failover_loses_no_admission_of_a_replicated_rule() {
-    let mut set = SentinelSet::start();
-    // both replicas online (a replica's first sync waits a few seconds)
+/// A sentinel set with both replicas online (a replica's first sync waits
+/// a few seconds), the service on it, and a second of [`traffic`] on
+/// `hot=value` (its rate printed).
+struct Running {
+    set: SentinelSet,
+    _rules: tempfile::TempDir,
+    service: tokenbucket_rls::server::RunningServer,
+    seen: Arc<Seen>,
+    started: Instant,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+async fn start_traffic(value: &'static str) -> Running {
+    let set = SentinelSet::start();
     set.replicas_caught_up(set.primary());
     let rules = rules_dir(RULES);
-    let s = common::start_on_redis(&set.url(), &rules, Duration::from_millis(500)).await;
+    let service = common::start_on_redis(&set.url(), &rules, Duration::from_millis(500)).await;
     let seen = Arc::new(Seen::new());
     let started = Instant::now();
-    let tasks = traffic(&s, "commanded", &seen).await;
+    let tasks = traffic(&service, value, &seen).await;
     tokio::time::sleep(Duration::from_millis(1000)).await;
     eprintln!(
-        "before the failover: {}/s",
+        "{value}: {}/s before the failover",
         seen.admitted.load(Ordering::SeqCst)
     );
-    let failover = set.fail_over(false, &seen).await;
-    seen.stop.store(true, Ordering::SeqCst);
-    for t in tasks {
-        t.await.expect("traffic task");
+    Running {
+        set,
+        _rules: rules,
+        service,
+        seen,
+        started,
+        tasks,
     }
-    let tokens = tokens_on(failover.new_port, "hot", "commanded").await;
-    check_nothing_lost("SENTINEL FAILOVER", &seen, tokens, started);
-    s.shutdown().await.expect("stop");
+}
+
+impl Running {
+    /// Stops the traffic and checks, on the primary at `port`, that no
+    /// admission was lost ([`check_nothing_lost`]).
+    async fn stop_and_check(self, label: &str, value: &str, port: u16) {
+        self.seen.stop.store(true, Ordering::SeqCst);
+        for t in self.tasks {
+            t.await.expect("traffic task");
+        }
+        let tokens = tokens_on(port, "hot", value).await;
+        check_nothing_lost(label, &self.seen, tokens, self.started);
+        self.service.shutdown().await.expect("stop");
+    }
+}
+
+#[tokio::test]
+async fn a_commanded_failover_loses_no_admission_of_a_replicated_rule() {
+    let mut run = start_traffic("commanded").await;
+    let failover = run.set.fail_over(false, &run.seen).await;
+    run.stop_and_check("SENTINEL FAILOVER", "commanded", failover.new_port)
+        .await;
 }
 
 /// The primary killed: once the sentinels named another, it is started
@@ -206,62 +237,22 @@ async fn a_commanded_failover_loses_no_admission_of_a_replicated_rule() {
 /// then the new primary has one replica, and the rule fails closed.
 #[tokio::test]
 async fn a_killed_primary_loses_no_admission_of_a_replicated_rule() {
-    let mut set = SentinelSet::start();
-    // both replicas online (a replica's first sync waits a few seconds)
-    set.replicas_caught_up(set.primary());
-    let rules = rules_dir(RULES);
-    let s = common::start_on_redis(&set.url(), &rules, Duration::from_millis(500)).await;
-    let seen = Arc::new(Seen::new());
-    let started = Instant::now();
-    let tasks = traffic(&s, "killed", &seen).await;
-    tokio::time::sleep(Duration::from_millis(1000)).await;
-    eprintln!(
-        "before the kill: {}/s",
-        seen.admitted.load(Ordering::SeqCst)
-    );
-    let old = set.primary();
-    let old_port = set.servers[old].port;
-    set.servers[old].kill();
-    let sentinels: Vec<u16> = set.answering().map(|s| s.port).collect();
-    let new_port = tokio::task::spawn_blocking(move || {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            let named: Vec<Option<u16>> = sentinels
-                .iter()
-                .map(|p| {
-                    redis_cli(*p, &["SENTINEL", "GET-MASTER-ADDR-BY-NAME", MASTER])
-                        .lines()
-                        .nth(1)
-                        .and_then(|p| p.trim().parse().ok())
-                })
-                .collect();
-            if let Some(Some(port)) = named.first() {
-                if *port != old_port && named.iter().all(|n| *n == Some(*port)) {
-                    return *port;
-                }
-            }
-            assert!(Instant::now() < deadline, "no new primary: {named:?}");
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    })
-    .await
-    .expect("poll");
-    set.servers[old].restart();
+    let mut run = start_traffic("killed").await;
+    let old = run.set.primary();
+    let old_port = run.set.servers[old].port;
+    run.set.servers[old].kill();
+    let new_port = run.set.named_other_than(old_port).await;
+    run.set.servers[old].restart();
     // admissions resume once the new primary has two replicas again
-    let before = seen.admitted.load(Ordering::SeqCst);
+    let before = run.seen.admitted.load(Ordering::SeqCst);
     let deadline = Instant::now() + Duration::from_secs(60);
-    while seen.admitted.load(Ordering::SeqCst) < before + 100 {
+    while run.seen.admitted.load(Ordering::SeqCst) < before + 100 {
         assert!(
             Instant::now() < deadline,
             "admissions never resumed on the new primary"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    seen.stop.store(true, Ordering::SeqCst);
-    for t in tasks {
-        t.await.expect("traffic task");
-    }
-    let tokens = tokens_on(new_port, "hot", "killed").await;
-    check_nothing_lost("primary killed", &seen, tokens, started);
-    s.shutdown().await.expect("stop");
+    run.stop_and_check("primary killed", "killed", new_port)
+        .await;
 }

@@ -272,29 +272,11 @@ pub struct Failover {
 }
 
 impl SentinelSet {
-    /// Fails the primary over while `seen`'s traffic runs (with `kill`: the
-    /// primary killed outright; else `SENTINEL FAILOVER`), and waits until
-    /// the sentinels name another primary, decisions reach it and are
-    /// admitted again. The replicas catch up first: this blocks the test's
-    /// runtime (traffic and service included), so that no write comes
-    /// between them having everything and the failover.
-    pub async fn fail_over(&mut self, kill: bool, seen: &Seen) -> Failover {
-        use std::sync::atomic::Ordering::SeqCst;
-        let old = self.primary();
-        let old_port = self.servers[old].port;
-        self.replicas_caught_up(old);
-        let started = Instant::now();
-        let admitted_before = seen.admitted.load(SeqCst);
-        if kill {
-            self.servers[old].kill();
-        } else {
-            let first = self.answering().next().expect("a sentinel answers");
-            let out = first.cli(&["SENTINEL", "FAILOVER", MASTER]);
-            assert_eq!(out.trim(), "OK", "SENTINEL FAILOVER: {out}");
-        }
-        // off the runtime: every sentinel that answers names another primary
+    /// Waits until every sentinel that answers names a primary other than
+    /// the one on `old_port`, and returns its port (polled off the runtime).
+    pub async fn named_other_than(&self, old_port: u16) -> u16 {
         let ports: Vec<u16> = self.answering().map(|s| s.port).collect();
-        let new_port = tokio::task::spawn_blocking(move || {
+        tokio::task::spawn_blocking(move || {
             let deadline = Instant::now() + Duration::from_secs(60);
             loop {
                 let named: Vec<Option<u16>> = ports
@@ -319,7 +301,30 @@ impl SentinelSet {
             }
         })
         .await
-        .expect("poll");
+        .expect("poll")
+    }
+
+    /// Fails the primary over while `seen`'s traffic runs (with `kill`: the
+    /// primary killed outright; else `SENTINEL FAILOVER`), and waits until
+    /// the sentinels name another primary, decisions reach it and are
+    /// admitted again. The replicas catch up first: this blocks the test's
+    /// runtime (traffic and service included), so that no write comes
+    /// between them having everything and the failover.
+    pub async fn fail_over(&mut self, kill: bool, seen: &Seen) -> Failover {
+        use std::sync::atomic::Ordering::SeqCst;
+        let old = self.primary();
+        let old_port = self.servers[old].port;
+        self.replicas_caught_up(old);
+        let started = Instant::now();
+        let admitted_before = seen.admitted.load(SeqCst);
+        if kill {
+            self.servers[old].kill();
+        } else {
+            let first = self.answering().next().expect("a sentinel answers");
+            let out = first.cli(&["SENTINEL", "FAILOVER", MASTER]);
+            assert_eq!(out.trim(), "OK", "SENTINEL FAILOVER: {out}");
+        }
+        let new_port = self.named_other_than(old_port).await;
         let announced = seen.since_epoch().max(1);
         seen.announced_at.store(announced, SeqCst);
         let announced_after = started.elapsed();
