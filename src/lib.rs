@@ -16,6 +16,7 @@ pub mod cli;
 pub mod clock;
 pub mod decision;
 pub mod health;
+pub mod instances;
 pub mod labels;
 pub mod limiter;
 pub mod pb_struct;

@@ -19,6 +19,7 @@ use crate::admin::{self, AdminState};
 use crate::cli::{ServeArgs, StoreKind};
 use crate::clock::MonotonicClock;
 use crate::health::Health;
+use crate::instances::{Instances, ANNOUNCE_EVERY, ANNOUNCE_TTL};
 use crate::limiter::Limiter;
 use crate::quota::ledger::QuotaLedger;
 use crate::quota::redis_ledger::RedisLedger;
@@ -147,9 +148,10 @@ pub async fn start(args: &ServeArgs) -> Result<RunningServer> {
     let (rules, opts, xds) = load_rules(args)?;
     let metrics = start_metrics(args, xds.is_some())?;
     let reloader = keep_rules_current(args, opts, xds, &rules, &metrics)?;
-    let (store, quota_ledger) = open_store(args, &metrics).await?;
+    let (store, quota_ledger, redis) = open_store(args, &metrics).await?;
+    let instances = first_count_of_instances(args, redis.as_deref(), &metrics).await;
     warn_of_attempts_in_memory(args, &rules.load());
-    let (limiter, upstream_task) = build_limiter(args, store, &rules, &metrics)?;
+    let (limiter, upstream_task) = build_limiter(args, store, &instances, &rules, &metrics)?;
     let generation = {
         let rules = rules.clone();
         move || rules.load().generation()
@@ -203,7 +205,21 @@ pub async fn start(args: &ServeArgs) -> Result<RunningServer> {
         let _ = rx.wait_for(|s| *s).await;
     };
 
-    let quota_hub = QuotaHub::new(rules.clone(), metrics.clone(), args.instances, quota_ledger)?;
+    if let (Some(redis), None) = (redis, args.instances) {
+        keep_counting_instances(
+            redis,
+            instances.0.clone(),
+            instances.1,
+            metrics.clone(),
+            stopped.clone(),
+        );
+    }
+    let quota_hub = QuotaHub::new(
+        rules.clone(),
+        metrics.clone(),
+        instances.0.clone(),
+        quota_ledger,
+    )?;
     quota_hub.spawn_ticker();
     let draining = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let health = Health {
@@ -429,13 +445,18 @@ fn keep_rules_current(
     Ok(reloader)
 }
 
+/// The store, the RLQS ledger with Redis, and the main Redis store itself.
+type OpenStore = (
+    Arc<dyn Store>,
+    Option<Arc<dyn QuotaLedger>>,
+    Option<Arc<RedisStore>>,
+);
+
 /// Step 4: the store (memory, or Redis behind its breakers) and, with
 /// Redis, the RLQS ledger on the same connections.
-async fn open_store(
-    args: &ServeArgs,
-    metrics: &Arc<Metrics>,
-) -> Result<(Arc<dyn Store>, Option<Arc<dyn QuotaLedger>>)> {
+async fn open_store(args: &ServeArgs, metrics: &Arc<Metrics>) -> Result<OpenStore> {
     let mut quota_ledger: Option<Arc<dyn QuotaLedger>> = None;
+    let mut main_redis = None;
     let store: Arc<dyn Store> = match args.store {
         StoreKind::Memory => {
             let memory = Arc::new(
@@ -455,6 +476,7 @@ async fn open_store(
                 .clone()
                 .context("--store redis needs --redis-url (or RLS_REDIS_URL)")?;
             let (redis, settings) = open_redis(args, url, None, metrics).await?;
+            main_redis = Some(redis.clone());
             // RLQS budgets are split across replicas in the same Redis,
             // through the decisions' breakers
             let guarded = Arc::new(Breakers::new(redis, metrics.clone()));
@@ -482,7 +504,82 @@ async fn open_store(
     if args.redis_persecond_url.is_some() && args.store != StoreKind::Redis {
         anyhow::bail!("--redis-persecond-url needs --store redis: per-second rules go to a second Redis beside the first");
     }
-    Ok((store, quota_ledger))
+    Ok((store, quota_ledger, main_redis))
+}
+
+/// This instance's id among those counting themselves in Redis.
+fn instance_id() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(std::process::id());
+    format!("{:016x}", h.finish())
+}
+
+/// Step 4b: how many instances share the store: `--instances` when given;
+/// else, on the Redis store, those announcing themselves there, this one
+/// announced and counted once now (1 if Redis does not answer yet); else 1.
+/// With this instance's id.
+async fn first_count_of_instances(
+    args: &ServeArgs,
+    redis: Option<&RedisStore>,
+    metrics: &Arc<Metrics>,
+) -> (Instances, String) {
+    let instances = Instances::new(args.instances.unwrap_or(1));
+    let id = instance_id();
+    if let (None, Some(redis)) = (args.instances, redis) {
+        match redis.announce(&id, ANNOUNCE_TTL).await {
+            Ok(n) => {
+                instances.set(n);
+                tracing::info!(
+                    instances = n,
+                    "instances counted in Redis (each announces itself; --instances overrides)"
+                );
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "instances not counted yet (Redis did not answer): 1 until it does")
+            }
+        }
+    }
+    metrics.set_instances(instances.get());
+    (instances, id)
+}
+
+/// Announces this instance every [`ANNOUNCE_EVERY`] and keeps `instances`
+/// at the count, the last one while Redis does not answer, until `stopped`;
+/// then withdraws the announcement (the others count one fewer at once).
+fn keep_counting_instances(
+    redis: Arc<RedisStore>,
+    instances: Instances,
+    id: String,
+    metrics: Arc<Metrics>,
+    mut stopped: watch::Receiver<bool>,
+) {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(ANNOUNCE_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tick.tick().await;
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = async { stopped.wait_for(|s| *s).await.map(|_| ()) } => {
+                    let _ = redis.announce(&id, Duration::ZERO).await;
+                    return;
+                }
+            }
+            match redis.announce(&id, ANNOUNCE_TTL).await {
+                Ok(n) => {
+                    let before = instances.set(n);
+                    if before != n.max(1) {
+                        tracing::info!(instances = n, before, "instances counted in Redis changed");
+                    }
+                    metrics.set_instances(instances.get());
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, kept = instances.get(), "instances not counted (Redis did not answer): the last count stands")
+                }
+            }
+        }
+    });
 }
 
 /// What the per-second Redis sets apart from the main one.
@@ -546,7 +643,8 @@ async fn open_redis(
 /// stays held until its ttl, a reservation is charged twice). Said at
 /// start, naming the rules (a reload that adds such a rule is not).
 fn warn_of_attempts_in_memory(args: &ServeArgs, rules: &rules::RuleSet) {
-    if args.store != StoreKind::Memory || args.instances <= 1 {
+    let instances = args.instances.unwrap_or(1);
+    if args.store != StoreKind::Memory || instances <= 1 {
         return;
     }
     let with_attempts = rules.attempt_rules();
@@ -554,7 +652,7 @@ fn warn_of_attempts_in_memory(args: &ServeArgs, rules: &rules::RuleSet) {
         return;
     }
     tracing::warn!(
-        instances = args.instances,
+        instances,
         rules = %with_attempts.join(", "),
         "rules with attempts on the memory store with several instances: each instance remembers only its own attempts, so a done call that reaches another instance finds nothing (a slot stays held until its ttl, a reservation is charged twice); use --store redis for attempts across instances (docs/usage.md)"
     );
@@ -565,13 +663,14 @@ fn warn_of_attempts_in_memory(args: &ServeArgs, rules: &rules::RuleSet) {
 fn build_limiter(
     args: &ServeArgs,
     store: Arc<dyn Store>,
+    instances: &(Instances, String),
     rules: &SharedRules,
     metrics: &Arc<Metrics>,
 ) -> Result<(Arc<Limiter>, Option<JoinHandle<()>>)> {
     let mut limiter = Limiter::with_max_in_flight(
         store,
         args.failure_mode,
-        args.instances,
+        instances.0.clone(),
         metrics.clone(),
         usize::try_from(args.max_in_flight).unwrap_or(usize::MAX),
     )

@@ -33,6 +33,7 @@ const ROOMS: &[&[&str]] = &[
         "bucket",
         "calendar",
         "clock",
+        "instances",
         "labels",
         "pb_struct",
         "periodic",

@@ -442,7 +442,7 @@ async fn a_stream_whose_first_report_has_no_domain_is_refused() {
 async fn two_instances_each_split_half_of_the_budget() {
     let rules = rules_dir(RULES);
     let mut args = serve_args(rules.path().to_path_buf());
-    args.instances = 2;
+    args.instances = Some(2);
     let one = tokenbucket_rls::server::start(&args)
         .await
         .expect("first instance");

@@ -223,10 +223,13 @@ pub struct ServeArgs {
     /// What rules without their own `failure_mode` do when the store fails.
     #[arg(long, env = "RLS_FAILURE_MODE", value_enum, default_value = "open")]
     pub failure_mode: FailureMode,
-    /// Expected replicas: the `local` failure mode gives each B/N and r/N, and
-    /// RLQS splits 1/N of each budget among this instance's Envoys.
-    #[arg(long, env = "RLS_INSTANCES", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
-    pub instances: u32,
+    /// Replicas sharing the store: the `local` failure mode gives each B/N
+    /// and r/N, and RLQS splits 1/N of each budget among this instance's
+    /// Envoys. Unset: 1 on the memory store; on the Redis store, counted by
+    /// the instances themselves (each announces itself every 2 s, counted
+    /// for 10 s; the last count kept while Redis does not answer).
+    #[arg(long, env = "RLS_INSTANCES", value_parser = clap::value_parser!(u32).range(1..))]
+    pub instances: Option<u32>,
     /// Add the IETF draft's RateLimit-Policy and RateLimit fields to every
     /// answer (see --response-headers-format).
     #[arg(long, env = "RLS_RESPONSE_HEADERS")]

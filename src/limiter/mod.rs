@@ -29,6 +29,7 @@ use crate::attempt::{AttemptCall, AttemptResult, Phase};
 use crate::bucket::{Algorithm, BucketOutcome, BucketParams, Cost};
 use crate::clock::{Clock, MonotonicClock};
 pub use crate::decision::{Decision, ShownLimit, Verdict};
+use crate::instances::Instances;
 use crate::labels::RuleId;
 use crate::quota::region::{RegionLimit, RegionShares};
 use crate::rules::{BucketValue, DescriptorEntry, FailureMode, Rule, RuleSet, Unit};
@@ -88,7 +89,8 @@ pub struct Limiter {
     default_failure_mode: FailureMode,
     /// Decides for `local` rules while the store is failing: B/N and r/N.
     local: Arc<MemoryStore<MonotonicClock>>,
-    instances: u32,
+    /// The instances sharing the store: given, or counted in it.
+    instances: Instances,
     /// Local batches of tokens for rules with `lease:`.
     leases: Arc<Leases<MonotonicClock>>,
     /// The descriptors of each `max_values` rule that have buckets of their own.
@@ -112,7 +114,7 @@ impl Limiter {
     pub fn new(
         store: Arc<dyn Store>,
         default_failure_mode: FailureMode,
-        instances: u32,
+        instances: impl Into<Instances>,
         metrics: Arc<Metrics>,
     ) -> Self {
         Self::with_max_in_flight(
@@ -127,7 +129,7 @@ impl Limiter {
     pub fn with_max_in_flight(
         store: Arc<dyn Store>,
         default_failure_mode: FailureMode,
-        instances: u32,
+        instances: impl Into<Instances>,
         metrics: Arc<Metrics>,
         max_in_flight: usize,
     ) -> Self {
@@ -156,7 +158,7 @@ impl Limiter {
             in_flight: tokio::sync::Semaphore::new(max_in_flight.max(1)),
             default_failure_mode,
             local,
-            instances: instances.max(1),
+            instances: instances.into(),
             values: parking_lot::Mutex::default(),
             clock: MonotonicClock::new(),
             regions: None,
@@ -372,7 +374,7 @@ impl Limiter {
             local: self.local.clone(),
             leases: self.leases.clone(),
             metrics: self.metrics.clone(),
-            instances: self.instances,
+            instances: self.instances.get(),
         }
     }
 
@@ -394,8 +396,8 @@ impl Limiter {
             let Some(max) = rule.max_values else {
                 continue;
             };
-            let share =
-                usize::try_from(max.div_ceil(u64::from(self.instances))).unwrap_or(usize::MAX);
+            let share = usize::try_from(max.div_ceil(u64::from(self.instances.get())))
+                .unwrap_or(usize::MAX);
             let idle_micros = buckets
                 .buckets
                 .iter()
@@ -724,7 +726,7 @@ impl Limiter {
                     FailureMode::Local => (
                         self.local.decide_slot_now(
                             slots,
-                            (max / u64::from(self.instances)).max(1),
+                            (max / u64::from(self.instances.get())).max(1),
                             call,
                             rule.id,
                         ),
@@ -826,7 +828,7 @@ impl Limiter {
             ))),
             FailureMode::Closed => Err(Unavailable(error)),
             FailureMode::Local => {
-                let n = u64::from(self.instances);
+                let n = u64::from(self.instances.get());
                 let share = DescriptorBuckets {
                     tag: buckets.tag.clone(),
                     buckets: buckets

@@ -65,6 +65,7 @@ use self::shares::{index, unindex};
 pub use self::steps::Step;
 use self::steps::{step_if_due, whole_seconds};
 use self::subscription::Subscription;
+use crate::instances::Instances;
 use crate::rules::RuleSet;
 
 /// One Envoy's stream.
@@ -221,8 +222,8 @@ pub struct Quotas {
     shares: HashMap<(String, Arc<str>), BTreeMap<u64, u32>>,
     /// Instances serving RLQS (`--instances`): each splits 1/N of every
     /// budget among its own Envoys, so N of them never assign more than
-    /// the budget together. 0 is taken as 1. Not used with a shared ledger.
-    instances: u32,
+    /// the budget together. Not used with a shared ledger.
+    instances: Instances,
     /// Whether a shared ledger splits the budgets between replicas
     /// ([`ledger`]): then each Shared bucket queues a [`Step`] (when an
     /// Envoy joins it, and every [`SHARED_REFRESH_MICROS`]), and
@@ -252,9 +253,9 @@ pub type Outbox = Vec<(StreamId, RateLimitQuotaResponse)>;
 
 impl Quotas {
     /// State for one of `instances` instances (see [`Quotas::instances`]).
-    pub fn for_instances(instances: u32) -> Self {
+    pub fn for_instances(instances: impl Into<Instances>) -> Self {
         Self {
-            instances,
+            instances: instances.into(),
             ..Self::default()
         }
     }
@@ -269,8 +270,8 @@ impl Quotas {
 
     /// With a shared ledger, the replicas a bucket's safe share assumes
     /// before any answer has said how many there are (`--instances`).
-    pub fn with_instances(mut self, instances: u32) -> Self {
-        self.instances = instances;
+    pub fn with_instances(mut self, instances: impl Into<Instances>) -> Self {
+        self.instances = instances.into();
         self
     }
 
@@ -781,7 +782,7 @@ impl Quotas {
                     split(&mut bucket.allocation, &bucket.subs, ttl_of, now_micros)
                 }
                 None if safe => {
-                    let share = safe_share(budget, bucket.ledger_replicas, self.instances);
+                    let share = safe_share(budget, bucket.ledger_replicas, self.instances.get());
                     bucket.allocation.set_reserve(0.0);
                     bucket.allocation.set_budget(share);
                     let last = bucket.subs.iter().map(ttl_of).max().unwrap_or(0);
@@ -799,7 +800,7 @@ impl Quotas {
                 None => Vec::new(),
             },
             Policy::Shared(budget) => {
-                let mut share = 1.0 / f64::from(self.instances.max(1));
+                let mut share = 1.0 / f64::from(self.instances.get());
                 if let Some((part, reserve)) = self.regions.part_of(&bucket.subs) {
                     share *= part;
                     bucket.allocation.set_reserve(reserve);

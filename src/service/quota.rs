@@ -33,6 +33,7 @@ use tonic::{Request, Response, Status, Streaming};
 use super::ledger_watch::LedgerWatch;
 use super::mailbox::{Mailbox, Reply};
 use crate::clock::{Clock, MonotonicClock};
+use crate::instances::Instances;
 use crate::quota::ledger::{Member, QuotaLedger};
 use crate::quota::{outbox, Outbox, Pending, Quotas, Step, StreamId};
 use crate::rules::SharedRules;
@@ -92,7 +93,7 @@ pub struct QuotaHub {
     /// Whether buckets are assigned without the ledger now (logs, /readyz).
     ledger_watch: LedgerWatch,
     /// `--instances`: each splits 1/N of every budget (not for regions).
-    instances: u32,
+    instances: Instances,
     /// The `rls-quota` thread's runtime, where all RLQS work runs.
     runtime: tokio::runtime::Handle,
 }
@@ -104,12 +105,13 @@ impl QuotaHub {
     pub fn new(
         rules: SharedRules,
         metrics: Arc<Metrics>,
-        instances: u32,
+        instances: impl Into<Instances>,
         ledger: Option<Arc<dyn QuotaLedger>>,
     ) -> anyhow::Result<Arc<Self>> {
+        let instances = instances.into();
         let quotas = match ledger {
-            Some(_) => Quotas::shared().with_instances(instances),
-            None => Quotas::for_instances(instances),
+            Some(_) => Quotas::shared().with_instances(instances.clone()),
+            None => Quotas::for_instances(instances.clone()),
         };
         let closing = tokio::sync::watch::channel(false).0;
         let runtime = start_thread(closing.subscribe())?;
@@ -290,7 +292,7 @@ impl QuotaHub {
         let Caller::Region { name, regions } = caller else {
             return Ok(stream);
         };
-        if self.instances > 1 {
+        if self.instances.get() > 1 {
             self.metrics.region_refused("instances");
             return Err(Status::failed_precondition(
                 "this global tier splits each budget with other instances (--instances above 1); regions need one global-tier instance (docs/regions.md)",

@@ -83,6 +83,7 @@ pub struct Metrics {
     failure_policy: IntCounterVec,
     config_reloads: IntCounterVec,
     config_generation: IntGauge,
+    instances: IntGauge,
     buckets: IntGaugeVec,
     buckets_evicted: IntCounterVec,
     node_memory: IntGaugeVec,
@@ -187,6 +188,12 @@ impl Metrics {
             &["result"],
         )
         .expect("valid metric");
+        let instances = IntGauge::new(
+            "rls_instances",
+            "Instances sharing the store, as this one counts them: --instances when given, else those announcing themselves in the Redis store within 10 s (the last count kept while it does not answer), 1 on the memory store",
+        )
+        .expect("valid metric");
+        instances.set(1);
         let config_generation =
             IntGauge::new("rls_config_generation", "Generation of the rules in force")
                 .expect("valid metric");
@@ -240,6 +247,7 @@ impl Metrics {
             Box::new(failure_policy.clone()),
             Box::new(config_reloads.clone()),
             Box::new(config_generation.clone()),
+            Box::new(instances.clone()),
             Box::new(buckets.clone()),
             Box::new(buckets_evicted.clone()),
             Box::new(node_memory.clone()),
@@ -281,6 +289,7 @@ impl Metrics {
             failure_policy,
             config_reloads,
             config_generation,
+            instances,
             buckets,
             buckets_evicted,
             node_memory,
@@ -579,6 +588,11 @@ impl Metrics {
             stats.config_load(ok);
         }
         self.set_generation(generation);
+    }
+
+    /// `rls_instances`.
+    pub fn set_instances(&self, n: u32) {
+        self.instances.set(i64::from(n));
     }
 
     pub fn set_generation(&self, generation: u64) {

@@ -61,7 +61,7 @@ pub fn serve_args(config: PathBuf) -> ServeArgs {
         redis_bucket_layout: Default::default(),
         redis_key_prefix: String::new(),
         failure_mode: FailureMode::Open,
-        instances: 1,
+        instances: Some(1),
         response_headers: false,
         response_headers_format: Default::default(),
         ratelimit_metrics: false,

@@ -17,6 +17,7 @@
 
 pub mod batch;
 pub mod credentials;
+mod instances;
 mod keys;
 pub mod memory;
 pub mod nodes;
