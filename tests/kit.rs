@@ -10,7 +10,6 @@ use std::process::Command;
 
 use common::free_port;
 use common::redis::free_cluster_port;
-use serde::Deserialize;
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 
@@ -124,28 +123,10 @@ fn the_dockerfile_builds_both_binaries_and_runs_as_non_root() {
     }
 }
 
+/// The Istio example's EnvoyFilter calls the kit's Service (its install
+/// from the kit is checked in tests/kubernetes.rs).
 #[test]
-fn istio_manifests_parse_and_point_at_each_other() {
-    let text = std::fs::read_to_string(Path::new(ROOT).join("examples/istio/tokenbucket-rls.yaml"))
-        .expect("manifests");
-    let docs: Vec<serde_yaml::Value> = serde_yaml::Deserializer::from_str(&text)
-        .map(|d| serde_yaml::Value::deserialize(d).expect("a YAML document"))
-        .collect();
-    let kinds: Vec<&str> = docs.iter().filter_map(|d| d["kind"].as_str()).collect();
-    assert_eq!(kinds, ["ConfigMap", "Deployment", "Service"]);
-    // the rules in the ConfigMap are valid rules
-    let rules = docs[0]["data"]["edge.yaml"].as_str().expect("rules");
-    let dir = common::rules_dir(rules);
-    let out = Command::new(env!("CARGO_BIN_EXE_tokenbucket-rls"))
-        .arg("check-config")
-        .arg(dir.path())
-        .output()
-        .expect("check-config");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stdout)
-    );
+fn istio_envoyfilter_points_at_the_kits_service() {
     let filter = yaml("examples/istio/envoyfilter.yaml");
     assert_eq!(filter["kind"].as_str(), Some("EnvoyFilter"));
     let patches = format!("{filter:?}");
@@ -210,7 +191,20 @@ fn the_demo_runs_end_to_end() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(stdout.contains("200 200 200 200 200 429 429"), "{stdout}");
-    assert!(stdout.contains("retry-after: 6"), "{stdout}");
+    // 10 a minute: one token every 6 s, so 6 right after the burst is
+    // spent, less when the seven calls took a second or more (a busy box)
+    let retry_after = stdout
+        .lines()
+        .find_map(|l| {
+            l.to_ascii_lowercase()
+                .strip_prefix("retry-after: ")
+                .map(str::to_string)
+        })
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    assert!(
+        retry_after.is_some_and(|s| (1..=6).contains(&s)),
+        "{stdout}"
+    );
     assert!(stdout.contains("demo check: ok"));
 }
 

@@ -382,3 +382,85 @@ fn telemetry_source(dir: &Path) -> String {
     }
     text
 }
+
+/// The documents of `path` under the repository.
+fn repo_documents(path: &str) -> Vec<Value> {
+    let text =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(path)).expect(path);
+    serde_yaml::Deserializer::from_str(&text)
+        .map(|d| Value::deserialize(d).expect(path))
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+/// `kubectl apply -k examples/istio` installs the kit with a Redis of its
+/// own: the overlay takes the kit into the same namespace, its Redis
+/// validates against the schemas and carries the label the kit's
+/// NetworkPolicy lets the service reach, and its patch points the kit's
+/// container (by the kit's names) at that Redis's Service and port with a
+/// variable the binary reads.
+#[test]
+fn the_istio_example_installs_from_the_kit_with_its_redis() {
+    let k = repo_documents("examples/istio/kustomization.yaml").remove(0);
+    assert_eq!(k["namespace"].as_str(), Some("rate-limit"));
+    let resources: Vec<&str> = k["resources"]
+        .as_sequence()
+        .expect("resources")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert_eq!(resources, ["../../deploy/kubernetes", "redis.yaml"]);
+    let patch_file = k["patches"][0]["path"].as_str().expect("a patch");
+
+    let out = Command::new("kubernetes-validate")
+        .arg("--strict")
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/istio/redis.yaml"))
+        .output()
+        .expect("kubernetes-validate (the README's test command installs it)");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success() && !text.contains("WARN"), "{text}");
+
+    let redis = repo_documents("examples/istio/redis.yaml");
+    let deployment = redis
+        .iter()
+        .find(|d| d["kind"].as_str() == Some("Deployment"))
+        .expect("a Redis Deployment");
+    let labels = &deployment["spec"]["template"]["metadata"]["labels"];
+    let egress = &resource("NetworkPolicy")["spec"]["egress"];
+    let allowed = egress
+        .as_sequence()
+        .expect("egress")
+        .iter()
+        .filter_map(|rule| rule["to"][0]["podSelector"]["matchLabels"].as_mapping())
+        .next()
+        .expect("a rule to the Redis pods");
+    for (key, value) in allowed {
+        assert_eq!(&labels[key], value, "the Redis pods carry {key:?}");
+    }
+    let service = redis
+        .iter()
+        .find(|d| d["kind"].as_str() == Some("Service"))
+        .expect("a Redis Service");
+    let name = service["metadata"]["name"].as_str().expect("name");
+    let port = service["spec"]["ports"][0]["port"].as_u64().expect("port");
+
+    let patch = repo_documents(&format!("examples/istio/{patch_file}")).remove(0);
+    assert_eq!(patch["kind"], resource("Deployment")["kind"]);
+    assert_eq!(
+        patch["metadata"]["name"],
+        resource("Deployment")["metadata"]["name"]
+    );
+    let patched = &patch["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(patched["name"], container()["name"]);
+    let known = binary_variables();
+    let env = patched["env"].as_sequence().expect("env");
+    for e in env {
+        assert!(known.contains(e["name"].as_str().expect("name")), "{e:?}");
+    }
+    let url = env
+        .iter()
+        .find(|e| e["name"].as_str() == Some("RLS_REDIS_URL"))
+        .and_then(|e| e["value"].as_str())
+        .expect("RLS_REDIS_URL");
+    assert_eq!(url, format!("redis://{name}:{port}"));
+}
