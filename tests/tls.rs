@@ -167,7 +167,17 @@ fn tls_redis_named(dir: &Path, ca: &Ca, san: &str) -> (common::ChildGuard, u16) 
 }
 
 fn tls_redis_with(dir: &Path, ca: &Ca, cert: &Path, key: &Path) -> (common::ChildGuard, u16) {
-    let port = common::free_port();
+    tls_redis_on(dir, ca, cert, key, common::free_port())
+}
+
+/// As [`tls_redis_with`], on `port`.
+fn tls_redis_on(
+    dir: &Path,
+    ca: &Ca,
+    cert: &Path,
+    key: &Path,
+    port: u16,
+) -> (common::ChildGuard, u16) {
     let child = std::process::Command::new("redis-server")
         .args([
             "--port",
@@ -264,6 +274,86 @@ async fn redis_over_tls_with_a_client_certificate() {
     plain.redis_url = Some(format!("redis://127.0.0.1:{port}"));
     let e = server::start(&plain).await.err().expect("refused");
     assert!(e.to_string().contains("rediss://"), "{e}");
+}
+
+/// Redis's TLS files rotate (#53 item 3): the server comes back with a
+/// certificate from another CA that also wants client certificates from
+/// it, and the service's CA file, client certificate and key are
+/// rewritten in place. They are read again for every new connection, so
+/// decisions resume on the new server without a restart; read once at
+/// start, every handshake would fail (the old CA does not know the new
+/// server, the new server not the old client certificate).
+#[tokio::test]
+async fn redis_tls_files_rewritten_in_place_are_used_by_new_connections() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (old_dir, new_dir) = (dir.path().join("old"), dir.path().join("new"));
+    std::fs::create_dir_all(&old_dir).expect("dir");
+    std::fs::create_dir_all(&new_dir).expect("dir");
+    let (old, new) = (Ca::new(&old_dir, "old"), Ca::new(&new_dir, "new"));
+    let (redis, port) = tls_redis(&old_dir, &old);
+    // the files the service reads, as a mounted Secret holds them
+    let files = dir.path().join("secret");
+    std::fs::create_dir_all(&files).expect("dir");
+    let (ca_file, cert_file, key_file) = (
+        files.join("ca.pem"),
+        files.join("tls.crt"),
+        files.join("tls.key"),
+    );
+    let install = |ca: &Ca| {
+        let (cert, key) = ca.issue("rls", false);
+        std::fs::copy(ca.pem(), &ca_file).expect("ca");
+        std::fs::copy(&cert, &cert_file).expect("cert");
+        std::fs::copy(&key, &key_file).expect("key");
+    };
+    install(&old);
+    let rules = rules_dir("domain: d\ndescriptors:\n  - key: k\n    failure_mode: closed\n    rate_limit: {unit: minute, requests_per_unit: 5}\n");
+    let mut args = serve_args(rules.path().to_path_buf());
+    args.store = tokenbucket_rls::cli::StoreKind::Redis;
+    args.redis_url = Some(format!("rediss://127.0.0.1:{port}"));
+    args.redis_timeout = Duration::from_millis(500);
+    args.redis_ca_file = Some(ca_file.clone());
+    args.redis_client_cert = Some(cert_file.clone());
+    args.redis_client_key = Some(key_file.clone());
+    let s = server::start(&args).await.expect("start");
+    let mut c = RateLimitServiceClient::connect(format!("http://{}", s.grpc_addr))
+        .await
+        .expect("connect");
+    let decide = |c: &mut RateLimitServiceClient<tonic::transport::Channel>| {
+        let mut c = c.clone();
+        async move {
+            c.should_rate_limit(request("d", vec![descriptor(&[("k", "v")])]))
+                .await
+                .map(|r| r.into_inner().statuses[0].limit_remaining)
+        }
+    };
+    assert_eq!(decide(&mut c).await.expect("over TLS"), 4);
+
+    // the rotation: a new server (another CA, no data) on the same port,
+    // and the service's files rewritten in place
+    drop(redis);
+    install(&new);
+    let (cert, key) = new.issue("redis", true);
+    let _redis = tls_redis_on(&new_dir, &new, &cert, &key, port);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match decide(&mut c).await {
+            // the new server's fresh bucket
+            Ok(left) => {
+                assert_eq!(left, 4);
+                break;
+            }
+            Err(e) => {
+                assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}");
+                assert!(
+                    Instant::now() < deadline,
+                    "decisions never reached the new server: {e:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+    assert_eq!(decide(&mut c).await.expect("over TLS"), 3);
+    s.shutdown().await.expect("stop");
 }
 
 /// `--tls-client-san` (envoyproxy/ratelimit's GRPC_CLIENT_TLS_SAN): a

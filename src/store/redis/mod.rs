@@ -31,6 +31,7 @@ pub mod resp;
 mod script_args;
 pub mod sentinel;
 mod tls_config;
+mod tls_files;
 pub mod url;
 
 #[cfg(test)]

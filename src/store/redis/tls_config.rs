@@ -1,8 +1,10 @@
 //! TLS for `rediss://`: a rustls client configuration from the settings'
-//! CA file and client certificate (the system's roots without a CA file).
+//! CA file and client certificate (the system's roots without a CA file),
+//! the files read again for every new connection ([`super::tls_files`]).
 
 use std::sync::Arc;
 
+use super::tls_files::{CaFile, ClientCert};
 use super::RedisSettings;
 
 /// A rustls client configuration for `rediss://` from the settings' files.
@@ -19,27 +21,37 @@ pub(super) fn tls_client_config(
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
             .with_safe_default_protocol_versions()?;
-        let roots = match &settings.ca_file {
-            Some(ca) => crate::tls::roots(ca)?,
-            None => rustls::RootCertStore {
-                roots: webpki_roots_or_empty(),
-            },
-        };
-        let builder = if settings.skip_hostname_verification {
-            let inner = rustls::client::WebPkiServerVerifier::builder_with_provider(
-                Arc::new(roots),
-                provider,
-            )
-            .build()?;
-            builder
+        let builder = match &settings.ca_file {
+            // read again for every new connection (tls_files)
+            Some(ca) => builder
                 .dangerous()
-                .with_custom_certificate_verifier(Arc::new(AnyName { inner }))
-        } else {
-            builder.with_root_certificates(roots)
+                .with_custom_certificate_verifier(Arc::new(CaFile::new(
+                    ca,
+                    provider.clone(),
+                    settings.skip_hostname_verification,
+                )?)),
+            None => {
+                let roots = rustls::RootCertStore {
+                    roots: webpki_roots_or_empty(),
+                };
+                if settings.skip_hostname_verification {
+                    let inner = rustls::client::WebPkiServerVerifier::builder_with_provider(
+                        Arc::new(roots),
+                        provider.clone(),
+                    )
+                    .build()?;
+                    builder
+                        .dangerous()
+                        .with_custom_certificate_verifier(Arc::new(AnyName { inner }))
+                } else {
+                    builder.with_root_certificates(roots)
+                }
+            }
         };
         Ok(match &settings.client_cert {
-            Some((cert, key)) => builder
-                .with_client_auth_cert(crate::tls::certs(cert)?, crate::tls::private_key(key)?)?,
+            Some((cert, key)) => {
+                builder.with_client_cert_resolver(Arc::new(ClientCert::new(cert, key, provider)?))
+            }
             None => builder.with_no_client_auth(),
         })
     };
