@@ -170,8 +170,10 @@ pub async fn start(args: &ServeArgs) -> Result<RunningServer> {
             shadow_mode: args.shadow_mode,
             dynamic_metadata: args.response_dynamic_metadata,
             quota_mode: args.quota_mode,
+            refused_by_header: args.refused_by_header.clone(),
         },
-    );
+    )
+    .with_refusal_log(args.refusal_log_rate);
 
     let grpc_uds = args
         .grpc_uds

@@ -3370,3 +3370,33 @@ async fn a_ledger_that_cannot_answer_never_lets_the_fleet_fail_open() {
     // its replica took over: the ledger answers again
     ledger_answers_again(&edge, Duration::from_secs(20)).await;
 }
+
+/// `--refused-by-header` (#54 item 4): a 429 names the limit that refused
+/// it in the header Envoy passes on (the limit's `name`, never a request's
+/// value); a 200 carries no such header.
+#[tokio::test]
+async fn a_refusal_names_its_limit_in_a_header() {
+    let edge = Edge::start(&[vec![(
+        "RLS_REFUSED_BY_HEADER",
+        "X-RateLimit-Rule".to_string(),
+    )]])
+    .await;
+    let raw = |edge: &Edge| {
+        let req = edge.client.get(format!("{}/login", edge.base));
+        async move { req.send().await.expect("envoy answers") }
+    };
+    for _ in 0..5 {
+        let ok = raw(&edge).await;
+        assert_eq!(ok.status().as_u16(), 200);
+        assert!(ok.headers().get("x-ratelimit-rule").is_none());
+    }
+    let refused = raw(&edge).await;
+    assert_eq!(refused.status().as_u16(), 429);
+    assert_eq!(
+        refused
+            .headers()
+            .get("x-ratelimit-rule")
+            .and_then(|v| v.to_str().ok()),
+        Some("login-burst")
+    );
+}

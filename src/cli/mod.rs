@@ -271,6 +271,17 @@ pub struct ServeArgs {
     /// dynamic metadata (envoyproxy/ratelimit's RESPONSE_DYNAMIC_METADATA).
     #[arg(long, env = "RLS_RESPONSE_DYNAMIC_METADATA")]
     pub response_dynamic_metadata: bool,
+    /// Name in this response header (e.g. x-ratelimit-rule) the limits that
+    /// refused an OVER_LIMIT request (each limit's `name`, else its rule's
+    /// descriptor path; never a request's value), and in the dynamic
+    /// metadata's `refused_by`. Off unless given.
+    #[arg(long, env = "RLS_REFUSED_BY_HEADER", value_parser = parse_header_name)]
+    pub refused_by_header: Option<String>,
+    /// At most this many log lines a second, one per refused request
+    /// (domain, the refusing limits, the descriptors' keys, retry-after);
+    /// the rest are counted in the next line. 0: none.
+    #[arg(long, env = "RLS_REFUSAL_LOG_RATE", default_value_t = 5)]
+    pub refusal_log_rate: u32,
     /// One domain may span several files.
     #[arg(long, env = "RLS_MERGE_DOMAINS")]
     pub merge_domains: bool,
@@ -404,6 +415,21 @@ pub struct ServeArgs {
 /// `--algorithm`: as rules name it.
 fn parse_algorithm(s: &str) -> Result<Algorithm, String> {
     Algorithm::from_name(s).ok_or_else(|| format!("'{s}' is not one of {}", Algorithm::names()))
+}
+
+/// A response header's name as Envoy passes it on: a token of letters,
+/// digits and `-`, lowercased (HTTP/2 sends names in lowercase).
+fn parse_header_name(raw: &str) -> Result<String, String> {
+    let name = raw.trim().to_ascii_lowercase();
+    if name.is_empty()
+        || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+        || name.starts_with(':')
+    {
+        return Err(format!(
+            "'{raw}' is not a header name: give letters, digits and '-' (e.g. x-ratelimit-rule)"
+        ));
+    }
+    Ok(name)
 }
 
 /// `--grpc-uds-mode`: octal permission bits, at most 777.

@@ -10,6 +10,7 @@
 pub mod ledger_watch;
 pub mod mailbox;
 pub mod quota;
+pub mod refusal_log;
 pub mod request;
 pub mod response;
 pub mod unknown_domains;
@@ -18,6 +19,7 @@ pub mod wire;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitService;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use tonic::{Request, Response, Status};
@@ -25,7 +27,7 @@ use tracing::Instrument;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use crate::limiter::{Limiter, Verdict};
-use crate::rules::SharedRules;
+use crate::rules::{DescriptorEntry, SharedRules};
 use crate::telemetry::tracing::{remote_context, SPAN_TARGET};
 use crate::telemetry::Metrics;
 pub use response::{LegacyHeaderNames, ResponseOptions};
@@ -37,6 +39,8 @@ pub struct RateLimitGrpc {
     options: ResponseOptions,
     /// Domains asked about that no rule has, said once each.
     unknown_domains: unknown_domains::UnknownDomains,
+    /// A line per refused request, at most `--refusal-log-rate` a second.
+    refusals: refusal_log::RefusalLog,
 }
 
 impl RateLimitGrpc {
@@ -52,7 +56,14 @@ impl RateLimitGrpc {
             metrics,
             options,
             unknown_domains: Default::default(),
+            refusals: Default::default(),
         }
+    }
+
+    /// Logs at most `per_sec` refused requests a second (0: none).
+    pub fn with_refusal_log(mut self, per_sec: u32) -> Self {
+        self.refusals = refusal_log::RefusalLog::new(per_sec);
+        self
     }
 
     /// The whole decision for one request, without the gRPC wrapping.
@@ -104,7 +115,54 @@ impl RateLimitGrpc {
         if self.options.shadow_mode && decisions.iter().any(|d| d.verdict.is_over_limit()) {
             self.metrics.global_shadow_answer();
         }
+        if answer.overall_code == Code::OverLimit as i32 {
+            self.log_refusal(request, &entries, &decisions, &answer);
+        }
         Ok(answer)
+    }
+
+    /// One line for a refused request, when this second's lines are not
+    /// spent: the refusing limits, their descriptors, what was left and
+    /// the wait.
+    fn log_refusal<E: DescriptorEntry>(
+        &self,
+        request: &RateLimitRequest,
+        entries: &[&[E]],
+        decisions: &[crate::limiter::Decision],
+        answer: &RateLimitResponse,
+    ) {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let Some(held_back) = self.refusals.admit(now) else {
+            return;
+        };
+        let descriptors: Vec<String> = decisions
+            .iter()
+            .zip(entries)
+            .filter(|(d, _)| d.verdict.is_over_limit())
+            .map(|(d, e)| {
+                let pairs: Vec<String> = e
+                    .iter()
+                    .map(|e| format!("{}={}", e.key(), e.value()))
+                    .collect();
+                format!("{} (remaining {})", pairs.join(","), d.remaining)
+            })
+            .collect();
+        let retry_after = answer
+            .response_headers_to_add
+            .iter()
+            .find(|h| h.key == "retry-after")
+            .map(|h| h.value.as_str())
+            .unwrap_or("none");
+        tracing::info!(
+            domain = %request.domain,
+            refused_by = %response::refused_by(decisions).join(", "),
+            descriptors = %descriptors.join("; "),
+            retry_after,
+            held_back,
+            "refused"
+        );
     }
 }
 

@@ -61,6 +61,30 @@ pub struct ResponseOptions {
     /// `--quota-mode` (`QUOTA_MODE`): every limit in quota mode (the
     /// service turns over-limit verdicts into quota ones before building).
     pub quota_mode: bool,
+    /// `--refused-by-header`: the header naming the limits that refused an
+    /// OVER_LIMIT answer (also `refused_by` in the dynamic metadata).
+    pub refused_by_header: Option<String>,
+}
+
+/// The limits that refused: each over-limit descriptor's limit `name`, else
+/// its rule's label (the descriptor path), in order, without repeats; never
+/// a request's value.
+pub fn refused_by(decisions: &[Decision]) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for d in decisions.iter().filter(|d| d.verdict.is_over_limit()) {
+        let named = d
+            .limit
+            .as_ref()
+            .map(|l| l.name.as_str())
+            .filter(|n| !n.is_empty());
+        let label = named
+            .or_else(|| d.rule.as_deref().map(|r| r.label()))
+            .unwrap_or("override");
+        if !out.iter().any(|o| o == label) {
+            out.push(label.to_string());
+        }
+    }
+    out
 }
 
 /// The answer to `request`, decided as `decisions` say.
@@ -85,6 +109,9 @@ pub fn build(
         if let Some(secs) = retry {
             headers.push(header("retry-after", secs.to_string()));
         }
+        if let Some(name) = &opts.refused_by_header {
+            headers.push(header(name, refused_by(decisions).join(", ")));
+        }
     }
     if let Some(format) = opts.rate_limit_headers {
         if let Some(closest) = decisions
@@ -106,6 +133,20 @@ pub fn build(
     if opts.dynamic_metadata {
         let fields = &mut metadata.get_or_insert_with(Struct::default).fields;
         fields.extend(request_metadata(request, decisions).fields);
+    }
+    if over && !opts.shadow_mode && opts.refused_by_header.is_some() {
+        let names = refused_by(decisions)
+            .into_iter()
+            .map(|n| Value {
+                kind: Some(Kind::StringValue(n)),
+            })
+            .collect();
+        metadata.get_or_insert_with(Struct::default).fields.insert(
+            "refused_by".to_string(),
+            Value {
+                kind: Some(Kind::ListValue(ListValue { values: names })),
+            },
+        );
     }
     RateLimitResponse {
         overall_code: if over && !opts.shadow_mode {
@@ -362,6 +403,74 @@ mod tests {
         .iter()
         .find(|h| h.key == "retry-after")
         .map(|h| h.value.clone())
+    }
+
+    fn over_named(name: &str) -> Decision {
+        Decision {
+            limit: Some(ShownLimit {
+                name: name.to_string(),
+                requests_per_unit: 5,
+                unit: crate::rules::Unit::Minute,
+                window_secs: 60,
+                burst: 5,
+            }),
+            ..over(Some(6))
+        }
+    }
+
+    fn header_of(decisions: &[Decision], opts: &ResponseOptions, name: &str) -> Option<String> {
+        build(&RateLimitRequest::default(), decisions, opts)
+            .response_headers_to_add
+            .iter()
+            .find(|h| h.key == name)
+            .map(|h| h.value.clone())
+    }
+
+    #[test]
+    fn a_refusal_names_the_limits_that_refused_it_when_asked() {
+        let opts = ResponseOptions {
+            refused_by_header: Some("x-ratelimit-rule".into()),
+            ..Default::default()
+        };
+        let ok = Decision {
+            verdict: Verdict::Ok,
+            ..over_named("passed")
+        };
+        let decisions = [
+            over_named("login-burst"),
+            ok,
+            over_named("login-burst"),
+            over_named("hourly"),
+            over(Some(1)),
+        ];
+        assert_eq!(
+            header_of(&decisions, &opts, "x-ratelimit-rule").as_deref(),
+            Some("login-burst, hourly, override")
+        );
+        let answer = build(&RateLimitRequest::default(), &decisions, &opts);
+        let listed = &answer.dynamic_metadata.expect("metadata").fields["refused_by"];
+        let Some(Kind::ListValue(list)) = &listed.kind else {
+            panic!("{listed:?}")
+        };
+        assert_eq!(list.values.len(), 3);
+        // not asked, admitted, or in shadow mode: none
+        assert_eq!(
+            header_of(&decisions, &ResponseOptions::default(), "x-ratelimit-rule"),
+            None
+        );
+        let admitted = [Decision {
+            verdict: Verdict::Ok,
+            ..over_named("a")
+        }];
+        assert_eq!(header_of(&admitted, &opts, "x-ratelimit-rule"), None);
+        let shadow = ResponseOptions {
+            shadow_mode: true,
+            ..opts.clone()
+        };
+        assert_eq!(header_of(&decisions, &shadow, "x-ratelimit-rule"), None);
+        assert!(build(&RateLimitRequest::default(), &decisions, &shadow)
+            .dynamic_metadata
+            .is_none());
     }
 
     #[test]

@@ -96,6 +96,8 @@ pub fn serve_args(config: PathBuf) -> ServeArgs {
         quota_mode: false,
         per_descriptor_spending: false,
         response_dynamic_metadata: false,
+        refused_by_header: None,
+        refusal_log_rate: 5,
         statsd_addr: None,
         statsd_flush_interval: std::time::Duration::from_secs(10),
         otlp_endpoint: None,
