@@ -337,8 +337,10 @@ async fn the_binary_with_envoy_gateways_environment() {
     let keys = redis.cli(&["KEYS", "*"]);
     let keys: Vec<&str> = keys.lines().filter(|k| !k.is_empty()).collect();
     assert!(!keys.is_empty(), "decided in Redis");
+    // buckets, and the instances counting themselves (docs/run.md)
     assert!(
-        keys.iter().all(|k| k.starts_with("eg:rl:rls:{")),
+        keys.iter()
+            .all(|k| k.starts_with("eg:rl:rls:{") || *k == "eg:rl:rls:instances"),
         "every key behind CACHE_KEY_PREFIX: {keys:?}"
     );
     let text = reqwest::get(format!("http://127.0.0.1:{prom}/metrics"))
