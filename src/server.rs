@@ -490,6 +490,7 @@ async fn open_store(args: &ServeArgs, metrics: &Arc<Metrics>) -> Result<OpenStor
                     let per_second = PerSecondSettings {
                         pool_size: args.redis_persecond_pool_size,
                         timeout: args.redis_persecond_timeout,
+                        password_file: args.redis_persecond_password_file.clone(),
                     };
                     let (redis, _) = open_redis(args, url.clone(), Some(per_second), metrics)
                         .await
@@ -588,6 +589,7 @@ fn keep_counting_instances(
 struct PerSecondSettings {
     pool_size: Option<u32>,
     timeout: Option<Duration>,
+    password_file: Option<std::path::PathBuf>,
 }
 
 /// Connects one Redis store (the main one, or with `per_second` the
@@ -619,11 +621,11 @@ async fn open_redis(
         layout: args.redis_bucket_layout,
         key_prefix: args.redis_key_prefix.clone(),
         skip_hostname_verification: args.redis_tls_skip_hostname_verification,
-        // the main store's (the per-second one's password is in its URL)
-        password_file: per_second
-            .is_none()
-            .then(|| args.redis_password_file.clone())
-            .flatten(),
+        // each Redis its own (--redis-persecond-password-file)
+        password_file: match &per_second {
+            None => args.redis_password_file.clone(),
+            Some(p) => p.password_file.clone(),
+        },
     };
     if settings.skip_hostname_verification && per_second.is_none() {
         tracing::warn!(

@@ -216,3 +216,84 @@ async fn a_password_file_beside_a_password_or_empty_stops_the_start() {
         "{e}"
     );
 }
+
+/// The per-second Redis (`--redis-persecond-url`) has a password file of
+/// its own (`--redis-persecond-password-file`): its password rotates while
+/// the main Redis needs none, and per-second decisions go on with the new
+/// one, none counted twice (the bucket refills 1 a second, so what is left
+/// is the burst less those admitted, plus at most the seconds passed).
+#[tokio::test]
+async fn the_per_second_redis_rotates_its_own_password_file() {
+    let main = RedisServer::standalone();
+    let per_second = RedisServer::standalone();
+    assert!(per_second
+        .cli(&["CONFIG", "SET", "requirepass", "old-pass"])
+        .contains("OK"));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("persecond-password");
+    rotate(&file, "old-pass");
+    let rules = rules_dir(&format!(
+        "domain: d\ndescriptors:\n  - key: k\n    failure_mode: closed\n    rate_limit: {{unit: second, requests_per_unit: 1, burst: {BURST}}}\n"
+    ));
+    let mut args = serve_args(rules.path().to_path_buf());
+    args.store = tokenbucket_rls::cli::StoreKind::Redis;
+    args.redis_url = Some(main.url());
+    args.redis_persecond_url = Some(per_second.url());
+    args.redis_persecond_password_file = Some(file.clone());
+    args.redis_timeout = Duration::from_millis(500);
+    let started = Instant::now();
+    let s = tokenbucket_rls::server::start(&args).await.expect("start");
+    let mut c = client(&s).await;
+    let mut admitted = 0u64;
+    for _ in 0..20 {
+        decided(&mut c)
+            .await
+            .expect("decided with the first password");
+        admitted += 1;
+    }
+    let port = per_second.port.to_string();
+    let cli = |pass: &str, args: &[&str]| {
+        let mut all = vec!["-p", &port, "-a", pass, "--no-auth-warning"];
+        all.extend_from_slice(args);
+        let out = std::process::Command::new("redis-cli")
+            .args(&all)
+            .output()
+            .expect("redis-cli");
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    assert!(cli("old-pass", &["CONFIG", "SET", "requirepass", "new-pass"]).contains("OK"));
+    rotate(&file, "new-pass");
+    cli("new-pass", &["CLIENT", "KILL", "TYPE", "normal"]);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match decided(&mut c).await {
+            Ok(()) => {
+                admitted += 1;
+                break;
+            }
+            Err(e) => {
+                assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}");
+                assert!(Instant::now() < deadline, "never decided again");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
+    for _ in 0..20 {
+        decided(&mut c)
+            .await
+            .expect("decided with the new password");
+        admitted += 1;
+    }
+    let left = tokens(&format!("redis://:new-pass@127.0.0.1:{}", per_second.port)).await;
+    let expected = BURST - admitted as f64;
+    assert!(
+        left >= expected - 0.5 && left <= expected + started.elapsed().as_secs_f64() + 1.0,
+        "each per-second decision once: {left} left after {admitted} admitted"
+    );
+    assert_eq!(
+        main.cli(&["DBSIZE"]).trim(),
+        "0",
+        "nothing in the main Redis"
+    );
+    s.shutdown().await.expect("stop");
+}

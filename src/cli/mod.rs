@@ -152,6 +152,14 @@ pub struct ServeArgs {
     /// --redis-timeout for the per-second Redis (default: the same).
     #[arg(long, env = "RLS_REDIS_PERSECOND_TIMEOUT", value_parser = humantime::parse_duration)]
     pub redis_persecond_timeout: Option<Duration>,
+    /// --redis-password-file for the per-second Redis: its password, read
+    /// again for every new connection (its URL then has none).
+    #[arg(
+        long,
+        env = "RLS_REDIS_PERSECOND_PASSWORD_FILE",
+        requires = "redis_persecond_url"
+    )]
+    pub redis_persecond_password_file: Option<PathBuf>,
     /// Time allowed for one decision in Redis while its node is suspect or
     /// the caller sends no deadline. A caller's deadline (Envoy sends its
     /// filter timeout as grpc-timeout) caps it at 90 % of that; a node its

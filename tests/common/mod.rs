@@ -48,6 +48,7 @@ pub fn serve_args(config: PathBuf) -> ServeArgs {
         redis_persecond_url: None,
         redis_persecond_pool_size: None,
         redis_persecond_timeout: None,
+        redis_persecond_password_file: None,
         redis_batch: None,
         redis_ca_file: None,
         redis_password_file: None,
