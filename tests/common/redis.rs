@@ -27,14 +27,23 @@ fn port_pair_free(port: u16) -> bool {
 /// `lo..hi`: a Redis server is killed and restarted on its port, and a
 /// port in the ephemeral range can meanwhile become some outgoing
 /// connection's local port (ci12 lost a restarted server so).
+///
+/// A port is handed out once per test binary: two tests running side by
+/// side could otherwise both find one free before either binds it (the
+/// RLQS demo's Envoy once found its port taken so).
 pub fn free_port_below_ephemeral(lo: u16, hi: u16, free: impl Fn(u16) -> bool) -> u16 {
     use std::hash::{BuildHasher, Hasher};
+    static HANDED_OUT: std::sync::Mutex<Option<std::collections::HashSet<u16>>> =
+        std::sync::Mutex::new(None);
     let seed = std::collections::hash_map::RandomState::new();
     for i in 0..10_000u64 {
         let mut h = seed.build_hasher();
         h.write_u64(i);
         let p = lo + (h.finish() % u64::from(hi - lo)) as u16;
-        if free(p) {
+        let mut handed = HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner());
+        let handed = handed.get_or_insert_with(Default::default);
+        if !handed.contains(&p) && free(p) {
+            handed.insert(p);
             return p;
         }
     }
