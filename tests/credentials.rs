@@ -19,6 +19,18 @@ use tonic::transport::Channel;
 
 const BURST: f64 = 100_000.0;
 
+/// `redis-cli` on `port` with the default user's password `pass`: its output.
+fn cli_as(port: u16, pass: &str, args: &[&str]) -> String {
+    let port = port.to_string();
+    let mut all = vec!["-p", &port, "-a", pass, "--no-auth-warning"];
+    all.extend_from_slice(args);
+    let out = std::process::Command::new("redis-cli")
+        .args(&all)
+        .output()
+        .expect("redis-cli");
+    String::from_utf8_lossy(&out.stdout).to_string()
+}
+
 /// Replaces the file as a Secret's mount does: a new file renamed over it.
 fn rotate(path: &Path, password: &str) {
     let next = path.with_extension("next");
@@ -128,17 +140,9 @@ async fn a_rotated_requirepass_is_read_from_the_file() {
     assert!(server
         .cli(&["CONFIG", "SET", "requirepass", "old-pass"])
         .contains("OK"));
-    let port = server.port.to_string();
+    let port = server.port;
     rotation(&server, None, "old-pass", "new-pass", |file| {
-        let cli = |pass: &str, args: &[&str]| {
-            let mut all = vec!["-p", &port, "-a", pass, "--no-auth-warning"];
-            all.extend_from_slice(args);
-            let out = std::process::Command::new("redis-cli")
-                .args(&all)
-                .output()
-                .expect("redis-cli");
-            String::from_utf8_lossy(&out.stdout).to_string()
-        };
+        let cli = |pass: &str, args: &[&str]| cli_as(port, pass, args);
         assert!(cli("old-pass", &["CONFIG", "SET", "requirepass", "new-pass"]).contains("OK"));
         rotate(file, "new-pass");
         // every connection of the old password goes (as a restart or a
@@ -251,16 +255,7 @@ async fn the_per_second_redis_rotates_its_own_password_file() {
             .expect("decided with the first password");
         admitted += 1;
     }
-    let port = per_second.port.to_string();
-    let cli = |pass: &str, args: &[&str]| {
-        let mut all = vec!["-p", &port, "-a", pass, "--no-auth-warning"];
-        all.extend_from_slice(args);
-        let out = std::process::Command::new("redis-cli")
-            .args(&all)
-            .output()
-            .expect("redis-cli");
-        String::from_utf8_lossy(&out.stdout).to_string()
-    };
+    let cli = |pass: &str, args: &[&str]| cli_as(per_second.port, pass, args);
     assert!(cli("old-pass", &["CONFIG", "SET", "requirepass", "new-pass"]).contains("OK"));
     rotate(&file, "new-pass");
     cli("new-pass", &["CLIENT", "KILL", "TYPE", "normal"]);

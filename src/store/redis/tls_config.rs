@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use super::tls_files::{CaFile, ClientCert};
+use super::tls_files::{ClientCert, ServerCheck};
 use super::RedisSettings;
 
 /// A rustls client configuration for `rediss://` from the settings' files.
@@ -21,28 +21,28 @@ pub(super) fn tls_client_config(
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
             .with_safe_default_protocol_versions()?;
+        let any_name = settings.skip_hostname_verification;
         let builder = match &settings.ca_file {
             // read again for every new connection (tls_files)
             Some(ca) => builder
                 .dangerous()
-                .with_custom_certificate_verifier(Arc::new(CaFile::new(
+                .with_custom_certificate_verifier(Arc::new(ServerCheck::from_file(
                     ca,
                     provider.clone(),
-                    settings.skip_hostname_verification,
+                    any_name,
                 )?)),
             None => {
                 let roots = rustls::RootCertStore {
                     roots: webpki_roots_or_empty(),
                 };
-                if settings.skip_hostname_verification {
-                    let inner = rustls::client::WebPkiServerVerifier::builder_with_provider(
-                        Arc::new(roots),
-                        provider.clone(),
-                    )
-                    .build()?;
+                if any_name {
                     builder
                         .dangerous()
-                        .with_custom_certificate_verifier(Arc::new(AnyName { inner }))
+                        .with_custom_certificate_verifier(Arc::new(ServerCheck::fixed(
+                            roots,
+                            provider.clone(),
+                            true,
+                        )?))
                 } else {
                     builder.with_root_certificates(roots)
                 }
@@ -56,61 +56,6 @@ pub(super) fn tls_client_config(
         })
     };
     build().map(Some).map_err(|e| format!("Redis TLS: {e:#}"))
-}
-
-/// A server verifier that checks the chain as `inner` does and takes it
-/// for any name (`--redis-tls-skip-hostname-verification`).
-#[derive(Debug)]
-struct AnyName {
-    inner: Arc<rustls::client::WebPkiServerVerifier>,
-}
-
-impl rustls::client::danger::ServerCertVerifier for AnyName {
-    fn verify_server_cert(
-        &self,
-        end_entity: &rustls::pki_types::CertificateDer<'_>,
-        intermediates: &[rustls::pki_types::CertificateDer<'_>],
-        server_name: &rustls::pki_types::ServerName<'_>,
-        ocsp_response: &[u8],
-        now: rustls::pki_types::UnixTime,
-    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
-        use rustls::CertificateError::{NotValidForName, NotValidForNameContext};
-        match self.inner.verify_server_cert(
-            end_entity,
-            intermediates,
-            server_name,
-            ocsp_response,
-            now,
-        ) {
-            // the chain was checked; only the name did not match
-            Err(rustls::Error::InvalidCertificate(
-                NotValidForName | NotValidForNameContext { .. },
-            )) => Ok(rustls::client::danger::ServerCertVerified::assertion()),
-            other => other,
-        }
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &rustls::pki_types::CertificateDer<'_>,
-        dss: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        self.inner.verify_tls12_signature(message, cert, dss)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &rustls::pki_types::CertificateDer<'_>,
-        dss: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        self.inner.verify_tls13_signature(message, cert, dss)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        self.inner.supported_verify_schemes()
-    }
 }
 
 /// The system's root certificates, for a client certificate without a CA file.

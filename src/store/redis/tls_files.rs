@@ -17,53 +17,83 @@ use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::sign::CertifiedKey;
 use rustls::{DigitallySignedStruct, SignatureScheme};
 
-/// Servers checked against the CA file as it is now: its roots are built
-/// again when its content changes. With `any_name`, a chain that only
-/// fails on the server's name is taken
-/// (`--redis-tls-skip-hostname-verification`).
+/// How servers are checked: against the CA file as it is now (its roots
+/// built again when its content changes), or against fixed roots (the
+/// system's). With `any_name`, a chain that only fails on the server's
+/// name is taken (`--redis-tls-skip-hostname-verification`).
 #[derive(Debug)]
-pub(super) struct CaFile {
-    path: PathBuf,
+pub(super) struct ServerCheck {
+    roots: Roots,
     provider: Arc<CryptoProvider>,
     any_name: bool,
-    /// The content the verifier was built from, and the verifier.
-    current: Mutex<(Vec<u8>, Arc<WebPkiServerVerifier>)>,
 }
 
-impl CaFile {
-    /// Reads `path` now: a file that cannot be used stops the start.
-    pub(super) fn new(
+#[derive(Debug)]
+enum Roots {
+    /// The file, the content the verifier was built from, and the verifier.
+    File {
+        path: PathBuf,
+        current: Mutex<(Vec<u8>, Arc<WebPkiServerVerifier>)>,
+    },
+    Fixed(Arc<WebPkiServerVerifier>),
+}
+
+impl ServerCheck {
+    /// Against the CA file at `path`, read now: a file that cannot be used
+    /// stops the start.
+    pub(super) fn from_file(
         path: &Path,
         provider: Arc<CryptoProvider>,
         any_name: bool,
     ) -> anyhow::Result<Self> {
         let content = std::fs::read(path)?;
-        let verifier = verifier_of(path, &provider)?;
+        let verifier = verifier_of(crate::tls::roots(path)?, &provider)?;
         Ok(Self {
-            path: path.to_path_buf(),
+            roots: Roots::File {
+                path: path.to_path_buf(),
+                current: Mutex::new((content, verifier)),
+            },
             provider,
             any_name,
-            current: Mutex::new((content, verifier)),
         })
     }
 
-    /// The verifier of the file's content now (the last good one when it
-    /// cannot be read or built).
+    /// Against `roots`, which do not change.
+    pub(super) fn fixed(
+        roots: rustls::RootCertStore,
+        provider: Arc<CryptoProvider>,
+        any_name: bool,
+    ) -> anyhow::Result<Self> {
+        Ok(Self {
+            roots: Roots::Fixed(verifier_of(roots, &provider)?),
+            provider,
+            any_name,
+        })
+    }
+
+    /// The verifier now: of the CA file's content (the last good one when
+    /// it cannot be read or built), or the fixed one.
     fn verifier(&self) -> Arc<WebPkiServerVerifier> {
-        let mut current = self.current.lock();
-        match std::fs::read(&self.path) {
-            Ok(content) if content != current.0 => match verifier_of(&self.path, &self.provider) {
-                Ok(verifier) => {
-                    tracing::info!(file = %self.path.display(), "the Redis CA file changed: new connections check servers against it");
-                    *current = (content, verifier);
+        let (path, current) = match &self.roots {
+            Roots::Fixed(verifier) => return verifier.clone(),
+            Roots::File { path, current } => (path, current),
+        };
+        let mut current = current.lock();
+        match std::fs::read(path) {
+            Ok(content) if content != current.0 => {
+                match crate::tls::roots(path).and_then(|r| verifier_of(r, &self.provider)) {
+                    Ok(verifier) => {
+                        tracing::info!(file = %path.display(), "the Redis CA file changed: new connections check servers against it");
+                        *current = (content, verifier);
+                    }
+                    Err(e) => {
+                        tracing::warn!(file = %path.display(), error = %format!("{e:#}"), "the Redis CA file changed and cannot be used: the previous one stays in use")
+                    }
                 }
-                Err(e) => {
-                    tracing::warn!(file = %self.path.display(), error = %format!("{e:#}"), "the Redis CA file changed and cannot be used: the previous one stays in use")
-                }
-            },
+            }
             Ok(_) => {}
             Err(e) => {
-                tracing::warn!(file = %self.path.display(), error = %e, "the Redis CA file cannot be read: the previous one stays in use")
+                tracing::warn!(file = %path.display(), error = %e, "the Redis CA file cannot be read: the previous one stays in use")
             }
         }
         current.1.clone()
@@ -71,14 +101,13 @@ impl CaFile {
 }
 
 fn verifier_of(
-    path: &Path,
+    roots: rustls::RootCertStore,
     provider: &Arc<CryptoProvider>,
 ) -> anyhow::Result<Arc<WebPkiServerVerifier>> {
-    let roots = crate::tls::roots(path)?;
     Ok(WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider.clone()).build()?)
 }
 
-impl ServerCertVerifier for CaFile {
+impl ServerCertVerifier for ServerCheck {
     fn verify_server_cert(
         &self,
         end_entity: &CertificateDer<'_>,
