@@ -173,7 +173,7 @@ pub async fn start(args: &ServeArgs) -> Result<RunningServer> {
             refused_by_header: args.refused_by_header.clone(),
         },
     )
-    .with_refusal_log(args.refusal_log_rate);
+    .with_refusal_log(args.refusal_log_rate, &args.refusal_log_hash_keys);
 
     let grpc_uds = args
         .grpc_uds

@@ -199,3 +199,70 @@ fn attempts_on_the_memory_store_with_several_instances_are_warned_of() {
     let stderr = stderr_of_a_run(&["--instances", "2"]);
     assert!(!stderr.contains(said), "no attempts in config/: {stderr}");
 }
+
+/// The refusal log (#54 item 4): a line per refused request, at most
+/// `--refusal-log-rate` a second, naming the limit that refused and the
+/// descriptor, the values of `--refusal-log-hash-keys` hashed (never
+/// written as they came).
+#[tokio::test]
+async fn refusals_are_logged_at_most_the_rate_with_the_asked_values_hashed() {
+    use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+    let (grpc, admin) = (free_port(), free_port());
+    let child = ChildGuard(
+        common::binary_without_rls_env()
+            .env("RLS_CONFIG", concat!(env!("CARGO_MANIFEST_DIR"), "/config"))
+            .env_remove("RUST_LOG")
+            .args(["--grpc-addr", &format!("127.0.0.1:{grpc}")])
+            .args(["--admin-addr", &format!("127.0.0.1:{admin}")])
+            .args([
+                "--refusal-log-rate",
+                "2",
+                "--refusal-log-hash-keys",
+                "api_key",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start"),
+    );
+    wait_ready(admin);
+    let mut c = RateLimitServiceClient::connect(format!("http://127.0.0.1:{grpc}"))
+        .await
+        .expect("connect");
+    let started = Instant::now();
+    let mut refused = 0;
+    for _ in 0..40 {
+        let r = c
+            .should_rate_limit(common::request(
+                "edge",
+                vec![common::descriptor(&[
+                    ("plan", "free"),
+                    ("api_key", "secret-key"),
+                ])],
+            ))
+            .await
+            .expect("answered")
+            .into_inner();
+        refused += u32::from(r.overall_code == 2);
+    }
+    let secs = started.elapsed().as_secs() + 1;
+    let out = child.terminate();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(refused, 37, "a burst of 3 a minute");
+    let lines: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("tokenbucket_rls::service") && l.contains("refused"))
+        .collect();
+    assert!(
+        !lines.is_empty() && lines.len() as u64 <= 2 * secs,
+        "at most 2 lines a second over {secs} s: {lines:?}"
+    );
+    assert!(
+        lines[0].contains("free-keys")
+            && lines[0].contains("plan=free")
+            && lines[0].contains("api_key=sha1:"),
+        "{}",
+        lines[0]
+    );
+    assert!(!stderr.contains("secret-key"), "{stderr}");
+}

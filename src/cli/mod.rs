@@ -290,6 +290,11 @@ pub struct ServeArgs {
     /// the rest are counted in the next line. 0: none.
     #[arg(long, env = "RLS_REFUSAL_LOG_RATE", default_value_t = 5)]
     pub refusal_log_rate: u32,
+    /// Descriptor keys whose values the refusal log shows hashed (e.g.
+    /// user_id,remote_address; `*` for every key): `key=sha1:<first 12 hex>`,
+    /// the same value giving the same hash on every instance.
+    #[arg(long, env = "RLS_REFUSAL_LOG_HASH_KEYS", value_delimiter = ',')]
+    pub refusal_log_hash_keys: Vec<String>,
     /// One domain may span several files.
     #[arg(long, env = "RLS_MERGE_DOMAINS")]
     pub merge_domains: bool,

@@ -60,9 +60,10 @@ impl RateLimitGrpc {
         }
     }
 
-    /// Logs at most `per_sec` refused requests a second (0: none).
-    pub fn with_refusal_log(mut self, per_sec: u32) -> Self {
-        self.refusals = refusal_log::RefusalLog::new(per_sec);
+    /// Logs at most `per_sec` refused requests a second (0: none), the
+    /// values of `hashed_keys` hashed.
+    pub fn with_refusal_log(mut self, per_sec: u32, hashed_keys: &[String]) -> Self {
+        self.refusals = refusal_log::RefusalLog::new(per_sec).hashing(hashed_keys);
         self
     }
 
@@ -144,7 +145,7 @@ impl RateLimitGrpc {
             .map(|(d, e)| {
                 let pairs: Vec<String> = e
                     .iter()
-                    .map(|e| format!("{}={}", e.key(), e.value()))
+                    .map(|e| self.refusals.show(e.key(), e.value()))
                     .collect();
                 format!("{} (remaining {})", pairs.join(","), d.remaining)
             })

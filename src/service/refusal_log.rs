@@ -7,6 +7,8 @@ use parking_lot::Mutex;
 #[derive(Debug, Default)]
 pub struct RefusalLog {
     per_sec: u32,
+    /// Descriptor keys whose values are shown hashed (`*`: every key).
+    hashed: Vec<String>,
     /// (the second counted, lines written in it, lines held back since the
     /// last one written).
     state: Mutex<(u64, u32, u64)>,
@@ -17,7 +19,29 @@ impl RefusalLog {
     pub fn new(per_sec: u32) -> Self {
         Self {
             per_sec,
+            hashed: Vec::new(),
             state: Mutex::default(),
+        }
+    }
+
+    /// Shows the values of `keys` hashed (`*`: every key's).
+    pub fn hashing(mut self, keys: &[String]) -> Self {
+        self.hashed = keys
+            .iter()
+            .map(|k| k.trim().to_string())
+            .filter(|k| !k.is_empty())
+            .collect();
+        self
+    }
+
+    /// An entry as its line shows it: `key=value`, or `key=sha1:<12 hex>`
+    /// for a key whose values are hashed.
+    pub fn show(&self, key: &str, value: &str) -> String {
+        if self.hashed.iter().any(|k| k == "*" || k == key) {
+            let digest = sha1_smol::Sha1::from(value).digest().to_string();
+            format!("{key}=sha1:{}", &digest[..12])
+        } else {
+            format!("{key}={value}")
         }
     }
 
@@ -57,6 +81,24 @@ mod tests {
         assert_eq!(log.admit(11), Some(0));
         assert_eq!(log.admit(11), None);
         assert_eq!(log.admit(12), Some(1));
+    }
+
+    #[test]
+    fn the_keys_asked_for_are_shown_hashed_the_same_everywhere() {
+        let log = RefusalLog::new(1).hashing(&["user_id".into(), " ".into()]);
+        assert_eq!(log.show("plan", "gold"), "plan=gold");
+        let hashed = log.show("user_id", "alice@example.com");
+        assert!(hashed.starts_with("user_id=sha1:"), "{hashed}");
+        assert_eq!(hashed.len(), "user_id=sha1:".len() + 12);
+        assert!(!hashed.contains("alice"));
+        assert_eq!(
+            hashed,
+            RefusalLog::new(9)
+                .hashing(&["user_id".into()])
+                .show("user_id", "alice@example.com")
+        );
+        let all = RefusalLog::new(1).hashing(&["*".into()]);
+        assert!(all.show("plan", "gold").starts_with("plan=sha1:"));
     }
 
     #[test]

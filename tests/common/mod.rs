@@ -99,6 +99,7 @@ pub fn serve_args(config: PathBuf) -> ServeArgs {
         response_dynamic_metadata: false,
         refused_by_header: None,
         refusal_log_rate: 5,
+        refusal_log_hash_keys: Vec::new(),
         statsd_addr: None,
         statsd_flush_interval: std::time::Duration::from_secs(10),
         otlp_endpoint: None,
