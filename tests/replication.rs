@@ -17,12 +17,14 @@ use common::{client, descriptor, request, rules_dir};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 
-/// `hot` asks both replicas; `plain` (the same budget) asks none.
+/// `hot` asks both replicas, waiting up to the longest timeout a rule may
+/// give (beside CPU-bound loops, replicas took over 100 ms to acknowledge);
+/// `plain` (the same budget) asks none.
 const RULES: &str = "domain: d
 descriptors:
   - key: hot
     failure_mode: closed
-    replication: {replicas: 2, timeout: 100ms}
+    replication: {replicas: 2, timeout: 1s}
     rate_limit: {unit: day, requests_per_unit: 1, burst: 100000}
   - key: plain
     failure_mode: closed

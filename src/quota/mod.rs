@@ -64,7 +64,7 @@ use self::policy::{rule_label, shared_key};
 use self::shares::{index, unindex};
 pub use self::steps::Step;
 use self::steps::{step_if_due, whole_seconds};
-use self::subscription::Subscription;
+use self::subscription::{quiet_limit_micros, ttl_micros, Subscription};
 use crate::instances::Instances;
 use crate::rules::RuleSet;
 
@@ -975,26 +975,6 @@ fn offer(
         tracing::debug!(stream = ?sub.stream, bucket = ?key, ?what, ttl_ms = ttl / 1000, "RLQS assignment sent");
         action(sub.id(key), what, ttl, exact)
     })
-}
-
-/// How long a stream may be quiet about a bucket before it leaves it:
-/// three report intervals, and never less than [`MIN_QUIET_MICROS`] (Envoy
-/// 1.40 reports about every five seconds, whatever `reporting_interval` says).
-fn quiet_limit_micros(interval_micros: u64) -> u64 {
-    interval_micros
-        .saturating_mul(TTL_INTERVALS)
-        .max(MIN_QUIET_MICROS)
-}
-
-/// An assignment's time to live for a bucket reported every `interval`, in
-/// whole seconds (Envoy 1.40 drops the fraction of a second, so what is
-/// counted live is what Envoy holds).
-fn ttl_micros(interval_micros: u64) -> u64 {
-    interval_micros
-        .saturating_mul(TTL_INTERVALS)
-        .clamp(MIN_TTL_MICROS, MAX_TTL_MICROS)
-        .div_ceil(1_000_000)
-        .saturating_mul(1_000_000)
 }
 
 #[cfg(test)]

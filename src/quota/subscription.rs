@@ -4,7 +4,9 @@
 use std::sync::Arc;
 
 use super::assignment::Sent;
-use super::{ttl_micros, BucketKey, Pair, StreamId};
+use super::{
+    BucketKey, Pair, StreamId, MAX_TTL_MICROS, MIN_QUIET_MICROS, MIN_TTL_MICROS, TTL_INTERVALS,
+};
 
 /// A bucket as one stream reports it.
 #[derive(Debug, Clone)]
@@ -58,4 +60,24 @@ impl Subscription {
     pub(super) fn ttl_micros(&self) -> u64 {
         ttl_micros(self.interval_micros)
     }
+}
+
+/// How long a stream may be quiet about a bucket before it leaves it:
+/// three report intervals, and never less than [`MIN_QUIET_MICROS`] (Envoy
+/// 1.40 reports about every five seconds, whatever `reporting_interval` says).
+pub(super) fn quiet_limit_micros(interval_micros: u64) -> u64 {
+    interval_micros
+        .saturating_mul(TTL_INTERVALS)
+        .max(MIN_QUIET_MICROS)
+}
+
+/// An assignment's time to live for a bucket reported every `interval`, in
+/// whole seconds (Envoy 1.40 drops the fraction of a second, so what is
+/// counted live is what Envoy holds).
+pub(super) fn ttl_micros(interval_micros: u64) -> u64 {
+    interval_micros
+        .saturating_mul(TTL_INTERVALS)
+        .clamp(MIN_TTL_MICROS, MAX_TTL_MICROS)
+        .div_ceil(1_000_000)
+        .saturating_mul(1_000_000)
 }
