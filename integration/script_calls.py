@@ -16,6 +16,11 @@ KIND, one decision of one bucket (burst and rate 10^9 a second):
   minimal_fixed_window, minimal_dedupe
                  the same for integration/minimal-fixed-window.lua and
                  integration/minimal-dedupe.lua (a fresh id per call)
+  ratelimit_counter
+                 no script (SHA unused): a fixed window counted as
+                 envoyproxy/ratelimit counts it and the service sends it
+                 (src/store/redis/counter.rs), INCRBY key 1 + EXPIRE key
+                 3600, two replies a call
 --spread K: each call's key drawn from K (default: one hot key).
 --batch B: B decisions per call (SHA must be the batch script, bucket.lua
 behind `#!lua flags=allow-cross-slot-keys`), each on its own key.
@@ -81,6 +86,10 @@ def call(sha, kind, spread, batch, rng):
     def key(i):
         n = rng.randrange(spread) if spread else 0
         return f"rls:{{{'hot' if not spread else n}{i}}}:k"
+    if kind == "ratelimit_counter":
+        k = f"edge_api_key_{rng.randrange(spread) if spread else 'hot'}_1733500800"
+        return (b"*3\r\n" + bulk("INCRBY") + bulk(k) + bulk("1")
+                + b"*3\r\n" + bulk("EXPIRE") + bulk(k) + bulk("3600"))
     parts = [b"EVALSHA", sha.encode()]
     keys, args = decision(kind, key(0), rng)
     body = [bulk(str(len(keys)))] + [bulk(k) for k in keys] + [bulk(a) for a in args]
@@ -118,10 +127,11 @@ def main():
     sent = 0
     fresh = ("dedupe", "reserve", "minimal_dedupe")
     fixed = None if a.spread or a.kind in fresh else call(a.sha, a.kind, 0, a.batch, rng)
+    replies = 2 if a.kind == "ratelimit_counter" else 1
     while sent < a.n:
         count = min(a.pipeline, a.n - sent)
         s.sendall(b"".join(fixed or call(a.sha, a.kind, a.spread, a.batch, rng) for _ in range(count)))
-        for _ in range(count):
+        for _ in range(count * replies):
             read_reply(f)
         sent += count
 

@@ -620,6 +620,7 @@ async fn open_redis(
             .zip(args.redis_client_key.clone()),
         layout: args.redis_bucket_layout,
         key_prefix: args.redis_key_prefix.clone(),
+        expiry_jitter_max_secs: args.redis_expiration_jitter_max_seconds,
         skip_hostname_verification: args.redis_tls_skip_hostname_verification,
         // each Redis its own (--redis-persecond-password-file)
         password_file: match &per_second {

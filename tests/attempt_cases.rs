@@ -223,6 +223,7 @@ fn descriptor(tag: &str, bursts: &[u64]) -> DescriptorBuckets {
             })
             .collect(),
         replication: None,
+        ratelimit_key: None,
     }
 }
 
@@ -367,6 +368,7 @@ async fn connect(redis: &RedisServer, batched: bool) -> RedisStore {
         key_prefix: String::new(),
         skip_hostname_verification: false,
         password_file: None,
+        expiry_jitter_max_secs: 0,
     })
     .await
     .expect("connect")

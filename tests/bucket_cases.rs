@@ -381,6 +381,7 @@ async fn store_and_client(redis: &RedisServer, layout: BucketLayout) -> (RedisSt
         key_prefix: String::new(),
         skip_hostname_verification: false,
         password_file: None,
+        expiry_jitter_max_secs: 0,
     })
     .await
     .expect("connect");
@@ -564,6 +565,7 @@ async fn decisions_batched_into_one_call_give_the_same_answers() {
             rule: Default::default(),
         }],
         replication: None,
+        ratelimit_key: None,
     };
     store.decide(&warm, Cost::Spend(0)).await.expect("warm");
     let _: () = client
@@ -607,6 +609,7 @@ async fn a_lowered_rate_lengthens_the_ttl_at_the_next_decision() {
             rule: Default::default(),
         }],
         replication: None,
+        ratelimit_key: None,
     };
     let key = redis_key(tag_hash(b"lowered"), b"lowered#0");
     for _ in 0..5 {
@@ -679,6 +682,7 @@ async fn a_rolling_upgrade_shares_buckets_with_the_previous_version() {
             rule: Default::default(),
         }],
         replication: None,
+        ratelimit_key: None,
     };
     let key = redis_key(tag_hash(b"upgrade"), b"upgrade#0");
     // 0.1's call: needed, deducted, margin, then capacity, rate, unit
@@ -728,6 +732,7 @@ fn buckets_of(tag: &[u8], params: impl IntoIterator<Item = BucketParams>) -> Des
             .collect(),
         tag: tag.to_vec(),
         replication: None,
+        ratelimit_key: None,
     }
 }
 

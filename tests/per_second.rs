@@ -142,6 +142,9 @@ async fn envoyproxy_ratelimits_per_second_settings_split_the_rules() {
                 format!("127.0.0.1:{}", per_second.port),
             ),
             ("REDIS_PERSECOND_POOL_SIZE", "2".to_string()),
+            // these rules have bursts: token buckets, one setting away
+            // from its fixed windows
+            ("RLS_ALGORITHM", "token_bucket".to_string()),
         ],
     )
     .await;

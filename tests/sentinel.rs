@@ -178,6 +178,9 @@ async fn envoyproxy_ratelimits_sentinel_settings_reach_the_primary() {
                 format!("{},{}", common::sentinel::MASTER, sentinels.join(",")),
             ),
             ("REDIS_SENTINEL_AUTH", "watch".to_string()),
+            // a rule with a burst: a token bucket, one setting away from
+            // its fixed windows
+            ("RLS_ALGORITHM", "token_bucket".to_string()),
         ],
     )
     .await;

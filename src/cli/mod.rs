@@ -198,6 +198,12 @@ pub struct ServeArgs {
     /// (envoyproxy/ratelimit's CACHE_KEY_PREFIX); no braces.
     #[arg(long, env = "RLS_REDIS_KEY_PREFIX", default_value = "")]
     pub redis_key_prefix: String,
+    /// The most seconds added at random to the expiry of a fixed window
+    /// counted in envoyproxy/ratelimit's keys (its
+    /// EXPIRATION_JITTER_MAX_SECONDS), so that a window's keys do not all
+    /// expire in one second; 0: none.
+    #[arg(long, env = "RLS_REDIS_EXPIRATION_JITTER_MAX_SECONDS", default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=31_536_000))]
+    pub redis_expiration_jitter_max_seconds: u64,
     /// Redis connections to each primary, shared by all requests (each pipelines many calls).
     #[arg(long, env = "RLS_REDIS_POOL_SIZE", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=256))]
     pub redis_pool_size: u32,

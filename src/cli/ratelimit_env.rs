@@ -44,10 +44,6 @@ const NO_MEANING_HERE: &[(&str, &str)] = &[
         "the rules directory is watched, ConfigMap swaps (..data) included",
     ),
     ("RUNTIME_IGNOREDOTFILES", "dot files are always skipped"),
-    (
-        "EXPIRATION_JITTER_MAX_SECONDS",
-        "a bucket's key expires once it would be full",
-    ),
     ("LOCAL_CACHE_SIZE_IN_BYTES", "no local over-limit cache"),
     (
         "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED",
@@ -617,6 +613,16 @@ pub fn translate(env: &BTreeMap<String, String>) -> Result<Translated, String> {
         let stop = on("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT");
         set("RLS_PER_DESCRIPTOR_SPENDING", (!stop).to_string());
     }
+    // its counting: a rule that names no algorithm counts a fixed window,
+    // in its keys on Redis (docs/replacing-ratelimit.md, "One budget
+    // across the swap"); `RLS_ALGORITHM=token_bucket` or `algorithm:` on
+    // a rule is the step to token buckets
+    if theirs {
+        set("RLS_ALGORITHM", "fixed_window".into());
+    }
+    if let Some(v) = get("EXPIRATION_JITTER_MAX_SECONDS") {
+        set("RLS_REDIS_EXPIRATION_JITTER_MAX_SECONDS", v.to_string());
+    }
 
     // Redis
     if let Some(url) = get("REDIS_URL") {
@@ -869,6 +875,14 @@ const ORIGINS: &[(&str, &[&str])] = &[
         &["REDIS_URL", "REDIS_AUTH", "REDIS_TYPE", "REDIS_TLS"],
     ),
     ("RLS_REDIS_KEY_PREFIX", &["CACHE_KEY_PREFIX"]),
+    (
+        "RLS_REDIS_EXPIRATION_JITTER_MAX_SECONDS",
+        &["EXPIRATION_JITTER_MAX_SECONDS"],
+    ),
+    (
+        "RLS_ALGORITHM",
+        &["REDIS_URL", "RUNTIME_ROOT", "CONFIG_TYPE", "USE_STATSD"],
+    ),
     ("RLS_XDS_SERVER", &["CONFIG_GRPC_XDS_SERVER_URL"]),
     ("RLS_XDS_BACKOFF", &["XDS_CLIENT_BACKOFF_INITIAL_INTERVAL"]),
     ("RLS_XDS_MAX_BACKOFF", &["XDS_CLIENT_BACKOFF_MAX_INTERVAL"]),

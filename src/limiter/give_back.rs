@@ -399,6 +399,7 @@ mod tests {
                 rule: RuleId::default(),
             }],
             replication: None,
+            ratelimit_key: None,
         }
     }
 

@@ -62,6 +62,29 @@ pub fn bucket_key(tag: &[u8], bucket_id: &str) -> Vec<u8> {
     out
 }
 
+/// envoyproxy/ratelimit's key of a descriptor (its `cache_key.go`), less
+/// the key prefix and the window's start that the Redis store adds:
+/// `domain_`, then `key_value_` for each of the request's entries, a
+/// `share_threshold` pattern in place of the value it matched. Its bytes
+/// are that service's, look-alikes included (`a_b` + `c` and `a` + `b_c`
+/// share a key there too), so that both count in one key.
+pub fn ratelimit_key<'a>(
+    domain: &str,
+    entries: impl Iterator<Item = (&'a str, BucketValue<'a>)>,
+) -> Vec<u8> {
+    let mut out = Vec::with_capacity(64);
+    out.extend_from_slice(domain.as_bytes());
+    out.push(b'_');
+    for (key, value) in entries {
+        out.extend_from_slice(key.as_bytes());
+        out.push(b'_');
+        let (BucketValue::Value(v) | BucketValue::Shared(v)) = value;
+        out.extend_from_slice(v.as_bytes());
+        out.push(b'_');
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -100,6 +123,23 @@ mod tests {
             "0",
         );
         assert!(!cases.contains(&over));
+    }
+
+    #[test]
+    fn ratelimit_keys_are_envoyproxy_ratelimits() {
+        use BucketValue::{Shared, Value};
+        // as its cache_key_test.go and fixed_cache_impl_test.go show them
+        // (the store adds the prefix and the window's start)
+        let key = ratelimit_key("domain", [("key", Value("value"))].into_iter());
+        assert_eq!(key, b"domain_key_value_");
+        let key = ratelimit_key(
+            "domain",
+            [("key2", Value("value2")), ("subkey2", Value("subvalue2"))].into_iter(),
+        );
+        assert_eq!(key, b"domain_key2_value2_subkey2_subvalue2_");
+        let key = ratelimit_key("d", [("files", Shared("files/*"))].into_iter());
+        assert_eq!(key, b"d_files_files/*_");
+        assert_eq!(ratelimit_key("d", std::iter::empty()), b"d_");
     }
 
     #[test]

@@ -544,6 +544,7 @@ impl Limiter {
                 rule: own.rule,
             }],
             replication: None,
+            ratelimit_key: None,
         };
         let mut decided = self
             .decide_buckets(Some(rule), limits, &share, cost, None, generation, budget)
@@ -853,6 +854,7 @@ impl Limiter {
                         })
                         .collect(),
                     replication: None,
+                    ratelimit_key: None,
                 };
                 // an attempt is remembered here while the store fails
                 let (outcomes, took, reused) = match attempt {

@@ -172,6 +172,7 @@ pub(super) fn plan<'a, E: DescriptorEntry>(
                         }],
                         tag,
                         replication: None,
+                        ratelimit_key: None,
                     },
                     cost: match d.cost {
                         Cost::Spend(n) if d.own_hits_addend && rpu > 0 && usage_domain => {
@@ -226,6 +227,7 @@ pub(super) fn plan<'a, E: DescriptorEntry>(
                             tag,
                             buckets: Vec::new(),
                             replication: None,
+                            ratelimit_key: None,
                         },
                         max: u64::from(*max),
                         attempt: m
@@ -287,6 +289,25 @@ pub(super) fn plan<'a, E: DescriptorEntry>(
                     tag,
                     buckets,
                     replication: m.rule.replication,
+                    // every entry the request sent, as that service keys them
+                    ratelimit_key: m.rule.ratelimit_keys.then(|| {
+                        let values = m
+                            .values
+                            .iter()
+                            .copied()
+                            .map(Some)
+                            .chain(std::iter::repeat(None));
+                        key::ratelimit_key(
+                            domain,
+                            d.entries.iter().filter(matching).zip(values).map(|(e, v)| {
+                                (
+                                    e.key(),
+                                    v.filter(|v| matches!(v, BucketValue::Shared(_)))
+                                        .unwrap_or(BucketValue::Value(e.value())),
+                                )
+                            }),
+                        )
+                    }),
                 },
                 cost,
                 global,

@@ -327,8 +327,10 @@ fn compile_rule(scope: &Scope<'_>, doc: &DescriptorDoc, errors: &mut ConfigError
         global,
         attempts,
         replication,
+        ratelimit_keys: false,
         id: Default::default(),
     };
+    rule.ratelimit_keys = rule.counts_in_ratelimit_keys();
     rule.id = crate::labels::RuleId::of(&rule.domain, rule.label());
     Some(rule)
 }

@@ -86,6 +86,12 @@ pub struct Rule {
     /// replicas hold it ([`crate::replication`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub replication: Option<crate::replication::Replication>,
+    /// Counted on Redis as envoyproxy/ratelimit counts, in its keys: a
+    /// fixed window of one limit, with nothing that service does not have
+    /// (`attempts`, `replication`, `max_values`); see
+    /// [`Rule::counts_in_ratelimit_keys`].
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub ratelimit_keys: bool,
     /// (domain, [`Rule::label`]) as a small id, for what stores count per bucket.
     #[serde(skip)]
     pub id: crate::labels::RuleId,
@@ -128,6 +134,26 @@ fn as_humantime<S: serde::Serializer>(d: &std::time::Duration, s: S) -> Result<S
 }
 
 impl Rule {
+    /// Whether a rule counts on Redis in envoyproxy/ratelimit's keys and
+    /// operations (`INCRBY` + `EXPIRE` in `prefix`, `domain_key_value_…_`
+    /// and the window's start): a fixed window of exactly one limit (its
+    /// keys have no limit's name in them), and none of what that service
+    /// has no key for: `attempts` (a record beside the count),
+    /// `replication` (a `WAIT` after a script), `max_values` (an overflow
+    /// bucket of its own).
+    pub fn counts_in_ratelimit_keys(&self) -> bool {
+        let one_fixed_window = matches!(&self.action, RuleAction::Limited(limits)
+            if limits.len() == 1
+                && limits[0].algorithm == crate::bucket::Algorithm::FixedWindow
+                && limits[0].calendar.is_none());
+        one_fixed_window
+            && self.attempts.is_none()
+            && self.replication.is_none()
+            && self.max_values.is_none()
+            && self.lease.is_none()
+            && !self.global
+    }
+
     /// The label used for this rule in metrics: its (first) limit's name, else its path.
     pub fn label(&self) -> &str {
         match &self.action {

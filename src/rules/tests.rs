@@ -907,6 +907,47 @@ fn the_default_algorithm_counts_the_rules_that_name_none() {
     );
 }
 
+/// Under a fixed-window default, a usage domain's rules (charged into
+/// debt) stay token buckets; a window of one limit, with nothing
+/// envoyproxy/ratelimit has no key for, counts in its keys.
+#[test]
+fn windows_of_one_limit_count_in_envoyproxy_ratelimits_keys() {
+    use crate::bucket::Algorithm;
+    let yaml = "domain: d\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 3}\n  - key: two\n    limits:\n      - {unit: minute, requests_per_unit: 3}\n      - {unit: hour, requests_per_unit: 30, name: hourly}\n  - key: retried\n    attempts: {key: attempt, ttl: 5m}\n    rate_limit: {unit: minute, requests_per_unit: 3}\n  - key: capped\n    max_values: 10\n    rate_limit: {unit: minute, requests_per_unit: 3}\n  - key: bucket\n    algorithm: token_bucket\n    rate_limit: {unit: minute, requests_per_unit: 3}\n  - key: parent\n    descriptors:\n      - key: child\n        rate_limit: {unit: hour, requests_per_unit: 5}\n";
+    let r = load_sources(
+        vec![
+            (PathBuf::from("a.yaml"), yaml.to_string()),
+            (
+                PathBuf::from("b.yaml"),
+                yaml.replace("domain: d", "domain: llm"),
+            ),
+        ],
+        LoadOptions {
+            default_algorithm: Algorithm::FixedWindow,
+            usage_domains: DomainPatterns::new(&["llm"]),
+            ..LoadOptions::default()
+        },
+    )
+    .expect("valid");
+    let rule = |domain: &str, entries: &[(&str, &str)]| {
+        r.lookup(domain, entries).expect("match").rule.clone()
+    };
+    let counted = |entries: &[(&str, &str)]| rule("d", entries).ratelimit_keys;
+    assert!(counted(&[("user", "u")]));
+    assert!(counted(&[("parent", "p"), ("child", "c")]));
+    assert!(!counted(&[("two", "t")]));
+    assert!(!counted(&[("retried", "r")]));
+    assert!(!counted(&[("capped", "c")]));
+    assert!(!counted(&[("bucket", "b")]));
+    // a usage domain: token buckets, charged into debt
+    let llm = rule("llm", &[("user", "u")]);
+    assert!(llm.usage_charges && !llm.ratelimit_keys);
+    let RuleAction::Limited(limits) = &llm.action else {
+        panic!("limited")
+    };
+    assert_eq!(limits[0].params.algorithm, Algorithm::TokenBucket);
+}
+
 #[test]
 fn a_sliding_window_rule_counts_so_and_refuses_what_it_cannot_honour() {
     use crate::bucket::{Algorithm, MAX_WINDOW_COUNT};

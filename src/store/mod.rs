@@ -38,6 +38,13 @@ pub struct DescriptorBuckets {
     /// The rule's `replication:`: an admission is answered once this many
     /// replicas hold it (the Redis store; the memory store has none).
     pub replication: Option<Replication>,
+    /// envoyproxy/ratelimit's key of a fixed-window descriptor it counts
+    /// as that service does (`domain_key_value_…_`, without the key
+    /// prefix and the window's start, which the Redis store adds): counted
+    /// there with `INCRBY` + `EXPIRE` in that key, so that both services
+    /// on one Redis count one budget. `None`: the store's own layout. The
+    /// memory store decides such a descriptor as any fixed window.
+    pub ratelimit_key: Option<Vec<u8>>,
 }
 
 /// One call of an attempt, decided: the buckets' outcomes (a repeat is

@@ -143,6 +143,7 @@ mod tests {
                 })
                 .collect(),
             replication: None,
+            ratelimit_key: None,
         }
     }
 

@@ -36,5 +36,6 @@ pub fn api_key(value: &str, params: BucketParams, rule: RuleId) -> DescriptorBuc
         }],
         tag,
         replication: None,
+        ratelimit_key: None,
     }
 }

@@ -61,6 +61,7 @@ pub fn serve_args(config: PathBuf) -> ServeArgs {
         serving_threads: None,
         redis_bucket_layout: Default::default(),
         redis_key_prefix: String::new(),
+        redis_expiration_jitter_max_seconds: 0,
         failure_mode: FailureMode::Open,
         instances: Some(1),
         response_headers: false,

@@ -42,6 +42,11 @@ fn istios_sample_environment() {
         setting(&t, "RUST_LOG").as_deref(),
         Some("info,tokenbucket_rls=debug,fred=error")
     );
+    // its counting, in its keys: one budget across the swap
+    assert_eq!(
+        setting(&t, "RLS_ALGORITHM").as_deref(),
+        Some("fixed_window")
+    );
     assert_eq!(
         t.unused,
         [
@@ -778,4 +783,21 @@ fn stop_cache_key_increment_decides_whether_a_refused_request_keeps_its_spending
         Some("false")
     );
     assert_eq!(spending(&[]), None, "our own default holds");
+}
+
+#[test]
+fn its_expiry_jitter_is_kept() {
+    let t = translate(&env(&[
+        ("REDIS_URL", "redis:6379"),
+        ("EXPIRATION_JITTER_MAX_SECONDS", "300"),
+    ]))
+    .expect("translated");
+    assert_eq!(
+        setting(&t, "RLS_REDIS_EXPIRATION_JITTER_MAX_SECONDS").as_deref(),
+        Some("300")
+    );
+    assert!(t.unused.is_empty(), "{:?}", t.unused);
+    // without its environment, the service's own default stands
+    let t = translate(&env(&[("GRPC_PORT", "8081")])).expect("translated");
+    assert_eq!(setting(&t, "RLS_ALGORITHM"), None);
 }

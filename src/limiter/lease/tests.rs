@@ -276,6 +276,7 @@ fn bucket(capacity: u64, tokens_per_unit: u64, unit_secs: u64) -> DescriptorBuck
             },
         }],
         replication: None,
+        ratelimit_key: None,
     }
 }
 

@@ -41,7 +41,13 @@ pub(super) fn compile_algorithm(
             }
         },
     };
-    let algorithm = named.unwrap_or(scope.default_algorithm);
+    // a usage domain's rules charge costs into debt: the default is a
+    // token bucket there, whatever --algorithm says for the others
+    let algorithm = named.unwrap_or(if scope.usage {
+        Algorithm::TokenBucket
+    } else {
+        scope.default_algorithm
+    });
     let (suffix, most) = match algorithm {
         // (a calendar is a limit's `calendar:`, above)
         Algorithm::TokenBucket | Algorithm::CalendarWindow => return true,
@@ -57,7 +63,7 @@ pub(super) fn compile_algorithm(
         // nothing for the default to count
         return true;
     } else {
-        format!(" (the service's default, --algorithm {name}; say `algorithm: token_bucket` on the rule to keep it a token bucket)")
+        format!(" (the service's default, --algorithm {name}, which envoyproxy/ratelimit's environment sets; say `algorithm: token_bucket` on the rule, or RLS_ALGORITHM=token_bucket for every rule, to keep token buckets)")
     };
     let refused = [
         (

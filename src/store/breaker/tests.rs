@@ -134,6 +134,7 @@ fn on(node: u8) -> DescriptorBuckets {
         tag: vec![node],
         buckets: Vec::new(),
         replication: None,
+        ratelimit_key: None,
     }
 }
 

@@ -23,6 +23,7 @@ fn descriptor(key: &str, capacity: u64, rate: u64) -> DescriptorBuckets {
             },
         }],
         replication: None,
+        ratelimit_key: None,
     }
 }
 
@@ -236,6 +237,7 @@ fn login(user: &str) -> DescriptorBuckets {
             },
         }],
         replication: None,
+        ratelimit_key: None,
     }
 }
 

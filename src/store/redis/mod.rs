@@ -16,6 +16,7 @@
 //! decided as if alone.
 
 pub mod batch;
+mod counter;
 pub mod credentials;
 mod instances;
 mod keys;
@@ -33,6 +34,7 @@ pub mod sentinel;
 mod tls_config;
 mod tls_files;
 pub mod url;
+mod work;
 
 #[cfg(test)]
 use self::keys::hex16;
@@ -40,6 +42,8 @@ pub use self::keys::{redis_key, slot_of, tag_hash};
 use self::redirect::{redirect_of, Redirect, MAX_REDIRECTIONS};
 use self::reply::{outcomes, store_error};
 use self::tls_config::tls_client_config;
+pub use self::work::LuaScript;
+use self::work::Work;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -135,6 +139,10 @@ pub struct RedisSettings {
     /// A file holding the password, read again for every new connection
     /// (`--redis-password-file`: credentials that rotate).
     pub password_file: Option<PathBuf>,
+    /// The most seconds added at random to the expiry of a window counted
+    /// in envoyproxy/ratelimit's keys (its `EXPIRATION_JITTER_MAX_SECONDS`;
+    /// 0: none), so that a window's keys do not all expire at once.
+    pub expiry_jitter_max_secs: u64,
 }
 
 /// Time allowed for the breaker's probe of each server.
@@ -162,6 +170,8 @@ pub struct RedisStore {
     layout: BucketLayout,
     /// [`RedisSettings::key_prefix`].
     key_prefix: Bytes,
+    /// [`RedisSettings::expiry_jitter_max_secs`].
+    expiry_jitter_max_secs: u64,
     options: Options,
     status: Arc<RwLock<RedisStatus>>,
     /// Where calls sent again after `TRYAGAIN` are counted.
@@ -291,6 +301,7 @@ impl RedisStore {
             script: LuaScript::decisions(),
             layout: settings.layout,
             key_prefix: Bytes::from(settings.key_prefix.clone().into_bytes()),
+            expiry_jitter_max_secs: settings.expiry_jitter_max_secs,
             options: Options {
                 timeout: Some(settings.timeout),
                 // `fail_fast` answers every command that was written when its
@@ -323,8 +334,9 @@ impl RedisStore {
         self.status.clone()
     }
 
-    /// Runs `script` on `pool`, sending it once with `EVAL` when the
-    /// server's script cache is empty (flush, restart, failover).
+    /// Runs `script` on `node`'s pipelined connections (or its `pool`),
+    /// sent once with `EVAL` when the server's script cache is empty
+    /// (flush, restart, failover).
     async fn run_on(
         &self,
         script: &LuaScript,
@@ -383,25 +395,22 @@ impl RedisStore {
         self
     }
 
-    /// Runs `script` as [`RedisStore::run_once`] does; a `TRYAGAIN` answer
+    /// Runs `work` as [`RedisStore::run_once`] does; a `TRYAGAIN` answer
     /// (a migration has some of the keys on each side: nothing ran) is
     /// sent again after a wait that doubles, while the call's time budget
     /// (`options.timeout`) has room for the wait and one more try.
     async fn run(
         &self,
-        script: &LuaScript,
+        work: Work<'_>,
         slot: u16,
-        keys: &[Key],
-        args: &[Value],
         options: &Options,
-        wait: Option<Replication>,
     ) -> Result<Vec<i64>, RedisError> {
         let started = tokio::time::Instant::now();
         let retrying = async {
             let mut pause = TRYAGAIN_FIRST_WAIT;
             let mut sends = 1;
             loop {
-                match self.run_once(script, slot, keys, args, options, wait).await {
+                match self.run_once(work, slot, options).await {
                     Err(e) if e.details().starts_with("TRYAGAIN") => {
                         let left = options.timeout.map(|t| t.saturating_sub(started.elapsed()));
                         // a pause, and at least as long again for the call
@@ -426,7 +435,7 @@ impl RedisStore {
         within(options.timeout, retrying).await
     }
 
-    /// Runs `script` on the connections of the primary owning `slot`,
+    /// Runs `work` on the connections of the primary owning `slot`,
     /// following the redirections a primary answers while slots move or
     /// after a failover (`MOVED`: to the new owner; `ASK`: to the importing
     /// node, after `ASKING`), on each primary's own connections: never
@@ -435,12 +444,9 @@ impl RedisStore {
     /// run would be spent twice). [`RedisStore::run`] bounds it in time.
     async fn run_once(
         &self,
-        script: &LuaScript,
+        work: Work<'_>,
         slot: u16,
-        keys: &[Key],
-        args: &[Value],
         options: &Options,
-        wait: Option<Replication>,
     ) -> Result<Vec<i64>, RedisError> {
         let node = self
             .routing
@@ -455,11 +461,23 @@ impl RedisStore {
         })?;
         let mut asking = false;
         for _ in 0..=MAX_REDIRECTIONS {
-            let result = if asking {
-                // boxed, as fred's calls in run_on: rare, and large
-                Box::pin(self.run_asking(script, &node, keys, args, options, wait)).await
-            } else {
-                self.run_on(script, &node, keys, args, options, wait).await
+            let result = match work {
+                Work::Count(count) => count.run(&node, options, asking).await,
+                Work::Script {
+                    script,
+                    keys,
+                    args,
+                    wait,
+                } if asking => {
+                    // boxed, as fred's calls in run_on: rare, and large
+                    Box::pin(self.run_asking(script, &node, keys, args, options, wait)).await
+                }
+                Work::Script {
+                    script,
+                    keys,
+                    args,
+                    wait,
+                } => self.run_on(script, &node, keys, args, options, wait).await,
             };
             let redirect = match &result {
                 Err(e) => {
@@ -617,9 +635,14 @@ impl RedisStore {
         let slot = fred::util::redis_keyslot(&key);
         let patient = self.patient(patience);
         let options = patient.as_ref().unwrap_or(&self.options);
-        self.run(script, slot, &[Key::from(key)], args, options, None)
-            .await
-            .map_err(store_error)
+        let keys = [Key::from(key)];
+        let work = Work::Script {
+            script,
+            keys: &keys,
+            args,
+            wait: None,
+        };
+        self.run(work, slot, options).await.map_err(store_error)
     }
 
     /// The primary that owns `key`'s slot now (`key` without the
@@ -674,8 +697,14 @@ impl RedisStore {
         };
         let patient = self.patient(patience);
         let options = patient.as_ref().unwrap_or(&self.options);
+        let work = Work::Script {
+            script: &self.script,
+            keys: &keys,
+            args: &args,
+            wait,
+        };
         let mut reply = self
-            .run(&self.script, slot_of(hash), &keys, &args, options, wait)
+            .run(work, slot_of(hash), options)
             .await
             .map_err(store_error)?;
         if let Some(w) = wait {
@@ -718,35 +747,6 @@ impl RedisStore {
     }
 }
 
-/// A Lua script and its SHA-1, for `EVALSHA`.
-#[derive(Debug, Clone)]
-pub struct LuaScript {
-    body: &'static str,
-    sha: String,
-    /// `bucket.lua`, whose calls the pipelined connections batch.
-    decisions: bool,
-}
-
-impl LuaScript {
-    pub fn new(body: &'static str) -> Self {
-        Self {
-            body,
-            sha: sha1_smol::Sha1::from(body).digest().to_string(),
-            decisions: false,
-        }
-    }
-
-    /// `bucket.lua`.
-    fn decisions() -> Self {
-        let scripts = batch::scripts();
-        Self {
-            body: scripts.single_body,
-            sha: scripts.single_sha.clone(),
-            decisions: true,
-        }
-    }
-}
-
 /// `call`, cut at `limit` (a timeout error then): fred 10 cuts a command
 /// at the client's default timeout whatever the call's options say. Not an
 /// `async fn`, which would hold `call` twice (before and inside the timeout).
@@ -766,6 +766,9 @@ fn within<T>(
 #[async_trait]
 impl Nodes for RedisStore {
     fn node_of(&self, descriptor: &DescriptorBuckets) -> Arc<str> {
+        if let Some(slot) = self.counted_slot(descriptor) {
+            return self.primary_of(slot);
+        }
         self.primary_of(slot_of(tag_hash(&descriptor.tag)))
     }
 
@@ -819,6 +822,9 @@ impl Store for RedisStore {
         cost: Cost,
         patience: Option<Duration>,
     ) -> Result<Vec<BucketOutcome>, StoreError> {
+        if let Some(key) = &descriptor.ratelimit_key {
+            return self.decide_counted(descriptor, key, cost, patience).await;
+        }
         let reply = self.decide_call(descriptor, cost, None, patience).await?;
         outcomes(
             &reply,
@@ -895,14 +901,19 @@ impl Store for RedisStore {
             ),
             Value::Integer(i64::from(call.max_repeats)),
         ];
+        let keys = [Key::from(key)];
+        let work = Work::Script {
+            script: &SLOTS,
+            keys: &keys,
+            args: &args,
+            wait: None,
+        };
+        let patient = self.patient(patience);
         let reply = self
             .run(
-                &SLOTS,
+                work,
                 slot_of(hash),
-                &[Key::from(key)],
-                &args,
-                self.patient(patience).as_ref().unwrap_or(&self.options),
-                None,
+                patient.as_ref().unwrap_or(&self.options),
             )
             .await
             .map_err(store_error)?;
@@ -947,54 +958,4 @@ impl Store for RedisStore {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn keys_of_one_descriptor_share_a_slot() {
-        let h = tag_hash(b"some descriptor");
-        let a = redis_key(h, b"some descriptor#0");
-        let b = redis_key(h, b"some descriptor#1");
-        assert_ne!(a, b);
-        assert_eq!(fred::util::redis_keyslot(&a), fred::util::redis_keyslot(&b));
-        // braces in the request's bytes do not move the tag
-        let c = redis_key(h, b"{x}#0");
-        assert_eq!(fred::util::redis_keyslot(&a), fred::util::redis_keyslot(&c));
-    }
-
-    #[test]
-    fn hex16_is_the_formatted_hash() {
-        for n in [
-            0,
-            1,
-            0xabc,
-            u64::MAX,
-            0x0123_4567_89ab_cdef,
-            0xcbf2_9ce4_8422_2325,
-        ] {
-            assert_eq!(hex16(n).as_slice(), format!("{n:016x}").as_bytes());
-        }
-        assert_eq!(&redis_key(0xabc, b"k")[..], b"rls:{0000000000000abc}:k");
-    }
-
-    #[test]
-    fn tag_hash_is_fixed() {
-        assert_eq!(tag_hash(b""), 0xcbf2_9ce4_8422_2325);
-        assert_eq!(tag_hash(b"a"), 0xaf63_dc4c_8601_ec8c);
-    }
-
-    #[test]
-    fn redirections_name_where_to_go() {
-        let moved = RedisError::new(ErrorKind::Cluster, "MOVED 3999 127.0.0.1:6381");
-        let ask = RedisError::new(ErrorKind::Cluster, "ASK 3999 [::1]:7000");
-        assert_eq!(
-            redirect_of(&moved),
-            Some(Redirect::Moved("127.0.0.1:6381".into()))
-        );
-        assert_eq!(redirect_of(&ask), Some(Redirect::Ask("[::1]:7000".into())));
-        let down = RedisError::new(ErrorKind::Cluster, "CLUSTERDOWN The cluster is down");
-        assert_eq!(redirect_of(&down), None);
-        let tryagain = RedisError::new(ErrorKind::Unknown, "TRYAGAIN Multiple keys request");
-        assert_eq!(redirect_of(&tryagain), None);
-    }
-}
+mod tests;

@@ -40,7 +40,7 @@ use self::pending::{fail_all, lost, Pending, BATCH_UNKNOWN};
 use self::reader::read_replies;
 use self::writer::{write_calls, Call, Command};
 use super::batch::{self, Decision};
-use super::resp::{encode_eval, Reply};
+use super::resp::{decimal, encode, encode_eval, Reply};
 use crate::replication::Replication;
 
 mod connect;
@@ -195,6 +195,28 @@ impl Pipes {
             }
             other => other,
         }
+    }
+
+    /// envoyproxy/ratelimit's count on the next connection: `INCRBY key
+    /// by` and `EXPIRE key expire_secs` queued together, so written in
+    /// one write, in that order (each after `ASKING` when `asking`); the
+    /// reply is `INCRBY`'s count.
+    pub async fn count(&self, key: &[u8], by: i64, expire_secs: i64, asking: bool) -> Reply {
+        let pipe = self.pick();
+        let command = |name: &[u8], n: i64| {
+            let bytes = encode([name, key, decimal(n, &mut [0; 20])].into_iter());
+            if asking {
+                Command::Asking(bytes)
+            } else {
+                Command::Whole(bytes)
+            }
+        };
+        let (counted, _expired) = futures::future::join(
+            pipe.call(command(b"INCRBY", by), None),
+            pipe.call(command(b"EXPIRE", expire_secs), None),
+        )
+        .await;
+        counted
     }
 
     /// Runs `bucket.lua` for one decision (its `keys` and group of `args`),
