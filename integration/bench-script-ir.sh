@@ -11,7 +11,9 @@
 # fixed window and a dedupe start beside minimal scripts doing only their
 # work (integration/minimal-fixed-window.lua, minimal-dedupe.lua), and a
 # fixed window as the service counts one of one limit: no script, INCRBY
-# + EXPIRE (src/store/redis/counter.rs).
+# + EXPIRE (src/store/redis/counter.rs); a reservation's start, a sliding
+# window, a calendar period, an overdraft's charge and a concurrency slot
+# beside minimal scripts of their own (integration/minimal-*.lua).
 #   integration/bench-script-ir.sh [CALLS]   (default 2000)
 # Needs valgrind, redis-server, python3.
 set -euo pipefail
@@ -48,7 +50,17 @@ printf 'return 1\n' >"$out/empty.lua"
   row bucket.lua,dedupe src/store/redis/bucket.lua dedupe
   row bucket.lua,dedupe-repeat src/store/redis/bucket.lua dedupe_repeat
   row bucket.lua,reserve src/store/redis/bucket.lua reserve
+  row minimal-reserve integration/minimal-reserve.lua minimal_reserve
+  row minimal-sliding-window integration/minimal-sliding-window.lua minimal_sliding_window
+  row bucket.lua,sliding-window src/store/redis/bucket.lua sliding_window
+  row minimal-calendar integration/minimal-calendar.lua minimal_calendar
+  row bucket.lua,calendar src/store/redis/bucket.lua calendar
+  row minimal-charge integration/minimal-charge.lua minimal_charge
+  row bucket.lua,charge src/store/redis/bucket.lua charge
+  row minimal-slots integration/minimal-slots.lua minimal_slots
+  row slots.lua src/store/redis/slots.lua slots
 } | awk '{v[$1] = $2; print} END {
   printf "bucket.lua / minimal: %.2f (above an empty script: %.2f)\n", v["bucket.lua"] / v["minimal"], (v["bucket.lua"] - v["empty"]) / (v["minimal"] - v["empty"])
   printf "fixed window / its minimal: %.2f (bucket.lua), %.2f (INCRBY + EXPIRE, as the service counts one of one limit); dedupe start / its minimal: %.2f\n", v["bucket.lua,fixed-window"] / v["minimal-fixed-window"], v["incrby+expire,fixed-window"] / v["minimal-fixed-window"], v["bucket.lua,dedupe"] / v["minimal-dedupe"]
+  printf "reservation start / its minimal: %.2f; sliding window: %.2f; calendar period: %.2f; overdraft charge: %.2f; concurrency slot (slots.lua): %.2f\n", v["bucket.lua,reserve"] / v["minimal-reserve"], v["bucket.lua,sliding-window"] / v["minimal-sliding-window"], v["bucket.lua,calendar"] / v["minimal-calendar"], v["bucket.lua,charge"] / v["minimal-charge"], v["slots.lua"] / v["minimal-slots"]
 }'

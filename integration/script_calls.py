@@ -16,6 +16,13 @@ KIND, one decision of one bucket (burst and rate 10^9 a second):
   minimal_fixed_window, minimal_dedupe
                  the same for integration/minimal-fixed-window.lua and
                  integration/minimal-dedupe.lua (a fresh id per call)
+  sliding_window, calendar (today, UTC), charge (an overdraft's charge)
+                 those kinds' plain decisions, for bucket.lua
+  slots          a concurrency slot's start, a fresh id per call, for
+                 src/store/redis/slots.lua
+  minimal_sliding_window, minimal_calendar, minimal_charge,
+  minimal_reserve, minimal_slots
+                 the same for integration/minimal-*.lua
   ratelimit_counter
                  no script (SHA unused): a fixed window counted as
                  envoyproxy/ratelimit counts it and the service sends it
@@ -30,6 +37,7 @@ import random
 import socket
 import struct
 import sys
+import time
 
 
 def bulk(p):
@@ -44,12 +52,27 @@ def fixed_window_group():
     return out + struct.pack("<dddd", 1e9, 1e9, 3600, -1)
 
 
-def group(attempt=None):
+def window_group(flag, a1, a2, a3, a4):
+    """A window's decision: flag 'sliding' or 'calendar', the bucket's
+    four numbers as bucket.lua reads them for that kind."""
+    sliding, calendar = int(flag == "sliding"), int(flag == "calendar")
+    out = struct.pack("<HBBBBBBddd", 1, 0, 0, 0, 0, sliding, calendar, 1, 1, 1000)
+    return out + struct.pack("<dddd", a1, a2, a3, a4)
+
+
+def day():
+    """Today's period (UTC): its start, end and the next one's end."""
+    now = int(time.time())
+    start = now - now % 86400
+    return start, start + 86400, start + 2 * 86400
+
+
+def group(attempt=None, charge=0):
     """One decision's packed numbers: n, the flags (hash layout, charge,
     attempt, fixed, sliding, calendar), needed, deducted, margin ms, the
     bucket's capacity, tokens per unit, unit seconds, max debt (-1: the
     burst), then an attempt's phase, mode, ttl ms and repeats."""
-    out = struct.pack("<HBBBBBBddd", 1, 0, 0, int(attempt is not None), 0, 0, 0, 1, 1, 1000)
+    out = struct.pack("<HBBBBBBddd", 1, 0, charge, int(attempt is not None), 0, 0, 0, 1, 1, 1000)
     out += struct.pack("<dddd", 1e9, 1e9, 1, -1)
     if attempt is not None:
         out += struct.pack("<BBdd", 0, attempt, 60000, 3)
@@ -64,6 +87,28 @@ def decision(kind, key, rng):
         return [key], ["1", "1", "1", "1000", "0", "1000000000", "1000000000", "1", "-1"]
     if kind == "fixed_window":
         return [key], [fixed_window_group()]
+    if kind == "sliding_window":
+        return [key], [window_group("sliding", 1e9, 1e9, 3600, -1)]
+    if kind == "minimal_sliding_window":
+        return [key], ["1000000000", "3600"]
+    if kind == "calendar":
+        start, stop, after = day()
+        return [key], [window_group("calendar", start, 1e9, stop, after)]
+    if kind == "minimal_calendar":
+        return [key], ["1000000000"] + [str(x) for x in day()]
+    if kind == "charge":
+        return [key], [group(charge=1)]
+    if kind == "minimal_charge":
+        return [key], ["1", "1", "1", "1000", "0", "1000000000", "1000000000", "1", "-1"]
+    if kind in ("slots", "minimal_slots"):
+        ident = str(rng.randrange(10**12))
+        tag = key.split("}")[0] + "}"
+        return [f"{tag}s"], ["0", ident, "1000000000", "60000", "3"]
+    if kind == "minimal_reserve":
+        ident = str(rng.randrange(10**12))
+        tag = key.split("}")[0] + "}"
+        return [key, f"{tag}a:{ident}", f"{tag}r"], ["1", "1", "1", "1000", "0", "1000000000",
+                                                      "1000000000", "1", "-1", "60000", ident]
     if kind == "minimal_fixed_window":
         return [key], ["1000000000", "3600"]
     if kind == "minimal_dedupe":
@@ -125,7 +170,7 @@ def main():
     s = socket.create_connection(("127.0.0.1", a.port))
     f = s.makefile("rb")
     sent = 0
-    fresh = ("dedupe", "reserve", "minimal_dedupe")
+    fresh = ("dedupe", "reserve", "minimal_dedupe", "minimal_reserve", "slots", "minimal_slots")
     fixed = None if a.spread or a.kind in fresh else call(a.sha, a.kind, 0, a.batch, rng)
     replies = 2 if a.kind == "ratelimit_counter" else 1
     while sent < a.n:

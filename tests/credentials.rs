@@ -11,7 +11,7 @@ mod common;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::redis::RedisServer;
+use common::redis::{RedisCluster, RedisServer};
 use common::{client, descriptor, request, rules_dir, serve_args};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
@@ -94,16 +94,28 @@ async fn rotation(
     second: &str,
     change: impl FnOnce(&Path),
 ) {
+    let at = user.map_or(String::new(), |u| format!("{u}@"));
+    let url = format!("redis://{at}127.0.0.1:{}", server.port);
+    let read = format!(
+        "redis://{}:{second}@127.0.0.1:{}",
+        user.unwrap_or(""),
+        server.port
+    );
+    rotation_at(&url, &read, first, change).await;
+}
+
+/// [`rotation`] on the Redis at `url` (its user, no password), the
+/// bucket read afterwards through `read` (the new password in it).
+async fn rotation_at(url: &str, read: &str, first: &str, change: impl FnOnce(&Path)) {
     let dir = tempfile::tempdir().expect("tempdir");
     let file = dir.path().join("redis-password");
     rotate(&file, first);
     let rules = rules_dir(&format!(
         "domain: d\ndescriptors:\n  - key: k\n    failure_mode: closed\n    rate_limit: {{unit: day, requests_per_unit: 1, burst: {BURST}}}\n"
     ));
-    let at = user.map_or(String::new(), |u| format!("{u}@"));
     let mut args = serve_args(rules.path().to_path_buf());
     args.store = tokenbucket_rls::cli::StoreKind::Redis;
-    args.redis_url = Some(format!("redis://{at}127.0.0.1:{}", server.port));
+    args.redis_url = Some(url.to_string());
     args.redis_password_file = Some(file.clone());
     args.redis_timeout = Duration::from_millis(500);
     let s = tokenbucket_rls::server::start(&args).await.expect("start");
@@ -130,12 +142,7 @@ async fn rotation(
         "rotation: decided again {:?} after it, {refused} calls answered by the failure mode in between",
         changed.elapsed()
     );
-    let left = tokens(&format!(
-        "redis://{}:{second}@127.0.0.1:{}",
-        user.unwrap_or(""),
-        server.port
-    ))
-    .await;
+    let left = tokens(read).await;
     assert_eq!(left.round(), BURST - admitted as f64, "each decision once");
     s.shutdown().await.expect("stop");
 }
@@ -183,6 +190,41 @@ async fn an_acl_users_rotated_password_is_read_from_the_file() {
             killed.trim().parse::<u32>().is_ok_and(|n| n >= 1),
             "the service's connections dropped: {killed}"
         );
+    })
+    .await;
+}
+
+/// On a Redis Cluster (3 primaries, 3 replicas): an ACL user's password
+/// rotated on every node as a Secret's rotation does; the topology client
+/// and each primary's connections authenticate again from the file, and
+/// every admitted decision is counted once.
+#[tokio::test]
+async fn a_rotated_password_on_a_redis_cluster_is_read_from_the_file() {
+    let cluster = RedisCluster::start();
+    let all = |args: &[&str]| -> Vec<String> { cluster.nodes.iter().map(|n| n.cli(args)).collect() };
+    for out in all(&["ACL", "SETUSER", "rls", "on", ">first", "~*", "+@all"]) {
+        assert!(out.contains("OK"), "{out}");
+    }
+    let hosts: Vec<String> = cluster
+        .nodes
+        .iter()
+        .map(|n| format!("127.0.0.1:{}", n.port))
+        .collect();
+    let url = format!("redis-cluster://rls@{}", hosts.join(","));
+    let read = format!("redis-cluster://rls:second@{}", hosts.join(","));
+    rotation_at(&url, &read, "first", |file| {
+        for out in all(&["ACL", "SETUSER", "rls", ">second"]) {
+            assert!(out.contains("OK"), "{out}");
+        }
+        rotate(file, "second");
+        for out in all(&["ACL", "SETUSER", "rls", "<first"]) {
+            assert!(out.contains("OK"), "{out}");
+        }
+        let killed: u32 = all(&["CLIENT", "KILL", "USER", "rls"])
+            .iter()
+            .map(|k| k.trim().parse::<u32>().unwrap_or(0))
+            .sum();
+        assert!(killed >= 3, "the service's connections dropped: {killed}");
     })
     .await;
 }

@@ -2617,6 +2617,10 @@ async fn login_burst_over_a_unix_socket(grpc_uds: &str, pipe: &str, ready: impl 
             .env("HOST", "127.0.0.1")
             .env("PORT", admin.to_string())
             .env("GRPC_UDS", grpc_uds)
+            // the example rules have bursts: token buckets, one setting
+            // away from envoyproxy/ratelimit's fixed windows, which its
+            // environment (RUNTIME_ROOT) makes the default
+            .env("RLS_ALGORITHM", "token_bucket")
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()
