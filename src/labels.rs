@@ -62,6 +62,12 @@ impl RuleId {
         usize::from(self.0)
     }
 
+    /// The id at dense index `i`, if one was handed out.
+    pub fn from_index(i: usize) -> Option<Self> {
+        let n = registry().read().labels.len();
+        (i < n).then(|| RuleId(u16::try_from(i).unwrap_or(0)))
+    }
+
     /// The (domain, rule) labels of this id.
     pub fn labels(self) -> (Arc<str>, Arc<str>) {
         let registry = registry().read();

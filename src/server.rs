@@ -292,6 +292,7 @@ pub async fn start(args: &ServeArgs) -> Result<RunningServer> {
             rules: rules.clone(),
             health,
             metrics: metrics.clone(),
+            token_file: args.admin_token_file.clone(),
         }),
     )
     .with_graceful_shutdown(until_stopped(stopped.clone()));
@@ -387,6 +388,10 @@ fn load_rules(args: &ServeArgs) -> Result<(SharedRules, LoadOptions, Option<XdsS
 /// asked for.
 fn start_metrics(args: &ServeArgs, over_xds: bool) -> Result<Arc<Metrics>> {
     let metrics = Arc::new(Metrics::new());
+    metrics.enable_hitters(
+        args.heavy_hitters,
+        crate::shown::ShownValues::hashing(&args.refusal_log_hash_keys),
+    );
     let statsd = match &args.statsd_addr {
         None => None,
         Some(addr) => Some(statsd_target(addr)?),

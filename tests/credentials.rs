@@ -201,7 +201,8 @@ async fn an_acl_users_rotated_password_is_read_from_the_file() {
 #[tokio::test]
 async fn a_rotated_password_on_a_redis_cluster_is_read_from_the_file() {
     let cluster = RedisCluster::start();
-    let all = |args: &[&str]| -> Vec<String> { cluster.nodes.iter().map(|n| n.cli(args)).collect() };
+    let all =
+        |args: &[&str]| -> Vec<String> { cluster.nodes.iter().map(|n| n.cli(args)).collect() };
     for out in all(&["ACL", "SETUSER", "rls", "on", ">first", "~*", "+@all"]) {
         assert!(out.contains("OK"), "{out}");
     }

@@ -33,11 +33,13 @@ const ROOMS: &[&[&str]] = &[
         "bucket",
         "calendar",
         "clock",
+        "hitters",
         "instances",
         "labels",
         "pb_struct",
         "periodic",
         "replication",
+        "shown",
         "window",
     ],
 ];

@@ -301,6 +301,18 @@ pub struct ServeArgs {
     /// the same value giving the same hash on every instance.
     #[arg(long, env = "RLS_REFUSAL_LOG_HASH_KEYS", value_delimiter = ',')]
     pub refusal_log_hash_keys: Vec<String>,
+    /// Counters of each heavy-hitters summary (per rule, refused and
+    /// admitted, last minute and hour: `/v1/hitters`, the admin page);
+    /// a reported count is at most (hits in the window) / K above the
+    /// truth. 0: none kept.
+    #[arg(long, env = "RLS_HEAVY_HITTERS", default_value_t = crate::hitters::DEFAULT_COUNTERS, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(0..=1024))]
+    pub heavy_hitters: usize,
+    /// A file holding a bearer token: `/`, `/v1/…` and `/config` on the
+    /// admin port then need `Authorization: Bearer <token>` (read again
+    /// at each request: a rotated Secret applies at once); `/healthz`,
+    /// `/readyz`, `/healthcheck` and `/metrics` stay open for probes.
+    #[arg(long, env = "RLS_ADMIN_TOKEN_FILE")]
+    pub admin_token_file: Option<PathBuf>,
     /// One domain may span several files.
     #[arg(long, env = "RLS_MERGE_DOMAINS")]
     pub merge_domains: bool,

@@ -193,6 +193,7 @@ pub fn load_sources(
             domains,
             files: parsed,
             generation: 0,
+            in_force_since: 0,
         })
     } else {
         Err(errors)

@@ -97,6 +97,8 @@ pub struct RuleSet {
     domains: HashMap<String, Domain>,
     files: Vec<LoadedFile>,
     generation: u64,
+    /// When this generation was put in force (Unix seconds; 0: not yet).
+    in_force_since: u64,
 }
 
 impl RuleSet {
@@ -250,8 +252,17 @@ impl RuleSet {
         self.generation
     }
 
+    /// When this generation was put in force (Unix seconds; 0: not yet).
+    pub fn in_force_since(&self) -> u64 {
+        self.in_force_since
+    }
+
+    /// The set as generation `generation`, in force from now.
     pub fn with_generation(mut self, generation: u64) -> Self {
         self.generation = generation;
+        self.in_force_since = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
         self
     }
 }

@@ -4,11 +4,13 @@
 
 use parking_lot::Mutex;
 
+use crate::shown::ShownValues;
+
 #[derive(Debug, Default)]
 pub struct RefusalLog {
     per_sec: u32,
-    /// Descriptor keys whose values are shown hashed (`*`: every key).
-    hashed: Vec<String>,
+    /// How the descriptors' values are shown (some keys' hashed).
+    shown: ShownValues,
     /// (the second counted, lines written in it, lines held back since the
     /// last one written).
     state: Mutex<(u64, u32, u64)>,
@@ -19,30 +21,21 @@ impl RefusalLog {
     pub fn new(per_sec: u32) -> Self {
         Self {
             per_sec,
-            hashed: Vec::new(),
+            shown: ShownValues::default(),
             state: Mutex::default(),
         }
     }
 
     /// Shows the values of `keys` hashed (`*`: every key's).
     pub fn hashing(mut self, keys: &[String]) -> Self {
-        self.hashed = keys
-            .iter()
-            .map(|k| k.trim().to_string())
-            .filter(|k| !k.is_empty())
-            .collect();
+        self.shown = ShownValues::hashing(keys);
         self
     }
 
     /// An entry as its line shows it: `key=value`, or `key=sha1:<12 hex>`
-    /// for a key whose values are hashed.
+    /// for a key whose values are hashed ([`ShownValues`]).
     pub fn show(&self, key: &str, value: &str) -> String {
-        if self.hashed.iter().any(|k| k == "*" || k == key) {
-            let digest = sha1_smol::Sha1::from(value).digest().to_string();
-            format!("{key}=sha1:{}", &digest[..12])
-        } else {
-            format!("{key}={value}")
-        }
+        self.shown.show(key, value)
     }
 
     /// A refusal at second `now`: `Some(held back before it)` when its

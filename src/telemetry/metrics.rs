@@ -57,6 +57,14 @@ pub const NO_RULE: &str = "_none";
 /// The `result` labels of `rls_decisions_total`, in [`RuleCounters`]' order.
 const RESULTS: [&str; 5] = ["ok", "over_limit", "shadow", "unlimited", "no_rule"];
 
+/// What [`Metrics::store_health`] counts.
+pub struct StoreHealth {
+    /// Each Redis node's breaker: (node, open).
+    pub breakers: Vec<(String, bool)>,
+    /// The answers each failure mode gave: (mode, answers).
+    pub answers: Vec<(String, u64)>,
+}
+
 /// One rule's `rls_decisions_total` series by result, resolved once, so a
 /// decision costs one atomic add instead of a hashed, locked label lookup.
 type RuleCounters = [IntCounter; RESULTS.len()];
@@ -95,6 +103,8 @@ pub struct Metrics {
     /// envoyproxy/ratelimit's statistics, once turned on.
     ratelimit: OnceLock<super::ratelimit_stats::RatelimitStats>,
     global_shadow: OnceLock<IntCounter>,
+    /// Who is being limited, once turned on (`--heavy-hitters`).
+    hitters: OnceLock<super::hitters::HeavyHitters>,
 }
 
 impl Metrics {
@@ -299,6 +309,7 @@ impl Metrics {
             quota,
             region,
             ratelimit: OnceLock::new(),
+            hitters: OnceLock::new(),
             global_shadow: OnceLock::new(),
         }
     }
@@ -355,6 +366,65 @@ impl Metrics {
         counter
     }
 
+    /// Keeps each rule's heavy hitters in summaries of `k` counters (0:
+    /// none), the values of `shown`'s keys hashed; the first call decides.
+    pub fn enable_hitters(&self, k: usize, shown: crate::shown::ShownValues) {
+        if k > 0 {
+            let _ = self
+                .hitters
+                .set(super::hitters::HeavyHitters::new(k, shown));
+        }
+    }
+
+    /// The heavy hitters, when kept.
+    pub fn hitters(&self) -> Option<&super::hitters::HeavyHitters> {
+        self.hitters.get()
+    }
+
+    /// Each rule's decisions so far, for `/v1/rules`: (domain, rule,
+    /// admitted, refused), rules that have decided.
+    pub fn rule_totals(&self) -> Vec<(Arc<str>, Arc<str>, u64, u64)> {
+        let ok = RESULTS.iter().position(|r| *r == "ok").unwrap_or(0);
+        let over = RESULTS.iter().position(|r| *r == "over_limit").unwrap_or(1);
+        self.rule_decisions
+            .load()
+            .iter()
+            .enumerate()
+            .filter_map(|(i, c)| {
+                let c = c.as_ref()?;
+                let (domain, rule) = RuleId::from_index(i)?.labels();
+                Some((domain, rule, c[ok].get(), c[over].get()))
+            })
+            .collect()
+    }
+
+    /// The store's health as counted: each Redis node's breaker (open or
+    /// not), and the answers each failure mode gave, for `/v1/store`.
+    pub fn store_health(&self) -> StoreHealth {
+        use prometheus::core::Collector;
+        let label = |m: &prometheus::proto::Metric| {
+            m.get_label()
+                .first()
+                .map(|l| l.value().to_string())
+                .unwrap_or_default()
+        };
+        let breakers = self
+            .breaker_open
+            .collect()
+            .iter()
+            .flat_map(|f| f.get_metric())
+            .map(|m| (label(m), m.get_gauge().get_value() > 0.0))
+            .collect();
+        let answers = self
+            .failure_policy
+            .collect()
+            .iter()
+            .flat_map(|f| f.get_metric())
+            .map(|m| (label(m), m.get_counter().get_value() as u64))
+            .collect();
+        StoreHealth { breakers, answers }
+    }
+
     /// envoyproxy/ratelimit's statistics, when turned on.
     pub fn ratelimit_stats(&self) -> Option<&super::ratelimit_stats::RatelimitStats> {
         self.ratelimit.get()
@@ -390,6 +460,13 @@ impl Metrics {
                     .decisions
                     .with_label_values(&[domain_label, rule, result])
                     .inc(),
+            }
+            if let (Some(h), Some(r)) = (self.hitters.get(), &decision.rule) {
+                match decision.verdict {
+                    Verdict::Ok => h.record(r.id, entries, true),
+                    Verdict::OverLimit => h.record(r.id, entries, false),
+                    _ => {}
+                }
             }
             // the request's values in a series of their own: the rule's
             // series above stays what dashboards and alerts read

@@ -4,6 +4,7 @@
 //! under the rule sources; uses `decision`, `rules` and leaves: what the
 //! rooms above count reaches it as their labels and numbers.
 
+pub mod hitters;
 pub mod metrics;
 pub mod ratelimit_stats;
 pub mod statsd;

@@ -100,6 +100,8 @@ pub fn serve_args(config: PathBuf) -> ServeArgs {
         response_dynamic_metadata: false,
         refused_by_header: None,
         refusal_log_rate: 5,
+        heavy_hitters: tokenbucket_rls::hitters::DEFAULT_COUNTERS,
+        admin_token_file: None,
         refusal_log_hash_keys: Vec::new(),
         statsd_addr: None,
         statsd_flush_interval: std::time::Duration::from_secs(10),

@@ -1,0 +1,132 @@
+//! The JSON behind the admin page (`/v1/…`), read by the page and by
+//! anyone: who is limited (`/v1/hitters`), the rules in force and their
+//! decisions (`/v1/rules`), the store's health (`/v1/store`). Bad input gets
+//! a 400 naming the parameter; nothing here spends.
+
+use std::collections::HashMap;
+
+use axum::extract::{Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Json, Response};
+use serde_json::json;
+
+use super::AdminState;
+
+/// The most rows `n` may ask for.
+const MAX_ROWS: usize = 1024;
+
+/// A 400 with `message`, as JSON.
+fn bad_request(message: String) -> Response {
+    (StatusCode::BAD_REQUEST, Json(json!({ "error": message }))).into_response()
+}
+
+/// A 400 naming the first of `query`'s parameters that is not `known`.
+fn unknown_parameter(query: &HashMap<String, String>, known: &[&str]) -> Option<Response> {
+    let other = query.keys().find(|k| !known.contains(&k.as_str()))?;
+    let other: String = other.chars().take(64).collect();
+    Some(bad_request(format!(
+        "unknown parameter '{other}' (known: {})",
+        known.join(", ")
+    )))
+}
+
+/// `GET /v1/hitters[?n=10][&domain=d]`: per rule, the `n` descriptor
+/// values refused most and admitted most over the last minute and hour.
+pub(super) async fn hitters(
+    State(state): State<AdminState>,
+    Query(query): Query<HashMap<String, String>>,
+) -> Response {
+    if let Some(refused) = unknown_parameter(&query, &["n", "domain"]) {
+        return refused;
+    }
+    let n = match query.get("n").map(|v| v.parse::<usize>()) {
+        None => 10,
+        Some(Ok(n)) if (1..=MAX_ROWS).contains(&n) => n,
+        Some(_) => return bad_request(format!("n must be a whole number from 1 to {MAX_ROWS}")),
+    };
+    let Some(hitters) = state.metrics.hitters() else {
+        return Json(json!({
+            "counters": 0,
+            "rules": [],
+            "note": "heavy hitters are off (--heavy-hitters 0)",
+        }))
+        .into_response();
+    };
+    let mut rules = hitters.top(n);
+    if let Some(domain) = query.get("domain") {
+        if !state.rules.load().has_domain(domain) {
+            let domain: String = domain.chars().take(128).collect();
+            return (
+                StatusCode::NOT_FOUND,
+                Json(json!({ "error": format!("no domain '{domain}' in the rules in force") })),
+            )
+                .into_response();
+        }
+        rules.retain(|r| &r.domain == domain);
+    }
+    Json(json!({
+        "counters": hitters.counters(),
+        "bound": "each count is at most `error` above the true count, and error ≤ hits / counters",
+        "rules": rules,
+    }))
+    .into_response()
+}
+
+/// `GET /v1/rules`: the rules in force (domain, rule, the file it came
+/// from), with the decisions each has made since start.
+pub(super) async fn rules(State(state): State<AdminState>) -> Response {
+    let rules = state.rules.load();
+    let totals: HashMap<(String, String), (u64, u64)> = state
+        .metrics
+        .rule_totals()
+        .into_iter()
+        .map(|(d, r, ok, over)| ((d.to_string(), r.to_string()), (ok, over)))
+        .collect();
+    let mut out = Vec::new();
+    for domain in rules.domains() {
+        for rule in rules.rules(&domain.name) {
+            let key = (domain.name.to_string(), rule.label().to_string());
+            let (admitted, refused) = totals.get(&key).copied().unwrap_or_default();
+            out.push(json!({
+                "domain": &*domain.name,
+                "rule": rule.label(),
+                "path": rule.path,
+                "source": rule.source,
+                "admitted": admitted,
+                "refused": refused,
+            }));
+        }
+    }
+    out.sort_by(|a, b| {
+        (a["domain"].as_str(), a["rule"].as_str()).cmp(&(b["domain"].as_str(), b["rule"].as_str()))
+    });
+    Json(json!({
+        "generation": rules.generation(),
+        "in_force_since": rules.in_force_since(),
+        "files": rules.files().iter().map(|f| &f.path).collect::<Vec<_>>(),
+        "rules": out,
+    }))
+    .into_response()
+}
+
+/// `GET /v1/store`: readiness, each Redis node's breaker, and the answers
+/// each failure mode gave since start.
+pub(super) async fn store(State(state): State<AdminState>) -> Response {
+    let health = state.metrics.store_health();
+    let (breakers, answers) = (health.breakers, health.answers);
+    let readiness = state.health.readiness();
+    Json(json!({
+        "store": state.health.limiter.store_name(),
+        "ready": readiness.is_ok(),
+        "detail": readiness.unwrap_or_else(|e| e),
+        "breakers": breakers
+            .into_iter()
+            .map(|(node, open)| json!({ "node": node, "open": open }))
+            .collect::<Vec<_>>(),
+        "failure_mode_answers": answers
+            .into_iter()
+            .map(|(mode, n)| json!({ "mode": mode, "answers": n }))
+            .collect::<Vec<_>>(),
+    }))
+    .into_response()
+}

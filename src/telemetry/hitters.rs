@@ -1,0 +1,155 @@
+//! Who is being limited: per rule, the descriptor values refused most and
+//! admitted most over the last minute and hour ([`crate::hitters`]'s
+//! summaries, `k` counters each), for `/v1/hitters` and the admin page.
+//!
+//! A decision of a rule adds its request's values (`key=value,…`, as the
+//! refusal log writes them, the keys of `--refusal-log-hash-keys` hashed
+//! before they are kept) to the rule's refused or admitted summaries;
+//! a value only allocates when it takes a counter. Memory per rule is
+//! bounded whatever the values' cardinality:
+//! [`Windows::max_bytes`]`(k)` for each of the two kinds.
+
+use std::cell::RefCell;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use arc_swap::ArcSwap;
+use parking_lot::Mutex;
+
+use crate::hitters::{Top, Windows};
+use crate::labels::RuleId;
+use crate::rules::DescriptorEntry;
+use crate::shown::ShownValues;
+
+/// One rule's summaries.
+struct RuleHitters {
+    refused: Windows,
+    admitted: Windows,
+}
+
+/// Every rule's summaries, by [`RuleId`] index, made at a rule's first
+/// decision.
+pub struct HeavyHitters {
+    /// Counters per summary; 0: none kept.
+    k: usize,
+    /// Values of some keys kept hashed, never as they came.
+    shown: ShownValues,
+    rules: ArcSwap<Vec<Option<Arc<Mutex<RuleHitters>>>>>,
+}
+
+/// What `/v1/hitters` shows of one rule.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct RuleTop {
+    pub domain: String,
+    pub rule: String,
+    pub refused: Top,
+    pub admitted: Top,
+}
+
+thread_local! {
+    /// A decision's values, written here before they are looked up.
+    static VALUES: RefCell<String> = RefCell::new(String::with_capacity(128));
+}
+
+fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+impl HeavyHitters {
+    /// Summaries of `k` counters, the values of `shown`'s keys hashed.
+    pub fn new(k: usize, shown: ShownValues) -> Self {
+        Self {
+            k,
+            shown,
+            rules: ArcSwap::from_pointee(Vec::new()),
+        }
+    }
+
+    /// Counters per summary (0: off).
+    pub fn counters(&self) -> usize {
+        self.k
+    }
+
+    /// Adds one decision of `rule` on `entries`.
+    pub fn record<E: DescriptorEntry>(&self, rule: RuleId, entries: &[E], admitted: bool) {
+        if self.k == 0 {
+            return;
+        }
+        let hitters = self.of(rule);
+        let now = now_secs();
+        VALUES.with(|buf| {
+            let mut value = buf.borrow_mut();
+            value.clear();
+            for (i, e) in entries.iter().enumerate() {
+                if i > 0 {
+                    value.push(',');
+                }
+                self.shown.write(&mut value, e.key(), e.value());
+            }
+            let mut h = hitters.lock();
+            let kind = if admitted {
+                &mut h.admitted
+            } else {
+                &mut h.refused
+            };
+            kind.add(&value, 1, now);
+        });
+    }
+
+    fn of(&self, rule: RuleId) -> Arc<Mutex<RuleHitters>> {
+        if let Some(Some(h)) = self.rules.load().get(rule.index()) {
+            return h.clone();
+        }
+        let made = Arc::new(Mutex::new(RuleHitters {
+            refused: Windows::new(self.k),
+            admitted: Windows::new(self.k),
+        }));
+        let mut kept = made.clone();
+        self.rules.rcu(|table| {
+            let mut table = Vec::clone(table);
+            if table.len() <= rule.index() {
+                table.resize(rule.index() + 1, None);
+            }
+            match &table[rule.index()] {
+                // another thread made it first: that one stays
+                Some(existing) => kept = existing.clone(),
+                None => table[rule.index()] = Some(made.clone()),
+            }
+            table
+        });
+        kept
+    }
+
+    /// The `n` largest of every rule that has decided, refused first
+    /// (most refusals in the last minute first).
+    pub fn top(&self, n: usize) -> Vec<RuleTop> {
+        let now = now_secs();
+        let table = self.rules.load();
+        let mut out: Vec<RuleTop> = table
+            .iter()
+            .enumerate()
+            .filter_map(|(i, h)| {
+                let h = h.as_ref()?;
+                let mut h = h.lock();
+                let id = RuleId::from_index(i)?;
+                let (domain, rule) = id.labels();
+                Some(RuleTop {
+                    domain: domain.to_string(),
+                    rule: rule.to_string(),
+                    refused: h.refused.top(now, n),
+                    admitted: h.admitted.top(now, n),
+                })
+            })
+            .collect();
+        out.sort_by(|a, b| {
+            b.refused
+                .minute_hits
+                .cmp(&a.refused.minute_hits)
+                .then_with(|| b.admitted.minute_hits.cmp(&a.admitted.minute_hits))
+                .then_with(|| (&a.domain, &a.rule).cmp(&(&b.domain, &b.rule)))
+        });
+        out
+    }
+}
