@@ -7,7 +7,8 @@
 # descriptor, one hot key (the bar shape of bench-cpu.sh). Rows: the floor
 # (examples/rls-floor.rs: a constant-OK tonic server from the same
 # dependencies), the service on the memory store, and on the memory store
-# with one serving thread. Callgrind runs one thread at a time: what is
+# with one serving thread, and without heavy hitters (--heavy-hitters 0:
+# what they cost a decision). Callgrind runs one thread at a time: what is
 # counted is work, not contention.
 #   integration/bench-service-ir.sh [CALLS]   (default 20000)
 # Needs valgrind.
@@ -48,6 +49,8 @@ rls=("$PWD/target/release/tokenbucket-rls" --config "$work" --grpc-addr 127.0.0.
   row floor X=1 -- "$PWD/target/release/examples/rls-floor" 127.0.0.1:18591
   row memory X=1 -- "${rls[@]}"
   row memory,one-serving-thread X=1 -- "${rls[@]}" --serving-threads 1
+  row memory,no-heavy-hitters X=1 -- "${rls[@]}" --heavy-hitters 0
 } | awk '{v[$1] = $2; printf "%-32s %9d instructions per call\n", $1, $2} END {
   printf "memory / floor: %.2f; one serving thread / floor: %.2f\n", v["memory"] / v["floor"], v["memory,one-serving-thread"] / v["floor"]
+  printf "heavy hitters on / off (memory): %.3f\n", v["memory"] / v["memory,no-heavy-hitters"]
 }'

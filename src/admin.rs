@@ -33,6 +33,7 @@ pub struct AdminState {
     pub token_file: Option<PathBuf>,
 }
 
+mod buckets;
 mod v1;
 
 /// The admin page: one file, no build step, nothing fetched from
@@ -46,6 +47,8 @@ pub fn router(state: AdminState) -> Router {
         .route("/v1/hitters", get(v1::hitters))
         .route("/v1/rules", get(v1::rules))
         .route("/v1/store", get(v1::store))
+        .route("/v1/buckets", get(buckets::inspect))
+        .route("/v1/buckets/reset", axum::routing::post(buckets::reset))
         .route("/config", get(config))
         .route_layer(middleware::from_fn_with_state(state.clone(), bearer));
     Router::new()

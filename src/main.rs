@@ -62,6 +62,38 @@ fn main() -> ExitCode {
             algorithm,
             rlqs,
         }) => check_config(&path, merge_domains, algorithm, rlqs),
+        Some(Command::Inspect {
+            admin,
+            domain,
+            descriptor,
+            reset,
+            token_file,
+            operator,
+        }) => {
+            let ask = tokenbucket_rls::cli::inspect::Inspect {
+                admin: &admin,
+                domain: &domain,
+                descriptor: &descriptor,
+                reset,
+                token_file: token_file.as_deref(),
+                operator: operator.as_deref(),
+            };
+            match tokenbucket_rls::cli::inspect::run(&ask) {
+                Ok((status, body)) => {
+                    println!("{}", body.trim_end());
+                    if (200..300).contains(&status) {
+                        ExitCode::SUCCESS
+                    } else {
+                        eprintln!("error: the service answered {status}");
+                        ExitCode::FAILURE
+                    }
+                }
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         None => {
             let runtime = match tokio::runtime::Runtime::new() {
                 Ok(rt) => rt,

@@ -255,3 +255,161 @@ async fn a_flooded_tenant_appears_on_the_page_in_a_browser() {
     assert!(dom.contains("ready: "), "the store's health: {dom}");
     s.shutdown().await.expect("stop");
 }
+
+/// `tokenbucket-rls inspect` against `admin` for `tenant=locked`, with
+/// `extra` flags: whether it succeeded, and what it printed.
+async fn inspect_cli(admin: &str, extra: &[&str]) -> (bool, String) {
+    let mut args: Vec<String> = [
+        "inspect",
+        "--admin",
+        admin,
+        "--domain",
+        "api",
+        "--descriptor",
+        "tenant=locked",
+    ]
+    .iter()
+    .map(|a| a.to_string())
+    .collect();
+    args.extend(extra.iter().map(|a| a.to_string()));
+    tokio::task::spawn_blocking(move || {
+        let out = Command::new(env!("CARGO_BIN_EXE_tokenbucket-rls"))
+            .args(&args)
+            .env_remove("RLS_ADMIN_TOKEN_FILE")
+            .output()
+            .expect("run inspect");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).to_string(),
+        )
+    })
+    .await
+    .expect("joined")
+}
+
+/// The bucket inspector spends nothing, and a reset (over the CLI, as an
+/// operator runs it) gives a locked-out tenant its budget back, counted.
+#[tokio::test]
+async fn the_inspector_spends_nothing_and_a_reset_gives_the_budget_back() {
+    let rules = rules_dir(RULES);
+    let s = tokenbucket_rls::server::start(&serve_args(rules.path().to_path_buf()))
+        .await
+        .expect("start");
+    let mut c = client(&s).await;
+    for _ in 0..2 {
+        assert_eq!(call(&mut c, "locked").await, Code::Ok as i32);
+    }
+    let admin = format!("http://{}", s.admin_addr);
+    let inspect = format!("{admin}/v1/buckets?domain=api&descriptor=tenant%3Dlocked");
+    for _ in 0..3 {
+        let b = json(&inspect).await;
+        assert_eq!(
+            (b["rule"].as_str(), b["next"].as_str()),
+            (Some("tenant"), Some("over_limit"))
+        );
+        assert_eq!(b["remaining"], 0);
+        assert!(
+            b["reset_secs"]
+                .as_u64()
+                .is_some_and(|s| (1..=1800).contains(&s)),
+            "{b}"
+        );
+        assert_eq!(b["keys"].as_array().map(Vec::len), Some(1));
+    }
+    let fresh = json(&format!(
+        "{admin}/v1/buckets?domain=api&descriptor=tenant%3Dnew"
+    ))
+    .await;
+    assert_eq!(
+        (fresh["next"].as_str(), fresh["remaining"].as_u64()),
+        (Some("ok"), Some(2))
+    );
+    // the CLI, as an operator runs it
+    let (ok, out) = inspect_cli(&admin, &[]).await;
+    assert!(ok && out.contains("\"over_limit\""), "{out}");
+    let (ok, out) = inspect_cli(&admin, &["--reset", "--operator", "alice"]).await;
+    assert!(ok && out.contains("\"removed\":1"), "{out}");
+    assert_eq!(
+        call(&mut c, "locked").await,
+        Code::Ok as i32,
+        "the budget is back"
+    );
+    let (_, metrics) = get(&format!("{admin}/metrics"), None).await;
+    assert_eq!(
+        common::sample(
+            &metrics,
+            "rls_bucket_resets_total{domain=\"api\",rule=\"tenant\"}"
+        ),
+        Some(1.0)
+    );
+    // bad input
+    for (query, status) in [
+        ("domain=api&descriptor=tenant", 400),
+        ("domain=api", 400),
+        ("domain=nope&descriptor=tenant%3Dx", 404),
+        ("domain=api&descriptor=other%3Dx", 404),
+    ] {
+        let (got, body) = get(&format!("{admin}/v1/buckets?{query}"), None).await;
+        assert_eq!(got, status, "{query}: {body}");
+    }
+    let refused = reqwest::Client::new()
+        .post(format!(
+            "{admin}/v1/buckets/reset?domain=api&descriptor=other%3Dx"
+        ))
+        .send()
+        .await
+        .expect("answered");
+    assert_eq!(refused.status().as_u16(), 404);
+    s.shutdown().await.expect("stop");
+}
+
+/// On Redis: the keys shown are the store's (a fixed window's in
+/// envoyproxy/ratelimit's layout, a token bucket's own), and a reset
+/// deletes them.
+#[tokio::test]
+async fn a_reset_on_redis_deletes_the_keys_it_shows() {
+    let redis = common::redis::RedisServer::standalone();
+    let rules = rules_dir("domain: api\ndescriptors:\n  - key: tenant\n    algorithm: fixed_window\n    rate_limit: {unit: hour, requests_per_unit: 2}\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 2}\n");
+    let s = common::start_on_redis(&redis.url(), &rules, Duration::from_secs(1)).await;
+    let mut c = client(&s).await;
+    let admin = format!("http://{}", s.admin_addr);
+    for (key, value) in [("tenant", "t1"), ("user", "u1")] {
+        for _ in 0..3 {
+            let _ = c
+                .should_rate_limit(request("api", vec![descriptor(&[(key, value)])]))
+                .await
+                .expect("decided");
+        }
+        let b = json(&format!(
+            "{admin}/v1/buckets?domain=api&descriptor={key}%3D{value}"
+        ))
+        .await;
+        assert_eq!(b["next"], "over_limit", "{b}");
+        let shown = b["keys"][0].as_str().expect("a key").to_string();
+        if key == "tenant" {
+            assert!(shown.starts_with("api_tenant_t1_"), "{shown}");
+            assert_eq!(redis.cli(&["GET", &shown]).trim(), "3");
+        } else {
+            assert!(shown.starts_with("rls:{"), "{shown}");
+        }
+        let r = reqwest::Client::new()
+            .post(format!(
+                "{admin}/v1/buckets/reset?domain=api&descriptor={key}%3D{value}"
+            ))
+            .send()
+            .await
+            .expect("answered");
+        let body: Value = serde_json::from_str(&r.text().await.expect("body")).expect("JSON");
+        assert_eq!(body["removed"], 1, "{body}");
+        let b = json(&format!(
+            "{admin}/v1/buckets?domain=api&descriptor={key}%3D{value}"
+        ))
+        .await;
+        assert_eq!(
+            (b["next"].as_str(), b["remaining"].as_u64()),
+            (Some("ok"), Some(2)),
+            "{b}"
+        );
+    }
+    s.shutdown().await.expect("stop");
+}

@@ -16,12 +16,15 @@ use super::AdminState;
 const MAX_ROWS: usize = 1024;
 
 /// A 400 with `message`, as JSON.
-fn bad_request(message: String) -> Response {
+pub(super) fn bad_request(message: String) -> Response {
     (StatusCode::BAD_REQUEST, Json(json!({ "error": message }))).into_response()
 }
 
 /// A 400 naming the first of `query`'s parameters that is not `known`.
-fn unknown_parameter(query: &HashMap<String, String>, known: &[&str]) -> Option<Response> {
+pub(super) fn unknown_parameter(
+    query: &HashMap<String, String>,
+    known: &[&str],
+) -> Option<Response> {
     let other = query.keys().find(|k| !known.contains(&k.as_str()))?;
     let other: String = other.chars().take(64).collect();
     Some(bad_request(format!(

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
+pub mod inspect;
 pub mod ratelimit_env;
 
 use crate::bucket::Algorithm;
@@ -57,6 +58,29 @@ pub enum Command {
         /// id keys that reach it) and where it differs from ShouldRateLimit.
         #[arg(long)]
         rlqs: bool,
+    },
+    /// Show a descriptor's buckets on a running service, spending nothing
+    /// (its admin port's /v1/buckets): the rule, what a next hit would
+    /// get, the keys in the store; --reset gives the descriptor its
+    /// budget back (counted and logged).
+    Inspect {
+        /// The service's admin port, http://host:port.
+        #[arg(long, default_value = "http://127.0.0.1:9090")]
+        admin: String,
+        #[arg(long)]
+        domain: String,
+        /// The descriptor's entries: key=value,key=value.
+        #[arg(long)]
+        descriptor: String,
+        /// Forget the descriptor's buckets: full again, a window's count 0.
+        #[arg(long)]
+        reset: bool,
+        /// The bearer token (the service's --admin-token-file).
+        #[arg(long, env = "RLS_ADMIN_TOKEN_FILE")]
+        token_file: Option<PathBuf>,
+        /// Who asks, in the service's log of a reset (default: $USER).
+        #[arg(long, env = "USER")]
+        operator: Option<String>,
     },
 }
 

@@ -228,6 +228,32 @@ impl Limiter {
         self.local.len()
     }
 
+    /// What `entries` in `domain` is decided by, without deciding: its
+    /// rule and its buckets, for the bucket inspector; `None` when no rule
+    /// with a limit applies. (A `max_values` rule's descriptor is shown in
+    /// its own buckets, not in the overflow bucket it may be sent to.)
+    pub fn buckets_of<E: DescriptorEntry>(
+        &self,
+        rules: &RuleSet,
+        domain: &str,
+        entries: &[E],
+    ) -> Option<(Arc<Rule>, DescriptorBuckets)> {
+        let input = [DescriptorInput {
+            entries,
+            cost: Cost::Check,
+            limit_override: None,
+            own_hits_addend: false,
+        }];
+        match plan(rules, domain, &input, self.calendar_now()).pop()? {
+            Plan::Buckets {
+                rule: Some(rule),
+                buckets,
+                ..
+            } => Some((rule.clone(), buckets)),
+            _ => None,
+        }
+    }
+
     /// Decides every descriptor of one request. Each descriptor is decided
     /// in its own store call (the buckets of one descriptor together), side
     /// by side, or one at a time for a request that starts an attempt

@@ -450,6 +450,16 @@ impl<S: Store + Nodes> Store for Breakers<S> {
         .await
     }
 
+    /// An operator's reset goes to the store whatever the breaker says
+    /// (rare, and asked by hand: its error is the answer).
+    async fn forget(&self, descriptor: &DescriptorBuckets) -> Result<u64, StoreError> {
+        self.inner.forget(descriptor).await
+    }
+
+    fn key_names(&self, descriptor: &DescriptorBuckets) -> Vec<String> {
+        self.inner.key_names(descriptor)
+    }
+
     fn name(&self) -> &'static str {
         self.inner.name()
     }

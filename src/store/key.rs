@@ -48,3 +48,31 @@ pub fn put(out: &mut Vec<u8>, bytes: &[u8]) {
     }
     out.extend_from_slice(bytes);
 }
+
+/// `bytes` as text: printable ASCII as it is, every other byte (and `\\`)
+/// as `\xNN`, as redis-cli shows a binary key.
+pub fn escaped(bytes: &[u8]) -> String {
+    let mut out = String::with_capacity(bytes.len() + 8);
+    for &b in bytes {
+        if (0x20..0x7f).contains(&b) && b != b'\\' {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("\\x{b:02x}"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn binary_keys_are_shown_escaped() {
+        assert_eq!(
+            escaped(b"rls:{ab}:\x01r\x04edge"),
+            "rls:{ab}:\\x01r\\x04edge"
+        );
+        assert_eq!(escaped(b"a\\b"), "a\\x5cb");
+    }
+}

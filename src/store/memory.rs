@@ -592,6 +592,13 @@ impl<C: Clock> Store for MemoryStore<C> {
         Ok(self.decide_slot_now(descriptor, max, call, rule))
     }
 
+    async fn forget(&self, descriptor: &DescriptorBuckets) -> Result<u64, StoreError> {
+        let mut shard = self.shard(&descriptor.tag).lock();
+        let before = shard.buckets.len();
+        shard.retain(|k, _| !descriptor.buckets.iter().any(|b| b.key.as_slice() == k));
+        Ok((before - shard.buckets.len()) as u64)
+    }
+
     fn name(&self) -> &'static str {
         "memory"
     }

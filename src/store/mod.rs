@@ -167,6 +167,27 @@ pub trait Store: Send + Sync + 'static {
         )))
     }
 
+    /// Forgets `descriptor`'s buckets (an operator's reset: the next
+    /// decision finds them full, a window's count at 0); the keys removed.
+    /// A store that cannot answers an error.
+    async fn forget(&self, descriptor: &DescriptorBuckets) -> Result<u64, StoreError> {
+        let _ = descriptor;
+        Err(StoreError::Script(format!(
+            "the {} store cannot forget buckets",
+            self.name()
+        )))
+    }
+
+    /// Where `descriptor`'s buckets are kept, as an operator would look
+    /// for them (a Redis key, binary bytes escaped).
+    fn key_names(&self, descriptor: &DescriptorBuckets) -> Vec<String> {
+        descriptor
+            .buckets
+            .iter()
+            .map(|b| key::escaped(&b.key))
+            .collect()
+    }
+
     /// A short name for logs (`memory`, `redis`).
     fn name(&self) -> &'static str;
 

@@ -94,6 +94,14 @@ impl Store for PerSecondSplit {
             .await
     }
 
+    async fn forget(&self, descriptor: &DescriptorBuckets) -> Result<u64, StoreError> {
+        self.of(descriptor).forget(descriptor).await
+    }
+
+    fn key_names(&self, descriptor: &DescriptorBuckets) -> Vec<String> {
+        self.of(descriptor).key_names(descriptor)
+    }
+
     fn name(&self) -> &'static str {
         self.main.name()
     }

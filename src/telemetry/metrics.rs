@@ -96,6 +96,7 @@ pub struct Metrics {
     buckets_evicted: IntCounterVec,
     node_memory: IntGaugeVec,
     values_overflowed: IntCounterVec,
+    bucket_resets: IntCounterVec,
     lease: LeaseMetrics,
     attempt: AttemptMetrics,
     quota: QuotaMetrics,
@@ -239,6 +240,14 @@ impl Metrics {
             &["domain", "rule"],
         )
         .expect("valid metric");
+        let bucket_resets = IntCounterVec::new(
+            Opts::new(
+                "rls_bucket_resets_total",
+                "Descriptors whose buckets an operator reset (/v1/buckets/reset)",
+            ),
+            &["domain", "rule"],
+        )
+        .expect("valid metric");
         let lease = LeaseMetrics::new();
         let attempt = AttemptMetrics::new();
         let quota = QuotaMetrics::new();
@@ -262,6 +271,7 @@ impl Metrics {
             Box::new(buckets_evicted.clone()),
             Box::new(node_memory.clone()),
             Box::new(values_overflowed.clone()),
+            Box::new(bucket_resets.clone()),
         ]
         .into_iter()
         .chain(lease.collectors())
@@ -304,6 +314,7 @@ impl Metrics {
             buckets_evicted,
             node_memory,
             values_overflowed,
+            bucket_resets,
             lease,
             attempt,
             quota,
@@ -580,6 +591,14 @@ impl Metrics {
                 .with_label_values(&[node, kind])
                 .set(i64::try_from(v).unwrap_or(i64::MAX));
         }
+    }
+
+    /// An operator reset a descriptor's buckets of `rule`.
+    pub fn bucket_reset(&self, rule: RuleId) {
+        let (domain, rule) = rule.labels();
+        self.bucket_resets
+            .with_label_values(&[&domain, &rule])
+            .inc();
     }
 
     /// A descriptor of a `max_values` rule sent to its overflow bucket.

@@ -120,6 +120,12 @@ impl RedisStore {
         Some(self.prefixed(Bytes::from(window_key(key, start / 1_000_000))))
     }
 
+    /// The key, with the prefix, that `descriptor` counts in now; `None`
+    /// for a descriptor of the store's own layout.
+    pub(super) fn counted_key_now(&self, descriptor: &DescriptorBuckets) -> Option<Bytes> {
+        self.counted_key(descriptor, now_micros())
+    }
+
     /// The slot `descriptor` counts in now, for a descriptor counted in
     /// envoyproxy/ratelimit's keys (its breaker's node).
     pub(super) fn counted_slot(&self, descriptor: &DescriptorBuckets) -> Option<u16> {

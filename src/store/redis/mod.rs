@@ -18,6 +18,7 @@
 pub mod batch;
 mod counter;
 pub mod credentials;
+mod forget;
 mod instances;
 mod keys;
 pub mod memory;
@@ -935,6 +936,14 @@ impl Store for RedisStore {
             },
             expired: expired.max(0) as u64,
         })
+    }
+
+    async fn forget(&self, descriptor: &DescriptorBuckets) -> Result<u64, StoreError> {
+        self.forget_keys(descriptor).await
+    }
+
+    fn key_names(&self, descriptor: &DescriptorBuckets) -> Vec<String> {
+        self.key_names_of(descriptor)
     }
 
     fn name(&self) -> &'static str {

@@ -1,0 +1,208 @@
+//! The bucket inspector (`GET /v1/buckets`) and an operator's reset
+//! (`POST /v1/buckets/reset`): a descriptor named in the query, its rule
+//! and buckets found as a request's would be, then asked whether one more
+//! hit would pass (`hits_addend: 0`: nothing spent) or its buckets
+//! forgotten (counted in `rls_bucket_resets_total`, logged with who asked).
+
+use std::collections::HashMap;
+
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Json, Response};
+use serde_json::json;
+
+use super::v1::{bad_request, unknown_parameter};
+use super::AdminState;
+use crate::bucket::Cost;
+use crate::limiter::DescriptorInput;
+use crate::rules::{MAX_ENTRIES, MAX_KEY_OR_VALUE_BYTES};
+
+/// `k=v,k2=v2` as entries; the reason when it is not one.
+fn entries(text: &str) -> Result<Vec<(String, String)>, String> {
+    if text.is_empty() {
+        return Err("descriptor is empty: give its entries as key=value,key=value".into());
+    }
+    let entries: Vec<&str> = text.split(',').collect();
+    if entries.len() > MAX_ENTRIES {
+        return Err(format!("descriptor has more than {MAX_ENTRIES} entries"));
+    }
+    entries
+        .into_iter()
+        .map(|e| {
+            let (k, v) = e.split_once('=').ok_or_else(|| {
+                let e: String = e.chars().take(64).collect();
+                format!("descriptor entry '{e}' has no '=': give key=value")
+            })?;
+            if k.is_empty() || k.len() > MAX_KEY_OR_VALUE_BYTES || v.len() > MAX_KEY_OR_VALUE_BYTES {
+                return Err(format!(
+                    "a descriptor key is empty, or a key or value is longer than {MAX_KEY_OR_VALUE_BYTES} bytes"
+                ));
+            }
+            Ok((k.to_string(), v.to_string()))
+        })
+        .collect()
+}
+
+/// The domain and entries a query names, found in the rules in force.
+struct Asked {
+    domain: String,
+    entries: Vec<(String, String)>,
+}
+
+impl Asked {
+    fn borrowed(&self) -> Vec<(&str, &str)> {
+        self.entries
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect()
+    }
+}
+
+fn asked(state: &AdminState, query: &HashMap<String, String>) -> Result<Asked, Box<Response>> {
+    if let Some(refused) = unknown_parameter(query, &["domain", "descriptor"]) {
+        return Err(Box::new(refused));
+    }
+    let (Some(domain), Some(descriptor)) = (query.get("domain"), query.get("descriptor")) else {
+        return Err(Box::new(bad_request(
+            "give domain and descriptor (key=value,key=value)".into(),
+        )));
+    };
+    let entries = entries(descriptor).map_err(|e| Box::new(bad_request(e)))?;
+    if !state.rules.load().has_domain(domain) {
+        let domain: String = domain.chars().take(128).collect();
+        return Err(Box::new(not_found(format!(
+            "no domain '{domain}' in the rules in force"
+        ))));
+    }
+    Ok(Asked {
+        domain: domain.clone(),
+        entries,
+    })
+}
+
+fn not_found(message: String) -> Response {
+    (StatusCode::NOT_FOUND, Json(json!({ "error": message }))).into_response()
+}
+
+fn no_rule() -> Response {
+    not_found("no rule with a limit matches this descriptor".into())
+}
+
+/// `GET /v1/buckets?domain=D&descriptor=k=v,…`: the rule, its limits,
+/// what a next hit would get (`next`, `remaining`, `reset_secs`: OK, the
+/// seconds until the buckets are full; OVER_LIMIT, until a retry can
+/// pass) and the keys in the store. Nothing is spent.
+pub(super) async fn inspect(
+    State(state): State<AdminState>,
+    Query(query): Query<HashMap<String, String>>,
+) -> Response {
+    let a = match asked(&state, &query) {
+        Ok(a) => a,
+        Err(refused) => return *refused,
+    };
+    let rules = state.rules.load();
+    let limiter = &state.health.limiter;
+    let entries = a.borrowed();
+    let Some((rule, buckets)) = limiter.buckets_of(&rules, &a.domain, &entries) else {
+        return no_rule();
+    };
+    let input = [DescriptorInput {
+        entries: entries.as_slice(),
+        cost: Cost::Check,
+        limit_override: None,
+        own_hits_addend: false,
+    }];
+    let decision = match limiter.decide(&rules, &a.domain, &input).await {
+        Ok(mut d) => d.pop(),
+        Err(e) => {
+            return (
+                StatusCode::SERVICE_UNAVAILABLE,
+                Json(json!({ "error": e.to_string() })),
+            )
+                .into_response()
+        }
+    };
+    let Some(decision) = decision else {
+        return no_rule();
+    };
+    let limits: Vec<_> = buckets
+        .buckets
+        .iter()
+        .map(|b| {
+            json!({
+                "algorithm": b.params.algorithm.name(),
+                "capacity": b.params.capacity,
+                "per_unit": b.params.tokens_per_unit,
+                "unit_secs": b.params.unit_secs,
+            })
+        })
+        .collect();
+    Json(json!({
+        "domain": a.domain,
+        "rule": rule.label(),
+        "path": rule.path,
+        "source": rule.source,
+        "limits": limits,
+        "next": decision.verdict.result_label(),
+        "remaining": decision.remaining,
+        "reset_secs": decision.reset_secs,
+        "store": limiter.store_name(),
+        "keys": limiter.store().key_names(&buckets),
+        "counted_as_envoyproxy_ratelimit": buckets.ratelimit_key.is_some(),
+    }))
+    .into_response()
+}
+
+/// `POST /v1/buckets/reset?domain=D&descriptor=k=v,…`: the descriptor's
+/// buckets forgotten (full again, a window's count 0), counted and logged
+/// with who asked (`X-Rls-Operator`, else the client's `User-Agent`).
+pub(super) async fn reset(
+    State(state): State<AdminState>,
+    headers: HeaderMap,
+    Query(query): Query<HashMap<String, String>>,
+) -> Response {
+    let a = match asked(&state, &query) {
+        Ok(a) => a,
+        Err(refused) => return *refused,
+    };
+    let rules = state.rules.load();
+    let limiter = &state.health.limiter;
+    let Some((rule, buckets)) = limiter.buckets_of(&rules, &a.domain, &a.borrowed()) else {
+        return no_rule();
+    };
+    let header = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(|v| v.chars().take(128).collect::<String>())
+    };
+    let who = header("x-rls-operator")
+        .or_else(|| header("user-agent"))
+        .unwrap_or_else(|| "unknown".into());
+    match limiter.store().forget(&buckets).await {
+        Ok(removed) => {
+            state.metrics.bucket_reset(rule.id);
+            let shown: Vec<String> = a.entries.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            tracing::warn!(
+                domain = %a.domain,
+                rule = rule.label(),
+                descriptor = %shown.join(","),
+                removed,
+                by = %who,
+                "buckets reset by an operator"
+            );
+            Json(json!({
+                "domain": a.domain,
+                "rule": rule.label(),
+                "removed": removed,
+                "keys": limiter.store().key_names(&buckets),
+            }))
+            .into_response()
+        }
+        Err(e) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({ "error": e.to_string() })),
+        )
+            .into_response(),
+    }
+}
