@@ -5,6 +5,7 @@
 //! forgotten (counted in `rls_bucket_resets_total`, logged with who asked).
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode};
@@ -15,7 +16,8 @@ use super::v1::{bad_request, unknown_parameter};
 use super::AdminState;
 use crate::bucket::Cost;
 use crate::limiter::DescriptorInput;
-use crate::rules::{MAX_ENTRIES, MAX_KEY_OR_VALUE_BYTES};
+use crate::rules::{Rule, MAX_ENTRIES, MAX_KEY_OR_VALUE_BYTES};
+use crate::store::DescriptorBuckets;
 
 /// `k=v,k2=v2` as entries; the reason when it is not one.
 fn entries(text: &str) -> Result<Vec<(String, String)>, String> {
@@ -80,6 +82,22 @@ fn asked(state: &AdminState, query: &HashMap<String, String>) -> Result<Asked, B
     })
 }
 
+/// What the query names, its rule and its buckets in the rules in force;
+/// else the 4xx to answer.
+fn found(
+    state: &AdminState,
+    query: &HashMap<String, String>,
+) -> Result<(Asked, Arc<Rule>, DescriptorBuckets), Box<Response>> {
+    let a = asked(state, query)?;
+    let rules = state.rules.load();
+    let (rule, buckets) = state
+        .health
+        .limiter
+        .buckets_of(&rules, &a.domain, &a.borrowed())
+        .ok_or_else(|| Box::new(no_rule()))?;
+    Ok((a, rule, buckets))
+}
+
 fn not_found(message: String) -> Response {
     (StatusCode::NOT_FOUND, Json(json!({ "error": message }))).into_response()
 }
@@ -96,16 +114,13 @@ pub(super) async fn inspect(
     State(state): State<AdminState>,
     Query(query): Query<HashMap<String, String>>,
 ) -> Response {
-    let a = match asked(&state, &query) {
-        Ok(a) => a,
+    let (a, rule, buckets) = match found(&state, &query) {
+        Ok(found) => found,
         Err(refused) => return *refused,
     };
     let rules = state.rules.load();
     let limiter = &state.health.limiter;
     let entries = a.borrowed();
-    let Some((rule, buckets)) = limiter.buckets_of(&rules, &a.domain, &entries) else {
-        return no_rule();
-    };
     let input = [DescriptorInput {
         entries: entries.as_slice(),
         cost: Cost::Check,
@@ -161,15 +176,11 @@ pub(super) async fn reset(
     headers: HeaderMap,
     Query(query): Query<HashMap<String, String>>,
 ) -> Response {
-    let a = match asked(&state, &query) {
-        Ok(a) => a,
+    let (a, rule, buckets) = match found(&state, &query) {
+        Ok(found) => found,
         Err(refused) => return *refused,
     };
-    let rules = state.rules.load();
     let limiter = &state.health.limiter;
-    let Some((rule, buckets)) = limiter.buckets_of(&rules, &a.domain, &a.borrowed()) else {
-        return no_rule();
-    };
     let header = |name: &str| {
         headers
             .get(name)

@@ -33,15 +33,22 @@ if tonumber(ARGV[1]) == 0 then
     else
       admitted, result = 0, 6
     end
-  elseif redis.call('ZCARD', key) < tonumber(ARGV[3]) then
-    local ttl_ms = tonumber(ARGV[4])
-    redis.call('ZADD', key, now_ms + ttl_ms, id)
-    -- the set goes a ttl after the slot that returns last: a call within
-    -- that ttl still sees (and counts) the slots that returned by themselves
-    local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-    redis.call('PEXPIREAT', key, math.floor(tonumber(last[2])) + ttl_ms)
   else
+    local count = redis.call('ZCARD', key)
+    if count < tonumber(ARGV[3]) then
+      local ttl_ms = tonumber(ARGV[4])
+      redis.call('ZADD', key, now_ms + ttl_ms, id)
+      -- the set goes a ttl after the slot that returns last: a call within
+      -- that ttl still sees (and counts) the slots that returned by
+      -- themselves. This slot returns last unless a reload shortened the
+      -- ttl, and then the expiry already set (a longer one) stays
+      if redis.call('PTTL', key) < 2 * ttl_ms then
+        redis.call('PEXPIRE', key, 2 * ttl_ms)
+      end
+      return { admitted, count + 1, result, expired }
+    end
     admitted = 0
+    return { admitted, count, result, expired }
   end
 elseif held then
   redis.call('ZREM', key, id)
