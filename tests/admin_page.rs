@@ -111,6 +111,17 @@ async fn the_json_names_who_is_refused_and_refuses_bad_input() {
         .as_u64()
         .is_some_and(|t| t > 1_700_000_000));
 
+    // for dashboards: the top value's share of the rule's refusals (28 of 28)
+    let (_, metrics) = get(&format!("{admin}/metrics"), None).await;
+    assert_eq!(
+        common::sample(
+            &metrics,
+            "rls_refusals_top_share{domain=\"api\",rule=\"tenant\"}"
+        ),
+        Some(1.0),
+        "{metrics}"
+    );
+
     let st = json(&format!("{admin}/v1/store")).await;
     assert_eq!(
         (st["store"].as_str(), st["ready"].as_bool()),

@@ -106,6 +106,9 @@ pub struct Metrics {
     global_shadow: OnceLock<IntCounter>,
     /// Who is being limited, once turned on (`--heavy-hitters`).
     hitters: OnceLock<super::hitters::HeavyHitters>,
+    /// `rls_refusals_top_share`, registered at the first scrape with
+    /// heavy hitters kept.
+    top_share: OnceLock<prometheus::GaugeVec>,
 }
 
 impl Metrics {
@@ -321,6 +324,7 @@ impl Metrics {
             region,
             ratelimit: OnceLock::new(),
             hitters: OnceLock::new(),
+            top_share: OnceLock::new(),
             global_shadow: OnceLock::new(),
         }
     }
@@ -384,6 +388,33 @@ impl Metrics {
             let _ = self
                 .hitters
                 .set(super::hitters::HeavyHitters::new(k, shown));
+        }
+    }
+
+    /// `rls_refusals_top_share{domain,rule}`, from the heavy hitters, set
+    /// at each scrape: registered at the first, when they are kept.
+    fn set_top_shares(&self) {
+        let Some(hitters) = self.hitters.get() else {
+            return;
+        };
+        let gauge = self.top_share.get_or_init(|| {
+            let g = prometheus::GaugeVec::new(
+                Opts::new(
+                    "rls_refusals_top_share",
+                    "Share of a rule's refusals in the last minute that its most refused descriptor value took (heavy hitters; the values are at the admin page)",
+                ),
+                &["domain", "rule"],
+            )
+            .expect("valid metric");
+            let _ = self.registry.register(Box::new(g.clone()));
+            g
+        });
+        for r in hitters.top(1) {
+            let share = match (r.refused.minute.first(), r.refused.minute_hits) {
+                (Some(top), hits) if hits > 0 => (top.count.min(hits) as f64) / hits as f64,
+                _ => 0.0,
+            };
+            gauge.with_label_values(&[&r.domain, &r.rule]).set(share);
         }
     }
 
@@ -910,6 +941,7 @@ impl Metrics {
 
     /// Prometheus text exposition of every metric.
     pub fn render(&self) -> String {
+        self.set_top_shares();
         let mut out = Vec::new();
         let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
         String::from_utf8(out).unwrap_or_default()
