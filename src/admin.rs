@@ -31,6 +31,9 @@ pub struct AdminState {
     /// `--admin-token-file`: the bearer token `/`, `/v1/…` and `/config`
     /// need, read again at each request.
     pub token_file: Option<PathBuf>,
+    /// The Redis store the instances share their heavy hitters in: the
+    /// page shows them all, added up (`None`: this instance's own).
+    pub shared_hitters: Option<Arc<crate::store::redis::RedisStore>>,
 }
 
 mod buckets;

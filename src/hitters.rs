@@ -29,7 +29,7 @@ pub const MAX_VALUE_BYTES: usize = 128;
 pub const DEFAULT_COUNTERS: usize = 16;
 
 /// One value and its count, at most `error` above the truth.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Hitter {
     pub value: String,
     pub count: u64,
@@ -101,6 +101,28 @@ impl SpaceSaving {
     /// Hits counted, all values together.
     pub fn total(&self) -> u64 {
         self.total
+    }
+
+    /// Counters per summary.
+    pub fn k(&self) -> usize {
+        self.k
+    }
+
+    /// A summary as another instance sent it: `k`, its hits, its
+    /// counters (at most `k` kept, values cut as [`SpaceSaving::add`]
+    /// cuts them; a value given twice is counted once).
+    pub fn from_parts(k: usize, total: u64, counters: Vec<Hitter>) -> Self {
+        let mut s = Self::new(k);
+        s.total = total;
+        for c in counters.into_iter().take(s.k) {
+            let value = cut(&c.value).to_string();
+            if s.at.contains_key(value.as_str()) {
+                continue;
+            }
+            s.at.insert(value.as_str().into(), s.counters.len());
+            s.counters.push(Hitter { value, ..c });
+        }
+        s
     }
 
     /// The counters, largest count first (ties by value).
@@ -238,6 +260,18 @@ impl Windows {
         }
     }
 
+    /// The current minute's and hour's summaries at `now_secs`, each with
+    /// its window's length and start (seconds), to share with other
+    /// instances.
+    pub fn current(&mut self, now_secs: u64) -> [(u64, u64, &SpaceSaving); 2] {
+        self.minute.roll(now_secs);
+        self.hour.roll(now_secs);
+        [
+            (60, self.minute.start, &self.minute.current),
+            (3600, self.hour.start, &self.hour.current),
+        ]
+    }
+
     /// The `n` largest of the last minute and hour at `now_secs`.
     pub fn top(&mut self, now_secs: u64, n: usize) -> Top {
         let (minute, minute_hits) = self.minute.top(now_secs, n);
@@ -336,6 +370,17 @@ mod tests {
             count: 3,
             error: 2
         }));
+    }
+
+    #[test]
+    fn a_summary_sent_whole_reads_back_the_same() {
+        let mut a = SpaceSaving::new(2);
+        for v in ["x", "x", "y", "z"] {
+            a.add(v, 1);
+        }
+        let b = SpaceSaving::from_parts(a.k(), a.total(), a.top());
+        assert_eq!((b.total(), b.top()), (a.total(), a.top()));
+        assert_eq!(merged([&a, &b], 10)[0].count, 4);
     }
 
     #[test]

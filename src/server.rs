@@ -207,6 +207,16 @@ pub async fn start(args: &ServeArgs) -> Result<RunningServer> {
         let _ = rx.wait_for(|s| *s).await;
     };
 
+    if let Some(redis) = &redis {
+        crate::store::redis::hitters::spawn_sharing(
+            redis.clone(),
+            metrics.clone(),
+            instances.1.clone(),
+            instances.0.clone(),
+            stopped.clone(),
+        );
+    }
+    let shared_hitters = redis.clone();
     if let (Some(redis), None) = (redis, args.instances) {
         keep_counting_instances(
             redis,
@@ -293,6 +303,7 @@ pub async fn start(args: &ServeArgs) -> Result<RunningServer> {
             health,
             metrics: metrics.clone(),
             token_file: args.admin_token_file.clone(),
+            shared_hitters,
         }),
     )
     .with_graceful_shutdown(until_stopped(stopped.clone()));

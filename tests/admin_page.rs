@@ -424,3 +424,52 @@ async fn a_reset_on_redis_deletes_the_keys_it_shows() {
     }
     s.shutdown().await.expect("stop");
 }
+
+/// Two instances on one Redis: each one's page shows the heavy hitters of
+/// both, added up (each writes its summaries every 2 s while the
+/// instances count more than one).
+#[tokio::test]
+async fn instances_on_one_redis_show_each_others_heavy_hitters() {
+    let redis = common::redis::RedisServer::standalone();
+    let rules = rules_dir(RULES);
+    // counting themselves: two, so each shares its summaries
+    let mut args = common::redis_args(&redis.url(), &rules, Duration::from_secs(1));
+    args.instances = None;
+    let a = tokenbucket_rls::server::start(&args).await.expect("start");
+    let b = tokenbucket_rls::server::start(&args).await.expect("start");
+    let (mut ca, mut cb) = (client(&a).await, client(&b).await);
+    for _ in 0..30 {
+        let _ = call(&mut ca, "noisy").await;
+    }
+    for _ in 0..5 {
+        let _ = call(&mut cb, "other").await;
+    }
+    let refused = |h: &Value, value: &str| {
+        h["rules"][0]["refused"]["minute"]
+            .as_array()
+            .and_then(|a| a.iter().find(|x| x["value"] == value))
+            .and_then(|x| x["count"].as_u64())
+    };
+    for s in [&a, &b] {
+        let url = format!("http://{}/v1/hitters", s.admin_addr);
+        let deadline = std::time::Instant::now() + Duration::from_secs(15);
+        loop {
+            let h = json(&url).await;
+            if refused(&h, "tenant=noisy") == Some(28) && refused(&h, "tenant=other") == Some(3) {
+                assert!(
+                    h["instances"]
+                        .as_str()
+                        .is_some_and(|i| i.starts_with("all")),
+                    "{h}"
+                );
+                assert_eq!(h["rules"][0]["refused"]["minute_hits"], 31, "{h}");
+                assert_eq!(h["rules"][0]["admitted"]["minute_hits"], 4, "{h}");
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "never merged: {h}");
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+    a.shutdown().await.expect("stop");
+    b.shutdown().await.expect("stop");
+}

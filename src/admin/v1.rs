@@ -55,7 +55,35 @@ pub(super) async fn hitters(
         }))
         .into_response();
     };
-    let mut rules = hitters.top(n);
+    // behind several instances on one Redis: every instance's, added up
+    let mut merged = false;
+    let mut rules = match &state.shared_hitters {
+        None => hitters.top(n),
+        Some(redis) => {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs());
+            let shared = match redis.shared_hitter_rules().await {
+                Ok(names) => {
+                    crate::telemetry::hitters::shared_tops(&names, now, n, |key| async move {
+                        redis.shared_hitters(&key).await
+                    })
+                    .await
+                }
+                Err(e) => Err(e),
+            };
+            match shared {
+                Ok(tops) => {
+                    merged = true;
+                    tops
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "shared heavy hitters not read: this instance's own shown");
+                    hitters.top(n)
+                }
+            }
+        }
+    };
     if let Some(domain) = query.get("domain") {
         if !state.rules.load().has_domain(domain) {
             let domain: String = domain.chars().take(128).collect();
@@ -69,6 +97,7 @@ pub(super) async fn hitters(
     }
     Json(json!({
         "counters": hitters.counters(),
+        "instances": if merged { "all sharing the Redis store (written every 2 s)" } else { "this one" },
         "bound": "each count is at most `error` above the true count, and error ≤ hits / counters",
         "rules": rules,
     }))

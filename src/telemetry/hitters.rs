@@ -46,6 +46,35 @@ pub struct RuleTop {
     pub admitted: Top,
 }
 
+/// One summary as instances share it: its rule, what it counts
+/// (`refused` or `admitted`), its window (length and start, seconds), and
+/// the summary.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct SharedSummary {
+    pub k: usize,
+    pub total: u64,
+    pub counters: Vec<crate::hitters::Hitter>,
+}
+
+/// Where a summary is shared: `<domain>\0<rule>:<kind>:<length>:<start>`.
+pub fn shared_key(domain: &str, rule: &str, kind: &str, length: u64, start: u64) -> Vec<u8> {
+    format!("{domain}\0{rule}:{kind}:{length}:{start}").into_bytes()
+}
+
+/// The kinds of hit a rule's summaries count.
+pub const KINDS: [&str; 2] = ["refused", "admitted"];
+
+/// Summaries of one kind and window shared by several instances (this
+/// one's too), added up: the `n` largest and the hits counted.
+pub fn merge_shared(summaries: &[SharedSummary], n: usize) -> (Vec<crate::hitters::Hitter>, u64) {
+    let parts: Vec<crate::hitters::SpaceSaving> = summaries
+        .iter()
+        .map(|s| crate::hitters::SpaceSaving::from_parts(s.k, s.total, s.counters.clone()))
+        .collect();
+    let hits = parts.iter().map(|p| p.total()).sum();
+    (crate::hitters::merged(&parts, n), hits)
+}
+
 thread_local! {
     /// A decision's values, written here before they are looked up.
     static VALUES: RefCell<String> = RefCell::new(String::with_capacity(128));
@@ -122,6 +151,46 @@ impl HeavyHitters {
         kept
     }
 
+    /// Every rule's current minute and hour summaries, to share: (domain,
+    /// rule, the window's length in seconds, the key to share each under,
+    /// the summary).
+    pub fn export(&self) -> Vec<(String, String, u64, Vec<u8>, SharedSummary)> {
+        let now = now_secs();
+        let table = self.rules.load();
+        let mut out = Vec::new();
+        for (i, h) in table.iter().enumerate() {
+            let (Some(h), Some(id)) = (h, RuleId::from_index(i)) else {
+                continue;
+            };
+            let (domain, rule) = id.labels();
+            let mut h = h.lock();
+            for kind in KINDS {
+                let windows = if kind == "refused" {
+                    &mut h.refused
+                } else {
+                    &mut h.admitted
+                };
+                for (length, start, summary) in windows.current(now) {
+                    if summary.total() == 0 {
+                        continue;
+                    }
+                    out.push((
+                        domain.to_string(),
+                        rule.to_string(),
+                        length,
+                        shared_key(&domain, &rule, kind, length, start),
+                        SharedSummary {
+                            k: summary.k(),
+                            total: summary.total(),
+                            counters: summary.top(),
+                        },
+                    ));
+                }
+            }
+        }
+        out
+    }
+
     /// The `n` largest of every rule that has decided, refused first
     /// (most refusals in the last minute first).
     pub fn top(&self, n: usize) -> Vec<RuleTop> {
@@ -143,13 +212,78 @@ impl HeavyHitters {
                 })
             })
             .collect();
-        out.sort_by(|a, b| {
-            b.refused
-                .minute_hits
-                .cmp(&a.refused.minute_hits)
-                .then_with(|| b.admitted.minute_hits.cmp(&a.admitted.minute_hits))
-                .then_with(|| (&a.domain, &a.rule).cmp(&(&b.domain, &b.rule)))
-        });
+        sort_tops(&mut out);
         out
     }
+}
+
+/// Most refusals in the last minute first, then most admissions, then by
+/// name.
+pub fn sort_tops(tops: &mut [RuleTop]) {
+    tops.sort_by(|a, b| {
+        b.refused
+            .minute_hits
+            .cmp(&a.refused.minute_hits)
+            .then_with(|| b.admitted.minute_hits.cmp(&a.admitted.minute_hits))
+            .then_with(|| (&a.domain, &a.rule).cmp(&(&b.domain, &b.rule)))
+    });
+}
+
+/// The heavy hitters every instance shared (`fetch(key)`: every
+/// instance's summary under a key of [`shared_key`]), added up per rule in
+/// `rules` (`<domain>\0<rule>`): the last minute's and hour's, at
+/// `now_secs`.
+pub async fn shared_tops<F, Fut, E>(
+    rules: &[Vec<u8>],
+    now_secs: u64,
+    n: usize,
+    fetch: F,
+) -> Result<Vec<RuleTop>, E>
+where
+    F: Fn(Vec<u8>) -> Fut,
+    Fut: std::future::Future<Output = Result<Vec<Vec<u8>>, E>>,
+{
+    let mut out = Vec::new();
+    for name in rules {
+        let name = String::from_utf8_lossy(name);
+        let Some((domain, rule)) = name.split_once('\0') else {
+            continue;
+        };
+        let mut tops = Vec::new();
+        for kind in KINDS {
+            let mut windows = Vec::new();
+            for length in [60u64, 3600] {
+                let start = now_secs - now_secs % length;
+                let mut summaries = Vec::new();
+                for s in [start, start.saturating_sub(length)] {
+                    for v in fetch(shared_key(domain, rule, kind, length, s)).await? {
+                        if let Ok(doc) = serde_json::from_slice::<SharedSummary>(&v) {
+                            summaries.push(doc);
+                        }
+                    }
+                }
+                windows.push(merge_shared(&summaries, n));
+            }
+            let [(minute, minute_hits), (hour, hour_hits)]: [(Vec<crate::hitters::Hitter>, u64);
+                2] = windows.try_into().unwrap_or_default();
+            tops.push(Top {
+                minute,
+                minute_hits,
+                hour,
+                hour_hits,
+            });
+        }
+        let [refused, admitted]: [Top; 2] = match tops.try_into() {
+            Ok(t) => t,
+            Err(_) => continue,
+        };
+        out.push(RuleTop {
+            domain: domain.to_string(),
+            rule: rule.to_string(),
+            refused,
+            admitted,
+        });
+    }
+    sort_tops(&mut out);
+    Ok(out)
 }

@@ -19,6 +19,7 @@ pub mod batch;
 mod counter;
 pub mod credentials;
 mod forget;
+pub mod hitters;
 mod instances;
 mod keys;
 pub mod memory;
