@@ -260,15 +260,20 @@ impl Windows {
         }
     }
 
-    /// The current minute's and hour's summaries at `now_secs`, each with
-    /// its window's length and start (seconds), to share with other
-    /// instances.
-    pub fn current(&mut self, now_secs: u64) -> [(u64, u64, &SpaceSaving); 2] {
+    /// The summaries at `now_secs` (the current minute and the one before,
+    /// the current hour and the one before), each with its window's length
+    /// and start (seconds), to share with other instances: the window
+    /// before too, so that what it counted after the last share is not
+    /// lost when it ends.
+    pub fn shareable(&mut self, now_secs: u64) -> [(u64, u64, &SpaceSaving); 4] {
         self.minute.roll(now_secs);
         self.hour.roll(now_secs);
+        let (m, h) = (&self.minute, &self.hour);
         [
-            (60, self.minute.start, &self.minute.current),
-            (3600, self.hour.start, &self.hour.current),
+            (60, m.start, &m.current),
+            (60, m.start.saturating_sub(60), &m.previous),
+            (3600, h.start, &h.current),
+            (3600, h.start.saturating_sub(3600), &h.previous),
         ]
     }
 
@@ -381,6 +386,20 @@ mod tests {
         let b = SpaceSaving::from_parts(a.k(), a.total(), a.top());
         assert_eq!((b.total(), b.top()), (a.total(), a.top()));
         assert_eq!(merged([&a, &b], 10)[0].count, 4);
+    }
+
+    #[test]
+    fn the_window_before_is_shared_too() {
+        let mut w = Windows::new(4);
+        w.add("a", 3, 110);
+        // the minute ends before the next share: its count is still sent
+        let shared = w.shareable(125);
+        let totals: Vec<(u64, u64, u64)> =
+            shared.iter().map(|(l, s, x)| (*l, *s, x.total())).collect();
+        assert_eq!(
+            totals,
+            [(60, 120, 0), (60, 60, 3), (3600, 0, 3), (3600, 0, 0)]
+        );
     }
 
     #[test]

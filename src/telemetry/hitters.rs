@@ -170,7 +170,7 @@ impl HeavyHitters {
                 } else {
                     &mut h.admitted
                 };
-                for (length, start, summary) in windows.current(now) {
+                for (length, start, summary) in windows.shareable(now) {
                     if summary.total() == 0 {
                         continue;
                     }
