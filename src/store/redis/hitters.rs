@@ -5,6 +5,7 @@
 //! one field per instance, kept two windows), and names its rules in the
 //! hash `rls:hitters:rules`; a reader adds up every instance's.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use fred::bytes::Bytes;
@@ -69,7 +70,7 @@ impl RedisStore {
     ) -> Result<(), StoreError> {
         let index = self.prefixed(Bytes::from_static(RULES));
         for Shared {
-            rule,
+            rule: _,
             key,
             value,
             keep,
@@ -88,19 +89,24 @@ impl RedisStore {
                 ],
             )
             .await?;
-            self.command(&full, "PEXPIRE", vec![keep_ms.clone()])
-                .await?;
+            self.command(&full, "PEXPIRE", vec![keep_ms]).await?;
+        }
+        // each rule named once, however many of its summaries were written
+        let mut rules: Vec<&Vec<u8>> = summaries.iter().map(|s| &s.rule).collect();
+        rules.sort();
+        rules.dedup();
+        for rule in &rules {
             self.command(
                 &index,
                 "HSET",
                 vec![
-                    Value::Bytes(Bytes::from(rule.clone())),
+                    Value::Bytes(Bytes::from((*rule).clone())),
                     Value::Integer(i64::try_from(now_secs).unwrap_or(0)),
                 ],
             )
             .await?;
         }
-        if !summaries.is_empty() {
+        if !rules.is_empty() {
             self.command(&index, "PEXPIRE", vec![Value::Integer(2 * 3_600_000)])
                 .await?;
         }
@@ -151,6 +157,8 @@ pub fn spawn_sharing(
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(SHARE_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // each summary's hits as last written (by its key)
+        let mut written: HashMap<Vec<u8>, u64> = HashMap::new();
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
@@ -167,9 +175,16 @@ pub fn spawn_sharing(
                 .map_or(0, |d| d.as_secs());
             // each kept through the window after its own (read as "the
             // one before"), and a little more
-            let summaries: Vec<Shared> = hitters
-                .export()
+            // a summary unchanged since this instance last wrote it (a
+            // window that has ended, mostly) is not written again
+            let exported = hitters.export();
+            let totals: HashMap<Vec<u8>, u64> = exported
+                .iter()
+                .map(|(_, _, _, key, summary)| (key.clone(), summary.total))
+                .collect();
+            let summaries: Vec<Shared> = exported
                 .into_iter()
+                .filter(|(_, _, _, key, summary)| written.get(key) != Some(&summary.total))
                 .filter_map(|(domain, rule, length, key, summary)| {
                     let value = serde_json::to_vec(&summary).ok()?;
                     let keep = Duration::from_secs(2 * length + 10);
@@ -181,8 +196,11 @@ pub fn spawn_sharing(
                     })
                 })
                 .collect();
-            if let Err(e) = redis.share_hitters(&instance, &summaries, now).await {
-                tracing::debug!(error = %e, "heavy hitters not shared this time (Redis did not answer)");
+            match redis.share_hitters(&instance, &summaries, now).await {
+                Ok(()) => written = totals,
+                Err(e) => {
+                    tracing::debug!(error = %e, "heavy hitters not shared this time (Redis did not answer)")
+                }
             }
         }
     });
