@@ -12,6 +12,7 @@
 
 mod give_back;
 mod in_turn;
+mod inspect;
 pub mod key;
 pub mod lease;
 mod plan;
@@ -226,32 +227,6 @@ impl Limiter {
     /// Buckets the `local` failure mode holds now.
     pub fn local_buckets(&self) -> usize {
         self.local.len()
-    }
-
-    /// What `entries` in `domain` is decided by, without deciding: its
-    /// rule and its buckets, for the bucket inspector; `None` when no rule
-    /// with a limit applies. (A `max_values` rule's descriptor is shown in
-    /// its own buckets, not in the overflow bucket it may be sent to.)
-    pub fn buckets_of<E: DescriptorEntry>(
-        &self,
-        rules: &RuleSet,
-        domain: &str,
-        entries: &[E],
-    ) -> Option<(Arc<Rule>, DescriptorBuckets)> {
-        let input = [DescriptorInput {
-            entries,
-            cost: Cost::Check,
-            limit_override: None,
-            own_hits_addend: false,
-        }];
-        match plan(rules, domain, &input, self.calendar_now()).pop()? {
-            Plan::Buckets {
-                rule: Some(rule),
-                buckets,
-                ..
-            } => Some((rule.clone(), buckets)),
-            _ => None,
-        }
     }
 
     /// Decides every descriptor of one request. Each descriptor is decided
