@@ -13,7 +13,9 @@ mod common;
 use common::redis::{stored_bucket, RedisServer};
 use fred::prelude::*;
 use tokenbucket_rls::bucket::{self, BucketOutcome, BucketParams, BucketState, Cost};
-use tokenbucket_rls::store::redis::{redis_key, tag_hash, BucketLayout, RedisSettings, RedisStore};
+use tokenbucket_rls::store::redis::{
+    batch, redis_key, tag_hash, BucketLayout, RedisSettings, RedisStore,
+};
 use tokenbucket_rls::store::{BucketRef, DescriptorBuckets, Store};
 
 const SEC: i64 = 1_000_000;
@@ -1264,8 +1266,9 @@ type Decide = fn(
     Cost,
 ) -> (Vec<BucketState>, Vec<BucketOutcome>);
 
-/// Runs each case through `bucket.lua` and through `rust` on the same
-/// stored states: the same answers, and, where `written` says the call
+/// Runs each case through the scripts (`window.lua` where it takes the
+/// decision: one bucket; and `bucket.lua` always) and through `rust` on the
+/// same stored states: the same answers, and, where `written` says the call
 /// stores its buckets, the same states in Redis, expiring at the time
 /// `expires_at` gives (µs; plus the store's 1 s margin). The answer can
 /// depend on the microsecond, which the script reads from the server's
@@ -1280,9 +1283,17 @@ async fn lua_and_rust_agree(
     expires_at: fn(&BucketParams, &BucketState) -> i64,
 ) {
     let redis = RedisServer::standalone();
-    let (store, client) = store_and_client(&redis, BucketLayout::Packed).await;
-    for (n, case) in cases.iter().enumerate() {
+    let (lean, client) = store_and_client(&redis, BucketLayout::Packed).await;
+    let (bucket_lua, _) = store_and_client(&redis, BucketLayout::Packed).await;
+    let bucket_lua = bucket_lua.with_one_script();
+    for ((n, case), (script, store)) in cases
+        .iter()
+        .enumerate()
+        .flat_map(|c| [(c, ("lean", &lean)), (c, ("bucket.lua", &bucket_lua))])
+    {
         let (name, cost) = (case.name, case.cost);
+        let name = format!("{name} ({script})");
+        let name = name.as_str();
         let mut tries = 0;
         loop {
             tries += 1;
@@ -1290,7 +1301,7 @@ async fn lua_and_rust_agree(
                 tries <= 10,
                 "case '{name}': never decided within one answer"
             );
-            let tag = format!("{label}-{n}-{tries}").into_bytes();
+            let tag = format!("{label}-{script}-{n}-{tries}").into_bytes();
             let before = server_now(&client).await;
             let (params, states) = (case.setup)(before);
             let descriptor = buckets_of(&tag, params.iter().copied());
@@ -1337,4 +1348,12 @@ async fn lua_and_rust_agree(
             break;
         }
     }
+    // the one-bucket cases ran window.lua (loaded by the EVAL after its
+    // first EVALSHA met NOSCRIPT)
+    let (sha, _) = batch::scripts().of(batch::DecisionScript::Window);
+    assert_eq!(
+        redis.cli(&["SCRIPT", "EXISTS", sha]).trim(),
+        "1",
+        "{label}: window.lua ran"
+    );
 }

@@ -35,16 +35,38 @@ pub const DEFAULT_MAX: usize = 16;
 /// The most `--redis-batch` may be.
 pub const MAX: usize = 64;
 
-/// The single-decision script and the batch one (the same, behind the
+/// The script a decision runs when it is sent alone; batched, every
+/// decision runs `bucket.lua` (which takes every kind's arguments).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DecisionScript {
+    /// `bucket.lua`: every decision.
+    Bucket,
+    /// `window.lua`: one window's decision, not an attempt's (its header).
+    Window,
+}
+
+/// The single-decision scripts and the batch one (`bucket.lua`, behind the
 /// flag that lets it reach undeclared keys).
 pub struct Scripts {
     pub single_sha: String,
     pub single_body: &'static str,
     batch_sha: String,
     batch_body: &'static str,
+    window_sha: String,
+    window_body: &'static str,
 }
 
-/// `bucket.lua`, alone and as a batch.
+impl Scripts {
+    /// `script`'s SHA-1 and body.
+    pub fn of(&self, script: DecisionScript) -> (&str, &'static str) {
+        match script {
+            DecisionScript::Bucket => (&self.single_sha, self.single_body),
+            DecisionScript::Window => (&self.window_sha, self.window_body),
+        }
+    }
+}
+
+/// `bucket.lua`, alone and as a batch, and `window.lua`.
 pub fn scripts() -> &'static Scripts {
     static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| {
         let sha = |body: &str| sha1_smol::Sha1::from(body).digest().to_string();
@@ -53,6 +75,8 @@ pub fn scripts() -> &'static Scripts {
             single_body: super::SCRIPT,
             batch_sha: sha(BATCH_SCRIPT),
             batch_body: BATCH_SCRIPT,
+            window_sha: sha(super::WINDOW_SCRIPT),
+            window_body: super::WINDOW_SCRIPT,
         }
     });
     &SCRIPTS
@@ -66,6 +90,8 @@ const BATCH_SCRIPT: &str = concat!(
 /// One decision's part of a call, encoded once: its keys and its group of
 /// arguments (bucket count first), as RESP bulk strings.
 pub struct Decision {
+    /// What it runs when sent alone.
+    script: DecisionScript,
     keys: Vec<u8>,
     key_count: usize,
     args: Vec<u8>,
@@ -73,8 +99,9 @@ pub struct Decision {
 }
 
 impl Decision {
-    /// `keys` and `args` as `bucket.lua` takes one decision's.
-    pub fn new(keys: &[Key], args: &[Value]) -> Result<Self, RedisError> {
+    /// `keys` and `args` as `bucket.lua` takes one decision's, to run
+    /// `script` when sent alone.
+    pub fn new(script: DecisionScript, keys: &[Key], args: &[Value]) -> Result<Self, RedisError> {
         let mut encoded_keys =
             Vec::with_capacity(keys.iter().map(|k| k.as_bytes().len() + 8).sum());
         for k in keys {
@@ -85,6 +112,7 @@ impl Decision {
             put_arg(&mut encoded_args, a)?;
         }
         Ok(Self {
+            script,
             keys: encoded_keys,
             key_count: keys.len(),
             args: encoded_args,
@@ -98,11 +126,11 @@ impl Decision {
     }
 }
 
-/// `EVALSHA <single> <n> <keys> <args>`: one decision alone.
+/// `EVALSHA <its script> <n> <keys> <args>`: one decision alone.
 pub fn write_one(out: &mut Vec<u8>, d: &Decision) {
     put_header(out, b'*', 3 + d.key_count + d.arg_count);
     put_bulk(out, b"EVALSHA");
-    put_bulk(out, scripts().single_sha.as_bytes());
+    put_bulk(out, scripts().of(d.script).0.as_bytes());
     put_bulk(out, decimal(d.key_count as i64, &mut [0; 20]));
     out.extend_from_slice(&d.keys);
     out.extend_from_slice(&d.args);
@@ -274,7 +302,7 @@ mod tests {
     fn decision(keys: &[&str], args: &[i64]) -> Decision {
         let keys: Vec<Key> = keys.iter().map(|k| Key::from(*k)).collect();
         let args: Vec<Value> = args.iter().map(|a| Value::Integer(*a)).collect();
-        Decision::new(&keys, &args).expect("encoded")
+        Decision::new(DecisionScript::Bucket, &keys, &args).expect("encoded")
     }
 
     /// The first decision's keys are declared; each later one's follow its

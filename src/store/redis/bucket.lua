@@ -139,8 +139,11 @@
 -- where read; C calls (math.max, type) written out as comparisons on the
 -- hot paths; an answer built in one constructor for one bucket; one GET
 -- and one SET … PX per bucket. integration/bench-script-ir.sh counts the
--- instructions. A script per kind (only its branch kept) was measured and
--- gains nothing: Lua pays only for the code it runs.
+-- instructions. A script per kind made by keeping only its branch gains
+-- nothing (Lua pays only for the code it runs); what a lean script saves is
+-- this frame (the batch's loop, the attempt's record, the table of every
+-- bucket's numbers): a one-window decision, the commonest of windows, runs
+-- window.lua instead (its header says why and how), chosen by the caller.
 
 local min, max, floor, ceil = math.min, math.max, math.floor, math.ceil
 local EPSILON = 1e-9
@@ -354,8 +357,9 @@ while a <= nargs do
           write = true
         end
         if write then
-          local ms = ceil((B[k + STAMP] + B[k + PER_SEC] * 1000000 - now) / 1000) + margin_ms
-          redis.call('SET', keys[ka + i], struct.pack('<ddd', after, B[k + STAMP], now_ms + ms), 'PX', ms)
+          -- expiring when the window ends (to the second), plus the margin
+          local ms = B[k + UNIT] * 1000 + margin_ms
+          redis.call('SET', keys[ka + i], struct.pack('<ddd', after, B[k + STAMP], now_s * 1000 + ms), 'PX', ms)
         end
         local remaining, retry, never = 0, -1, 0
         if B[k + LAYOUT] == 0 then
@@ -436,8 +440,9 @@ while a <= nargs do
         if applies and deducted ~= 0 and (back_since < 0 or deducted > 0
             or (back_since * 1000 >= B[k + STAMP] and back_since * 1000 < stop)) then
           after = max(0, after + deducted)
-          local ms = ceil((stop - now) / 1000) + margin_ms
-          redis.call('SET', keys[ka + i], struct.pack('<ddd', after, B[k + STAMP], now_ms + ms), 'PX', ms)
+          -- expiring when the period ends (to the second), plus the margin
+          local ms = (stop / 1000000 - now_s) * 1000 + margin_ms
+          redis.call('SET', keys[ka + i], struct.pack('<ddd', after, B[k + STAMP], now_s * 1000 + ms), 'PX', ms)
         end
         local left = ceil((stop - now) / 1000000)
         local retry, never = -1, 0

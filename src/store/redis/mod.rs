@@ -70,6 +70,9 @@ use crate::telemetry::Metrics;
 /// The decision script, kept in its own file.
 pub const SCRIPT: &str = include_str!("bucket.lua");
 
+/// The lean script of one window's decision (its header says which).
+pub const WINDOW_SCRIPT: &str = include_str!("window.lua");
+
 /// A `concurrency` rule's slots (`slots.lua`).
 static SLOTS: std::sync::LazyLock<LuaScript> =
     std::sync::LazyLock::new(|| LuaScript::new(include_str!("slots.lua")));
@@ -168,7 +171,10 @@ pub struct RedisStore {
     recipe: Option<ClientRecipe>,
     /// Each primary's own connections, by the slots it owns.
     routing: Arc<RwLock<Arc<Routing>>>,
+    /// `bucket.lua`, and `window.lua` for the decisions it takes (unless
+    /// [`RedisStore::with_one_script`]).
     script: LuaScript,
+    window_script: Option<LuaScript>,
     layout: BucketLayout,
     /// [`RedisSettings::key_prefix`].
     key_prefix: Bytes,
@@ -300,7 +306,8 @@ impl RedisStore {
             recipe: cluster.is_some().then(|| recipe.clone()),
             cluster,
             routing,
-            script: LuaScript::decisions(),
+            script: LuaScript::decisions(batch::DecisionScript::Bucket),
+            window_script: Some(LuaScript::decisions(batch::DecisionScript::Window)),
             layout: settings.layout,
             key_prefix: Bytes::from(settings.key_prefix.clone().into_bytes()),
             expiry_jitter_max_secs: settings.expiry_jitter_max_secs,
@@ -349,8 +356,8 @@ impl RedisStore {
         wait: Option<Replication>,
     ) -> Result<Vec<i64>, RedisError> {
         if let Some(pipes) = &node.pipes {
-            if script.decisions {
-                return pipes.decide(keys, args, wait).await;
+            if let Some(decisions) = script.decisions {
+                return pipes.decide(decisions, keys, args, wait).await;
             }
             return pipes.eval(&script.sha, script.body, keys, args).await;
         }
@@ -382,6 +389,13 @@ impl RedisStore {
     /// Counts in `metrics` the calls it sends again (`rls_store_retries_total`)
     /// and, for one primary (a single server, or Sentinel's), what the watch
     /// of which server is the primary sees (`rls_store_primary_events_total`).
+    /// Every decision runs `bucket.lua`, a one-window decision too (the
+    /// case tables check its window branches so; benchmarks compare).
+    pub fn with_one_script(mut self) -> Self {
+        self.window_script = None;
+        self
+    }
+
     pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
         let slots = [
             self.sentinels.as_ref().map(|s| s.metrics()),
@@ -699,8 +713,12 @@ impl RedisStore {
         };
         let patient = self.patient(patience);
         let options = patient.as_ref().unwrap_or(&self.options);
+        let script = match &self.window_script {
+            Some(window) if script_args::fits_window_script(descriptor, attempt) => window,
+            _ => &self.script,
+        };
         let work = Work::Script {
-            script: &self.script,
+            script,
             keys: &keys,
             args: &args,
             wait,

@@ -39,7 +39,7 @@ pub(super) use self::connect::{open as open_connection, request, requests, Io};
 use self::pending::{fail_all, lost, Pending, BATCH_UNKNOWN};
 use self::reader::read_replies;
 use self::writer::{write_calls, Call, Command};
-use super::batch::{self, Decision};
+use super::batch::{self, Decision, DecisionScript};
 use super::resp::{decimal, encode, encode_eval, Reply};
 use crate::replication::Replication;
 
@@ -219,26 +219,32 @@ impl Pipes {
         counted
     }
 
-    /// Runs `bucket.lua` for one decision (its `keys` and group of `args`),
-    /// in a batch with the decisions queued beside it: sent again alone
-    /// when its batch could not take it, and with `EVAL` when the server
-    /// does not have the script.
+    /// Runs one decision (its `keys` and group of `args`) in a batch of
+    /// `bucket.lua` with the decisions queued beside it, or alone with
+    /// `script`: sent again alone when its batch could not take it, and
+    /// with `EVAL` when the server does not have the script.
     ///
     /// With `wait` (a rule's `replication:`): alone, on the durable
     /// connection, its write followed by `WAIT`; its reply ends with the
     /// number of replicas that acknowledged (the caller judges it).
-    pub async fn decide(&self, keys: &[Key], args: &[Value], wait: Option<Replication>) -> Reply {
+    pub async fn decide(
+        &self,
+        script: DecisionScript,
+        keys: &[Key],
+        args: &[Value],
+        wait: Option<Replication>,
+    ) -> Reply {
         let pipe = match wait {
             Some(_) => self.durable().await,
             None => self.pick(),
         };
         let mut alone = wait.is_some();
         loop {
-            let decision = Decision::new(keys, args)?;
+            let decision = Decision::new(script, keys, args)?;
             match pipe.call(Command::Decision { decision, alone }, wait).await {
                 Err(e) if batch::is_again_alone(&e) && !alone => alone = true,
                 Err(e) if e.details().starts_with("NOSCRIPT") => {
-                    let body = batch::scripts().single_body;
+                    let body = batch::scripts().of(script).1;
                     let command = encode_eval("EVAL", body, keys, args)?;
                     return pipe.call(Command::Whole(command), wait).await;
                 }

@@ -83,6 +83,22 @@ pub(super) fn decision(
     args
 }
 
+/// Whether a decision runs `window.lua`: one bucket, a window or a
+/// calendar period, not an attempt's call (see its header).
+pub(super) fn fits_window_script(
+    descriptor: &DescriptorBuckets,
+    attempt: Option<&AttemptCall>,
+) -> bool {
+    attempt.is_none()
+        && matches!(
+            descriptor.buckets.as_slice(),
+            [b] if matches!(
+                b.params.algorithm,
+                Algorithm::FixedWindow | Algorithm::SlidingWindow | Algorithm::CalendarWindow
+            )
+        )
+}
+
 /// Whether a descriptor's buckets are fixed windows, whose answer carries
 /// each window's count after the hit where a bucket's says what a charge
 /// forgave.

@@ -27,8 +27,9 @@ pub(super) enum Work<'a> {
 pub struct LuaScript {
     pub(super) body: &'static str,
     pub(super) sha: String,
-    /// `bucket.lua`, whose calls the pipelined connections batch.
-    pub(super) decisions: bool,
+    /// A decision script (`bucket.lua`, `window.lua`), whose calls the
+    /// pipelined connections batch.
+    pub(super) decisions: Option<batch::DecisionScript>,
 }
 
 impl LuaScript {
@@ -36,17 +37,17 @@ impl LuaScript {
         Self {
             body,
             sha: sha1_smol::Sha1::from(body).digest().to_string(),
-            decisions: false,
+            decisions: None,
         }
     }
 
-    /// `bucket.lua`.
-    pub(super) fn decisions() -> Self {
-        let scripts = batch::scripts();
+    /// A decision script.
+    pub(super) fn decisions(script: batch::DecisionScript) -> Self {
+        let (sha, body) = batch::scripts().of(script);
         Self {
-            body: scripts.single_body,
-            sha: scripts.single_sha.clone(),
-            decisions: true,
+            body,
+            sha: sha.to_owned(),
+            decisions: Some(script),
         }
     }
 }
