@@ -14,9 +14,9 @@
 # + EXPIRE (src/store/redis/counter.rs); a reservation's start, a sliding
 # window, a calendar period, an overdraft's charge and a concurrency slot
 # beside minimal scripts of their own (integration/minimal-*.lua); and
-# the one-window decisions as the service sends them alone, through the
-# lean src/store/redis/window.lua (bucket.lua still decides a window of
-# several limits, an attempt's window, and every batch).
+# one bucket's decisions as the service sends them alone, through the lean
+# src/store/redis/one.lua (bucket.lua still decides several limits, an
+# attempt's call, and every batch).
 #   integration/bench-script-ir.sh [CALLS]   (default 2000)
 # Needs valgrind, redis-server, python3.
 set -euo pipefail
@@ -46,9 +46,10 @@ printf 'return 1\n' >"$out/empty.lua"
   row empty "$out/empty.lua" minimal
   row minimal integration/minimal-bucket.lua minimal
   row bucket.lua src/store/redis/bucket.lua token_bucket
+  row one.lua src/store/redis/one.lua token_bucket
   row minimal-fixed-window integration/minimal-fixed-window.lua minimal_fixed_window
   row bucket.lua,fixed-window src/store/redis/bucket.lua fixed_window
-  row window.lua,fixed-window src/store/redis/window.lua fixed_window
+  row one.lua,fixed-window src/store/redis/one.lua fixed_window
   row incrby+expire,fixed-window "$out/empty.lua" ratelimit_counter
   row minimal-dedupe integration/minimal-dedupe.lua minimal_dedupe
   row bucket.lua,dedupe src/store/redis/bucket.lua dedupe
@@ -57,17 +58,18 @@ printf 'return 1\n' >"$out/empty.lua"
   row minimal-reserve integration/minimal-reserve.lua minimal_reserve
   row minimal-sliding-window integration/minimal-sliding-window.lua minimal_sliding_window
   row bucket.lua,sliding-window src/store/redis/bucket.lua sliding_window
-  row window.lua,sliding-window src/store/redis/window.lua sliding_window
+  row one.lua,sliding-window src/store/redis/one.lua sliding_window
   row minimal-calendar integration/minimal-calendar.lua minimal_calendar
   row bucket.lua,calendar src/store/redis/bucket.lua calendar
-  row window.lua,calendar src/store/redis/window.lua calendar
+  row one.lua,calendar src/store/redis/one.lua calendar
   row minimal-charge integration/minimal-charge.lua minimal_charge
   row bucket.lua,charge src/store/redis/bucket.lua charge
+  row one.lua,charge src/store/redis/one.lua charge
   row minimal-slots integration/minimal-slots.lua minimal_slots
   row slots.lua src/store/redis/slots.lua slots
 } | awk '{v[$1] = $2; print} END {
   printf "bucket.lua / minimal: %.2f (above an empty script: %.2f)\n", v["bucket.lua"] / v["minimal"], (v["bucket.lua"] - v["empty"]) / (v["minimal"] - v["empty"])
   printf "fixed window / its minimal: %.2f (bucket.lua), %.2f (INCRBY + EXPIRE, as the service counts one of one limit); dedupe start / its minimal: %.2f\n", v["bucket.lua,fixed-window"] / v["minimal-fixed-window"], v["incrby+expire,fixed-window"] / v["minimal-fixed-window"], v["bucket.lua,dedupe"] / v["minimal-dedupe"]
   printf "reservation start / its minimal: %.2f; sliding window: %.2f; calendar period: %.2f; overdraft charge: %.2f; concurrency slot (slots.lua): %.2f\n", v["bucket.lua,reserve"] / v["minimal-reserve"], v["bucket.lua,sliding-window"] / v["minimal-sliding-window"], v["bucket.lua,calendar"] / v["minimal-calendar"], v["bucket.lua,charge"] / v["minimal-charge"], v["slots.lua"] / v["minimal-slots"]
-  printf "one window alone (window.lua) / its minimal: fixed %.2f, sliding %.2f, calendar %.2f\n", v["window.lua,fixed-window"] / v["minimal-fixed-window"], v["window.lua,sliding-window"] / v["minimal-sliding-window"], v["window.lua,calendar"] / v["minimal-calendar"]
+  printf "one bucket alone (one.lua) / its minimal: token bucket %.2f, fixed window %.2f, sliding %.2f, calendar %.2f, overdraft charge %.2f\n", v["one.lua"] / v["minimal"], v["one.lua,fixed-window"] / v["minimal-fixed-window"], v["one.lua,sliding-window"] / v["minimal-sliding-window"], v["one.lua,calendar"] / v["minimal-calendar"], v["one.lua,charge"] / v["minimal-charge"]
 }'

@@ -537,18 +537,30 @@ async fn check(client: &Client, seeded: &Seeded, now: i64, lua: Vec<bucket::Buck
 #[tokio::test]
 async fn lua_and_rust_give_the_same_answers() {
     let redis = RedisServer::standalone();
-    let (store, client) = store_and_client(&redis, BucketLayout::Packed).await;
-    for (tag, case, seed_hash) in every_case() {
-        let now = server_now(&client).await;
-        let pipeline = client.pipeline();
-        let seeded = seed(&pipeline, tag, case, seed_hash, now).await;
-        let _: Vec<Value> = pipeline.all().await.expect("seeded");
-        let lua = store
-            .decide(&seeded.descriptor, seeded.case.cost)
-            .await
-            .expect("script runs");
-        check(&client, &seeded, now, lua).await;
+    let (lean, client) = store_and_client(&redis, BucketLayout::Packed).await;
+    let (bucket_lua, _) = store_and_client(&redis, BucketLayout::Packed).await;
+    let bucket_lua = bucket_lua.with_bucket_lua_only();
+    // one.lua where it takes the decision (one bucket), then bucket.lua
+    for (script, store) in [("one.lua", &lean), ("bucket.lua", &bucket_lua)] {
+        for (tag, case, seed_hash) in every_case() {
+            let tag = [script.as_bytes(), b"-", &tag].concat();
+            let now = server_now(&client).await;
+            let pipeline = client.pipeline();
+            let seeded = seed(&pipeline, tag, case, seed_hash, now).await;
+            let _: Vec<Value> = pipeline.all().await.expect("seeded");
+            let lua = store
+                .decide(&seeded.descriptor, seeded.case.cost)
+                .await
+                .expect("script runs");
+            check(&client, &seeded, now, lua).await;
+        }
     }
+    let (sha, _) = batch::scripts().of(batch::DecisionScript::One);
+    assert_eq!(
+        redis.cli(&["SCRIPT", "EXISTS", sha]).trim(),
+        "1",
+        "one.lua ran"
+    );
 }
 
 /// The same cases decided at once: they reach Redis as a few batches
@@ -1266,7 +1278,7 @@ type Decide = fn(
     Cost,
 ) -> (Vec<BucketState>, Vec<BucketOutcome>);
 
-/// Runs each case through the scripts (`window.lua` where it takes the
+/// Runs each case through the scripts (`one.lua` where it takes the
 /// decision: one bucket; and `bucket.lua` always) and through `rust` on the
 /// same stored states: the same answers, and, where `written` says the call
 /// stores its buckets, the same states in Redis, expiring at the time
@@ -1285,7 +1297,7 @@ async fn lua_and_rust_agree(
     let redis = RedisServer::standalone();
     let (lean, client) = store_and_client(&redis, BucketLayout::Packed).await;
     let (bucket_lua, _) = store_and_client(&redis, BucketLayout::Packed).await;
-    let bucket_lua = bucket_lua.with_one_script();
+    let bucket_lua = bucket_lua.with_bucket_lua_only();
     for ((n, case), (script, store)) in cases
         .iter()
         .enumerate()
@@ -1348,12 +1360,12 @@ async fn lua_and_rust_agree(
             break;
         }
     }
-    // the one-bucket cases ran window.lua (loaded by the EVAL after its
+    // the one-bucket cases ran one.lua (loaded by the EVAL after its
     // first EVALSHA met NOSCRIPT)
-    let (sha, _) = batch::scripts().of(batch::DecisionScript::Window);
+    let (sha, _) = batch::scripts().of(batch::DecisionScript::One);
     assert_eq!(
         redis.cli(&["SCRIPT", "EXISTS", sha]).trim(),
         "1",
-        "{label}: window.lua ran"
+        "{label}: one.lua ran"
     );
 }

@@ -41,8 +41,8 @@ pub const MAX: usize = 64;
 pub enum DecisionScript {
     /// `bucket.lua`: every decision.
     Bucket,
-    /// `window.lua`: one window's decision, not an attempt's (its header).
-    Window,
+    /// `one.lua`: one bucket's decision, not an attempt's (its header).
+    One,
 }
 
 /// The single-decision scripts and the batch one (`bucket.lua`, behind the
@@ -52,8 +52,8 @@ pub struct Scripts {
     pub single_body: &'static str,
     batch_sha: String,
     batch_body: &'static str,
-    window_sha: String,
-    window_body: &'static str,
+    one_sha: String,
+    one_body: &'static str,
 }
 
 impl Scripts {
@@ -61,12 +61,12 @@ impl Scripts {
     pub fn of(&self, script: DecisionScript) -> (&str, &'static str) {
         match script {
             DecisionScript::Bucket => (&self.single_sha, self.single_body),
-            DecisionScript::Window => (&self.window_sha, self.window_body),
+            DecisionScript::One => (&self.one_sha, self.one_body),
         }
     }
 }
 
-/// `bucket.lua`, alone and as a batch, and `window.lua`.
+/// `bucket.lua`, alone and as a batch, and `one.lua`.
 pub fn scripts() -> &'static Scripts {
     static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| {
         let sha = |body: &str| sha1_smol::Sha1::from(body).digest().to_string();
@@ -75,8 +75,8 @@ pub fn scripts() -> &'static Scripts {
             single_body: super::SCRIPT,
             batch_sha: sha(BATCH_SCRIPT),
             batch_body: BATCH_SCRIPT,
-            window_sha: sha(super::WINDOW_SCRIPT),
-            window_body: super::WINDOW_SCRIPT,
+            one_sha: sha(super::ONE_SCRIPT),
+            one_body: super::ONE_SCRIPT,
         }
     });
     &SCRIPTS

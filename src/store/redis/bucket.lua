@@ -142,8 +142,9 @@
 -- instructions. A script per kind made by keeping only its branch gains
 -- nothing (Lua pays only for the code it runs); what a lean script saves is
 -- this frame (the batch's loop, the attempt's record, the table of every
--- bucket's numbers): a one-window decision, the commonest of windows, runs
--- window.lua instead (its header says why and how), chosen by the caller.
+-- bucket's numbers): one bucket's decision (a rule of one limit, not an
+-- attempt's call), the commonest, runs one.lua instead (its header says
+-- why and how), chosen by the caller.
 
 local min, max, floor, ceil = math.min, math.max, math.floor, math.ceil
 local EPSILON = 1e-9

@@ -70,8 +70,8 @@ use crate::telemetry::Metrics;
 /// The decision script, kept in its own file.
 pub const SCRIPT: &str = include_str!("bucket.lua");
 
-/// The lean script of one window's decision (its header says which).
-pub const WINDOW_SCRIPT: &str = include_str!("window.lua");
+/// The lean script of one bucket's decision (its header says which).
+pub const ONE_SCRIPT: &str = include_str!("one.lua");
 
 /// A `concurrency` rule's slots (`slots.lua`).
 static SLOTS: std::sync::LazyLock<LuaScript> =
@@ -171,10 +171,10 @@ pub struct RedisStore {
     recipe: Option<ClientRecipe>,
     /// Each primary's own connections, by the slots it owns.
     routing: Arc<RwLock<Arc<Routing>>>,
-    /// `bucket.lua`, and `window.lua` for the decisions it takes (unless
-    /// [`RedisStore::with_one_script`]).
+    /// `bucket.lua`, and `one.lua` for the decisions it takes (unless
+    /// [`RedisStore::with_bucket_lua_only`]).
     script: LuaScript,
-    window_script: Option<LuaScript>,
+    one_script: Option<LuaScript>,
     layout: BucketLayout,
     /// [`RedisSettings::key_prefix`].
     key_prefix: Bytes,
@@ -307,7 +307,7 @@ impl RedisStore {
             cluster,
             routing,
             script: LuaScript::decisions(batch::DecisionScript::Bucket),
-            window_script: Some(LuaScript::decisions(batch::DecisionScript::Window)),
+            one_script: Some(LuaScript::decisions(batch::DecisionScript::One)),
             layout: settings.layout,
             key_prefix: Bytes::from(settings.key_prefix.clone().into_bytes()),
             expiry_jitter_max_secs: settings.expiry_jitter_max_secs,
@@ -389,10 +389,10 @@ impl RedisStore {
     /// Counts in `metrics` the calls it sends again (`rls_store_retries_total`)
     /// and, for one primary (a single server, or Sentinel's), what the watch
     /// of which server is the primary sees (`rls_store_primary_events_total`).
-    /// Every decision runs `bucket.lua`, a one-window decision too (the
-    /// case tables check its window branches so; benchmarks compare).
-    pub fn with_one_script(mut self) -> Self {
-        self.window_script = None;
+    /// Every decision runs `bucket.lua`, one bucket's too (the case tables
+    /// check its one-bucket cases so; benchmarks compare).
+    pub fn with_bucket_lua_only(mut self) -> Self {
+        self.one_script = None;
         self
     }
 
@@ -713,8 +713,8 @@ impl RedisStore {
         };
         let patient = self.patient(patience);
         let options = patient.as_ref().unwrap_or(&self.options);
-        let script = match &self.window_script {
-            Some(window) if script_args::fits_window_script(descriptor, attempt) => window,
+        let script = match &self.one_script {
+            Some(one) if script_args::fits_one_script(descriptor, attempt, self.layout) => one,
             _ => &self.script,
         };
         let work = Work::Script {

@@ -83,20 +83,14 @@ pub(super) fn decision(
     args
 }
 
-/// Whether a decision runs `window.lua`: one bucket, a window or a
-/// calendar period, not an attempt's call (see its header).
-pub(super) fn fits_window_script(
+/// Whether a decision runs `one.lua`: one bucket, not an attempt's call,
+/// written in the packed layout (see its header).
+pub(super) fn fits_one_script(
     descriptor: &DescriptorBuckets,
     attempt: Option<&AttemptCall>,
+    layout: BucketLayout,
 ) -> bool {
-    attempt.is_none()
-        && matches!(
-            descriptor.buckets.as_slice(),
-            [b] if matches!(
-                b.params.algorithm,
-                Algorithm::FixedWindow | Algorithm::SlidingWindow | Algorithm::CalendarWindow
-            )
-        )
+    attempt.is_none() && descriptor.buckets.len() == 1 && layout == BucketLayout::Packed
 }
 
 /// Whether a descriptor's buckets are fixed windows, whose answer carries

@@ -27,7 +27,7 @@ pub(super) enum Work<'a> {
 pub struct LuaScript {
     pub(super) body: &'static str,
     pub(super) sha: String,
-    /// A decision script (`bucket.lua`, `window.lua`), whose calls the
+    /// A decision script (`bucket.lua`, `one.lua`), whose calls the
     /// pipelined connections batch.
     pub(super) decisions: Option<batch::DecisionScript>,
 }
