@@ -1,7 +1,8 @@
 //! The admin HTTP endpoint: `/metrics`, `/healthz`, `/readyz`, `/config`,
 //! and who is limited: the live page at `/` and the JSON behind it
 //! (`/v1/…`, [`v1`]); with `--admin-token-file`, all but the probes and
-//! `/metrics` need the bearer token.
+//! `/metrics` need the bearer token, and with `--admin-tls-client-ca` a
+//! client certificate (the port then speaks HTTPS: `--admin-tls-cert`).
 //!
 //! Sits beside the request path and only reads shared state.
 //!
@@ -11,7 +12,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use axum::extract::{Request, State};
+use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{header, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{Html, IntoResponse, Json, Response};
@@ -22,6 +23,7 @@ use serde_json::json;
 use crate::health::Health;
 use crate::rules::SharedRules;
 use crate::telemetry::Metrics;
+use crate::tls::TlsPeer;
 
 #[derive(Clone)]
 pub struct AdminState {
@@ -31,6 +33,9 @@ pub struct AdminState {
     /// `--admin-token-file`: the bearer token `/`, `/v1/…` and `/config`
     /// need, read again at each request.
     pub token_file: Option<PathBuf>,
+    /// `--admin-tls-client-ca`: `/`, `/v1/…` and `/config` need a client
+    /// certificate that CA signed (the connection's [`TlsPeer`]).
+    pub client_cert_required: bool,
     /// The Redis store the instances share their heavy hitters in: the
     /// page shows them all, added up (`None`: this instance's own).
     pub shared_hitters: Option<Arc<crate::store::redis::RedisStore>>,
@@ -50,6 +55,8 @@ pub fn router(state: AdminState) -> Router {
         .route("/v1/hitters", get(v1::hitters))
         .route("/v1/rules", get(v1::rules))
         .route("/v1/store", get(v1::store))
+        .route("/v1/rlqs", get(v1::rlqs))
+        .route("/v1/regions", get(v1::regions))
         .route("/v1/buckets", get(buckets::inspect))
         .route("/v1/buckets/reset", axum::routing::post(buckets::reset))
         .route("/config", get(config))
@@ -64,11 +71,24 @@ pub fn router(state: AdminState) -> Router {
         .with_state(state)
 }
 
-/// With `--admin-token-file`: the request's `Authorization: Bearer <token>`
-/// must be the file's token (read now: a rotated Secret applies at once);
-/// else 401. A file that cannot be read refuses every request (503, the
-/// file named, never its content).
+/// With `--admin-tls-client-ca`: the connection presented a certificate
+/// that CA signed, else 403. With `--admin-token-file`: the request's
+/// `Authorization: Bearer <token>` must be the file's token (read now: a
+/// rotated Secret applies at once); else 401. A file that cannot be read
+/// refuses every request (503, the file named, never its content).
 async fn bearer(State(state): State<AdminState>, request: Request, next: Next) -> Response {
+    if state.client_cert_required
+        && !request
+            .extensions()
+            .get::<ConnectInfo<TlsPeer>>()
+            .is_some_and(|peer| peer.0.certified)
+    {
+        return (
+            StatusCode::FORBIDDEN,
+            "a client certificate signed by --admin-tls-client-ca is needed\n",
+        )
+            .into_response();
+    }
     let Some(file) = &state.token_file else {
         return next.run(request).await;
     };

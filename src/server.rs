@@ -37,7 +37,7 @@ use crate::store::redis::{RedisSettings, RedisStore};
 use crate::store::Store;
 use crate::telemetry::statsd::{self, StatsdCounters};
 use crate::telemetry::Metrics;
-use crate::tls::{ReloadingTls, TlsFiles};
+use crate::tls::{ReloadingTls, TlsFiles, TlsListener, TlsPeer};
 
 /// The largest `RateLimitRequest` accepted (tonic answers RESOURCE_EXHAUSTED
 /// past it). Envoy's requests are a few hundred bytes.
@@ -270,6 +270,8 @@ pub async fn start(args: &ServeArgs) -> Result<RunningServer> {
             }
             (GrpcListener::Tcp(grpc_listener), Some(cert), Some(key)) => {
                 let tls = ReloadingTls::load(TlsFiles {
+                    client_cert_optional: false,
+                    alpn: &[b"h2"],
                     cert: cert.clone(),
                     key: key.clone(),
                     client_ca: args.tls_client_ca.clone(),
@@ -296,22 +298,42 @@ pub async fn start(args: &ServeArgs) -> Result<RunningServer> {
                 Box::pin(async move { serve.await.context("gRPC server failed") })
             }
         };
-    let admin = axum::serve(
-        admin_listener,
-        admin::router(AdminState {
-            rules: rules.clone(),
-            health,
-            metrics: metrics.clone(),
-            token_file: args.admin_token_file.clone(),
-            shared_hitters,
-        }),
-    )
-    .with_graceful_shutdown(until_stopped(stopped.clone()));
+    let admin_router = admin::router(AdminState {
+        rules: rules.clone(),
+        health,
+        metrics: metrics.clone(),
+        token_file: args.admin_token_file.clone(),
+        client_cert_required: args.admin_tls_client_ca.is_some(),
+        shared_hitters,
+    });
+    let admin: futures::future::BoxFuture<'static, Result<()>> =
+        match (&args.admin_tls_cert, &args.admin_tls_key) {
+            (Some(cert), Some(key)) => {
+                let tls = ReloadingTls::load(TlsFiles {
+                    cert: cert.clone(),
+                    key: key.clone(),
+                    client_ca: args.admin_tls_client_ca.clone(),
+                    client_san: None,
+                    client_cert_optional: true,
+                    alpn: &[b"http/1.1"],
+                })
+                .context("the admin port's TLS files")?;
+                tls.spawn_reloader();
+                let serve = axum::serve(
+                    TlsListener::new(&tls, admin_listener)?,
+                    admin_router.into_make_service_with_connect_info::<TlsPeer>(),
+                )
+                .with_graceful_shutdown(until_stopped(stopped.clone()));
+                Box::pin(async move { serve.await.context("admin server failed") })
+            }
+            _ => {
+                let serve = axum::serve(admin_listener, admin_router)
+                    .with_graceful_shutdown(until_stopped(stopped.clone()));
+                Box::pin(async move { serve.await.context("admin server failed") })
+            }
+        };
 
-    let mut tasks = vec![
-        tokio::spawn(grpc),
-        tokio::spawn(async move { admin.await.context("admin server failed") }),
-    ];
+    let mut tasks = vec![tokio::spawn(grpc), tokio::spawn(admin)];
     if let Some(addr) = args.prometheus_addr {
         // the metrics alone, where envoyproxy/ratelimit serves them
         let listener = TcpListener::bind(addr)

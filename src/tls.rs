@@ -41,6 +41,79 @@ pub struct TlsFiles {
     /// With `client_ca`: the client certificate must also carry this DNS
     /// subject alternative name.
     pub client_san: Option<String>,
+    /// With `client_ca`: a client without a certificate is let in (the
+    /// admin port's probes), a certificate it does present still checked;
+    /// the server asks [`TlsPeer::certified`] per request.
+    pub client_cert_optional: bool,
+    /// The application protocols offered (ALPN): `h2` for gRPC,
+    /// `http/1.1` for the admin port.
+    pub alpn: &'static [&'static [u8]],
+}
+
+/// The identity of an admin connection, for its requests' handlers.
+#[derive(Debug, Clone, Copy)]
+pub struct TlsPeer {
+    pub addr: std::net::SocketAddr,
+    /// It presented a client certificate the client CA verified.
+    pub certified: bool,
+}
+
+/// An HTTPS listener for axum: connections whose handshake succeeded
+/// ([`ReloadingTls::incoming`]), each with its [`TlsPeer`].
+pub struct TlsListener {
+    local: std::net::SocketAddr,
+    incoming: std::pin::Pin<
+        Box<dyn futures::Stream<Item = std::io::Result<TlsStream<TcpStream>>> + Send>,
+    >,
+}
+
+impl TlsListener {
+    pub fn new(tls: &Arc<ReloadingTls>, listener: TcpListener) -> std::io::Result<Self> {
+        let local = listener.local_addr()?;
+        Ok(Self {
+            local,
+            incoming: Box::pin(tls.incoming(listener)),
+        })
+    }
+}
+
+impl axum::serve::Listener for TlsListener {
+    type Io = TlsStream<TcpStream>;
+    type Addr = TlsPeer;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        use futures::StreamExt;
+        loop {
+            match self.incoming.next().await {
+                Some(Ok(stream)) => {
+                    let (tcp, session) = stream.get_ref();
+                    let peer = TlsPeer {
+                        addr: tcp.peer_addr().unwrap_or(self.local),
+                        certified: session.peer_certificates().is_some_and(|c| !c.is_empty()),
+                    };
+                    return (stream, peer);
+                }
+                Some(Err(e)) => tracing::debug!(error = %e, "admin TLS connection failed"),
+                // the accepting task ended (never, while the listener lives)
+                None => std::future::pending::<()>().await,
+            }
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        Ok(TlsPeer {
+            addr: self.local,
+            certified: false,
+        })
+    }
+}
+
+impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, TlsListener>>
+    for TlsPeer
+{
+    fn connect_info(stream: axum::serve::IncomingStream<'_, TlsListener>) -> Self {
+        *stream.remote_addr()
+    }
 }
 
 /// The server's TLS configuration, swapped whole when its files change.
@@ -316,9 +389,15 @@ fn build(files: &TlsFiles) -> Result<ServerConfig> {
     let builder = match (&files.client_ca, &files.client_san) {
         (Some(ca), san) => {
             let verifier =
-                WebPkiClientVerifier::builder_with_provider(Arc::new(roots(ca)?), provider)
-                    .build()
-                    .with_context(|| format!("{}: cannot verify clients with it", ca.display()))?;
+                WebPkiClientVerifier::builder_with_provider(Arc::new(roots(ca)?), provider);
+            let verifier = if files.client_cert_optional {
+                verifier.allow_unauthenticated()
+            } else {
+                verifier
+            };
+            let verifier = verifier
+                .build()
+                .with_context(|| format!("{}: cannot verify clients with it", ca.display()))?;
             match san {
                 Some(san) => builder.with_client_cert_verifier(Arc::new(SanVerifier {
                     inner: verifier,
@@ -337,7 +416,7 @@ fn build(files: &TlsFiles) -> Result<ServerConfig> {
             files.key.display()
         )
     })?;
-    config.alpn_protocols = vec![b"h2".to_vec()];
+    config.alpn_protocols = files.alpn.iter().map(|p| p.to_vec()).collect();
     Ok(config)
 }
 

@@ -473,3 +473,48 @@ async fn instances_on_one_redis_show_each_others_heavy_hitters() {
     a.shutdown().await.expect("stop");
     b.shutdown().await.expect("stop");
 }
+
+/// #54 item 2: RLQS streams on the page's JSON when they run. No stream:
+/// nothing open; an Envoy's stream reporting one bucket: one stream in its
+/// domain, one bucket, one pair; not a region, not a global tier.
+#[tokio::test]
+async fn rlqs_streams_and_regions_have_their_json() {
+    let rules = rules_dir(
+        "domain: d\ndescriptors:\n  - key: user\n    rate_limit: {unit: second, requests_per_unit: 10}\n",
+    );
+    let s = tokenbucket_rls::server::start(&serve_args(rules.path().to_path_buf()))
+        .await
+        .expect("start");
+    let admin = format!("http://{}", s.admin_addr);
+    let quiet = json(&format!("{admin}/v1/rlqs")).await;
+    assert_eq!(quiet["running"], true);
+    assert_eq!(
+        (quiet["streams"].as_u64(), quiet["buckets"].as_u64()),
+        (Some(0), Some(0))
+    );
+    let (_keep_open, mut assignments) =
+        common::rlqs::report(&format!("http://{}", s.grpc_addr), "alice", 3).await;
+    tokio::time::timeout(Duration::from_secs(5), assignments.message())
+        .await
+        .expect("an assignment")
+        .expect("ok")
+        .expect("open");
+    let open = json(&format!("{admin}/v1/rlqs")).await;
+    assert_eq!(open["streams"], 1, "{open}");
+    assert_eq!(
+        open["streams_by_domain"],
+        serde_json::json!([{"domain": "d", "streams": 1}])
+    );
+    assert_eq!(
+        (open["buckets"].as_u64(), open["pairs"].as_u64()),
+        (Some(1), Some(1)),
+        "{open}"
+    );
+    assert_eq!(open["ledger"], false);
+    let regions = json(&format!("{admin}/v1/regions")).await;
+    assert_eq!(
+        regions,
+        serde_json::json!({"region": null, "global_tier": null})
+    );
+    s.shutdown().await.expect("stop");
+}

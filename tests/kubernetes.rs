@@ -341,6 +341,42 @@ fn alert_metrics() -> BTreeSet<String> {
     names
 }
 
+/// The plain Prometheus rules file (deploy/prometheus/rules.yaml, for a
+/// Prometheus without the Operator) holds the kit's PrometheusRule's
+/// groups, rule for rule: one set of alerts, two packagings.
+#[test]
+fn the_plain_rules_file_holds_the_kits_alerts() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/prometheus/rules.yaml");
+    let text = std::fs::read_to_string(&path).expect("deploy/prometheus/rules.yaml");
+    let plain: Value = serde_yaml::from_str(&text).expect("valid YAML");
+    let kit = resource("PrometheusRule");
+    assert_eq!(plain["groups"], kit["spec"]["groups"]);
+    let alerts: Vec<&str> = plain["groups"][0]["rules"]
+        .as_sequence()
+        .expect("rules")
+        .iter()
+        .filter_map(|r| r["alert"].as_str())
+        .collect();
+    assert!(
+        alerts.contains(&"RateLimitOneValueTakesTheRefusals") && alerts.len() >= 6,
+        "{alerts:?}"
+    );
+    // every expression is PromQL (promtool's parser's grammar)
+    for rule in plain["groups"][0]["rules"].as_sequence().expect("rules") {
+        let expr = rule["expr"].as_str().expect("expr");
+        if let Err(e) = promql_parser::parser::parse(expr) {
+            panic!(
+                "{}: '{expr}' is not PromQL: {e}",
+                rule["alert"].as_str().unwrap_or("?")
+            );
+        }
+    }
+    assert!(
+        promql_parser::parser::parse("sum(rate(rls_decisions_total[5m]) >").is_err(),
+        "the parser refuses what is not PromQL"
+    );
+}
+
 #[tokio::test]
 async fn every_metric_an_alert_names_is_exported() {
     let names = alert_metrics();

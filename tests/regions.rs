@@ -286,6 +286,17 @@ async fn until_upstream(region: &Region, up: bool, within: Duration) -> bool {
     .await
 }
 
+/// `GET path` on the admin port `admin`, as JSON.
+async fn admin_json(admin: u16, path: &str) -> serde_json::Value {
+    let body = reqwest::get(format!("http://127.0.0.1:{admin}{path}"))
+        .await
+        .expect("admin answers")
+        .text()
+        .await
+        .expect("body");
+    serde_json::from_str(&body).expect("JSON")
+}
+
 fn total(t: &[Tally]) -> u64 {
     t.iter().map(|t| t.ok).sum()
 }
@@ -493,6 +504,9 @@ async fn a_frozen_global_tier_leaves_every_region_on_its_floor_and_a_thawed_one_
             "every region notices a frozen global tier (HTTP/2 pings unanswered)"
         );
     }
+    // the admin page's JSON says so (#54 item 2)
+    let page = admin_json(w.regions[0].admin, "/v1/regions").await;
+    assert_eq!(page["region"]["upstream_reachable"], false, "{page}");
     // shares expired: every region at B/N, r/N, the world at B + r·t
     let started = Instant::now();
     let tallies = load_all(&w, "api", [FAST; 3], Duration::from_secs(5)).await;
@@ -509,6 +523,28 @@ async fn a_frozen_global_tier_leaves_every_region_on_its_floor_and_a_thawed_one_
     for r in &w.regions {
         assert!(until_upstream(r, true, Duration::from_secs(15)).await);
     }
+    // each region's JSON: a region of 3, the global tier reachable, its
+    // global bucket held; the global tier's: the 3 regions reporting
+    for r in &w.regions {
+        let page = admin_json(r.admin, "/v1/regions").await;
+        assert_eq!(page["region"]["regions"], 3, "{page}");
+        assert_eq!(page["region"]["upstream_reachable"], true, "{page}");
+        assert!(page["global_tier"].is_null(), "{page}");
+    }
+    let mut reporting = Vec::new();
+    for _ in 0..50 {
+        let page = admin_json(w.global_admin, "/v1/regions").await;
+        reporting = page["global_tier"]["regions_reporting"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        if reporting.len() == 3 {
+            assert_eq!(page["global_tier"]["regions_expected"], 3, "{page}");
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(reporting.len(), 3, "{reporting:?}");
     // within two report intervals of reporting again, each has a share
     let _ = load_all(&w, "api", [FAST; 3], Duration::from_secs(2)).await;
     for r in &w.regions {

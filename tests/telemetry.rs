@@ -11,9 +11,6 @@ use std::time::{Duration, Instant};
 
 use common::redis::RedisServer;
 use common::{descriptor, free_port, request, rules_dir, sample, serve_args, ChildGuard};
-use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_client::RateLimitQuotaServiceClient;
-use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
-use envoy_types::pb::envoy::service::rate_limit_quota::v3::{BucketId, RateLimitQuotaUsageReports};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
@@ -176,46 +173,6 @@ async fn metrics_count_every_decision_exactly() {
         sample(&body, "rls_failure_policy_total{mode=\"open\"}"),
         Some(0.0)
     );
-}
-
-/// Opens an RLQS stream to `target` and sends one report for the bucket
-/// `{user: value}` of domain `d`; the stream stays open while the sender lives.
-async fn rlqs_report(
-    target: &str,
-    value: &str,
-    requests: u64,
-) -> (
-    tokio::sync::mpsc::UnboundedSender<RateLimitQuotaUsageReports>,
-    tonic::Streaming<envoy_types::pb::envoy::service::rate_limit_quota::v3::RateLimitQuotaResponse>,
-) {
-    let mut quota = RateLimitQuotaServiceClient::connect(target.to_string())
-        .await
-        .expect("connect");
-    let (keep_open, rx) = tokio::sync::mpsc::unbounded_channel();
-    keep_open
-        .send(RateLimitQuotaUsageReports {
-            domain: "d".into(),
-            bucket_quota_usages: vec![BucketQuotaUsage {
-                bucket_id: Some(BucketId {
-                    bucket: [("user".to_string(), value.to_string())].into(),
-                }),
-                time_elapsed: Some(envoy_types::pb::google::protobuf::Duration {
-                    seconds: 1,
-                    nanos: 0,
-                }),
-                num_requests_allowed: requests,
-                num_requests_denied: 0,
-            }],
-        })
-        .expect("queued");
-    let outbound =
-        futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|m| (m, rx)) });
-    let assignments = quota
-        .stream_rate_limit_quotas(outbound)
-        .await
-        .expect("stream")
-        .into_inner();
-    (keep_open, assignments)
 }
 
 async fn readyz(addr: SocketAddr) -> (u16, String) {
@@ -460,7 +417,7 @@ async fn spans_reach_an_otlp_collector_and_continue_the_callers_trace() {
 
     // RLQS: a span per report message
     let (_keep_open, _assignments) =
-        rlqs_report(&format!("http://127.0.0.1:{grpc}"), "traced", 3).await;
+        common::rlqs::report(&format!("http://127.0.0.1:{grpc}"), "traced", 3).await;
     let deadline = Instant::now() + Duration::from_secs(15);
     let report = loop {
         if let Some(s) = collector
@@ -554,7 +511,7 @@ async fn the_grafana_dashboard_queries_only_exported_metrics() {
     // an RLQS stream, for the quota series: one report, its assignment,
     // then the next re-plan (every second) sets the share gauge
     let (_keep_open, mut assignments) =
-        rlqs_report(&format!("http://{}", s.grpc_addr), "rlqs", 5).await;
+        common::rlqs::report(&format!("http://{}", s.grpc_addr), "rlqs", 5).await;
     tokio::time::timeout(Duration::from_secs(5), assignments.message())
         .await
         .expect("an assignment")

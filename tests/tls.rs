@@ -587,3 +587,114 @@ async fn a_primary_found_through_a_sentinel_over_tls() {
     }
     s.shutdown().await.expect("stop");
 }
+
+/// `GET path` over HTTPS to the admin port, trusting `ca`, presenting
+/// `identity` if given: the status code (an error: no TLS connection).
+async fn admin_get(
+    server: &RunningServer,
+    ca: &Path,
+    identity: Option<(&Path, &Path)>,
+    path: &str,
+) -> Result<u16, String> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_file_iter(ca).expect("ca") {
+        roots.add(cert.expect("ca cert")).expect("root");
+    }
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_root_certificates(roots);
+    let mut config = match identity {
+        Some((cert, key)) => builder
+            .with_client_auth_cert(
+                CertificateDer::pem_file_iter(cert)
+                    .expect("cert")
+                    .map(|c| c.expect("cert"))
+                    .collect(),
+                PrivateKeyDer::from_pem_file(key).expect("key"),
+            )
+            .expect("identity"),
+        None => builder.with_no_client_auth(),
+    };
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let tcp = tokio::net::TcpStream::connect(server.admin_addr)
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
+        .connect(ServerName::try_from("localhost").expect("name"), tcp)
+        .await
+        .map_err(|e| e.to_string())?;
+    tls.write_all(
+        format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").as_bytes(),
+    )
+    .await
+    .map_err(|e| e.to_string())?;
+    let mut reply = Vec::new();
+    // a refused handshake (TLS 1.3 checks the client's certificate after
+    // the client's side is done) shows here
+    tls.read_to_end(&mut reply)
+        .await
+        .map_err(|e| e.to_string())?;
+    let text = String::from_utf8_lossy(&reply);
+    text.split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .ok_or_else(|| format!("no status line: {text:?}"))
+}
+
+/// #54 item 6: the admin port over HTTPS with a client CA. What shows or
+/// changes state (`/`, `/v1/…`, `/config`) needs a certificate the CA
+/// signed; the probes and `/metrics` answer any client (a kubelet has no
+/// certificate); a stranger's certificate fails the handshake; plain HTTP
+/// gets no answer.
+#[tokio::test]
+async fn the_admin_port_needs_a_client_certificate_except_for_probes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca = Ca::new(dir.path(), "main");
+    let (cert, key) = ca.issue("server", true);
+    let (client_cert, client_key) = ca.issue("operator", false);
+    let stranger = Ca::new(dir.path(), "stranger");
+    let (bad_cert, bad_key) = stranger.issue("intruder", false);
+    let rules = rules_dir(RULES);
+    let mut args = serve_args(rules.path().to_path_buf());
+    args.admin_tls_cert = Some(cert.clone());
+    args.admin_tls_key = Some(key.clone());
+    args.admin_tls_client_ca = Some(ca.pem());
+    let s = server::start(&args).await.expect("server starts");
+    let operator = Some((client_cert.as_path(), client_key.as_path()));
+    for path in ["/", "/v1/rules", "/v1/store", "/config", "/v1/hitters"] {
+        assert_eq!(
+            admin_get(&s, &ca.pem(), operator, path).await,
+            Ok(200),
+            "{path}"
+        );
+        assert_eq!(
+            admin_get(&s, &ca.pem(), None, path).await,
+            Ok(403),
+            "{path}"
+        );
+    }
+    for path in ["/healthz", "/readyz", "/healthcheck", "/metrics"] {
+        assert_eq!(
+            admin_get(&s, &ca.pem(), None, path).await,
+            Ok(200),
+            "{path}"
+        );
+    }
+    assert!(
+        admin_get(&s, &ca.pem(), Some((&bad_cert, &bad_key)), "/v1/rules")
+            .await
+            .is_err(),
+        "a stranger's certificate is refused"
+    );
+    let plain = reqwest::get(format!("http://{}/healthz", s.admin_addr)).await;
+    assert!(
+        plain.is_err() || !plain.expect("reply").status().is_success(),
+        "plain HTTP"
+    );
+    s.shutdown().await.expect("stop");
+}

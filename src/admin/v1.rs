@@ -1,7 +1,8 @@
 //! The JSON behind the admin page (`/v1/…`), read by the page and by
 //! anyone: who is limited (`/v1/hitters`), the rules in force and their
-//! decisions (`/v1/rules`), the store's health (`/v1/store`). Bad input gets
-//! a 400 naming the parameter; nothing here spends.
+//! decisions (`/v1/rules`), the store's health (`/v1/store`), RLQS streams
+//! (`/v1/rlqs`) and regions (`/v1/regions`). Bad input gets a 400 naming
+//! the parameter; nothing here spends.
 
 use std::collections::HashMap;
 
@@ -161,4 +162,59 @@ pub(super) async fn store(State(state): State<AdminState>) -> Response {
             .collect::<Vec<_>>(),
     }))
     .into_response()
+}
+
+/// `GET /v1/rlqs`: the RLQS face, when it runs: streams open (by domain),
+/// buckets, (stream, bucket) pairs and those only held for departed
+/// Envoys, bytes queued to streams, and the shared ledger's state.
+pub(super) async fn rlqs(State(state): State<AdminState>) -> Response {
+    match &state.health.quota {
+        Some(hub) => {
+            let s = hub.snapshot();
+            Json(json!({
+                "running": true,
+                "streams": s.streams,
+                "streams_by_domain": s
+                    .streams_by_domain
+                    .iter()
+                    .map(|(domain, n)| json!({ "domain": domain, "streams": n }))
+                    .collect::<Vec<_>>(),
+                "buckets": s.buckets,
+                "pairs": s.pairs,
+                "held": s.held,
+                "outbox_bytes": s.outbox_bytes,
+                "ledger": s.ledger,
+                "ledger_trouble": s.ledger_trouble,
+            }))
+            .into_response()
+        }
+        None => Json(json!({ "running": false })).into_response(),
+    }
+}
+
+/// `GET /v1/regions`: this instance's place among regions. As a region
+/// (`--quota-upstream`): the regions counted, whether the global tier is
+/// reachable, the global rules' buckets held and the seconds since the
+/// last assignment. As the global tier (regions report here): the
+/// regions expected and those reporting.
+pub(super) async fn regions(State(state): State<AdminState>) -> Response {
+    let region = state.health.limiter.region_shares().map(|shares| {
+        let since = shares.since_last_assignment(shares.now_micros());
+        json!({
+            "regions": shares.regions(),
+            "upstream_reachable": shares.reachable(),
+            "buckets": shares.len(),
+            "since_last_assignment_secs": since.map(|us| us as f64 / 1e6),
+        })
+    });
+    let global = state.health.quota.as_ref().and_then(|hub| {
+        let s = hub.snapshot();
+        (s.regions_expected.is_some() || !s.regions_reporting.is_empty()).then(|| {
+            json!({
+                "regions_expected": s.regions_expected,
+                "regions_reporting": s.regions_reporting,
+            })
+        })
+    });
+    Json(json!({ "region": region, "global_tier": global })).into_response()
 }

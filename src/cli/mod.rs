@@ -337,6 +337,19 @@ pub struct ServeArgs {
     /// `/readyz`, `/healthcheck` and `/metrics` stay open for probes.
     #[arg(long, env = "RLS_ADMIN_TOKEN_FILE")]
     pub admin_token_file: Option<PathBuf>,
+    /// PEM certificate chain: serve the admin port over HTTPS (with
+    /// --admin-tls-key; reloaded when the files change, as --tls-cert).
+    #[arg(long, env = "RLS_ADMIN_TLS_CERT", requires = "admin_tls_key")]
+    pub admin_tls_cert: Option<PathBuf>,
+    /// PEM private key of --admin-tls-cert.
+    #[arg(long, env = "RLS_ADMIN_TLS_KEY", requires = "admin_tls_cert")]
+    pub admin_tls_key: Option<PathBuf>,
+    /// PEM CA (with --admin-tls-cert): `/`, `/v1/…` and `/config` need a
+    /// client certificate it signed (mTLS); `/healthz`, `/readyz`,
+    /// `/healthcheck` and `/metrics` stay open to clients without one
+    /// (probes, scrapers). With --admin-token-file too, both are needed.
+    #[arg(long, env = "RLS_ADMIN_TLS_CLIENT_CA", requires = "admin_tls_cert")]
+    pub admin_tls_client_ca: Option<PathBuf>,
     /// One domain may span several files.
     #[arg(long, env = "RLS_MERGE_DOMAINS")]
     pub merge_domains: bool,

@@ -207,6 +207,11 @@ impl Limiter {
         &self.store
     }
 
+    /// On a region (`--quota-upstream`): its shares of the global rules.
+    pub fn region_shares(&self) -> Option<&Arc<RegionShares>> {
+        self.regions.as_ref()
+    }
+
     pub fn default_failure_mode(&self) -> FailureMode {
         self.default_failure_mode
     }

@@ -519,6 +519,68 @@ impl QuotaHub {
     pub fn streams(&self) -> usize {
         self.streams.lock().len()
     }
+
+    /// What the admin page shows of the RLQS face (`/v1/rlqs`).
+    pub fn snapshot(&self) -> QuotaSnapshot {
+        let mut by_domain: Vec<(String, usize)> = Vec::new();
+        for (_, domain) in self.streams.lock().values() {
+            match by_domain.iter_mut().find(|(d, _)| d == domain) {
+                Some((_, n)) => *n += 1,
+                None => by_domain.push((domain.clone(), 1)),
+            }
+        }
+        by_domain.sort();
+        let (buckets, pairs, held) = {
+            let quotas = self.quotas.lock();
+            (quotas.buckets(), quotas.pairs(), quotas.held())
+        };
+        let regions = self.regions.lock();
+        let mut region_names: Vec<String> = regions
+            .members
+            .keys()
+            .map(|(region, _)| region.clone())
+            .collect();
+        region_names.sort();
+        region_names.dedup();
+        QuotaSnapshot {
+            streams: by_domain.iter().map(|(_, n)| n).sum(),
+            streams_by_domain: by_domain,
+            buckets,
+            pairs,
+            held,
+            outbox_bytes: self.outbox_bytes(),
+            ledger: self.ledger.is_some(),
+            ledger_trouble: self.ledger_trouble(),
+            regions_expected: regions.count,
+            regions_reporting: region_names,
+        }
+    }
+}
+
+/// The RLQS face at a moment ([`QuotaHub::snapshot`]).
+#[derive(Debug, Clone)]
+pub struct QuotaSnapshot {
+    /// Streams open (an Envoy each, or a region's instance).
+    pub streams: usize,
+    /// Streams per domain (a stream's domain is known from its first
+    /// report; `""` before).
+    pub streams_by_domain: Vec<(String, usize)>,
+    /// Buckets reported or assigned.
+    pub buckets: usize,
+    /// (stream, bucket) pairs held.
+    pub pairs: usize,
+    /// Buckets that only hold what departed Envoys were sent.
+    pub held: usize,
+    /// Bytes waiting in the streams' outboxes.
+    pub outbox_bytes: usize,
+    /// Whether budgets are split through the shared ledger.
+    pub ledger: bool,
+    /// Why the ledger is not answering, if it is not.
+    pub ledger_trouble: Option<String>,
+    /// On the global tier: the regions' `--regions`, once one reported.
+    pub regions_expected: Option<u32>,
+    /// On the global tier: the regions whose instances report here.
+    pub regions_reporting: Vec<String>,
 }
 
 /// The regions reporting here.

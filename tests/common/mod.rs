@@ -9,6 +9,7 @@ use std::process::Child;
 pub mod ads;
 pub mod footprint;
 pub mod redis;
+pub mod rlqs;
 pub mod sentinel;
 pub mod tls;
 
@@ -102,6 +103,9 @@ pub fn serve_args(config: PathBuf) -> ServeArgs {
         refusal_log_rate: 5,
         heavy_hitters: tokenbucket_rls::hitters::DEFAULT_COUNTERS,
         admin_token_file: None,
+        admin_tls_cert: None,
+        admin_tls_key: None,
+        admin_tls_client_ca: None,
         refusal_log_hash_keys: Vec::new(),
         statsd_addr: None,
         statsd_flush_interval: std::time::Duration::from_secs(10),
