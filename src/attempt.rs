@@ -412,6 +412,14 @@ impl Slots {
         self.id_bytes
     }
 
+    /// Slots held at `now` and not yet returned by themselves.
+    pub fn live(&self, now_micros: u64) -> usize {
+        self.until
+            .values()
+            .filter(|(at, _)| *at > now_micros)
+            .count()
+    }
+
     /// Whether attempt `id` holds a slot (expired or not).
     pub fn holds(&self, id: &[u8]) -> bool {
         self.until.contains_key(id)

@@ -64,21 +64,45 @@ fn main() -> ExitCode {
         }) => check_config(&path, merge_domains, algorithm, rlqs),
         Some(Command::Inspect {
             admin,
+            redis_url,
+            config,
+            redis_key_prefix,
+            redis_password_file,
+            algorithm,
             domain,
             descriptor,
             reset,
             token_file,
             operator,
         }) => {
-            let ask = tokenbucket_rls::cli::inspect::Inspect {
-                admin: &admin,
-                domain: &domain,
-                descriptor: &descriptor,
-                reset,
-                token_file: token_file.as_deref(),
-                operator: operator.as_deref(),
+            let answer = match (&redis_url, &config) {
+                (Some(redis_url), Some(config)) => {
+                    let ask = tokenbucket_rls::cli::inspect::OnRedis {
+                        redis_url,
+                        config,
+                        key_prefix: &redis_key_prefix,
+                        password_file: redis_password_file.as_deref(),
+                        algorithm,
+                        domain: &domain,
+                        descriptor: &descriptor,
+                        reset,
+                        operator: operator.as_deref(),
+                    };
+                    match tokio::runtime::Runtime::new() {
+                        Ok(rt) => rt.block_on(tokenbucket_rls::cli::inspect::on_redis(&ask)),
+                        Err(e) => Err(format!("cannot start the async runtime: {e}")),
+                    }
+                }
+                _ => tokenbucket_rls::cli::inspect::run(&tokenbucket_rls::cli::inspect::Inspect {
+                    admin: &admin,
+                    domain: &domain,
+                    descriptor: &descriptor,
+                    reset,
+                    token_file: token_file.as_deref(),
+                    operator: operator.as_deref(),
+                }),
             };
-            match tokenbucket_rls::cli::inspect::run(&ask) {
+            match answer {
                 Ok((status, body)) => {
                     println!("{}", body.trim_end());
                     if (200..300).contains(&status) {

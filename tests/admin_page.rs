@@ -518,3 +518,181 @@ async fn rlqs_streams_and_regions_have_their_json() {
     );
     s.shutdown().await.expect("stop");
 }
+
+/// #54 item 3: the inspector shows what a check cannot: a token bucket's
+/// debt (an overdraft charged past empty), the reservations a descriptor
+/// holds, a `concurrency` rule's slots; on both stores, and reading
+/// changes nothing.
+#[tokio::test]
+async fn the_inspector_shows_debts_reservations_and_slots_on_both_stores() {
+    const LLM: &str = r#"
+domain: llm
+descriptors:
+  - key: user
+    overdraft: true
+    rate_limit: {unit: day, requests_per_unit: 1000, burst: 1000, name: llm-tokens}
+    attempts: {key: request_id, ttl: 1m, reserve: 600}
+  - key: tenant
+    overdraft: true
+    rate_limit: {unit: day, requests_per_unit: 100, burst: 100, name: tenant-tokens}
+  - key: streams
+    concurrency: 3
+    attempts: {key: request_id, ttl: 1m}
+"#;
+    let redis = common::redis::RedisServer::standalone();
+    for on_redis in [false, true] {
+        let rules = rules_dir(LLM);
+        let mut args = serve_args(rules.path().to_path_buf());
+        if on_redis {
+            args.store = tokenbucket_rls::cli::StoreKind::Redis;
+            args.redis_url = Some(redis.url());
+        }
+        let s = tokenbucket_rls::server::start(&args).await.expect("start");
+        let mut c = client(&s).await;
+        let send = |entries: Vec<(&'static str, &'static str)>, hits: Option<u64>| {
+            let mut d = descriptor(&entries);
+            d.hits_addend =
+                hits.map(|value| envoy_types::pb::google::protobuf::UInt64Value { value });
+            request("llm", vec![d])
+        };
+        // 130 charged to a bucket of 100: 30 owed
+        c.should_rate_limit(send(vec![("tenant", "t")], Some(130)))
+            .await
+            .expect("charged");
+        // one reservation of 600 started, not settled
+        let r = c
+            .should_rate_limit(send(vec![("user", "u"), ("request_id", "r1")], None))
+            .await
+            .expect("reserved")
+            .into_inner();
+        assert_eq!(r.overall_code, Code::Ok as i32);
+        // two slots of three taken
+        for id in ["a", "b"] {
+            let r = c
+                .should_rate_limit(send(vec![("streams", "s"), ("request_id", id)], None))
+                .await
+                .expect("slot")
+                .into_inner();
+            assert_eq!(r.overall_code, Code::Ok as i32, "slot {id}");
+        }
+        let admin = format!("http://{}/v1/buckets?domain=llm&descriptor=", s.admin_addr);
+        for _ in 0..2 {
+            let tenant = json(&format!("{admin}tenant%3Dt")).await;
+            assert_eq!(
+                tenant["limits"][0]["debt"], 30,
+                "redis {on_redis}: {tenant}"
+            );
+            assert_eq!(tenant["next"], "over_limit", "{tenant}");
+            let user = json(&format!("{admin}user%3Du")).await;
+            assert_eq!(user["reservations"], 1, "redis {on_redis}: {user}");
+            assert_eq!(user["limits"][0]["debt"], 0, "{user}");
+            assert_eq!(user["remaining"], 400, "{user}");
+            let streams = json(&format!("{admin}streams%3Ds")).await;
+            assert_eq!(streams["slots"], 2, "redis {on_redis}: {streams}");
+            assert_eq!(streams["limits"][0]["max_slots"], 3, "{streams}");
+            assert_eq!(streams["next"], "ok", "{streams}");
+        }
+        s.shutdown().await.expect("stop");
+    }
+}
+
+/// #54 item 3: `tokenbucket-rls inspect --redis-url … --config …` reads
+/// Redis itself, no service asked: the answer the service's `/v1/buckets`
+/// gives (same keys, same verdict), and `--reset` gives the budget back.
+#[tokio::test]
+async fn the_cli_inspects_and_resets_straight_against_redis() {
+    let redis = common::redis::RedisServer::standalone();
+    let rules = rules_dir(RULES);
+    let s = common::start_on_redis(&redis.url(), &rules, Duration::from_secs(1)).await;
+    let mut c = client(&s).await;
+    for _ in 0..3 {
+        call(&mut c, "locked").await;
+    }
+    let served = json(&format!(
+        "http://{}/v1/buckets?domain=api&descriptor=tenant%3Dlocked",
+        s.admin_addr
+    ))
+    .await;
+    assert_eq!(served["next"], "over_limit", "{served}");
+    let config = rules.path().to_string_lossy().to_string();
+    let direct = |tenant: &'static str, extra: &'static [&'static str]| {
+        let mut args = vec![
+            "inspect".to_string(),
+            "--redis-url".into(),
+            redis.url(),
+            "--config".into(),
+            config.clone(),
+            "--domain".into(),
+            "api".into(),
+            "--descriptor".into(),
+            format!("tenant={tenant}"),
+        ];
+        args.extend(extra.iter().map(|a| a.to_string()));
+        // a wrong address for --admin: only Redis is read
+        args.extend(["--admin".to_string(), "http://127.0.0.1:9".to_string()]);
+        async move {
+            tokio::task::spawn_blocking(move || {
+                let out = Command::new(env!("CARGO_BIN_EXE_tokenbucket-rls"))
+                    .args(&args)
+                    .output()
+                    .expect("run inspect");
+                (
+                    out.status.success(),
+                    String::from_utf8_lossy(&out.stdout).to_string(),
+                    String::from_utf8_lossy(&out.stderr).to_string(),
+                )
+            })
+            .await
+            .expect("joined")
+        }
+    };
+    let (ok, out, err) = direct("locked", &[]).await;
+    assert!(ok, "{out}{err}");
+    let read: Value = serde_json::from_str(&out).expect("JSON");
+    for field in ["rule", "next", "remaining", "keys", "limits"] {
+        assert_eq!(
+            read[field], served[field],
+            "{field}: {read} against {served}"
+        );
+    }
+    // reading spends nothing: three reads of a fresh tenant, its 2 left
+    for _ in 0..3 {
+        let (ok, out, err) = direct("fresh", &[]).await;
+        assert!(ok, "{out}{err}");
+        let read: Value = serde_json::from_str(&out).expect("JSON");
+        assert_eq!(
+            (read["next"].as_str(), read["remaining"].as_u64()),
+            (Some("ok"), Some(2)),
+            "{read}"
+        );
+    }
+    let (ok, out, err) = direct("locked", &["--reset", "--operator", "oncall"]).await;
+    assert!(ok, "{out}{err}");
+    let reset: Value = serde_json::from_str(&out).expect("JSON");
+    assert_eq!(reset["removed"], 1, "{reset}");
+    assert!(err.contains("by oncall"), "{err}");
+    assert_eq!(
+        call(&mut c, "locked").await,
+        Code::Ok as i32,
+        "the budget is back"
+    );
+    // a descriptor no rule limits, a domain not in the rules: 404 and a
+    // failed exit
+    let out = Command::new(env!("CARGO_BIN_EXE_tokenbucket-rls"))
+        .args([
+            "inspect",
+            "--redis-url",
+            &redis.url(),
+            "--config",
+            &config,
+            "--domain",
+            "nope",
+            "--descriptor",
+            "tenant=x",
+        ])
+        .output()
+        .expect("run");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("no domain 'nope'"));
+    s.shutdown().await.expect("stop");
+}

@@ -14,36 +14,9 @@ use serde_json::json;
 
 use super::v1::{bad_request, unknown_parameter};
 use super::AdminState;
-use crate::bucket::Cost;
-use crate::limiter::DescriptorInput;
-use crate::rules::{Rule, MAX_ENTRIES, MAX_KEY_OR_VALUE_BYTES};
+use crate::limiter::parse_descriptor;
+use crate::rules::Rule;
 use crate::store::DescriptorBuckets;
-
-/// `k=v,k2=v2` as entries; the reason when it is not one.
-fn entries(text: &str) -> Result<Vec<(String, String)>, String> {
-    if text.is_empty() {
-        return Err("descriptor is empty: give its entries as key=value,key=value".into());
-    }
-    let entries: Vec<&str> = text.split(',').collect();
-    if entries.len() > MAX_ENTRIES {
-        return Err(format!("descriptor has more than {MAX_ENTRIES} entries"));
-    }
-    entries
-        .into_iter()
-        .map(|e| {
-            let (k, v) = e.split_once('=').ok_or_else(|| {
-                let e: String = e.chars().take(64).collect();
-                format!("descriptor entry '{e}' has no '=': give key=value")
-            })?;
-            if k.is_empty() || k.len() > MAX_KEY_OR_VALUE_BYTES || v.len() > MAX_KEY_OR_VALUE_BYTES {
-                return Err(format!(
-                    "a descriptor key is empty, or a key or value is longer than {MAX_KEY_OR_VALUE_BYTES} bytes"
-                ));
-            }
-            Ok((k.to_string(), v.to_string()))
-        })
-        .collect()
-}
 
 /// The domain and entries a query names, found in the rules in force.
 struct Asked {
@@ -69,7 +42,7 @@ fn asked(state: &AdminState, query: &HashMap<String, String>) -> Result<Asked, B
             "give domain and descriptor (key=value,key=value)".into(),
         )));
     };
-    let entries = entries(descriptor).map_err(|e| Box::new(bad_request(e)))?;
+    let entries = parse_descriptor(descriptor).map_err(|e| Box::new(bad_request(e)))?;
     if !state.rules.load().has_domain(domain) {
         let domain: String = domain.chars().take(128).collect();
         return Err(Box::new(not_found(format!(
@@ -106,10 +79,8 @@ fn no_rule() -> Response {
     not_found("no rule with a limit matches this descriptor".into())
 }
 
-/// `GET /v1/buckets?domain=D&descriptor=k=v,…`: the rule, its limits,
-/// what a next hit would get (`next`, `remaining`, `reset_secs`: OK, the
-/// seconds until the buckets are full; OVER_LIMIT, until a retry can
-/// pass) and the keys in the store. Nothing is spent.
+/// `GET /v1/buckets?domain=D&descriptor=k=v,…`: the inspector's answer
+/// (`Limiter::inspection`).
 pub(super) async fn inspect(
     State(state): State<AdminState>,
     Query(query): Query<HashMap<String, String>>,
@@ -120,52 +91,17 @@ pub(super) async fn inspect(
     };
     let rules = state.rules.load();
     let limiter = &state.health.limiter;
-    let entries = a.borrowed();
-    let input = [DescriptorInput {
-        entries: entries.as_slice(),
-        cost: Cost::Check,
-        limit_override: None,
-        own_hits_addend: false,
-    }];
-    let decision = match limiter.decide(&rules, &a.domain, &input).await {
-        Ok(mut d) => d.pop(),
-        Err(e) => {
-            return (
-                StatusCode::SERVICE_UNAVAILABLE,
-                Json(json!({ "error": e.to_string() })),
-            )
-                .into_response()
-        }
-    };
-    let Some(decision) = decision else {
-        return no_rule();
-    };
-    let limits: Vec<_> = buckets
-        .buckets
-        .iter()
-        .map(|b| {
-            json!({
-                "algorithm": b.params.algorithm.name(),
-                "capacity": b.params.capacity,
-                "per_unit": b.params.tokens_per_unit,
-                "unit_secs": b.params.unit_secs,
-            })
-        })
-        .collect();
-    Json(json!({
-        "domain": a.domain,
-        "rule": rule.label(),
-        "path": rule.path,
-        "source": rule.source,
-        "limits": limits,
-        "next": decision.verdict.result_label(),
-        "remaining": decision.remaining,
-        "reset_secs": decision.reset_secs,
-        "store": limiter.store_name(),
-        "keys": limiter.store().key_names(&buckets),
-        "counted_as_envoyproxy_ratelimit": buckets.ratelimit_key.is_some(),
-    }))
-    .into_response()
+    match limiter
+        .inspection(&rules, &a.domain, &a.entries, &rule, &buckets)
+        .await
+    {
+        Ok(answer) => Json(answer).into_response(),
+        Err((status, answer)) => (
+            StatusCode::from_u16(status).unwrap_or(StatusCode::SERVICE_UNAVAILABLE),
+            Json(answer),
+        )
+            .into_response(),
+    }
 }
 
 /// `POST /v1/buckets/reset?domain=D&descriptor=k=v,…`: the descriptor's

@@ -1,7 +1,9 @@
 //! `tokenbucket-rls inspect`: the bucket inspector of a running service
 //! (its admin port's `/v1/buckets`), and `--reset` (`/v1/buckets/reset`),
 //! from a shell. Plain HTTP/1.1 on the admin port (loopback, a port
-//! forward): one request, the JSON answer printed.
+//! forward): one request, the JSON answer printed. With `--redis-url` and
+//! `--config`, straight against Redis ([`on_redis`]): the same answer, no
+//! service needed.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -96,6 +98,113 @@ pub fn run(ask: &Inspect<'_>) -> Result<(u16, String), String> {
         .and_then(|s| s.parse::<u16>().ok())
         .ok_or_else(|| format!("{}: not an HTTP answer", ask.admin))?;
     Ok((status, body.to_string()))
+}
+
+/// What `inspect --redis-url` asks.
+pub struct OnRedis<'a> {
+    pub redis_url: &'a str,
+    pub config: &'a Path,
+    pub key_prefix: &'a str,
+    pub password_file: Option<&'a Path>,
+    pub algorithm: crate::bucket::Algorithm,
+    pub domain: &'a str,
+    pub descriptor: &'a str,
+    pub reset: bool,
+    /// Who asks, for the log line of a reset (on standard error).
+    pub operator: Option<&'a str>,
+}
+
+/// The inspector's answer, or a reset, read from Redis itself with the
+/// rules of `--config` (what `/v1/buckets` answers, as a status and JSON);
+/// why not, when the rules or Redis cannot be used.
+pub async fn on_redis(ask: &OnRedis<'_>) -> Result<(u16, String), String> {
+    use std::sync::Arc;
+
+    use crate::limiter::Limiter;
+    use crate::rules::{load_path, FailureMode, LoadOptions};
+    use crate::store::redis::{BucketLayout, RedisSettings, RedisStore};
+    use crate::store::Store;
+
+    let opts = LoadOptions {
+        default_algorithm: ask.algorithm,
+        ..LoadOptions::default()
+    };
+    let rules = load_path(ask.config, opts).map_err(|errors| {
+        let lines: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
+        format!("--config {}: {}", ask.config.display(), lines.join("; "))
+    })?;
+    let entries = crate::limiter::parse_descriptor(ask.descriptor)
+        .map_err(|e| format!("--descriptor {}: {e}", ask.descriptor))?;
+    if !rules.has_domain(ask.domain) {
+        return Ok((404, serde_json::json!({ "error": format!("no domain '{}' in {}", ask.domain, ask.config.display()) }).to_string()));
+    }
+    let store = RedisStore::connect(&RedisSettings {
+        url: ask.redis_url.to_string(),
+        timeout: Duration::from_secs(2),
+        pool_size: 1,
+        serving_threads: 0,
+        batch: None,
+        ca_file: None,
+        client_cert: None,
+        layout: BucketLayout::Packed,
+        key_prefix: ask.key_prefix.to_string(),
+        skip_hostname_verification: false,
+        password_file: ask.password_file.map(Path::to_path_buf),
+        expiry_jitter_max_secs: 0,
+    })
+    .await
+    .map_err(|e| format!("--redis-url {}: {e}", ask.redis_url))?;
+    // a check that Redis cannot answer would be answered by a failure
+    // mode: refuse instead
+    if !store.reachable() {
+        return Err(format!(
+            "--redis-url {}: Redis does not answer",
+            ask.redis_url
+        ));
+    }
+    let limiter = Limiter::new(Arc::new(store), FailureMode::Closed, 1, Arc::default());
+    let borrowed: Vec<(&str, &str)> = entries
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    let Some((rule, buckets)) = limiter.buckets_of(&rules, ask.domain, &borrowed) else {
+        return Ok((
+            404,
+            serde_json::json!({ "error": "no rule with a limit matches this descriptor" })
+                .to_string(),
+        ));
+    };
+    if ask.reset {
+        let removed = limiter
+            .store()
+            .forget(&buckets)
+            .await
+            .map_err(|e| format!("--redis-url {}: {e}", ask.redis_url))?;
+        eprintln!(
+            "buckets reset by an operator: domain {} rule {} descriptor {} removed {removed} by {}",
+            ask.domain,
+            rule.label(),
+            ask.descriptor,
+            ask.operator.unwrap_or("unknown")
+        );
+        let answer = serde_json::json!({
+            "domain": ask.domain,
+            "rule": rule.label(),
+            "removed": removed,
+            "keys": limiter.store().key_names(&buckets),
+        });
+        return Ok((200, answer.to_string()));
+    }
+    match limiter
+        .inspection(&rules, ask.domain, &entries, &rule, &buckets)
+        .await
+    {
+        Ok(answer) => Ok((
+            200,
+            serde_json::to_string_pretty(&answer).unwrap_or_default(),
+        )),
+        Err((status, answer)) => Ok((status, answer.to_string())),
+    }
 }
 
 #[cfg(test)]

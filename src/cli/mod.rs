@@ -61,12 +61,32 @@ pub enum Command {
     },
     /// Show a descriptor's buckets on a running service, spending nothing
     /// (its admin port's /v1/buckets): the rule, what a next hit would
-    /// get, the keys in the store; --reset gives the descriptor its
-    /// budget back (counted and logged).
+    /// get, debts, reservations and slots held, the keys in the store;
+    /// --reset gives the descriptor its budget back (counted and logged).
+    /// With --redis-url and --config: straight against Redis, no service.
     Inspect {
         /// The service's admin port, http://host:port.
         #[arg(long, default_value = "http://127.0.0.1:9090")]
         admin: String,
+        /// Read Redis itself instead of asking a service (redis://,
+        /// rediss://, redis-cluster://, as the service's --redis-url), with
+        /// the rules of --config.
+        #[arg(long, requires = "config")]
+        redis_url: Option<String>,
+        /// With --redis-url: the rules file or directory the service runs.
+        #[arg(long, requires = "redis_url")]
+        config: Option<PathBuf>,
+        /// With --redis-url: the service's --redis-key-prefix.
+        #[arg(long, env = "RLS_REDIS_KEY_PREFIX", default_value = "")]
+        redis_key_prefix: String,
+        /// With --redis-url: a file holding the Redis password (or
+        /// `user:password` for an ACL user), as the service's.
+        #[arg(long, env = "RLS_REDIS_PASSWORD_FILE")]
+        redis_password_file: Option<PathBuf>,
+        /// With --redis-url: the algorithm of rules that name none, as
+        /// the service's RLS_ALGORITHM.
+        #[arg(long, env = "RLS_ALGORITHM", default_value = "token_bucket", value_parser = parse_algorithm)]
+        algorithm: Algorithm,
         #[arg(long)]
         domain: String,
         /// The descriptor's entries: key=value,key=value.

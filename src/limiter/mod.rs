@@ -13,6 +13,7 @@
 mod give_back;
 mod in_turn;
 mod inspect;
+pub use self::inspect::parse_descriptor;
 pub mod key;
 pub mod lease;
 mod plan;

@@ -456,6 +456,11 @@ impl<S: Store + Nodes> Store for Breakers<S> {
         self.inner.forget(descriptor).await
     }
 
+    /// The inspector's reads, likewise.
+    async fn held(&self, descriptor: &DescriptorBuckets) -> Result<super::Held, StoreError> {
+        self.inner.held(descriptor).await
+    }
+
     fn key_names(&self, descriptor: &DescriptorBuckets) -> Vec<String> {
         self.inner.key_names(descriptor)
     }

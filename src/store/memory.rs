@@ -50,7 +50,7 @@ use self::entry::{Entry, FullAt};
 use self::shard::{bucket_bytes, make_room, overflow_key, Shard, ShardState, OVERFLOW_PREFIX};
 pub use self::shard::{BUCKET_FIXED_BYTES, BYTES_PER_BUCKET};
 use super::key::{attempt_key, slots_key};
-use super::{AttemptOutcome, DescriptorBuckets, Store, StoreError};
+use super::{debt_of, AttemptOutcome, DescriptorBuckets, Held, Store, StoreError};
 use crate::attempt::{self, AttemptCall, AttemptMode, AttemptResult, Phase, SlotOutcome};
 use crate::bucket::{self, Algorithm, BucketOutcome, BucketState, Cost};
 use crate::clock::Clock;
@@ -590,6 +590,29 @@ impl<C: Clock> Store for MemoryStore<C> {
         _patience: Option<Duration>,
     ) -> Result<SlotOutcome, StoreError> {
         Ok(self.decide_slot_now(descriptor, max, call, rule))
+    }
+
+    async fn held(&self, descriptor: &DescriptorBuckets) -> Result<Held, StoreError> {
+        let shard = self.shard(&descriptor.tag).lock();
+        let now = self.clock.now_micros();
+        let debts = descriptor
+            .buckets
+            .iter()
+            .map(|b| match shard.buckets.get(b.key.as_slice()) {
+                Some(entry) if b.params.algorithm == Algorithm::TokenBucket => {
+                    debt_of(b.params.refill(Some(entry.state), now).tokens)
+                }
+                _ => 0,
+            })
+            .collect();
+        // a descriptor's records share the key up to the id's length
+        let record = attempt_key(&descriptor.tag, b"");
+        let prefix = &record[..record.len().saturating_sub(1)];
+        Ok(Held {
+            debts,
+            reservations: shard.attempts.reservations_under(prefix, now),
+            slots: shard.attempts.slots_under(&slots_key(&descriptor.tag), now),
+        })
     }
 
     async fn forget(&self, descriptor: &DescriptorBuckets) -> Result<u64, StoreError> {

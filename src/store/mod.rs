@@ -103,6 +103,40 @@ impl StoreError {
     }
 }
 
+/// What a descriptor's state holds beyond what a check answers
+/// ([`Store::held`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Held {
+    /// Per bucket, in order: the whole tokens it owes (a token bucket
+    /// charged past empty by an `overdraft` rule), refilled to now; 0 for
+    /// a bucket in credit and for windows.
+    pub debts: Vec<u64>,
+    /// Reservations (`attempts: {mode: reserve}`) started and neither
+    /// settled nor expired.
+    pub reservations: u64,
+    /// A `concurrency` rule's slots held and not yet returned.
+    pub slots: u64,
+}
+
+impl Held {
+    /// Nothing held by `descriptor`.
+    pub fn none(descriptor: &DescriptorBuckets) -> Self {
+        Self {
+            debts: vec![0; descriptor.buckets.len()],
+            ..Self::default()
+        }
+    }
+}
+
+/// The whole tokens a token bucket holding `tokens` owes (0 when none).
+pub fn debt_of(tokens: f64) -> u64 {
+    if tokens < 0.0 {
+        (-tokens).ceil() as u64
+    } else {
+        0
+    }
+}
+
 /// A place that decides buckets.
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
@@ -176,6 +210,14 @@ pub trait Store: Send + Sync + 'static {
             "the {} store cannot forget buckets",
             self.name()
         )))
+    }
+
+    /// What `descriptor`'s state holds beyond what a check answers, for
+    /// the bucket inspector: each token bucket's debt, the reservations
+    /// and slots it holds. Reads only. A store that keeps none of these
+    /// answers none.
+    async fn held(&self, descriptor: &DescriptorBuckets) -> Result<Held, StoreError> {
+        Ok(Held::none(descriptor))
     }
 
     /// Where `descriptor`'s buckets are kept, as an operator would look

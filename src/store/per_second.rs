@@ -98,6 +98,10 @@ impl Store for PerSecondSplit {
         self.of(descriptor).forget(descriptor).await
     }
 
+    async fn held(&self, descriptor: &DescriptorBuckets) -> Result<super::Held, StoreError> {
+        self.of(descriptor).held(descriptor).await
+    }
+
     fn key_names(&self, descriptor: &DescriptorBuckets) -> Vec<String> {
         self.of(descriptor).key_names(descriptor)
     }

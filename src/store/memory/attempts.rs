@@ -63,6 +63,26 @@ impl Attempts {
             .filter(|r| now < r.forget_micros)
     }
 
+    /// Reservations whose records' keys start with `prefix` (a
+    /// descriptor's: [`super::attempt_key`] with an empty id, less its
+    /// length byte) started, not settled, not expired at `now`.
+    pub(super) fn reservations_under(&self, prefix: &[u8], now: u64) -> u64 {
+        self.records
+            .iter()
+            .filter(|(k, (r, _))| {
+                k.starts_with(prefix)
+                    && r.started.is_some_and(|t| t > 0)
+                    && !r.done
+                    && now < r.expires_micros
+            })
+            .count() as u64
+    }
+
+    /// Slots held under `key` at `now`, not yet returned.
+    pub(super) fn slots_under(&self, key: &[u8], now: u64) -> u64 {
+        self.slots.get(key).map_or(0, |(s, _)| s.live(now) as u64)
+    }
+
     /// Whether a record is kept under `key` already.
     pub(super) fn has(&self, key: &[u8]) -> bool {
         self.records.contains_key(key)

@@ -19,6 +19,7 @@ pub mod batch;
 mod counter;
 pub mod credentials;
 mod forget;
+mod held;
 pub mod hitters;
 mod instances;
 mod keys;
@@ -959,6 +960,10 @@ impl Store for RedisStore {
 
     async fn forget(&self, descriptor: &DescriptorBuckets) -> Result<u64, StoreError> {
         self.forget_keys(descriptor).await
+    }
+
+    async fn held(&self, descriptor: &DescriptorBuckets) -> Result<super::Held, StoreError> {
+        self.held_of(descriptor).await
     }
 
     fn key_names(&self, descriptor: &DescriptorBuckets) -> Vec<String> {
