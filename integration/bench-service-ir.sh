@@ -8,15 +8,17 @@
 # (examples/rls-floor.rs: a constant-OK tonic server from the same
 # dependencies), the service on the memory store, and on the memory store
 # with one serving thread, and without heavy hitters (--heavy-hitters 0:
-# what they cost a decision). Callgrind runs one thread at a time: what is
-# counted is work, not contention.
+# what they cost a decision); then the Redis store on a local redis-server
+# (not under callgrind: the service's own instructions), with and without
+# heavy hitters. Callgrind runs one thread at a time: what is counted is
+# work, not contention.
 #   integration/bench-service-ir.sh [CALLS]   (default 20000)
 # Needs valgrind.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 calls=${1:-20000}
 work=$(mktemp -d)
-trap 'kill $(jobs -p) 2>/dev/null || true; pkill -f "callgrind.*18591" 2>/dev/null || true; rm -rf "$work"' EXIT
+trap 'kill $(jobs -p) 2>/dev/null || true; pkill -f "callgrind.*18591" 2>/dev/null || true; redis-cli -p 18593 shutdown nosave >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
 cargo build --release --bins --example rls-floor --locked 2>&1 | tail -n 1
 cat > "$work/rules.yaml" <<'RULES'
 domain: bench
@@ -50,7 +52,10 @@ rls=("$PWD/target/release/tokenbucket-rls" --config "$work" --grpc-addr 127.0.0.
   row memory X=1 -- "${rls[@]}"
   row memory,one-serving-thread X=1 -- "${rls[@]}" --serving-threads 1
   row memory,no-heavy-hitters X=1 -- "${rls[@]}" --heavy-hitters 0
+  redis-server --port 18593 --save "" --appendonly no --daemonize yes --dir "$work" >/dev/null
+  row redis X=1 -- "${rls[@]}" --store redis --redis-url redis://127.0.0.1:18593
+  row redis,no-heavy-hitters X=1 -- "${rls[@]}" --store redis --redis-url redis://127.0.0.1:18593 --heavy-hitters 0
 } | awk '{v[$1] = $2; printf "%-32s %9d instructions per call\n", $1, $2} END {
   printf "memory / floor: %.2f; one serving thread / floor: %.2f\n", v["memory"] / v["floor"], v["memory,one-serving-thread"] / v["floor"]
-  printf "heavy hitters on / off (memory): %.3f\n", v["memory"] / v["memory,no-heavy-hitters"]
+  printf "heavy hitters on / off: memory %.3f, redis %.3f\n", v["memory"] / v["memory,no-heavy-hitters"], v["redis"] / v["redis,no-heavy-hitters"]
 }'

@@ -516,6 +516,12 @@ async fn rlqs_streams_and_regions_have_their_json() {
         regions,
         serde_json::json!({"region": null, "global_tier": null})
     );
+    // they take no parameters: one given is a 400 naming it
+    for path in ["/v1/rlqs", "/v1/regions"] {
+        let (status, body) = get(&format!("{admin}{path}?domain=d"), None).await;
+        assert_eq!(status, 400, "{path}: {body}");
+        assert!(body.contains("unknown parameter 'domain'"), "{body}");
+    }
     s.shutdown().await.expect("stop");
 }
 

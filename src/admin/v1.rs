@@ -28,10 +28,11 @@ pub(super) fn unknown_parameter(
 ) -> Option<Response> {
     let other = query.keys().find(|k| !known.contains(&k.as_str()))?;
     let other: String = other.chars().take(64).collect();
-    Some(bad_request(format!(
-        "unknown parameter '{other}' (known: {})",
-        known.join(", ")
-    )))
+    Some(bad_request(if known.is_empty() {
+        format!("unknown parameter '{other}' (this path takes none)")
+    } else {
+        format!("unknown parameter '{other}' (known: {})", known.join(", "))
+    }))
 }
 
 /// `GET /v1/hitters[?n=10][&domain=d]`: per rule, the `n` descriptor
@@ -167,7 +168,13 @@ pub(super) async fn store(State(state): State<AdminState>) -> Response {
 /// `GET /v1/rlqs`: the RLQS face, when it runs: streams open (by domain),
 /// buckets, (stream, bucket) pairs and those only held for departed
 /// Envoys, bytes queued to streams, and the shared ledger's state.
-pub(super) async fn rlqs(State(state): State<AdminState>) -> Response {
+pub(super) async fn rlqs(
+    State(state): State<AdminState>,
+    Query(query): Query<HashMap<String, String>>,
+) -> Response {
+    if let Some(refused) = unknown_parameter(&query, &[]) {
+        return refused;
+    }
     match &state.health.quota {
         Some(hub) => {
             let s = hub.snapshot();
@@ -197,7 +204,13 @@ pub(super) async fn rlqs(State(state): State<AdminState>) -> Response {
 /// reachable, the global rules' buckets held and the seconds since the
 /// last assignment. As the global tier (regions report here): the
 /// regions expected and those reporting.
-pub(super) async fn regions(State(state): State<AdminState>) -> Response {
+pub(super) async fn regions(
+    State(state): State<AdminState>,
+    Query(query): Query<HashMap<String, String>>,
+) -> Response {
+    if let Some(refused) = unknown_parameter(&query, &[]) {
+        return refused;
+    }
     let region = state.health.limiter.region_shares().map(|shares| {
         let since = shares.since_last_assignment(shares.now_micros());
         json!({
