@@ -41,9 +41,13 @@ row() {
   callgrind_control -z "$vpid" >/dev/null 2>&1
   callgrind_control -i on "$vpid" >/dev/null 2>&1
   bench "$calls"
-  local ir
-  ir=$(callgrind_control -e Ir "$vpid" 2>/dev/null | awk '$1 == "Th" {gsub(",", "", $3); s += $3} END {print s + 0}')
+  callgrind_control -i off "$vpid" >/dev/null 2>&1
   kill "$vpid"; while kill -0 "$vpid" 2>/dev/null; do sleep 0.2; done
+  # what was collected while instrumentation was on, from valgrind's
+  # summary at exit (callgrind_control -e can time out on a process whose
+  # threads all sleep, and answer a part)
+  local ir
+  ir=$(awk '/Collected :/ {gsub(",", "", $4); print $4}' "$work/server.log" | tail -1)
   echo "$label $((ir / calls))"
 }
 rls=("$PWD/target/release/tokenbucket-rls" --config "$work" --grpc-addr 127.0.0.1:18591 --admin-addr 127.0.0.1:18592)
@@ -53,8 +57,8 @@ rls=("$PWD/target/release/tokenbucket-rls" --config "$work" --grpc-addr 127.0.0.
   row memory,one-serving-thread X=1 -- "${rls[@]}" --serving-threads 1
   row memory,no-heavy-hitters X=1 -- "${rls[@]}" --heavy-hitters 0
   redis-server --port 18593 --save "" --appendonly no --daemonize yes --dir "$work" >/dev/null
-  row redis X=1 -- "${rls[@]}" --store redis --redis-url redis://127.0.0.1:18593
-  row redis,no-heavy-hitters X=1 -- "${rls[@]}" --store redis --redis-url redis://127.0.0.1:18593 --heavy-hitters 0
+  row redis X=1 -- "${rls[@]}" --store redis --redis-url redis://127.0.0.1:18593 --redis-timeout 10s --instances 1
+  row redis,no-heavy-hitters X=1 -- "${rls[@]}" --store redis --redis-url redis://127.0.0.1:18593 --redis-timeout 10s --instances 1 --heavy-hitters 0
 } | awk '{v[$1] = $2; printf "%-32s %9d instructions per call\n", $1, $2} END {
   printf "memory / floor: %.2f; one serving thread / floor: %.2f\n", v["memory"] / v["floor"], v["memory,one-serving-thread"] / v["floor"]
   printf "heavy hitters on / off: memory %.3f, redis %.3f\n", v["memory"] / v["memory,no-heavy-hitters"], v["redis"] / v["redis,no-heavy-hitters"]
