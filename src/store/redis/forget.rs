@@ -26,6 +26,22 @@ impl RedisStore {
             .collect()
     }
 
+    /// A client of the primary owning `key`'s slot now, with the store's
+    /// options (an operator's calls: off the decisions' connections).
+    pub(super) fn client_for(
+        &self,
+        key: &[u8],
+    ) -> Result<fred::clients::WithOptions<fred::clients::Client>, StoreError> {
+        let slot = fred::util::redis_keyslot(key);
+        self.routing
+            .read()
+            .node_of_slot(slot)
+            .map(|n| n.clients.pool.next().clone().with_options(&self.options))
+            .ok_or_else(|| {
+                StoreError::Connection(format!("no known Redis primary owns slot {slot}"))
+            })
+    }
+
     /// Deletes `descriptor`'s keys, each on the primary owning its slot;
     /// how many there were.
     pub(super) async fn forget_keys(
@@ -34,17 +50,8 @@ impl RedisStore {
     ) -> Result<u64, StoreError> {
         let mut removed = 0;
         for key in self.keys_of(descriptor) {
-            let slot = fred::util::redis_keyslot(&key);
-            let client = self
-                .routing
-                .read()
-                .node_of_slot(slot)
-                .map(|n| n.clients.pool.next().clone())
-                .ok_or_else(|| {
-                    StoreError::Connection(format!("no known Redis primary owns slot {slot}"))
-                })?;
-            let n: u64 = client
-                .with_options(&self.options)
+            let n: u64 = self
+                .client_for(&key)?
                 .custom(fred::cmd!("DEL"), vec![Value::Bytes(key)])
                 .await
                 .map_err(store_error)?;

@@ -17,16 +17,7 @@ impl RedisStore {
     pub(super) async fn held_of(&self, descriptor: &DescriptorBuckets) -> Result<Held, StoreError> {
         let hash = tag_hash(&descriptor.tag);
         let reservations = self.prefixed(redis_key(hash, &reservations_key(&descriptor.tag)));
-        let slot = fred::util::redis_keyslot(&reservations);
-        let client = self
-            .routing
-            .read()
-            .node_of_slot(slot)
-            .map(|n| n.clients.pool.next().clone())
-            .ok_or_else(|| {
-                StoreError::Connection(format!("no known Redis primary owns slot {slot}"))
-            })?;
-        let client = client.with_options(&self.options);
+        let client = self.client_for(&reservations)?;
         // the server's clock, as the scripts decide by it
         let time: Vec<String> = client
             .custom(fred::cmd!("TIME"), Vec::<Value>::new())
