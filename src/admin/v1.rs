@@ -220,12 +220,13 @@ pub(super) async fn regions(
             "since_last_assignment_secs": since.map(|us| us as f64 / 1e6),
         })
     });
+    // (the regions alone: not the RLQS state's lock)
     let global = state.health.quota.as_ref().and_then(|hub| {
-        let s = hub.snapshot();
-        (s.regions_expected.is_some() || !s.regions_reporting.is_empty()).then(|| {
+        let (expected, reporting) = hub.regions_reporting();
+        (expected.is_some() || !reporting.is_empty()).then(|| {
             json!({
-                "regions_expected": s.regions_expected,
-                "regions_reporting": s.regions_reporting,
+                "regions_expected": expected,
+                "regions_reporting": reporting,
             })
         })
     });

@@ -522,38 +522,33 @@ impl QuotaHub {
 
     /// What the admin page shows of the RLQS face (`/v1/rlqs`).
     pub fn snapshot(&self) -> QuotaSnapshot {
-        let mut by_domain: Vec<(String, usize)> = Vec::new();
+        let mut by_domain: std::collections::BTreeMap<String, usize> = Default::default();
         for (_, domain) in self.streams.lock().values() {
-            match by_domain.iter_mut().find(|(d, _)| d == domain) {
-                Some((_, n)) => *n += 1,
-                None => by_domain.push((domain.clone(), 1)),
-            }
+            *by_domain.entry(domain.clone()).or_default() += 1;
         }
-        by_domain.sort();
         let (buckets, pairs, held) = {
             let quotas = self.quotas.lock();
             (quotas.buckets(), quotas.pairs(), quotas.held())
         };
-        let regions = self.regions.lock();
-        let mut region_names: Vec<String> = regions
-            .members
-            .keys()
-            .map(|(region, _)| region.clone())
-            .collect();
-        region_names.sort();
-        region_names.dedup();
         QuotaSnapshot {
-            streams: by_domain.iter().map(|(_, n)| n).sum(),
-            streams_by_domain: by_domain,
+            streams: by_domain.values().sum(),
+            streams_by_domain: by_domain.into_iter().collect(),
             buckets,
             pairs,
             held,
             outbox_bytes: self.outbox_bytes(),
             ledger: self.ledger.is_some(),
             ledger_trouble: self.ledger_trouble(),
-            regions_expected: regions.count,
-            regions_reporting: region_names,
         }
+    }
+
+    /// On the global tier: the regions' `--regions` (once one reported),
+    /// and the regions whose instances report here, by name (`/v1/regions`).
+    pub fn regions_reporting(&self) -> (Option<u32>, Vec<String>) {
+        let regions = self.regions.lock();
+        let names: std::collections::BTreeSet<&String> =
+            regions.members.keys().map(|(region, _)| region).collect();
+        (regions.count, names.into_iter().cloned().collect())
     }
 }
 
@@ -562,8 +557,8 @@ impl QuotaHub {
 pub struct QuotaSnapshot {
     /// Streams open (an Envoy each, or a region's instance).
     pub streams: usize,
-    /// Streams per domain (a stream's domain is known from its first
-    /// report; `""` before).
+    /// Streams per domain, by domain (a stream's domain is known from its
+    /// first report; `""` before).
     pub streams_by_domain: Vec<(String, usize)>,
     /// Buckets reported or assigned.
     pub buckets: usize,
@@ -577,10 +572,6 @@ pub struct QuotaSnapshot {
     pub ledger: bool,
     /// Why the ledger is not answering, if it is not.
     pub ledger_trouble: Option<String>,
-    /// On the global tier: the regions' `--regions`, once one reported.
-    pub regions_expected: Option<u32>,
-    /// On the global tier: the regions whose instances report here.
-    pub regions_reporting: Vec<String>,
 }
 
 /// The regions reporting here.
