@@ -251,12 +251,18 @@ pub async fn start(args: &ServeArgs) -> Result<RunningServer> {
             .with_region_certificates(args.tls_cert.is_some() && args.tls_client_ca.is_some()),
     )
     .max_decoding_message_size(MAX_REQUEST_BYTES);
-    let router = move || {
-        tonic::transport::Server::builder()
-            .max_concurrent_streams(Some(MAX_STREAMS_PER_CONNECTION))
-            .add_service(health_service.clone())
-            .add_service(rls.clone())
-            .add_service(rlqs.clone())
+    // every service but `ShouldRateLimit`, which the serving threads hand
+    // to `rls` directly (serving::GrpcRoutes); tonic's server routes all
+    let routes = tonic::service::Routes::new(health_service)
+        .add_service(rlqs)
+        .prepare();
+    let router = {
+        let (routes, rls) = (routes.clone(), rls.clone());
+        move || {
+            tonic::transport::Server::builder()
+                .max_concurrent_streams(Some(MAX_STREAMS_PER_CONNECTION))
+                .add_routes(routes.clone().add_service(rls.clone()))
+        }
     };
     let grpc_stopped = until_stopped(stopped.clone());
     let threads = args.serving_threads();
@@ -283,10 +289,14 @@ pub async fn start(args: &ServeArgs) -> Result<RunningServer> {
                 Box::pin(async move { serve.await.context("gRPC server failed") })
             }
             (GrpcListener::Tcp(grpc_listener), _, _) if threads > 0 => {
-                let serve: serving::ServeFn = Arc::new(move |incoming, stopped| {
-                    Box::pin(router().serve_with_incoming_shutdown(incoming, stopped))
-                });
-                let serving = serving::start(grpc_listener, threads, serve, stopped.clone())?;
+                let service = serving::GrpcRoutes::new(crate::service::wire::PATH, rls, routes);
+                let serving = serving::start(
+                    grpc_listener,
+                    threads,
+                    service,
+                    MAX_STREAMS_PER_CONNECTION,
+                    stopped.clone(),
+                )?;
                 Box::pin(async move { serving.await.context("serving threads panicked")? })
             }
             (GrpcListener::Tcp(grpc_listener), _, _) => {

@@ -24,15 +24,22 @@
 //! **Layer** (docs/architecture.md, "Layers", kept by `tests/layers.rs`):
 //! under `cli`; uses only `background`.
 
-use std::sync::Arc;
+use std::convert::Infallible;
+use std::pin::pin;
 
 use anyhow::{Context, Result};
-use futures::future::BoxFuture;
-use futures::stream::BoxStream;
+use futures::future::{BoxFuture, Either};
+use futures::stream::{BoxStream, StreamExt};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::runtime::Handle;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
+use tonic::body::Body;
+use tonic::codegen::http::{Request, Response};
+use tonic::codegen::Service;
+use tonic::service::Routes;
 
 mod unix;
 pub use unix::{bind_unix, unix_incoming, UdsAddress};
@@ -40,23 +47,86 @@ pub use unix::{bind_unix, unix_incoming, UdsAddress};
 /// The connections one serving thread is given.
 pub type Connections = BoxStream<'static, Result<TcpStream, std::io::Error>>;
 
-/// Serves `connections` until `stopped` resolves (a tonic router's
-/// `serve_with_incoming_shutdown`), on the serving thread.
-pub type ServeFn = Arc<
-    dyn Fn(
-            Connections,
-            BoxFuture<'static, ()>,
-        ) -> BoxFuture<'static, Result<(), tonic::transport::Error>>
-        + Send
-        + Sync,
->;
+/// What the serving threads answer calls with: the hot method by its path,
+/// handed to it directly, and every other path by tonic's routes.
+///
+/// The serving threads run hyper's HTTP/2 connections themselves rather
+/// than tonic's transport server, whose per-call layers (the connection's
+/// addresses copied into every request, a boxed service per call, its own
+/// deadline timer, a router's match) cost more than a decision
+/// (BENCHMARKS.md, "the gRPC stack per call"). What they did is kept where
+/// it matters: a caller's `grpc-timeout` is honoured by the service itself
+/// (it caps the store call; the caller cancels its stream at the deadline,
+/// which drops the call), and the TLS and Unix-socket listeners, which
+/// need the connection's peer, keep tonic's server.
+#[derive(Clone)]
+pub struct GrpcRoutes<M> {
+    path: &'static str,
+    method: M,
+    routes: Routes,
+}
 
-/// Starts `threads` serving threads and the acceptor that feeds them.
-/// The returned task ends when every thread has drained after `stop`.
-pub fn start(
+impl<M> GrpcRoutes<M> {
+    /// `method` answers `path`; `routes` every other path.
+    pub fn new(path: &'static str, method: M, routes: Routes) -> Self {
+        Self {
+            path,
+            method,
+            routes,
+        }
+    }
+}
+
+impl<M: Method> hyper::service::Service<Request<Incoming>> for GrpcRoutes<M> {
+    type Response = Response<Body>;
+    type Error = Infallible;
+    type Future = Either<M::Future, <Routes as Service<Request<Incoming>>>::Future>;
+
+    fn call(&self, request: Request<Incoming>) -> Self::Future {
+        // both are always ready (their `poll_ready` answers at once), so
+        // a clone is called without asking
+        if request.uri().path() == self.path {
+            Either::Left(self.method.clone().call(request))
+        } else {
+            Either::Right(self.routes.clone().call(request))
+        }
+    }
+}
+
+/// A gRPC method as the serving threads call it: a tower service of
+/// hyper's requests that answers every call (its errors are statuses).
+pub trait Method:
+    Service<
+        Request<Incoming>,
+        Response = Response<Body>,
+        Error = Infallible,
+        Future: Send + 'static,
+    > + Clone
+    + Send
+    + 'static
+{
+}
+
+impl<M> Method for M where
+    M: Service<
+            Request<Incoming>,
+            Response = Response<Body>,
+            Error = Infallible,
+            Future: Send + 'static,
+        > + Clone
+        + Send
+        + 'static
+{
+}
+
+/// Starts `threads` serving threads and the acceptor that feeds them; each
+/// connection is served with `service`, at most `max_streams` calls at a
+/// time. The returned task ends when every thread has drained after `stop`.
+pub fn start<M: Method>(
     listener: TcpListener,
     threads: usize,
-    serve: ServeFn,
+    service: GrpcRoutes<M>,
+    max_streams: u32,
     stop: watch::Receiver<bool>,
 ) -> Result<JoinHandle<Result<()>>> {
     let main = Handle::current();
@@ -65,14 +135,14 @@ pub fn start(
     for i in 0..threads {
         let (tx, rx) = mpsc::unbounded_channel::<std::net::TcpStream>();
         let (done_tx, done_rx) = oneshot::channel();
-        let serve = serve.clone();
+        let service = service.clone();
         let main = main.clone();
         let stop = stop.clone();
         std::thread::Builder::new()
             .name(format!("rls-serve-{i}"))
             .spawn(move || {
                 crate::background::mark_serving_thread(i);
-                let _ = done_tx.send(serve_thread(main, rx, serve, stop));
+                let _ = done_tx.send(serve_thread(main, rx, service, max_streams, stop));
             })
             .context("cannot start a serving thread")?;
         senders.push(tx);
@@ -84,7 +154,7 @@ pub fn start(
         for done in finished {
             done.await
                 .context("a serving thread ended without an answer")?
-                .context("gRPC server failed")?;
+                .context("a serving thread failed")?;
         }
         Ok(())
     }))
@@ -121,10 +191,11 @@ async fn accept(
 }
 
 /// One serving thread: a current-thread runtime serving what it is handed.
-fn serve_thread(
+fn serve_thread<M: Method>(
     main: Handle,
     mut connections: mpsc::UnboundedReceiver<std::net::TcpStream>,
-    serve: ServeFn,
+    service: GrpcRoutes<M>,
+    max_streams: u32,
     mut stop: watch::Receiver<bool>,
 ) -> Result<()> {
     crate::background::run_on(main);
@@ -144,7 +215,63 @@ fn serve_thread(
         let stopped: BoxFuture<'static, ()> = Box::pin(async move {
             let _ = stop.wait_for(|s| *s).await;
         });
-        serve(incoming, stopped).await
-    })?;
+        serve_connections(incoming, service, max_streams, stopped).await;
+    });
     Ok(())
+}
+
+/// Serves each of `connections` as HTTP/2 (as tonic's server does, with
+/// hyper's defaults, less the `date` header gRPC has no use for) until
+/// `stopped`; then tells each connection to finish (GOAWAY: the calls in
+/// flight are answered) and returns when all have closed.
+async fn serve_connections<M: Method>(
+    mut connections: Connections,
+    service: GrpcRoutes<M>,
+    max_streams: u32,
+    stopped: BoxFuture<'static, ()>,
+) {
+    let mut http2 = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+    http2
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(max_streams)
+        .auto_date_header(false);
+    // each connection holds a receiver: all are gone when all have closed
+    let (drain, draining) = watch::channel(false);
+    let mut stopped = pin!(stopped);
+    loop {
+        let stream = tokio::select! {
+            _ = &mut stopped => break,
+            next = connections.next() => match next {
+                Some(Ok(stream)) => stream,
+                Some(Err(e)) => {
+                    tracing::debug!(error = %e, "cannot take a gRPC connection");
+                    continue;
+                }
+                None => break,
+            },
+        };
+        let connection = http2.serve_connection(TokioIo::new(stream), service.clone());
+        let mut draining = draining.clone();
+        tokio::spawn(async move {
+            let mut connection = pin!(connection);
+            let finished = tokio::select! {
+                finished = connection.as_mut() => Some(finished),
+                _ = draining.wait_for(|d| *d) => None,
+            };
+            let finished = match finished {
+                Some(finished) => finished,
+                None => {
+                    connection.as_mut().graceful_shutdown();
+                    connection.await
+                }
+            };
+            if let Err(e) = finished {
+                tracing::debug!(error = %e, "a gRPC connection ended");
+            }
+        });
+    }
+    drop(connections);
+    let _ = drain.send(true);
+    drop(draining);
+    drain.closed().await;
 }

@@ -12,7 +12,14 @@
 //! decided as any other, by a value its sender alone can produce.
 //!
 //! [`RateLimitServer`] serves the method as the generated server does
-//! (same path, sizes and compression), with this decoder.
+//! (same path, size limit, no compression, the same statuses for a
+//! malformed call), with this decoder, and frames the unary call itself:
+//! the request's one message is read from the body's frames as they came
+//! (a single frame is not copied), the answer is one frame and its
+//! `grpc-status` trailer. tonic's generic unary machinery (a decoding
+//! stream with its own buffer, an encoding stream, three boxed futures)
+//! cost more per call than the decision itself (BENCHMARKS.md, "the gRPC
+//! stack per call").
 //!
 //! **Layer:** part of `service`.
 
@@ -20,6 +27,7 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use bytes::{Buf, BufMut, Bytes, BytesMut};
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
     Entry, RateLimitOverride,
 };
@@ -28,8 +36,8 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::R
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::UInt64Value;
 use futures::future::BoxFuture;
+use http_body_util::BodyExt;
 use prost::Message;
-use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::codegen::http;
 use tonic::Status;
 
@@ -111,52 +119,6 @@ impl From<RawRequest> for RateLimitRequest {
     }
 }
 
-/// Decodes requests leniently ([`RawRequest`]), encodes answers as prost.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct LenientCodec;
-
-#[derive(Debug, Clone, Copy, Default)]
-pub struct ResponseEncoder;
-
-#[derive(Debug, Clone, Copy, Default)]
-pub struct LenientDecoder;
-
-impl Codec for LenientCodec {
-    type Encode = RateLimitResponse;
-    type Decode = RateLimitRequest;
-    type Encoder = ResponseEncoder;
-    type Decoder = LenientDecoder;
-
-    fn encoder(&mut self) -> Self::Encoder {
-        ResponseEncoder
-    }
-
-    fn decoder(&mut self) -> Self::Decoder {
-        LenientDecoder
-    }
-}
-
-impl Encoder for ResponseEncoder {
-    type Item = RateLimitResponse;
-    type Error = Status;
-
-    fn encode(&mut self, item: Self::Item, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
-        item.encode(dst)
-            .map_err(|e| Status::internal(format!("encoding the answer: {e}")))
-    }
-}
-
-impl Decoder for LenientDecoder {
-    type Item = RateLimitRequest;
-    type Error = Status;
-
-    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<Self::Item>, Status> {
-        RawRequest::decode(src)
-            .map(|raw| Some(raw.into()))
-            .map_err(|e| Status::internal(format!("decoding the request: {e}")))
-    }
-}
-
 /// `RateLimitService` served with [`LenientCodec`]; other paths are
 /// answered `UNIMPLEMENTED`, as the generated server does.
 pub struct RateLimitServer<T> {
@@ -186,23 +148,11 @@ impl<T> tonic::server::NamedService for RateLimitServer<T> {
     const NAME: &'static str = "envoy.service.ratelimit.v3.RateLimitService";
 }
 
-struct Method<T>(Arc<T>);
-
-impl<T: RateLimitService> tonic::server::UnaryService<RateLimitRequest> for Method<T> {
-    type Response = RateLimitResponse;
-    type Future = BoxFuture<'static, Result<tonic::Response<RateLimitResponse>, Status>>;
-
-    fn call(&mut self, request: tonic::Request<RateLimitRequest>) -> Self::Future {
-        let inner = self.0.clone();
-        Box::pin(async move { inner.should_rate_limit(request).await })
-    }
-}
-
 impl<T, B> tonic::codegen::Service<http::Request<B>> for RateLimitServer<T>
 where
     T: RateLimitService,
-    B: tonic::codegen::Body + Send + 'static,
-    B::Error: Into<tonic::codegen::StdError> + Send + 'static,
+    B: http_body::Body + Send + 'static,
+    B::Error: std::fmt::Display,
 {
     type Response = http::Response<tonic::body::Body>;
     type Error = std::convert::Infallible;
@@ -218,13 +168,190 @@ where
                 Ok(Status::unimplemented("").into_http::<tonic::body::Body>())
             });
         }
-        let method = Method(self.inner.clone());
+        let inner = self.inner.clone();
         let max = self.max_decoding_message_size;
         Box::pin(async move {
-            let mut grpc = tonic::server::Grpc::new(LenientCodec)
-                .apply_max_message_size_config(Some(max), None);
-            Ok(grpc.unary(method, req).await)
+            let answer = match read_request(req, max).await {
+                Ok(request) => inner.should_rate_limit(request).await,
+                Err(status) => Err(status),
+            };
+            Ok(match answer {
+                Ok(response) => respond(response),
+                Err(status) => status.into_http(),
+            })
         })
+    }
+}
+
+/// The call's one message, read leniently, with the call's metadata (the
+/// service reads `grpc-timeout` and a trace's parent from it).
+async fn read_request<B>(
+    req: http::Request<B>,
+    max: usize,
+) -> Result<tonic::Request<RateLimitRequest>, Status>
+where
+    B: http_body::Body,
+    B::Error: std::fmt::Display,
+{
+    if let Some(encoding) = req.headers().get("grpc-encoding") {
+        if encoding.as_bytes() != b"identity" {
+            let mut status = Status::unimplemented(format!(
+                "Content is compressed with `{}` which isn't supported",
+                String::from_utf8_lossy(encoding.as_bytes())
+            ));
+            status.metadata_mut().insert(
+                "grpc-accept-encoding",
+                tonic::metadata::MetadataValue::from_static("identity"),
+            );
+            return Err(status);
+        }
+    }
+    let (parts, body) = req.into_parts();
+    let bytes = read_body(body, max).await?;
+    let message = one_message(&bytes, max)?;
+    let raw = RawRequest::decode(message)
+        .map_err(|e| Status::internal(format!("decoding the request: {e}")))?;
+    Ok(tonic::Request::from_http(http::Request::from_parts(
+        parts,
+        RateLimitRequest::from(raw),
+    )))
+}
+
+/// The body's bytes, up to one message of `max` bytes and its prefix (a
+/// body past that is refused as soon as it passes it, not read whole).
+async fn read_body<B>(body: B, max: usize) -> Result<Bytes, Status>
+where
+    B: http_body::Body,
+    B::Error: std::fmt::Display,
+{
+    let mut body = std::pin::pin!(body);
+    let mut first: Option<Bytes> = None;
+    let mut more: Option<BytesMut> = None;
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| Status::cancelled(format!("reading the request: {e}")))?;
+        let Ok(mut data) = frame.into_data() else {
+            continue; // trailers: a unary request's metadata is its headers
+        };
+        let len = first.as_ref().map_or(0, Bytes::len) + more.as_ref().map_or(0, BytesMut::len);
+        if len + data.remaining() > PREFIX + max {
+            return Err(too_large(len + data.remaining() - PREFIX, max));
+        }
+        match (&first, &mut more) {
+            (None, _) => first = Some(data.copy_to_bytes(data.remaining())),
+            (Some(head), None) => {
+                let mut joined = BytesMut::with_capacity(head.len() + data.remaining());
+                joined.extend_from_slice(head);
+                joined.put(data);
+                more = Some(joined);
+            }
+            (Some(_), Some(joined)) => joined.put(data),
+        }
+    }
+    Ok(match more {
+        Some(joined) => joined.freeze(),
+        None => first.unwrap_or_default(),
+    })
+}
+
+/// A gRPC message's prefix: a compression flag and a length.
+const PREFIX: usize = 5;
+
+/// The first message of a unary call's body. What follows it must be
+/// whole messages too, which are not read (tonic's server decoded and
+/// dropped them).
+fn one_message(bytes: &[u8], max: usize) -> Result<&[u8], Status> {
+    if bytes.is_empty() {
+        return Err(Status::internal("Missing request message."));
+    }
+    let (first, mut rest) = next_message(bytes, max)?;
+    while !rest.is_empty() {
+        rest = next_message(rest, max)?.1;
+    }
+    Ok(first)
+}
+
+/// The message at the start of `bytes`, and what follows it.
+fn next_message(bytes: &[u8], max: usize) -> Result<(&[u8], &[u8]), Status> {
+    let eof = || Status::internal("Unexpected EOF decoding stream.");
+    let (prefix, rest) = bytes.split_first_chunk::<PREFIX>().ok_or_else(eof)?;
+    match prefix[0] {
+        0 => {}
+        1 => {
+            return Err(Status::internal(
+                "protocol error: received message with compressed-flag but no grpc-encoding was specified",
+            ))
+        }
+        flag => {
+            return Err(Status::internal(format!(
+                "protocol error: received message with invalid compression flag: {flag} (valid flags are 0 and 1)"
+            )))
+        }
+    }
+    let len = u32::from_be_bytes([prefix[1], prefix[2], prefix[3], prefix[4]]) as usize;
+    if len > max {
+        return Err(too_large(len, max));
+    }
+    if rest.len() < len {
+        return Err(eof());
+    }
+    Ok(rest.split_at(len))
+}
+
+fn too_large(len: usize, max: usize) -> Status {
+    Status::out_of_range(format!(
+        "Error, decoded message length too large: found {len} bytes, the limit is: {max} bytes"
+    ))
+}
+
+/// The answer as a unary gRPC response: its metadata and content type, one
+/// frame, then `grpc-status: 0`.
+fn respond(response: tonic::Response<RateLimitResponse>) -> http::Response<tonic::body::Body> {
+    let (metadata, message, _) = response.into_parts();
+    let len = message.encoded_len();
+    let mut frame = BytesMut::with_capacity(PREFIX + len);
+    frame.put_u8(0);
+    frame.put_u32(len as u32);
+    // cannot fail: the buffer holds `len` bytes more
+    let _ = message.encode(&mut frame);
+    let mut answer = http::Response::new(tonic::body::Body::new(UnaryBody {
+        message: Some(frame.freeze()),
+        trailers: true,
+    }));
+    *answer.headers_mut() = metadata.into_headers();
+    answer.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/grpc"),
+    );
+    answer
+}
+
+/// A unary answer's body: its message, then the OK status as trailers.
+struct UnaryBody {
+    message: Option<Bytes>,
+    trailers: bool,
+}
+
+impl http_body::Body for UnaryBody {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        if let Some(message) = self.message.take() {
+            return Poll::Ready(Some(Ok(http_body::Frame::data(message))));
+        }
+        if std::mem::take(&mut self.trailers) {
+            let mut trailers = http::HeaderMap::with_capacity(1);
+            trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
+            return Poll::Ready(Some(Ok(http_body::Frame::trailers(trailers))));
+        }
+        Poll::Ready(None)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.message.is_none() && !self.trailers
     }
 }
 
@@ -242,6 +369,63 @@ mod tests {
             lenient_text(b"\xfe".to_vec()),
             lenient_text(b"\xff".to_vec())
         );
+    }
+
+    fn framed(flag: u8, message: &[u8]) -> Vec<u8> {
+        let mut out = vec![flag];
+        out.extend_from_slice(&(message.len() as u32).to_be_bytes());
+        out.extend_from_slice(message);
+        out
+    }
+
+    #[test]
+    fn a_body_gives_its_first_message_when_all_of_it_is_whole_messages() {
+        fn code(r: Result<&[u8], Status>) -> Result<&[u8], tonic::Code> {
+            r.map_err(|s| s.code())
+        }
+        assert_eq!(code(one_message(&framed(0, b"abc"), 10)), Ok(&b"abc"[..]));
+        assert_eq!(code(one_message(&framed(0, b""), 10)), Ok(&b""[..]));
+        let two = [framed(0, b"abc"), framed(0, b"de")].concat();
+        assert_eq!(code(one_message(&two, 10)), Ok(&b"abc"[..]));
+        for bad in [
+            vec![],
+            vec![0, 0, 0],
+            framed(0, b"abc")[..7].to_vec(),
+            [framed(0, b"abc"), vec![0, 0]].concat(),
+            [framed(0, b"abc"), framed(1, b"x")].concat(),
+            framed(1, b"abc"),
+            framed(2, b"abc"),
+        ] {
+            assert_eq!(
+                code(one_message(&bad, 10)),
+                Err(tonic::Code::Internal),
+                "{bad:?}"
+            );
+        }
+        assert_eq!(
+            code(one_message(&framed(0, b"abc"), 2)),
+            Err(tonic::Code::OutOfRange)
+        );
+        let over = [framed(0, b"a"), framed(0, b"abc")].concat();
+        assert_eq!(code(one_message(&over, 2)), Err(tonic::Code::OutOfRange));
+    }
+
+    #[tokio::test]
+    async fn a_body_is_read_across_its_frames_up_to_the_limit() {
+        use http_body_util::{BodyExt, StreamBody};
+        let body = |chunks: Vec<&'static [u8]>| {
+            StreamBody::new(futures::stream::iter(chunks.into_iter().map(|c| {
+                Ok::<_, std::convert::Infallible>(http_body::Frame::data(Bytes::from_static(c)))
+            })))
+            .boxed()
+        };
+        let one = read_body(body(vec![b"\0\0\0\0\x02ab"]), 10).await;
+        assert_eq!(one.expect("read").as_ref(), b"\0\0\0\0\x02ab");
+        let cut = read_body(body(vec![b"\0\0", b"\0\0\x02", b"a", b"b"]), 10).await;
+        assert_eq!(cut.expect("read").as_ref(), b"\0\0\0\0\x02ab");
+        assert_eq!(read_body(body(vec![]), 10).await.expect("read").len(), 0);
+        let over = read_body(body(vec![b"\0\0\0\0\x03", b"abc"]), 2).await;
+        assert_eq!(over.map_err(|s| s.code()), Err(tonic::Code::OutOfRange));
     }
 
     #[test]
