@@ -299,13 +299,23 @@ pub async fn start(args: &ServeArgs) -> Result<RunningServer> {
                 )?;
                 Box::pin(async move { serving.await.context("serving threads panicked")? })
             }
+            // --serving-threads 0: the same connections, on the shared runtime
             (GrpcListener::Tcp(grpc_listener), _, _) => {
-                let serve = router().serve_with_incoming_shutdown(
+                let incoming: serving::Connections = Box::pin(
                     tonic::transport::server::TcpIncoming::from(grpc_listener)
                         .with_nodelay(Some(true)),
-                    grpc_stopped,
                 );
-                Box::pin(async move { serve.await.context("gRPC server failed") })
+                let service = serving::GrpcRoutes::new(crate::service::wire::PATH, rls, routes);
+                Box::pin(async move {
+                    serving::serve_connections(
+                        incoming,
+                        service,
+                        MAX_STREAMS_PER_CONNECTION,
+                        Box::pin(grpc_stopped),
+                    )
+                    .await;
+                    Ok(())
+                })
             }
         };
     let admin_router = admin::router(AdminState {

@@ -47,18 +47,20 @@ pub use unix::{bind_unix, unix_incoming, UdsAddress};
 /// The connections one serving thread is given.
 pub type Connections = BoxStream<'static, Result<TcpStream, std::io::Error>>;
 
-/// What the serving threads answer calls with: the hot method by its path,
-/// handed to it directly, and every other path by tonic's routes.
+/// What gRPC connections over plain TCP answer calls with: the hot method
+/// by its path, handed to it directly, and every other path by tonic's
+/// routes.
 ///
-/// The serving threads run hyper's HTTP/2 connections themselves rather
+/// [`serve_connections`] runs hyper's HTTP/2 connections itself rather
 /// than tonic's transport server, whose per-call layers (the connection's
 /// addresses copied into every request, a boxed service per call, its own
 /// deadline timer, a router's match) cost more than a decision
 /// (BENCHMARKS.md, "the gRPC stack per call"). What they did is kept where
 /// it matters: a caller's `grpc-timeout` is honoured by the service itself
 /// (it caps the store call; the caller cancels its stream at the deadline,
-/// which drops the call), and the TLS and Unix-socket listeners, which
-/// need the connection's peer, keep tonic's server.
+/// which drops the call). The TLS listener (a region's RLQS stream is
+/// named by the client certificate tonic's server puts in each request)
+/// and the Unix socket keep tonic's server.
 #[derive(Clone)]
 pub struct GrpcRoutes<M> {
     path: &'static str,
@@ -223,8 +225,10 @@ fn serve_thread<M: Method>(
 /// Serves each of `connections` as HTTP/2 (as tonic's server does, with
 /// hyper's defaults, less the `date` header gRPC has no use for) until
 /// `stopped`; then tells each connection to finish (GOAWAY: the calls in
-/// flight are answered) and returns when all have closed.
-async fn serve_connections<M: Method>(
+/// flight are answered) and returns when all have closed. Each serving
+/// thread runs one; without serving threads, the shared runtime runs one
+/// for the listener.
+pub async fn serve_connections<M: Method>(
     mut connections: Connections,
     service: GrpcRoutes<M>,
     max_streams: u32,

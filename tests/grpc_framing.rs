@@ -136,10 +136,21 @@ fn one_call(value: &str) -> Vec<u8> {
 
 #[tokio::test]
 async fn malformed_calls_are_answered_as_tonic_answered_them_and_the_connection_goes_on() {
+    framing_on(None).await;
+}
+
+/// The same on the shared runtime (`--serving-threads 0`), which serves
+/// its connections with the same code.
+#[tokio::test]
+async fn the_shared_runtime_frames_calls_the_same_way() {
+    framing_on(Some(0)).await;
+}
+
+async fn framing_on(serving_threads: Option<usize>) {
     let rules = rules_dir(RULES);
-    let server = server::start(&serve_args(rules.path().to_path_buf()))
-        .await
-        .expect("server starts");
+    let mut args = serve_args(rules.path().to_path_buf());
+    args.serving_threads = serving_threads;
+    let server = server::start(&args).await.expect("server starts");
     let tcp = tokio::net::TcpStream::connect(server.grpc_addr)
         .await
         .expect("connects");
