@@ -152,9 +152,11 @@ local EPSILON = 1e-9
 local SHIFT = 67108864
 local MAX_TTL_MS = 3153600000000 -- 100 years
 local time = redis.call('TIME')
-local now_s = tonumber(time[1])
-local now = now_s * 1000000 + tonumber(time[2])
-local now_ms = floor(now / 1000)
+-- strings made numbers by arithmetic, floors and ceilings written with
+-- `%` (Lua's `%` floors): each C call would cost more (see above)
+local now_s = time[1] + 0
+local now = now_s * 1000000 + time[2]
+local now_ms = (now - now % 1000) / 1000
 
 -- Per bucket i, at B[S * (i - 1) + field]; every field is set for each
 -- bucket of a decision before it is read, so decisions share the table
@@ -236,7 +238,7 @@ while a <= nargs do
         if #value == 32 then
           r_started, r_done, r_exp, r_forget = struct.unpack('<dddd', value)
           if r_forget <= now_ms then r_started, r_done, r_exp, r_forget = -1, 0, 0, 0 end
-          r_reps = floor(r_done / 2)
+          r_reps = (r_done - r_done % 2) / 2
           r_done = r_done % 2
         end
       elseif value.err then
@@ -270,8 +272,9 @@ while a <= nargs do
         -- refused by the service
         if again and r_started >= 0 then
           if r_reps < reps then
-            redis.call('SET', rk, struct.pack('<dddd', r_started, 2 * (r_reps + 1), r_exp, r_forget),
-              'PX', max(1, r_forget - now_ms))
+            local px = r_forget - now_ms
+            if px < 1 then px = 1 end
+            redis.call('SET', rk, struct.pack('<dddd', r_started, 2 * (r_reps + 1), r_exp, r_forget), 'PX', px)
           else
             result = 5
           end
@@ -608,11 +611,10 @@ while a <= nargs do
       else
         t, u = st, su
         if now > u then
-          t = min(cap, t + (now - u) * rate / (unit * 1e6))
+          t = t + (now - u) * rate / (unit * 1e6)
           u = now
-        else
-          t = min(cap, t)
         end
+        if t > cap then t = cap end
       end
       B[k + TOKENS], B[k + STAMP] = t, u
 
@@ -675,13 +677,16 @@ while a <= nargs do
         -- balance already below that (a reload lowered the burst); nothing
         -- else goes below where the bucket is (a refund into a debt repays
         -- part of it)
-        local lowest = min(0, B[k + TOKENS])
-        if charge then lowest = min(-B[k + DEBT], B[k + TOKENS]) end
-        local wanted = B[k + TOKENS] - deducted
-        if wanted < lowest then
-          B[k + FORGIVEN] = floor(lowest - wanted + 0.5)
+        local lowest = 0
+        if charge then lowest = -B[k + DEBT] end
+        if B[k + TOKENS] < lowest then lowest = B[k + TOKENS] end
+        local t = B[k + TOKENS] - deducted
+        if t < lowest then
+          local forgiven = lowest - t + 0.5
+          B[k + FORGIVEN] = forgiven - forgiven % 1
+          t = lowest
         end
-        local t = min(B[k + CAP], max(lowest, wanted))
+        if t > B[k + CAP] then t = B[k + CAP] end
         B[k + TOKENS] = t
         -- a charge answered OVER_LIMIT waits from where it left the bucket
         if charge and not all_admit and B[k + NEVER] == 0 then
@@ -695,7 +700,10 @@ while a <= nargs do
         -- of it is worth a key that would never expire
         if per_sec > 0 then
           write, wt, wu = true, t, B[k + STAMP]
-          ms = ceil((B[k + CAP] - t) / per_sec * 1000) + margin_ms
+          local x = (B[k + CAP] - t) / per_sec * 1000
+          local part = x % 1
+          ms = x - part + margin_ms
+          if part > 0 then ms = ms + 1 end
           if ms > MAX_TTL_MS then ms = nil end
         end
       else
@@ -760,13 +768,18 @@ while a <= nargs do
     for i = 1, n do
       local k = S * (i - 1)
       local t = B[k + TOKENS]
-      local remaining = floor(t + EPSILON)
+      local remaining = t + EPSILON
+      remaining = remaining - remaining % 1
       if remaining < 0 or B[k + NEVER] == 1 then remaining = 0 end
       local full_in = 0
       local missing = B[k + CAP] - t
       local per_sec = B[k + PER_SEC]
       if missing > EPSILON and per_sec > 0 then
-        full_in = max(0, ceil(missing / per_sec - EPSILON))
+        local secs = missing / per_sec - EPSILON
+        local part = secs % 1
+        secs = secs - part
+        if part > 0 then secs = secs + 1 end
+        if secs > 0 then full_in = secs end
       end
       local r = B[k + RETRY]
       if all_admit then r = -1 end
@@ -790,7 +803,8 @@ while a <= nargs do
           -- an admitted start that took (or gave) something; a check took
           -- nothing and is not remembered
           if all_admit and (deducted ~= 0 or charge) then
-            r_started, r_exp, r_forget = max(0, deducted), now_ms + ttl_ms, now_ms + 2 * ttl_ms
+            r_started, r_exp, r_forget = 0, now_ms + ttl_ms, now_ms + 2 * ttl_ms
+            if deducted > 0 then r_started = deducted end
             r_done = 0
             keep = true
             if pk and r_started > 0 then
@@ -813,8 +827,9 @@ while a <= nargs do
               r_exp, r_forget = now_ms + ttl_ms, now_ms + 2 * ttl_ms
             end
           end
-          redis.call('SET', rk, struct.pack('<dddd', r_started, r_done, r_exp, r_forget),
-            'PX', max(1, r_forget - now_ms))
+          local px = r_forget - now_ms
+          if px < 1 then px = 1 end
+          redis.call('SET', rk, struct.pack('<dddd', r_started, r_done, r_exp, r_forget), 'PX', px)
         end
       end
       local o = 5 * n + 1
