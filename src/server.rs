@@ -251,8 +251,9 @@ pub async fn start(args: &ServeArgs) -> Result<RunningServer> {
             .with_region_certificates(args.tls_cert.is_some() && args.tls_client_ca.is_some()),
     )
     .max_decoding_message_size(MAX_REQUEST_BYTES);
-    // every service but `ShouldRateLimit`, which the serving threads hand
-    // to `rls` directly (serving::GrpcRoutes); tonic's server routes all
+    // every service but `ShouldRateLimit`, which plain TCP hands to `rls`
+    // by its path (serving::GrpcRoutes); for TLS and the Unix socket,
+    // tonic's server routes all three
     let routes = tonic::service::Routes::new(health_service)
         .add_service(rlqs)
         .prepare();
