@@ -28,19 +28,7 @@ descriptors:
     rate_limit: {unit: second, requests_per_unit: 1000000000, burst: 1000000000}
 RULES
 # the gRPC body h2load sends: domain bench, one descriptor (key, k0)
-python3 - "$work/hot.bin" <<'PY'
-import struct, sys
-def varint(n):
-    out = b""
-    while True:
-        b, n = n & 0x7f, n >> 7
-        out += bytes([b | 0x80 if n else b])
-        if not n:
-            return out
-field = lambda num, data: varint(num << 3 | 2) + varint(len(data)) + data
-msg = field(1, b"bench") + field(2, field(1, field(1, b"key") + field(2, b"k0")))
-open(sys.argv[1], "wb").write(b"\0" + struct.pack(">I", len(msg)) + msg)
-PY
+python3 integration/h2load_body.py "$work" hot=key
 ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 wait_port() { for _ in $(seq 100); do (echo >"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return; sleep 0.1; done; echo "port $1 never opened" >&2; exit 1; }
 # row CLIENT LABEL COMMAND...: CPU per decision of COMMAND's process

@@ -78,20 +78,7 @@ bench_calls() {  # port, label, rls-bench args...
 
 # gRPC ShouldRateLimit bodies for h2load: domain bench, one descriptor,
 # (key, k0) and (leased, k0).
-python3 - "$work" <<'PY'
-import struct, sys
-def v(n):
-    out = b""
-    while True:
-        b, n = n & 0x7f, n >> 7
-        out += bytes([b | 0x80 if n else b])
-        if not n:
-            return out
-f = lambda num, data: v(num << 3 | 2) + v(len(data)) + data
-for name, key in (("hot", b"key"), ("leased", b"leased")):
-    msg = f(1, b"bench") + f(2, f(1, f(1, key) + f(2, b"k0")))
-    open(f"{sys.argv[1]}/{name}.bin", "wb").write(b"\0" + struct.pack(">I", len(msg)) + msg)
-PY
+python3 integration/h2load_body.py "$work" hot=key leased=leased
 h2() {  # port, label[, body]
   local out rps
   out=$(h2load -D "$secs" -c 8 -m 16 -t 1 -d "$work/${3:-hot}.bin" -H content-type:application/grpc -H te:trailers \

@@ -265,6 +265,7 @@ pub async fn start(args: &ServeArgs) -> Result<RunningServer> {
                 .add_routes(routes.clone().add_service(rls.clone()))
         }
     };
+    let plain_tcp = serving::GrpcRoutes::new(crate::service::wire::PATH, rls, routes);
     let grpc_stopped = until_stopped(stopped.clone());
     let threads = args.serving_threads();
     let grpc: futures::future::BoxFuture<'static, Result<()>> =
@@ -290,11 +291,10 @@ pub async fn start(args: &ServeArgs) -> Result<RunningServer> {
                 Box::pin(async move { serve.await.context("gRPC server failed") })
             }
             (GrpcListener::Tcp(grpc_listener), _, _) if threads > 0 => {
-                let service = serving::GrpcRoutes::new(crate::service::wire::PATH, rls, routes);
                 let serving = serving::start(
                     grpc_listener,
                     threads,
-                    service,
+                    plain_tcp,
                     MAX_STREAMS_PER_CONNECTION,
                     stopped.clone(),
                 )?;
@@ -306,11 +306,10 @@ pub async fn start(args: &ServeArgs) -> Result<RunningServer> {
                     tonic::transport::server::TcpIncoming::from(grpc_listener)
                         .with_nodelay(Some(true)),
                 );
-                let service = serving::GrpcRoutes::new(crate::service::wire::PATH, rls, routes);
                 Box::pin(async move {
                     serving::serve_connections(
                         incoming,
-                        service,
+                        plain_tcp,
                         MAX_STREAMS_PER_CONNECTION,
                         Box::pin(grpc_stopped),
                     )

@@ -259,12 +259,9 @@ pub async fn serve_connections<M: Method>(
         tokio::spawn(async move {
             let mut connection = pin!(connection);
             let finished = tokio::select! {
-                finished = connection.as_mut() => Some(finished),
-                _ = draining.wait_for(|d| *d) => None,
-            };
-            let finished = match finished {
-                Some(finished) => finished,
-                None => {
+                finished = connection.as_mut() => finished,
+                // (set once, to true, when the serving stops)
+                _ = draining.changed() => {
                     connection.as_mut().graceful_shutdown();
                     connection.await
                 }

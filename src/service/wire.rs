@@ -225,32 +225,30 @@ where
     B::Error: std::fmt::Display,
 {
     let mut body = std::pin::pin!(body);
-    let mut first: Option<Bytes> = None;
-    let mut more: Option<BytesMut> = None;
+    // the first frame as it came, until a second one comes; then all of
+    // them joined
+    let mut only: Option<Bytes> = None;
+    let mut joined = BytesMut::new();
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(|e| Status::cancelled(format!("reading the request: {e}")))?;
         let Ok(mut data) = frame.into_data() else {
             continue; // trailers: a unary request's metadata is its headers
         };
-        let len = first.as_ref().map_or(0, Bytes::len) + more.as_ref().map_or(0, BytesMut::len);
-        if len + data.remaining() > PREFIX + max {
-            return Err(too_large(len + data.remaining() - PREFIX, max));
+        let len = only.as_ref().map_or(joined.len(), Bytes::len) + data.remaining();
+        if len > PREFIX + max {
+            return Err(too_large(len - PREFIX, max));
         }
-        match (&first, &mut more) {
-            (None, _) => first = Some(data.copy_to_bytes(data.remaining())),
-            (Some(head), None) => {
-                let mut joined = BytesMut::with_capacity(head.len() + data.remaining());
-                joined.extend_from_slice(head);
+        match only.take() {
+            None if joined.is_empty() => only = Some(data.copy_to_bytes(data.remaining())),
+            None => joined.put(data),
+            Some(first) => {
+                joined.reserve(len);
+                joined.extend_from_slice(&first);
                 joined.put(data);
-                more = Some(joined);
             }
-            (Some(_), Some(joined)) => joined.put(data),
         }
     }
-    Ok(match more {
-        Some(joined) => joined.freeze(),
-        None => first.unwrap_or_default(),
-    })
+    Ok(only.unwrap_or_else(|| joined.freeze()))
 }
 
 /// A gRPC message's prefix: a compression flag and a length.
