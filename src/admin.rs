@@ -1,10 +1,13 @@
 //! The admin HTTP endpoint: `/metrics`, `/healthz`, `/readyz`, `/config`,
 //! and who is limited: the live page at `/` and the JSON behind it
-//! (`/v1/…`, [`v1`]); with `--admin-token-file`, all but the probes and
-//! `/metrics` need the bearer token, and with `--admin-tls-client-ca` a
-//! client certificate (the port then speaks HTTPS: `--admin-tls-cert`).
+//! (`/v1/…`, [`v1`]); with `--admin-token-file`, all but the probes,
+//! `/metrics` and the page's static shell need the bearer token, and with
+//! `--admin-tls-client-ca` a client certificate (the port then speaks
+//! HTTPS: `--admin-tls-cert`). A bucket reset needs one of those to be
+//! configured at all, and an operator named ([`guard`]).
 //!
-//! Sits beside the request path and only reads shared state.
+//! Sits beside the request path and only reads shared state, but for an
+//! operator's reset.
 //!
 //! **Layer** (docs/architecture.md, "Layers", kept by `tests/layers.rs`):
 //! under `server`; uses `health`, `quota`, `rules`, `telemetry`.
@@ -12,10 +15,10 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use axum::extract::{ConnectInfo, Request, State};
+use axum::extract::State;
 use axum::http::{header, StatusCode};
-use axum::middleware::{self, Next};
-use axum::response::{Html, IntoResponse, Json, Response};
+use axum::middleware;
+use axum::response::{Html, IntoResponse, Json};
 use axum::routing::get;
 use axum::Router;
 use serde_json::json;
@@ -23,7 +26,6 @@ use serde_json::json;
 use crate::health::Health;
 use crate::rules::SharedRules;
 use crate::telemetry::Metrics;
-use crate::tls::TlsPeer;
 
 #[derive(Clone)]
 pub struct AdminState {
@@ -33,99 +35,80 @@ pub struct AdminState {
     /// `--admin-token-file`: the bearer token `/`, `/v1/…` and `/config`
     /// need, read again at each request.
     pub token_file: Option<PathBuf>,
-    /// `--admin-tls-client-ca`: `/`, `/v1/…` and `/config` need a client
-    /// certificate that CA signed (the connection's [`TlsPeer`]).
+    /// `--admin-tls-client-ca`: `/v1/…` and `/config` need a client
+    /// certificate that CA signed (the connection's TLS peer).
     pub client_cert_required: bool,
+    /// `--admin-allowed-hosts`: names (beyond addresses and `localhost`)
+    /// the guarded paths answer under ([`guard::host_allowed`]).
+    pub allowed_hosts: Vec<String>,
     /// The Redis store the instances share their heavy hitters in: the
     /// page shows them all, added up (`None`: this instance's own).
     pub shared_hitters: Option<Arc<crate::store::redis::RedisStore>>,
 }
 
 mod buckets;
+pub mod guard;
 mod v1;
 
 /// The admin page: one file, no build step, nothing fetched from
 /// elsewhere; it reads `/v1/…` every second.
 const PAGE: &str = include_str!("admin/page.html");
+const PAGE_SCRIPT: &str = include_str!("admin/page.js");
+const PAGE_STYLE: &str = include_str!("admin/page.css");
 
 pub fn router(state: AdminState) -> Router {
-    // what shows or could show request values: behind the token, if any
+    // what changes state: an operator, with a credential (guard.rs)
+    let writes = Router::new()
+        .route("/v1/buckets/reset", axum::routing::post(buckets::reset))
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            guard::operator,
+        ));
+    // what shows or could show request values: behind the credential, if
+    // any, and answered only under a host of this port's
     let guarded = Router::new()
-        .route("/", get(|| async { Html(PAGE) }))
         .route("/v1/hitters", get(v1::hitters))
         .route("/v1/rules", get(v1::rules))
         .route("/v1/store", get(v1::store))
         .route("/v1/rlqs", get(v1::rlqs))
         .route("/v1/regions", get(v1::regions))
         .route("/v1/buckets", get(buckets::inspect))
-        .route("/v1/buckets/reset", axum::routing::post(buckets::reset))
         .route("/config", get(config))
-        .route_layer(middleware::from_fn_with_state(state.clone(), bearer));
+        .merge(writes)
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            guard::credential,
+        ))
+        .route_layer(middleware::from_fn_with_state(state.clone(), guard::host));
     Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         // envoyproxy/ratelimit's probe path (Envoy Gateway and Istio probe it)
         .route("/healthcheck", get(readyz))
         .route("/metrics", get(metrics))
-        .merge(guarded)
-        .with_state(state)
-}
-
-/// With `--admin-tls-client-ca`: the connection presented a certificate
-/// that CA signed, else 403. With `--admin-token-file`: the request's
-/// `Authorization: Bearer <token>` must be the file's token (read now: a
-/// rotated Secret applies at once); else 401. A file that cannot be read
-/// refuses every request (503, the file named, never its content).
-async fn bearer(State(state): State<AdminState>, request: Request, next: Next) -> Response {
-    if state.client_cert_required
-        && !request
-            .extensions()
-            .get::<ConnectInfo<TlsPeer>>()
-            .is_some_and(|peer| peer.0.certified)
-    {
-        return (
-            StatusCode::FORBIDDEN,
-            "a client certificate signed by --admin-tls-client-ca is needed\n",
+        // the page's shell: no values in it (it reads them from /v1/…)
+        .route("/", get(|| async { Html(PAGE) }))
+        .route(
+            "/page.js",
+            get(|| async {
+                (
+                    [(header::CONTENT_TYPE, "text/javascript; charset=utf-8")],
+                    PAGE_SCRIPT,
+                )
+            }),
         )
-            .into_response();
-    }
-    let Some(file) = &state.token_file else {
-        return next.run(request).await;
-    };
-    let token = match std::fs::read_to_string(file) {
-        Ok(t) if !t.trim().is_empty() => t.trim().to_string(),
-        Ok(_) | Err(_) => {
-            tracing::warn!(file = %file.display(), "--admin-token-file cannot be read or is empty: the admin pages are refused");
-            return (
-                StatusCode::SERVICE_UNAVAILABLE,
-                format!("the admin token file {} cannot be read\n", file.display()),
-            )
-                .into_response();
-        }
-    };
-    let given = request
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim);
-    // compared without stopping at the first difference
-    let same = given.is_some_and(|g| {
-        g.len() == token.len()
-            && g.bytes()
-                .zip(token.bytes())
-                .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-                == 0
-    });
-    if same {
-        return next.run(request).await;
-    }
-    (
-        StatusCode::UNAUTHORIZED,
-        [(header::WWW_AUTHENTICATE, "Bearer")],
-        "a bearer token is needed (--admin-token-file)\n",
-    )
-        .into_response()
+        .route(
+            "/page.css",
+            get(|| async {
+                (
+                    [(header::CONTENT_TYPE, "text/css; charset=utf-8")],
+                    PAGE_STYLE,
+                )
+            }),
+        )
+        .merge(guarded)
+        .layer(middleware::from_fn(guard::headers))
+        .with_state(state)
 }
 
 /// `/metrics` alone at `path` (`--prometheus-addr`).

@@ -184,6 +184,41 @@ pub fn merged<'a>(summaries: impl IntoIterator<Item = &'a SpaceSaving>, n: usize
     out
 }
 
+/// [`merged`]'s `n` largest, then the counts of each of `also` (values
+/// shown elsewhere: the last minute's beside the hour's) not among them:
+/// as the summaries hold it, or, where none holds it, at most the
+/// smallest count of each full summary (all of it error).
+pub fn merged_with<'a>(
+    summaries: impl IntoIterator<Item = &'a SpaceSaving>,
+    n: usize,
+    also: &[Hitter],
+) -> Vec<Hitter> {
+    let summaries: Vec<&SpaceSaving> = summaries.into_iter().collect();
+    let all = merged(summaries.iter().copied(), usize::MAX);
+    let mut out: Vec<Hitter> = all.iter().take(n).cloned().collect();
+    let least: u64 = summaries
+        .iter()
+        .filter(|s| s.counters.len() >= s.k)
+        .map(|s| s.counters.iter().map(|c| c.count).min().unwrap_or(0))
+        .fold(0, u64::saturating_add);
+    for value in also.iter().map(|h| h.value.as_str()) {
+        if out.iter().any(|h| h.value == value) {
+            continue;
+        }
+        out.push(
+            all.iter()
+                .find(|h| h.value == value)
+                .cloned()
+                .unwrap_or(Hitter {
+                    value: value.to_string(),
+                    count: least,
+                    error: least,
+                }),
+        );
+    }
+    out
+}
+
 /// One tumbling window's summary and the one before it.
 #[derive(Debug, Clone)]
 struct Pair {
@@ -220,10 +255,12 @@ impl Pair {
         self.start = start;
     }
 
-    fn top(&mut self, now_secs: u64, n: usize) -> (Vec<Hitter>, u64) {
+    /// The `n` largest, then the counts of `also` not among them
+    /// ([`merged_with`]), and the hits counted.
+    fn top(&mut self, now_secs: u64, n: usize, also: &[Hitter]) -> (Vec<Hitter>, u64) {
         self.roll(now_secs);
         let total = self.current.total() + self.previous.total();
-        (merged([&self.current, &self.previous], n), total)
+        (merged_with([&self.current, &self.previous], n, also), total)
     }
 }
 
@@ -235,7 +272,9 @@ pub struct Windows {
 }
 
 /// What [`Windows::top`] reads: the largest counts of the last minute and
-/// of the last hour, and the hits counted in each.
+/// of the last hour, and the hits counted in each; `hour` goes on with the
+/// hour's counts of the minute's values that are not among its largest,
+/// so that each value shown for the minute has its hour beside it.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Top {
     pub minute: Vec<Hitter>,
@@ -279,8 +318,8 @@ impl Windows {
 
     /// The `n` largest of the last minute and hour at `now_secs`.
     pub fn top(&mut self, now_secs: u64, n: usize) -> Top {
-        let (minute, minute_hits) = self.minute.top(now_secs, n);
-        let (hour, hour_hits) = self.hour.top(now_secs, n);
+        let (minute, minute_hits) = self.minute.top(now_secs, n, &[]);
+        let (hour, hour_hits) = self.hour.top(now_secs, n, &minute);
         Top {
             minute,
             minute_hits,

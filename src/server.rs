@@ -173,7 +173,7 @@ pub async fn start(args: &ServeArgs) -> Result<RunningServer> {
             refused_by_header: args.refused_by_header.clone(),
         },
     )
-    .with_refusal_log(args.refusal_log_rate, &args.refusal_log_hash_keys);
+    .with_refusal_log(args.refusal_log_rate, shown_values(args)?);
 
     let grpc_uds = args
         .grpc_uds
@@ -318,12 +318,20 @@ pub async fn start(args: &ServeArgs) -> Result<RunningServer> {
                 })
             }
         };
+    if let Some(file) = &args.admin_token_file {
+        anyhow::ensure!(
+            admin::guard::read_token(file).is_some(),
+            "--admin-token-file {}: cannot be read, or is empty",
+            file.display()
+        );
+    }
     let admin_router = admin::router(AdminState {
         rules: rules.clone(),
         health,
         metrics: metrics.clone(),
         token_file: args.admin_token_file.clone(),
         client_cert_required: args.admin_tls_client_ca.is_some(),
+        allowed_hosts: args.admin_allowed_hosts.clone(),
         shared_hitters,
     });
     let admin: futures::future::BoxFuture<'static, Result<()>> =
@@ -437,14 +445,25 @@ fn load_rules(args: &ServeArgs) -> Result<(SharedRules, LoadOptions, Option<XdsS
     Ok((rules, opts, xds))
 }
 
+/// How request values are shown in logs, on the page and in metrics:
+/// `--refusal-log-hash-keys` pseudonymised under `--pseudonym-key-file`.
+fn shown_values(args: &ServeArgs) -> Result<crate::shown::ShownValues> {
+    let secret = match &args.pseudonym_key_file {
+        None => None,
+        Some(file) => Some(
+            std::fs::read(file)
+                .with_context(|| format!("--pseudonym-key-file {}", file.display()))?,
+        ),
+    };
+    crate::shown::ShownValues::hashing(&args.refusal_log_hash_keys, secret.as_deref())
+        .map_err(anyhow::Error::msg)
+}
+
 /// Step 2: the metrics, with envoyproxy/ratelimit's stats and statsd if
 /// asked for.
 fn start_metrics(args: &ServeArgs, over_xds: bool) -> Result<Arc<Metrics>> {
     let metrics = Arc::new(Metrics::new());
-    metrics.enable_hitters(
-        args.heavy_hitters,
-        crate::shown::ShownValues::hashing(&args.refusal_log_hash_keys),
-    );
+    metrics.enable_hitters(args.heavy_hitters, shown_values(args)?);
     let statsd = match &args.statsd_addr {
         None => None,
         Some(addr) => Some(statsd_target(addr)?),

@@ -208,6 +208,9 @@ fn attempts_on_the_memory_store_with_several_instances_are_warned_of() {
 async fn refusals_are_logged_at_most_the_rate_with_the_asked_values_hashed() {
     use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
     let (grpc, admin) = (free_port(), free_port());
+    let dir = tempfile::tempdir().expect("tempdir");
+    let secret = dir.path().join("pseudonym-key");
+    std::fs::write(&secret, "a secret of this deployment").expect("write");
     let child = ChildGuard(
         common::binary_without_rls_env()
             .env("RLS_CONFIG", concat!(env!("CARGO_MANIFEST_DIR"), "/config"))
@@ -220,6 +223,8 @@ async fn refusals_are_logged_at_most_the_rate_with_the_asked_values_hashed() {
                 "--refusal-log-hash-keys",
                 "api_key",
             ])
+            .arg("--pseudonym-key-file")
+            .arg(&secret)
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
@@ -261,7 +266,7 @@ async fn refusals_are_logged_at_most_the_rate_with_the_asked_values_hashed() {
     assert!(
         lines[0].contains("free-keys")
             && lines[0].contains("plan=free")
-            && lines[0].contains("api_key=sha1:"),
+            && lines[0].contains("api_key=hmac:"),
         "{}",
         lines[0]
     );

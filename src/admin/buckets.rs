@@ -16,6 +16,7 @@ use super::v1::{bad_request, unknown_parameter};
 use super::AdminState;
 use crate::limiter::parse_descriptor;
 use crate::rules::Rule;
+use crate::shown::{cut_at, escaped};
 use crate::store::DescriptorBuckets;
 
 /// The domain and entries a query names, found in the rules in force.
@@ -106,7 +107,8 @@ pub(super) async fn inspect(
 
 /// `POST /v1/buckets/reset?domain=D&descriptor=k=v,…`: the descriptor's
 /// buckets forgotten (full again, a window's count 0), counted and logged
-/// with who asked (`X-Rls-Operator`, else the client's `User-Agent`).
+/// with who asked (`X-Rls-Operator`, which [`super::guard::operator`]
+/// required, behind the operator credential), every part escaped.
 pub(super) async fn reset(
     State(state): State<AdminState>,
     headers: HeaderMap,
@@ -117,21 +119,18 @@ pub(super) async fn reset(
         Err(refused) => return *refused,
     };
     let limiter = &state.health.limiter;
-    let header = |name: &str| {
-        headers
-            .get(name)
-            .and_then(|v| v.to_str().ok())
-            .map(|v| v.chars().take(128).collect::<String>())
-    };
-    let who = header("x-rls-operator")
-        .or_else(|| header("user-agent"))
-        .unwrap_or_else(|| "unknown".into());
+    let who = headers
+        .get(super::guard::OPERATOR_HEADER)
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+        .unwrap_or_default();
+    let who = escaped(cut_at(&who, 128)).into_owned();
     match limiter.store().forget(&buckets).await {
         Ok(removed) => {
             state.metrics.bucket_reset(rule.id);
-            let shown: Vec<String> = a.entries.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            let shown = crate::shown::ShownValues::default();
+            let shown: Vec<String> = a.entries.iter().map(|(k, v)| shown.show(k, v)).collect();
             tracing::warn!(
-                domain = %a.domain,
+                domain = %escaped(&a.domain),
                 rule = rule.label(),
                 descriptor = %shown.join(","),
                 removed,

@@ -13,8 +13,9 @@ use serde_json::json;
 
 use super::AdminState;
 
-/// The most rows `n` may ask for.
-const MAX_ROWS: usize = 1024;
+/// The most rows `n` may ask for: with `--heavy-hitters` at most 256,
+/// one read of 100 rules stays within a few MB (docs/security.md).
+const MAX_ROWS: usize = 100;
 
 /// A 400 with `message`, as JSON.
 pub(super) fn bad_request(message: String) -> Response {
@@ -67,9 +68,16 @@ pub(super) async fn hitters(
                 .map_or(0, |d| d.as_secs());
             let shared = match redis.shared_hitter_rules().await {
                 Ok(names) => {
-                    crate::telemetry::hitters::shared_tops(&names, now, n, |key| async move {
-                        redis.shared_hitters(&key).await
-                    })
+                    let names = rules_in_force(&state, names);
+                    let metrics = &state.metrics;
+                    crate::telemetry::hitters::shared_tops(
+                        &names,
+                        now,
+                        n,
+                        hitters.counters(),
+                        |key| async move { redis.shared_hitters(&key).await },
+                        |why| metrics.untrusted_refused("hitters", why.label()),
+                    )
                     .await
                 }
                 Err(e) => Err(e),
@@ -104,6 +112,21 @@ pub(super) async fn hitters(
         "rules": rules,
     }))
     .into_response()
+}
+
+/// Of the rules named in Redis (`<domain>\0<rule>`), those in force here:
+/// a name anyone wrote there costs no read.
+fn rules_in_force(state: &AdminState, names: Vec<Vec<u8>>) -> Vec<Vec<u8>> {
+    let rules = state.rules.load();
+    names
+        .into_iter()
+        .filter(|name| {
+            let name = String::from_utf8_lossy(name);
+            name.split_once('\0').is_some_and(|(domain, rule)| {
+                rules.has_domain(domain) && rules.rules(domain).iter().any(|r| r.label() == rule)
+            })
+        })
+        .collect()
 }
 
 /// `GET /v1/rules`: the rules in force (domain, rule, the file it came

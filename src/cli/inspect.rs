@@ -71,12 +71,17 @@ pub fn run(ask: &Inspect<'_>) -> Result<(u16, String), String> {
     if let Some(t) = token {
         request.push_str(&format!("Authorization: Bearer {t}\r\n"));
     }
-    if let Some(who) = ask.operator {
-        request.push_str(&format!(
-            "X-Rls-Operator: {}\r\n",
-            who.replace(['\r', '\n'], " ")
-        ));
-    }
+    // a reset names its operator (the service refuses one that does not):
+    // --operator, else the user running this
+    let who = ask
+        .operator
+        .map(str::to_string)
+        .or_else(|| std::env::var("USER").ok().filter(|u| !u.is_empty()))
+        .unwrap_or_else(|| "tokenbucket-rls-inspect".into());
+    request.push_str(&format!(
+        "X-Rls-Operator: {}\r\n",
+        who.replace(|c: char| c.is_control(), " ")
+    ));
     request.push_str("\r\n");
     let mut stream =
         TcpStream::connect(host).map_err(|e| format!("cannot reach {}: {e}", ask.admin))?;

@@ -340,16 +340,24 @@ pub struct ServeArgs {
     /// the rest are counted in the next line. 0: none.
     #[arg(long, env = "RLS_REFUSAL_LOG_RATE", default_value_t = 5)]
     pub refusal_log_rate: u32,
-    /// Descriptor keys whose values the refusal log shows hashed (e.g.
-    /// user_id,remote_address; `*` for every key): `key=sha1:<first 12 hex>`,
-    /// the same value giving the same hash on every instance.
+    /// Descriptor keys whose values are shown pseudonymised wherever values
+    /// are shown (the refusal log, the admin page and its JSON, the heavy
+    /// hitters shared in Redis, `detailed_metric` series), e.g.
+    /// user_id,remote_address (`*`: every key): `key=hmac:<24 hex>`,
+    /// HMAC-SHA-256 under --pseudonym-key-file (needed with this).
     #[arg(long, env = "RLS_REFUSAL_LOG_HASH_KEYS", value_delimiter = ',')]
     pub refusal_log_hash_keys: Vec<String>,
+    /// A file holding the secret (at least 16 bytes) the pseudonyms of
+    /// --refusal-log-hash-keys are keyed with; every instance of one
+    /// deployment reads the same (a Secret), so that a value has one
+    /// pseudonym across them.
+    #[arg(long, env = "RLS_PSEUDONYM_KEY_FILE")]
+    pub pseudonym_key_file: Option<PathBuf>,
     /// Counters of each heavy-hitters summary (per rule, refused and
     /// admitted, last minute and hour: `/v1/hitters`, the admin page);
     /// a reported count is at most (hits in the window) / K above the
     /// truth. 0: none kept.
-    #[arg(long, env = "RLS_HEAVY_HITTERS", default_value_t = crate::hitters::DEFAULT_COUNTERS, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(0..=1024))]
+    #[arg(long, env = "RLS_HEAVY_HITTERS", default_value_t = crate::hitters::DEFAULT_COUNTERS, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(0..=256))]
     pub heavy_hitters: usize,
     /// A file holding a bearer token: `/`, `/v1/…` and `/config` on the
     /// admin port then need `Authorization: Bearer <token>` (read again
@@ -357,6 +365,12 @@ pub struct ServeArgs {
     /// `/readyz`, `/healthcheck` and `/metrics` stay open for probes.
     #[arg(long, env = "RLS_ADMIN_TOKEN_FILE")]
     pub admin_token_file: Option<PathBuf>,
+    /// Host names (beside IP addresses and localhost) under which the
+    /// admin port's guarded paths (`/v1/…`, `/config`) answer, e.g. the
+    /// Service's DNS name; others get a 421, so that a web page whose name
+    /// was made to resolve here (DNS rebinding) reads nothing. `*`: any.
+    #[arg(long, env = "RLS_ADMIN_ALLOWED_HOSTS", value_delimiter = ',')]
+    pub admin_allowed_hosts: Vec<String>,
     /// PEM certificate chain: serve the admin port over HTTPS (with
     /// --admin-tls-key; reloaded when the files change, as --tls-cert).
     #[arg(long, env = "RLS_ADMIN_TLS_CERT", requires = "admin_tls_key")]

@@ -3,11 +3,13 @@
 //! Every component is written with its length in front, and each entry says
 //! whether its value is the request's own or a shared `*` pattern, so no two
 //! different descriptor paths produce the same bytes: not `a_b` + `c` versus
-//! `a` + `b_c`, not `{`/`}`/`:` in values, not empty values. The descriptor
+//! `a` + `b_c`, not `{`/`}`/`:` in values, not empty values. A value longer
+//! than [`MAX_KEY_OR_VALUE_BYTES`] is held by its digest, marked as one (so
+//! that no value sent as text shares its bucket). The descriptor
 //! part (the tag) is shared by all buckets of one descriptor; each bucket then
 //! appends its own id.
 
-use crate::rules::BucketValue;
+use crate::rules::{bounded_value, BucketValue, MAX_KEY_OR_VALUE_BYTES};
 pub use crate::store::key::put;
 
 /// Where a descriptor's buckets come from.
@@ -40,6 +42,10 @@ pub fn descriptor_tag<'a>(
     for (key, value) in entries {
         put(&mut out, key.as_bytes());
         match value {
+            BucketValue::Value(v) if v.len() > MAX_KEY_OR_VALUE_BYTES => {
+                out.push(b'd');
+                put(&mut out, &sha1_smol::Sha1::from(v).digest().bytes());
+            }
             BucketValue::Value(v) => {
                 out.push(b'v');
                 put(&mut out, v.as_bytes());
@@ -79,7 +85,7 @@ pub fn ratelimit_key<'a>(
         out.extend_from_slice(key.as_bytes());
         out.push(b'_');
         let (BucketValue::Value(v) | BucketValue::Shared(v)) = value;
-        out.extend_from_slice(v.as_bytes());
+        out.extend_from_slice(bounded_value(v).as_bytes());
         out.push(b'_');
     }
     out

@@ -501,7 +501,7 @@ impl Limiter {
         limits: &[LimitRef<'_>],
         buckets: &DescriptorBuckets,
         cost: Cost,
-        id: &[(&str, &str)],
+        id: &[(&str, std::borrow::Cow<'_, str>)],
         generation: u64,
         budget: Option<std::time::Duration>,
     ) -> Result<Decided, Unavailable> {
@@ -520,7 +520,7 @@ impl Limiter {
         let limit = shares.limit(
             &rule.domain,
             &buckets.tag,
-            id.iter().copied(),
+            id.iter().map(|(k, v)| (*k, v.as_ref())),
             own.params,
             mode,
             shares.now_micros(),

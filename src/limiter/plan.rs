@@ -28,7 +28,7 @@ pub(super) enum Plan<'a> {
         cost: Cost,
         /// A `scope: global` rule's bucket id (the descriptor's entries),
         /// for a region's share of it.
-        global: Option<Vec<(&'a str, &'a str)>>,
+        global: Option<Vec<(&'a str, std::borrow::Cow<'a, str>)>>,
         /// The call of an attempt, on a rule with `attempts:`.
         attempt: Option<AttemptCall>,
         /// The rule has `attempts:` and the descriptor named none.
@@ -279,7 +279,7 @@ pub(super) fn plan<'a, E: DescriptorEntry>(
                 d.entries
                     .iter()
                     .filter(matching)
-                    .map(|e| (e.key(), e.value()))
+                    .map(|e| (e.key(), crate::rules::bounded_value(e.value())))
                     .collect::<Vec<_>>()
             });
             Plan::Buckets {
@@ -331,7 +331,7 @@ fn attempt_call<E: DescriptorEntry>(a: &AttemptsConfig, entries: &[E]) -> Option
         .iter()
         .any(|e| e.key() == a.phase_key && e.value() == "done");
     Some(AttemptCall {
-        id: id.as_bytes().to_vec(),
+        id: crate::rules::bounded_value(id).as_bytes().to_vec(),
         phase: if done { Phase::Done } else { Phase::Start },
         mode: a.mode,
         ttl_micros: u64::try_from(a.ttl.as_micros()).unwrap_or(u64::MAX),

@@ -398,10 +398,14 @@ impl Level {
             }
             let branch = level.keys.get(entry.key())?;
             let value = entry.value();
-            let node = if let Some(node) = branch.exact.get(value) {
+            // a value that was not UTF-8 (or held a NUL) comes marked by a
+            // NUL in front (service::wire): its bucket is its own, but it
+            // is matched as its text reads, `*` patterns included
+            let text = value.strip_prefix('\0').unwrap_or(value);
+            let node = if let Some(node) = branch.exact.get(text) {
                 values.push(BucketValue::Value(value));
                 node
-            } else if let Some(w) = branch.wildcards.iter().find(|w| w.pattern.matches(value)) {
+            } else if let Some(w) = branch.wildcards.iter().find(|w| w.pattern.matches(text)) {
                 values.push(if w.share_threshold {
                     BucketValue::Shared(w.pattern.pattern())
                 } else {

@@ -87,6 +87,16 @@ pub struct LoadedFile {
 pub const MAX_ENTRIES: usize = 32;
 pub const MAX_KEY_OR_VALUE_BYTES: usize = 1024;
 
+/// A request's value as a key or an id holds it: itself, or, past
+/// [`MAX_KEY_OR_VALUE_BYTES`], `sha1:` and the 40 hex digits of its
+/// digest. Matching never sees this: rules match the whole value.
+pub fn bounded_value(value: &str) -> std::borrow::Cow<'_, str> {
+    if value.len() <= MAX_KEY_OR_VALUE_BYTES {
+        return std::borrow::Cow::Borrowed(value);
+    }
+    std::borrow::Cow::Owned(format!("sha1:{}", sha1_smol::Sha1::from(value).digest()))
+}
+
 /// The rules in force, swapped whole on reload: the handle every reader
 /// holds (the services, readiness, reloads, xDS, a region's client).
 pub type SharedRules = Arc<arc_swap::ArcSwap<RuleSet>>;

@@ -60,10 +60,10 @@ impl RateLimitGrpc {
         }
     }
 
-    /// Logs at most `per_sec` refused requests a second (0: none), the
-    /// values of `hashed_keys` hashed.
-    pub fn with_refusal_log(mut self, per_sec: u32, hashed_keys: &[String]) -> Self {
-        self.refusals = refusal_log::RefusalLog::new(per_sec).hashing(hashed_keys);
+    /// Logs at most `per_sec` refused requests a second (0: none), values
+    /// shown as `shown` says.
+    pub fn with_refusal_log(mut self, per_sec: u32, shown: crate::shown::ShownValues) -> Self {
+        self.refusals = refusal_log::RefusalLog::new(per_sec).showing(shown);
         self
     }
 
@@ -77,7 +77,6 @@ impl RateLimitGrpc {
         // after it, counted from here rather than from arrival)
         let due = deadline.map(|d| Instant::now() + d);
         tracing::debug!(?request, "ShouldRateLimit");
-        let request = &*request::with_long_values_digested(request);
         let inputs = request::descriptor_inputs(request).map_err(Status::invalid_argument)?;
         let rules = self.rules.load();
         let mut decisions = self
@@ -157,7 +156,7 @@ impl RateLimitGrpc {
             .map(|h| h.value.as_str())
             .unwrap_or("none");
         tracing::info!(
-            domain = %request.domain,
+            domain = %crate::shown::escaped(&request.domain),
             refused_by = %response::refused_by(decisions).join(", "),
             descriptors = %descriptors.join("; "),
             retry_after,
@@ -178,9 +177,16 @@ pub fn store_budget(deadline: Duration) -> Duration {
 impl RateLimitService for RateLimitGrpc {
     async fn should_rate_limit(
         &self,
-        request: Request<RateLimitRequest>,
+        mut request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
         let started = Instant::now();
+        // its strings read as the plain-TCP face reads the same bytes
+        let r = request.get_mut();
+        wire::marked_if_nul(&mut r.domain);
+        for e in r.descriptors.iter_mut().flat_map(|d| d.entries.iter_mut()) {
+            wire::marked_if_nul(&mut e.key);
+            wire::marked_if_nul(&mut e.value);
+        }
         let req = request.get_ref();
         let span = tracing::info_span!(
             target: SPAN_TARGET,

@@ -207,7 +207,7 @@ impl QuotaHub {
                     Ok(shared) => answers.push((step, shared)),
                     Err(e) => {
                         self.metrics.store_error(e.kind());
-                        tracing::debug!(domain = %step.key.domain, error = %e, "RLQS ledger step failed");
+                        tracing::debug!(domain = %crate::shown::escaped(&step.key.domain), error = %e, "RLQS ledger step failed");
                         self.ledger_watch.failed(&e.to_string());
                         failed.push(step);
                     }

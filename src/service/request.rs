@@ -3,8 +3,6 @@
 //! Anything a client controls is bounded here; a bad request is answered
 //! with INVALID_ARGUMENT and a message naming the offending field.
 
-use std::borrow::Cow;
-
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 
@@ -22,34 +20,6 @@ impl DescriptorEntry for Entry {
     fn value(&self) -> &str {
         &self.value
     }
-}
-
-/// `request` with every entry value longer than [`MAX_KEY_OR_VALUE_BYTES`]
-/// replaced by its digest, `sha1:` and 40 hex digits: such a descriptor
-/// (a client's 2 KiB `x-request-id` as an attempt id, a long path) is
-/// decided as any other, by a value of bounded length that only the same
-/// value gives, instead of failing the whole call (and with it every
-/// other limit of the request, to Envoy's failure mode). No rule value
-/// can be that long, so a digest never matches a rule by value.
-pub fn with_long_values_digested(request: &RateLimitRequest) -> Cow<'_, RateLimitRequest> {
-    let long = |e: &Entry| e.value.len() > MAX_KEY_OR_VALUE_BYTES;
-    if !request
-        .descriptors
-        .iter()
-        .any(|d| d.entries.iter().any(long))
-    {
-        return Cow::Borrowed(request);
-    }
-    let mut owned = request.clone();
-    for entry in owned
-        .descriptors
-        .iter_mut()
-        .flat_map(|d| d.entries.iter_mut())
-        .filter(|e| long(e))
-    {
-        entry.value = format!("sha1:{}", sha1_smol::Sha1::from(&entry.value).digest());
-    }
-    Cow::Owned(owned)
 }
 
 /// Validates `request` and reads each descriptor's cost and override.
@@ -98,11 +68,8 @@ pub fn descriptor_inputs(
                         "descriptors[{i}].entries[{j}].key is longer than {MAX_KEY_OR_VALUE_BYTES} bytes"
                     ));
                 }
-                if e.value.len() > MAX_KEY_OR_VALUE_BYTES {
-                    return Err(format!(
-                        "descriptors[{i}].entries[{j}].value is longer than {MAX_KEY_OR_VALUE_BYTES} bytes"
-                    ));
-                }
+                // a value of any length is matched whole; keys and ids
+                // hold a long one by its digest (rules::bounded_value)
             }
             let cost = match (&d.hits_addend, d.is_negative_hits) {
                 // Envoy's refunds: the hits go back into the bucket.

@@ -7,9 +7,14 @@
 //! Envoy's failure mode answers for every limit it carried: with
 //! `failure_mode_deny: false`, a client that adds one such byte to a
 //! header passes every limit. Here the request's strings are read as
-//! bytes (the same wire type) and each byte that is not part of valid
-//! UTF-8 is written `\xNN` (its value in hex), so that the descriptor is
-//! decided as any other, by a value its sender alone can produce.
+//! bytes (the same wire type): UTF-8 without NUL is itself; anything else
+//! is written marked, a NUL first, then each byte that is not part of
+//! valid UTF-8 as `\xNN` (its value in hex), a NUL as `\x00` and a
+//! backslash as `\\`, so that the descriptor is decided as any other, by
+//! a value its sender alone can produce: no text sent as UTF-8 (which
+//! [`marked_if_nul`] marks too when it holds a NUL) reads the same. Rules
+//! match the text after the mark (`rules::matcher`), so that `team-*`
+//! still meets `team-` and a byte that is not UTF-8.
 //!
 //! [`RateLimitServer`] serves the method as the generated server does
 //! (same path, size limit, no compression, the same statuses for a
@@ -75,22 +80,42 @@ struct RawEntry {
     value: Vec<u8>,
 }
 
-/// `bytes` as text: itself when UTF-8, else each invalid byte as `\xNN`.
+/// `bytes` as text: itself when UTF-8 without NUL, else [`marked`].
 pub fn lenient_text(bytes: Vec<u8>) -> String {
     match String::from_utf8(bytes) {
-        Ok(text) => text,
-        Err(e) => {
-            let bytes = e.into_bytes();
-            let mut out = String::with_capacity(bytes.len() + 8);
-            for chunk in bytes.utf8_chunks() {
-                out.push_str(chunk.valid());
-                for b in chunk.invalid() {
-                    let _ = write!(out, "\\x{b:02X}");
-                }
+        Ok(text) if !text.contains('\0') => text,
+        Ok(text) => marked(text.as_bytes()),
+        Err(e) => marked(&e.into_bytes()),
+    }
+}
+
+/// `text` (UTF-8 already: decoded by tonic) as [`lenient_text`] reads the
+/// same bytes: marked when it holds a NUL.
+pub fn marked_if_nul(text: &mut String) {
+    if text.contains('\0') {
+        *text = marked(text.as_bytes());
+    }
+}
+
+/// A NUL, then `bytes` escaped one to one: `\` as `\\`, NUL as `\x00`,
+/// a byte outside valid UTF-8 as `\xNN`. Injective, and never the same
+/// as a text without NUL.
+fn marked(bytes: &[u8]) -> String {
+    let mut out = String::with_capacity(bytes.len() + 8);
+    out.push('\0');
+    for chunk in bytes.utf8_chunks() {
+        for c in chunk.valid().chars() {
+            match c {
+                '\\' => out.push_str("\\\\"),
+                '\0' => out.push_str("\\x00"),
+                c => out.push(c),
             }
-            out
+        }
+        for b in chunk.invalid() {
+            let _ = write!(out, "\\x{b:02X}");
         }
     }
+    out
 }
 
 impl From<RawRequest> for RateLimitRequest {
@@ -361,12 +386,35 @@ mod tests {
     fn text_that_is_not_utf8_keeps_every_byte_apart() {
         assert_eq!(lenient_text(b"alice".to_vec()), "alice");
         assert_eq!(lenient_text("zoë".as_bytes().to_vec()), "zoë");
-        assert_eq!(lenient_text(b"a\xffb".to_vec()), "a\\xFFb");
-        assert_eq!(lenient_text(b"\xc3".to_vec()), "\\xC3", "a cut sequence");
+        assert_eq!(lenient_text(b"a\xffb".to_vec()), "\0a\\xFFb");
+        assert_eq!(lenient_text(b"\xc3".to_vec()), "\0\\xC3", "a cut sequence");
         assert_ne!(
             lenient_text(b"\xfe".to_vec()),
             lenient_text(b"\xff".to_vec())
         );
+    }
+
+    #[test]
+    fn no_text_reads_as_a_byte_it_does_not_hold() {
+        // the raw byte and the text that spells its escape stay apart
+        let raw = lenient_text(b"team-\xfe".to_vec());
+        let typed = lenient_text(b"team-\\xFE".to_vec());
+        assert_ne!(raw, typed);
+        assert_eq!(typed, "team-\\xFE", "UTF-8 without NUL is itself");
+        // marked forms are escaped one to one
+        assert_ne!(
+            lenient_text(b"\\\xfe".to_vec()),
+            lenient_text(b"\\\\xFE\xff".to_vec())
+        );
+        assert_ne!(
+            lenient_text(b"a\0".to_vec()),
+            lenient_text(b"a\\x00\xff".to_vec())
+        );
+        // a NUL in text sent as UTF-8 is marked the same on both paths
+        let mut text = "a\0b".to_string();
+        marked_if_nul(&mut text);
+        assert_eq!(text, lenient_text(b"a\0b".to_vec()));
+        assert_ne!(text, "a\0b");
     }
 
     fn framed(flag: u8, message: &[u8]) -> Vec<u8> {

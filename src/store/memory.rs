@@ -82,6 +82,9 @@ pub struct MemoryStore<C: Clock> {
     max_attempts: usize,
     attempts_held: AtomicUsize,
     attempt_bytes: AtomicUsize,
+    /// Done-only records held, and their bytes: in a room of their own.
+    done_only_held: AtomicUsize,
+    done_only_bytes: AtomicUsize,
     /// Told of each reservation whose time to live passed unsettled.
     on_expired: Option<EvictionSink>,
 }
@@ -110,6 +113,8 @@ impl<C: Clock> MemoryStore<C> {
             max_attempts: DEFAULT_MAX_ATTEMPTS,
             attempts_held: AtomicUsize::new(0),
             attempt_bytes: AtomicUsize::new(0),
+            done_only_held: AtomicUsize::new(0),
+            done_only_bytes: AtomicUsize::new(0),
             on_expired: None,
         }
     }
@@ -130,22 +135,46 @@ impl<C: Clock> MemoryStore<C> {
 
     /// Attempt records and slots held now (forgotten ones until a sweep).
     pub fn attempts(&self) -> usize {
-        self.attempts_held.load(Ordering::Relaxed)
+        self.attempts_held.load(Ordering::Relaxed) + self.done_only_held.load(Ordering::Relaxed)
     }
 
-    /// Whether one more record or slot of `bytes` fits the bound.
-    fn attempt_fits(&self, bytes: usize) -> bool {
-        self.attempts_held.load(Ordering::Relaxed) < self.max_attempts
-            && self.attempt_bytes.load(Ordering::Relaxed) + bytes
-                <= self.max_attempts.saturating_mul(BYTES_PER_ATTEMPT)
+    /// Done-only records held at most: a quarter of `--max-attempts`, in
+    /// a room of their own ([`attempts::is_done_only`]).
+    fn max_done_only(&self) -> usize {
+        (self.max_attempts / 4).max(1)
+    }
+
+    /// Whether one more record or slot of `bytes` fits the bound: a
+    /// done-only record (`done_only`) in its own room, anything else in
+    /// the rest.
+    fn attempt_fits(&self, bytes: usize, done_only: bool) -> bool {
+        let (held, held_bytes, max) = if done_only {
+            (
+                self.done_only_held.load(Ordering::Relaxed),
+                self.done_only_bytes.load(Ordering::Relaxed),
+                self.max_done_only(),
+            )
+        } else {
+            (
+                self.attempts_held.load(Ordering::Relaxed),
+                self.attempt_bytes.load(Ordering::Relaxed),
+                self.max_attempts,
+            )
+        };
+        held < max && held_bytes + bytes <= max.saturating_mul(BYTES_PER_ATTEMPT)
     }
 
     /// Moves the store's totals by a shard's change from `before` to
     /// `after` ([`Attempts::footprint`]).
-    fn account(&self, before: (usize, usize), after: (usize, usize)) {
+    fn account(&self, before: attempts::Footprint, after: attempts::Footprint) {
         for (total, (b, a)) in [
-            (&self.attempts_held, (before.0, after.0)),
-            (&self.attempt_bytes, (before.1, after.1)),
+            (&self.attempts_held, (before.held, after.held)),
+            (&self.attempt_bytes, (before.bytes, after.bytes)),
+            (&self.done_only_held, (before.done_only, after.done_only)),
+            (
+                &self.done_only_bytes,
+                (before.done_only_bytes, after.done_only_bytes),
+            ),
         ] {
             if a >= b {
                 total.fetch_add(a - b, Ordering::Relaxed);
@@ -161,10 +190,11 @@ impl<C: Clock> MemoryStore<C> {
         &self,
         attempts: &mut Attempts,
         bytes: usize,
+        done_only: bool,
         now: u64,
         expired: &mut Vec<RuleId>,
     ) -> bool {
-        if self.attempt_fits(bytes) {
+        if self.attempt_fits(bytes, done_only) {
             return true;
         }
         if attempts.due(now) {
@@ -172,7 +202,7 @@ impl<C: Clock> MemoryStore<C> {
             attempts.sweep(now, expired);
             self.account(before, attempts.footprint());
         }
-        self.attempt_fits(bytes)
+        self.attempt_fits(bytes, done_only)
     }
 
     /// The most buckets the store holds.
@@ -253,6 +283,7 @@ impl<C: Clock> MemoryStore<C> {
                     && !self.attempt_room(
                         &mut shard.attempts,
                         record_bytes(&key),
+                        call.phase == Phase::Done,
                         now,
                         &mut expired,
                     ) =>
@@ -350,6 +381,7 @@ impl<C: Clock> MemoryStore<C> {
             && !self.attempt_room(
                 &mut shard.attempts,
                 record_bytes(&call.id) + key.len(),
+                false,
                 now,
                 &mut expired,
             );

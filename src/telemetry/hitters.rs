@@ -56,6 +56,66 @@ pub struct SharedSummary {
     pub counters: Vec<crate::hitters::Hitter>,
 }
 
+/// Why a summary read back from Redis was refused (it is untrusted input:
+/// anyone who can write to that Redis wrote it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum SummaryRefused {
+    #[error("longer than a summary of this instance's counters can be")]
+    TooLong,
+    #[error("not a summary (malformed JSON)")]
+    Malformed,
+    #[error("more counters than this instance keeps (--heavy-hitters), or none")]
+    TooManyCounters,
+    #[error("a value longer than a summary keeps")]
+    ValueTooLong,
+}
+
+impl SummaryRefused {
+    /// The reason as a metric label.
+    pub fn label(self) -> &'static str {
+        match self {
+            SummaryRefused::TooLong => "too_long",
+            SummaryRefused::Malformed => "malformed",
+            SummaryRefused::TooManyCounters => "too_many_counters",
+            SummaryRefused::ValueTooLong => "value_too_long",
+        }
+    }
+}
+
+/// Instances' summaries read under one key at most: more are left out.
+pub const MAX_SHARED_SUMMARIES: usize = 256;
+
+impl SharedSummary {
+    /// The most bytes a summary of `k` counters takes as JSON: each value
+    /// at most [`crate::hitters::MAX_VALUE_BYTES`] bytes, 6 bytes each when
+    /// escaped, and its counts.
+    pub fn max_json_bytes(k: usize) -> usize {
+        64 + k * (6 * crate::hitters::MAX_VALUE_BYTES + 96)
+    }
+
+    /// `bytes` as a summary, if it is one this instance could have written
+    /// with `max_k` counters: its length, `k`, its counters and each value
+    /// checked before anything is sized by them.
+    pub fn parse(bytes: &[u8], max_k: usize) -> Result<Self, SummaryRefused> {
+        if bytes.len() > Self::max_json_bytes(max_k) {
+            return Err(SummaryRefused::TooLong);
+        }
+        let summary: SharedSummary =
+            serde_json::from_slice(bytes).map_err(|_| SummaryRefused::Malformed)?;
+        if summary.k == 0 || summary.k > max_k || summary.counters.len() > summary.k {
+            return Err(SummaryRefused::TooManyCounters);
+        }
+        if summary
+            .counters
+            .iter()
+            .any(|c| c.value.len() > crate::hitters::MAX_VALUE_BYTES)
+        {
+            return Err(SummaryRefused::ValueTooLong);
+        }
+        Ok(summary)
+    }
+}
+
 /// Where a summary is shared: `<domain>\0<rule>:<kind>:<length>:<start>`.
 pub fn shared_key(domain: &str, rule: &str, kind: &str, length: u64, start: u64) -> Vec<u8> {
     format!("{domain}\0{rule}:{kind}:{length}:{start}").into_bytes()
@@ -65,14 +125,19 @@ pub fn shared_key(domain: &str, rule: &str, kind: &str, length: u64, start: u64)
 pub const KINDS: [&str; 2] = ["refused", "admitted"];
 
 /// Summaries of one kind and window shared by several instances (this
-/// one's too), added up: the `n` largest and the hits counted.
-pub fn merge_shared(summaries: &[SharedSummary], n: usize) -> (Vec<crate::hitters::Hitter>, u64) {
+/// one's too), added up: the `n` largest, then the counts of `also` not
+/// among them, and the hits counted.
+pub fn merge_shared(
+    summaries: &[SharedSummary],
+    n: usize,
+    also: &[crate::hitters::Hitter],
+) -> (Vec<crate::hitters::Hitter>, u64) {
     let parts: Vec<crate::hitters::SpaceSaving> = summaries
         .iter()
         .map(|s| crate::hitters::SpaceSaving::from_parts(s.k, s.total, s.counters.clone()))
         .collect();
-    let hits = parts.iter().map(|p| p.total()).sum();
-    (crate::hitters::merged(&parts, n), hits)
+    let hits = parts.iter().map(|p| p.total()).fold(0, u64::saturating_add);
+    (crate::hitters::merged_with(&parts, n, also), hits)
 }
 
 thread_local! {
@@ -232,40 +297,64 @@ pub fn sort_tops(tops: &mut [RuleTop]) {
 /// The heavy hitters every instance shared (`fetch(key)`: every
 /// instance's summary under a key of [`shared_key`]), added up per rule in
 /// `rules` (`<domain>\0<rule>`): the last minute's and hour's, at
-/// `now_secs`.
+/// `now_secs`. Every key is asked for at once (one pipeline); each summary
+/// is checked against `max_k` (this instance's counters) before it is
+/// used, and `refused` hears of each one that is not.
 pub async fn shared_tops<F, Fut, E>(
     rules: &[Vec<u8>],
     now_secs: u64,
     n: usize,
+    max_k: usize,
     fetch: F,
+    refused: impl Fn(SummaryRefused),
 ) -> Result<Vec<RuleTop>, E>
 where
     F: Fn(Vec<u8>) -> Fut,
     Fut: std::future::Future<Output = Result<Vec<Vec<u8>>, E>>,
 {
-    let mut out = Vec::new();
-    for name in rules {
-        let name = String::from_utf8_lossy(name);
-        let Some((domain, rule)) = name.split_once('\0') else {
-            continue;
-        };
-        let mut tops = Vec::new();
+    let named: Vec<(String, String)> = rules
+        .iter()
+        .filter_map(|name| {
+            let name = String::from_utf8_lossy(name);
+            let (domain, rule) = name.split_once('\0')?;
+            Some((domain.to_string(), rule.to_string()))
+        })
+        .collect();
+    // per rule, kind, window length: the keys of the window and the one before
+    let mut keys = Vec::new();
+    for (domain, rule) in &named {
         for kind in KINDS {
-            let mut windows = Vec::new();
             for length in [60u64, 3600] {
                 let start = now_secs - now_secs % length;
-                let mut summaries = Vec::new();
                 for s in [start, start.saturating_sub(length)] {
-                    for v in fetch(shared_key(domain, rule, kind, length, s)).await? {
-                        if let Ok(doc) = serde_json::from_slice::<SharedSummary>(&v) {
-                            summaries.push(doc);
+                    keys.push(shared_key(domain, rule, kind, length, s));
+                }
+            }
+        }
+    }
+    let replies = futures::future::join_all(keys.into_iter().map(&fetch)).await;
+    let mut replies = replies.into_iter();
+    let mut out = Vec::new();
+    for (domain, rule) in named {
+        let mut tops = Vec::new();
+        for _kind in KINDS {
+            let mut read = || {
+                let mut summaries = Vec::new();
+                for _ in 0..2 {
+                    let Some(reply) = replies.next() else { break };
+                    for v in reply?.iter().take(MAX_SHARED_SUMMARIES) {
+                        match SharedSummary::parse(v, max_k) {
+                            Ok(doc) => summaries.push(doc),
+                            Err(why) => refused(why),
                         }
                     }
                 }
-                windows.push(merge_shared(&summaries, n));
-            }
-            let [(minute, minute_hits), (hour, hour_hits)]: [(Vec<crate::hitters::Hitter>, u64);
-                2] = windows.try_into().unwrap_or_default();
+                Ok(summaries)
+            };
+            let minute_summaries = read()?;
+            let hour_summaries = read()?;
+            let (minute, minute_hits) = merge_shared(&minute_summaries, n, &[]);
+            let (hour, hour_hits) = merge_shared(&hour_summaries, n, &minute);
             tops.push(Top {
                 minute,
                 minute_hits,
@@ -278,8 +367,8 @@ where
             Err(_) => continue,
         };
         out.push(RuleTop {
-            domain: domain.to_string(),
-            rule: rule.to_string(),
+            domain,
+            rule,
             refused,
             admitted,
         });

@@ -97,6 +97,7 @@ pub struct Metrics {
     node_memory: IntGaugeVec,
     values_overflowed: IntCounterVec,
     bucket_resets: IntCounterVec,
+    untrusted_refused: IntCounterVec,
     lease: LeaseMetrics,
     attempt: AttemptMetrics,
     quota: QuotaMetrics,
@@ -106,6 +107,9 @@ pub struct Metrics {
     global_shadow: OnceLock<IntCounter>,
     /// Who is being limited, once turned on (`--heavy-hitters`).
     hitters: OnceLock<super::hitters::HeavyHitters>,
+    /// How values are shown in `detailed_metric` series (escaped, cut,
+    /// pseudonymised): as on the page and in the log.
+    shown: OnceLock<crate::shown::ShownValues>,
     /// `rls_refusals_top_share`, registered at the first scrape with
     /// heavy hitters kept.
     top_share: OnceLock<prometheus::GaugeVec>,
@@ -251,6 +255,14 @@ impl Metrics {
             &["domain", "rule"],
         )
         .expect("valid metric");
+        let untrusted_refused = IntCounterVec::new(
+            Opts::new(
+                "rls_untrusted_input_refused_total",
+                "Data read back from Redis or a peer that was refused as malformed or oversized, by source and reason",
+            ),
+            &["source", "reason"],
+        )
+        .expect("valid metric");
         let lease = LeaseMetrics::new();
         let attempt = AttemptMetrics::new();
         let quota = QuotaMetrics::new();
@@ -275,6 +287,7 @@ impl Metrics {
             Box::new(node_memory.clone()),
             Box::new(values_overflowed.clone()),
             Box::new(bucket_resets.clone()),
+            Box::new(untrusted_refused.clone()),
         ]
         .into_iter()
         .chain(lease.collectors())
@@ -318,12 +331,14 @@ impl Metrics {
             node_memory,
             values_overflowed,
             bucket_resets,
+            untrusted_refused,
             lease,
             attempt,
             quota,
             region,
             ratelimit: OnceLock::new(),
             hitters: OnceLock::new(),
+            shown: OnceLock::new(),
             top_share: OnceLock::new(),
             global_shadow: OnceLock::new(),
         }
@@ -384,6 +399,7 @@ impl Metrics {
     /// Keeps each rule's heavy hitters in summaries of `k` counters (0:
     /// none), the values of `shown`'s keys hashed; the first call decides.
     pub fn enable_hitters(&self, k: usize, shown: crate::shown::ShownValues) {
+        let _ = self.shown.set(shown.clone());
         if k > 0 {
             let _ = self
                 .hitters
@@ -517,11 +533,16 @@ impl Metrics {
                 .as_ref()
                 .filter(|r| r.detailed_metric || r.value_to_metric)
             {
-                let descriptor = entries
-                    .iter()
-                    .map(|e| format!("{}_{}", e.key(), e.value()))
-                    .collect::<Vec<_>>()
-                    .join(".");
+                let shown = self.shown.get_or_init(Default::default);
+                let mut descriptor = String::new();
+                for (i, e) in entries.iter().enumerate() {
+                    if i > 0 {
+                        descriptor.push('.');
+                    }
+                    crate::shown::escape_into(&mut descriptor, crate::shown::cut_at(e.key(), 64));
+                    descriptor.push('_');
+                    shown.write_value(&mut descriptor, e.key(), e.value());
+                }
                 self.decisions_detailed
                     .with_label_values(&[domain_label, r.label(), &descriptor, result])
                     .inc();
@@ -625,6 +646,23 @@ impl Metrics {
     }
 
     /// An operator reset a descriptor's buckets of `rule`.
+    /// Data from `source` (`hitters`, …) refused for `reason`: counted,
+    /// and logged at most once a minute per source.
+    pub fn untrusted_refused(&self, source: &'static str, reason: &str) {
+        let counter = self.untrusted_refused.with_label_values(&[source, reason]);
+        let before = counter.get();
+        counter.inc();
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        static LAST: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let last = LAST.load(std::sync::atomic::Ordering::Relaxed);
+        if before == 0 || now >= last + 60 {
+            LAST.store(now, std::sync::atomic::Ordering::Relaxed);
+            tracing::warn!(source, reason, "data read back from the store refused (rls_untrusted_input_refused_total; logged at most once a minute)");
+        }
+    }
+
     pub fn bucket_reset(&self, rule: RuleId) {
         let (domain, rule) = rule.labels();
         self.bucket_resets

@@ -10,7 +10,11 @@
 //! its start), a slot when it returns; the sweeper drops them every
 //! second, and a full store sweeps the shard of a new record first when
 //! that shard has something due (a pass over the shard, at most once per
-//! due time). Then there is no room: the call says so
+//! due time). Records of done calls whose attempt has no start here (what
+//! Envoy sends for a request it refused, or a client's made-up ids) have a
+//! room of their own, a quarter of that bound beside it ([`is_done_only`]):
+//! however many such calls come, a start still finds room.
+//! Then there is no room: the call says so
 //! ([`crate::attempt::AttemptResult::Full`]); no live record is ever
 //! dropped for a new one (it holds a reservation someone will settle, or
 //! the memory of a charge).
@@ -36,6 +40,25 @@ pub(super) fn record_bytes(key: &[u8]) -> usize {
     ATTEMPT_FIXED_BYTES + key.len()
 }
 
+/// A record of a done call whose attempt has no start here: what Envoy
+/// sends for a request it refused, or a client's made-up ids. These have
+/// a room of their own, a quarter of `--max-attempts`
+/// ([`super::MemoryStore`]), so that no flood of them refuses a start.
+pub(super) fn is_done_only(record: &AttemptRecord) -> bool {
+    record.started.is_none() && record.done
+}
+
+/// What a shard holds, counted against the store's bounds: records and
+/// slots with their bytes, and apart from them the done-only records
+/// ([`is_done_only`]) with theirs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct Footprint {
+    pub held: usize,
+    pub bytes: usize,
+    pub done_only: usize,
+    pub done_only_bytes: usize,
+}
+
 /// One shard's attempt records and slots, and the bytes they are counted
 /// for (a held slot counts as a record). The bound is the store's, over
 /// every shard ([`super::MemoryStore`] keeps the totals from each call's
@@ -49,6 +72,11 @@ pub(super) struct Attempts {
     /// Slots held, all descriptors together.
     held: usize,
     bytes: usize,
+    /// Of the records, those of a done call with no start (never started
+    /// here, or forgotten), and their bytes: kept apart, so that a flood
+    /// of them never takes the room of a start ([`Footprint`]).
+    done_only: usize,
+    done_only_bytes: usize,
     /// No record is forgotten nor slot returned before this: a full store
     /// sweeps a shard only from then (a sweep is a pass over the shard).
     next_due: u64,
@@ -88,9 +116,28 @@ impl Attempts {
         self.records.contains_key(key)
     }
 
-    /// (records and slots held, their bytes).
-    pub(super) fn footprint(&self) -> (usize, usize) {
-        (self.records.len() + self.held, self.bytes)
+    /// What this shard holds, counted against the store's bounds.
+    pub(super) fn footprint(&self) -> Footprint {
+        Footprint {
+            held: self.records.len() + self.held - self.done_only,
+            bytes: self.bytes - self.done_only_bytes,
+            done_only: self.done_only,
+            done_only_bytes: self.done_only_bytes,
+        }
+    }
+
+    /// Moves the done-only counts by `sign` for `record` under `key`.
+    fn count_done_only(&mut self, key: &[u8], record: &AttemptRecord, add: bool) {
+        if !is_done_only(record) {
+            return;
+        }
+        if add {
+            self.done_only += 1;
+            self.done_only_bytes += record_bytes(key);
+        } else {
+            self.done_only -= 1;
+            self.done_only_bytes -= record_bytes(key);
+        }
     }
 
     /// Whether a sweep at `now` would find something to drop.
@@ -152,14 +199,16 @@ impl Attempts {
 
     /// Drops the record under `key`, if any.
     pub(super) fn remove(&mut self, key: &[u8]) {
-        if self.records.remove(key).is_some() {
+        if let Some((record, _)) = self.records.remove(key) {
             self.bytes -= record_bytes(key);
+            self.count_done_only(key, &record, false);
         }
     }
 
     /// Keeps `record` under `key` (replacing what was there).
     pub(super) fn put(&mut self, key: &[u8], record: AttemptRecord, rule: RuleId) {
         self.remember_due(record.expires_micros.min(record.forget_micros));
+        let before = self.records.get(key).map(|(r, _)| *r);
         match self.records.get_mut(key) {
             Some(held) => *held = (record, rule),
             None => {
@@ -167,6 +216,10 @@ impl Attempts {
                 self.records.insert(key.into(), (record, rule));
             }
         }
+        if let Some(before) = before {
+            self.count_done_only(key, &before, false);
+        }
+        self.count_done_only(key, &record, true);
     }
 
     /// Counts each reservation whose time to live passed unsettled (once,
@@ -175,6 +228,7 @@ impl Attempts {
     /// `expired`).
     pub(super) fn sweep(&mut self, now: u64, expired: &mut Vec<RuleId>) {
         let mut freed = 0;
+        let (mut done_only, mut done_only_bytes) = (self.done_only, self.done_only_bytes);
         let mut next = u64::MAX;
         self.records.retain(|k, (r, rule)| {
             if r.expired_unsettled(now) {
@@ -192,10 +246,15 @@ impl Attempts {
                 );
             } else {
                 freed += record_bytes(k);
+                if is_done_only(r) {
+                    done_only -= 1;
+                    done_only_bytes -= record_bytes(k);
+                }
             }
             keep
         });
         self.bytes -= freed;
+        (self.done_only, self.done_only_bytes) = (done_only, done_only_bytes);
         let (mut held, mut bytes) = (self.held, self.bytes);
         self.slots.retain(|key, (slots, rule)| {
             let (n, id_bytes) = slots.expire(now);

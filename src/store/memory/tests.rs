@@ -664,7 +664,8 @@ fn a_slot_start_with_no_room_is_refused_as_full() {
 #[test]
 fn done_calls_of_unknown_attempts_stay_within_the_attempt_bound() {
     let clock = ManualClock::new(1_000_000);
-    let store = MemoryStore::with_cap(clock.clone(), 1, None).with_attempts(2, None);
+    // done-only records get a quarter of the bound: 2 of 8
+    let store = MemoryStore::with_cap(clock.clone(), 1, None).with_attempts(8, None);
     let d = slow("u");
     let mut results = Vec::new();
     for i in 0..5 {
@@ -693,4 +694,45 @@ fn done_calls_of_unknown_attempts_stay_within_the_attempt_bound() {
         &attempt("look", Phase::Start, AttemptMode::Dedupe),
     );
     assert_eq!(o.outcomes[0].remaining, 95);
+    // #65: the flood took none of the starts' room
+    for i in 0..8 {
+        let o = store.decide_attempt_now(
+            &d,
+            Cost::Spend(1),
+            &attempt(&format!("start-{i}"), Phase::Start, AttemptMode::Reserve),
+        );
+        assert_eq!(o.result, AttemptResult::First, "start {i}");
+    }
+    let o = store.decide_attempt_now(
+        &d,
+        Cost::Spend(1),
+        &attempt("one-too-many", Phase::Start, AttemptMode::Reserve),
+    );
+    assert_eq!(o.result, AttemptResult::Full, "the starts' own bound holds");
+}
+
+/// #65 item 3: thousands of done calls for attempts never started (what
+/// Envoy sends for requests it refused, or made-up ids) fill their own
+/// room; another tenant's first start is still taken.
+#[test]
+fn a_flood_of_done_calls_never_refuses_another_tenants_start() {
+    let clock = ManualClock::new(1_000_000);
+    let store = MemoryStore::with_cap(clock.clone(), 64, None).with_attempts(1000, None);
+    let flooder = slow("flooder");
+    for i in 0..5000 {
+        let _ = store.decide_attempt_now(
+            &flooder,
+            Cost::Charge(0),
+            &attempt(&format!("made-up-{i}"), Phase::Done, AttemptMode::Reserve),
+        );
+    }
+    assert!(store.attempts() <= 250, "{}", store.attempts());
+    let other = slow("other");
+    let o = store.decide_attempt_now(
+        &other,
+        Cost::Spend(1),
+        &attempt("first", Phase::Start, AttemptMode::Reserve),
+    );
+    assert_eq!(o.result, AttemptResult::First);
+    assert!(o.outcomes.iter().all(|o| o.admitted));
 }
