@@ -10,7 +10,7 @@ cd "$(dirname "$0")/../fuzz"
 secs=${1:-60}
 command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
 export RUSTC_BOOTSTRAP=1
-for target in rules request; do
+for target in rules request stored; do
   mkdir -p "corpus/$target"
   cargo fuzz run -s none "$target" "corpus/$target" "seeds/$target" -- \
     -max_total_time="$secs" -max_len=8192 -timeout=10 -rss_limit_mb=2048

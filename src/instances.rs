@@ -15,6 +15,18 @@ pub const ANNOUNCE_EVERY: Duration = Duration::from_secs(2);
 /// reach the store) drops out of the count this long after its last one.
 pub const ANNOUNCE_TTL: Duration = Duration::from_secs(10);
 
+/// The most instances a count read from Redis may say: anyone who can
+/// write to that Redis can add members to the set, and a count of a
+/// million would cut every `local` share to nothing. A count above this is
+/// refused (the last count stands), counted and logged.
+pub const MAX_COUNTED_INSTANCES: u32 = 1024;
+
+/// A count read back from the store, if it is one this service could have
+/// written ([`MAX_COUNTED_INSTANCES`] at most). Pure.
+pub fn plausible(n: u32) -> Option<u32> {
+    (n <= MAX_COUNTED_INSTANCES).then_some(n.max(1))
+}
+
 /// The number of instances, read where a share is computed; cheap to clone
 /// (every clone reads the same number).
 #[derive(Debug, Clone)]
@@ -57,6 +69,17 @@ impl From<u32> for Instances {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_count_past_any_fleet_is_refused() {
+        assert_eq!(plausible(0), Some(1));
+        assert_eq!(plausible(3), Some(3));
+        assert_eq!(
+            plausible(MAX_COUNTED_INSTANCES),
+            Some(MAX_COUNTED_INSTANCES)
+        );
+        assert_eq!(plausible(1_000_000), None);
+    }
 
     #[test]
     fn every_clone_reads_the_count_and_it_is_never_zero() {

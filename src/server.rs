@@ -608,6 +608,9 @@ async fn first_count_of_instances(
     let id = instance_id();
     if let (None, Some(redis)) = (args.instances, redis) {
         match redis.announce(&id, ANNOUNCE_TTL).await {
+            Ok(n) if crate::instances::plausible(n).is_none() => {
+                metrics.untrusted_refused("instances", "too_many");
+            }
             Ok(n) => {
                 instances.set(n);
                 tracing::info!(
@@ -647,6 +650,10 @@ fn keep_counting_instances(
                 }
             }
             match redis.announce(&id, ANNOUNCE_TTL).await {
+                Ok(n) if crate::instances::plausible(n).is_none() => {
+                    // a set someone else filled: the last count stands
+                    metrics.untrusted_refused("instances", "too_many");
+                }
                 Ok(n) => {
                     let before = instances.set(n);
                     if before != n.max(1) {

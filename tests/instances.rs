@@ -89,3 +89,63 @@ async fn instances_count_themselves_and_a_local_rule_takes_its_share_by_the_coun
     a.shutdown().await.expect("stop");
     b.shutdown().await.expect("stop");
 }
+
+/// #65: the instances' set is untrusted. Members written to lapse far
+/// beyond any announcement's time to live are dropped at the next count;
+/// a count past any fleet (`MAX_COUNTED_INSTANCES`) is refused, counted,
+/// and the last count stands: nobody with write access to the Redis cuts
+/// every `local` share to nothing.
+#[tokio::test]
+async fn forged_instances_in_redis_do_not_cut_the_shares() {
+    let redis = RedisServer::standalone();
+    let rules = rules_dir(RULES);
+    let s = start(&redis.url(), &rules, None).await;
+    until_counted(&s, 1.0, "this instance alone").await;
+    // far in the future: no instance announces that far ahead
+    let mut far = vec!["ZADD".to_string(), "rls:instances".to_string()];
+    for i in 0..2000 {
+        far.push("99999999999999".into());
+        far.push(format!("forged-{i}"));
+    }
+    let far: Vec<&str> = far.iter().map(String::as_str).collect();
+    redis.cli(&far);
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert_eq!(counted(&s), 1.0, "forged far-future members dropped");
+    assert_eq!(
+        redis.cli(&["ZCARD", "rls:instances"]).trim(),
+        "1",
+        "only this instance's announcement is left"
+    );
+    // within the time to live but past any fleet: refused, the count stands
+    let now_ms: u64 = {
+        let t = redis.cli(&["TIME"]);
+        let mut parts = t.split_whitespace();
+        let secs: u64 = parts.next().and_then(|v| v.parse().ok()).expect("seconds");
+        secs * 1000
+    };
+    let soon = (now_ms + 9_000).to_string();
+    let mut near = vec!["ZADD".to_string(), "rls:instances".to_string()];
+    for i in 0..2000 {
+        near.push(soon.clone());
+        near.push(format!("near-{i}"));
+    }
+    let near: Vec<&str> = near.iter().map(String::as_str).collect();
+    redis.cli(&near);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let refused = |s: &RunningServer| {
+        common::sample(
+            &s.metrics.render(),
+            "rls_untrusted_input_refused_total{reason=\"too_many\",source=\"instances\"}",
+        )
+        .unwrap_or(0.0)
+    };
+    while refused(&s) < 1.0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(
+        refused(&s) >= 1.0,
+        "the count past any fleet is counted as refused"
+    );
+    assert_eq!(counted(&s), 1.0, "the last count stands");
+    s.shutdown().await.expect("stop");
+}

@@ -77,6 +77,25 @@ pub struct Shared {
     pub life_ms: i64,
 }
 
+impl Shared {
+    /// This answer within what the step asked about: read as untrusted
+    /// (the ledger's hash can be written by anyone who reaches that
+    /// Redis), the share at most `budget`, its life at most `ttl_ms`, the
+    /// replicas at most [`crate::instances::MAX_COUNTED_INSTANCES`]. An
+    /// answer the ledger's own script gave is unchanged.
+    pub fn within(self, budget: Budget, ttl_ms: i64) -> Self {
+        Self {
+            share: Budget {
+                burst: self.share.burst.min(budget.burst.max(0.0)),
+                rate: self.share.rate.min(budget.rate.max(0.0)),
+            },
+            replicas: self.replicas.min(crate::instances::MAX_COUNTED_INSTANCES),
+            life_ms: self.life_ms.clamp(0, ttl_ms.max(0)),
+            ..self
+        }
+    }
+}
+
 /// What a replica's Envoys may still enforce that the ledger did not give
 /// (assigned while its steps failed): kept reserved for it, as an earlier
 /// share of its own, for `for_ms` from the step.
@@ -221,7 +240,7 @@ pub fn shared_from_reply(reply: &[i64]) -> Result<Shared, StoreError> {
             burst: unmilli(*rb),
             rate: unmilli(*rr),
         },
-        replicas: u32::try_from(*replicas).unwrap_or(0),
+        replicas: u32::try_from(*replicas).unwrap_or(u32::MAX),
         life_ms: (*life).max(0),
     })
 }
@@ -445,7 +464,7 @@ impl<C: crate::clock::Clock + Send + Sync + 'static> QuotaLedger for MemoryLedge
             StepArgs::new(demand, budget, ttl_ms).holding(held),
             now_ms,
         );
-        shared_from_reply(&reply)
+        shared_from_reply(&reply).map(|s| s.within(budget, ttl_ms))
     }
 }
 

@@ -14,6 +14,21 @@ pub fn attempt_key(tag: &[u8], id: &[u8]) -> Vec<u8> {
     key
 }
 
+/// The part of an [`attempt_key`] that names its descriptor (`a` and the
+/// tag, with its length): what every record of one descriptor shares.
+pub fn attempt_key_descriptor(key: &[u8]) -> &[u8] {
+    let (mut len, mut shift, mut at) = (0usize, 0u32, 1usize);
+    while let Some(&b) = key.get(at) {
+        at += 1;
+        len |= usize::from(b & 0x7f) << shift.min(63);
+        if b & 0x80 == 0 || shift >= 63 {
+            break;
+        }
+        shift += 7;
+    }
+    &key[..at.saturating_add(len).min(key.len())]
+}
+
 /// The key of the slots of the descriptor of `tag` (a `concurrency`
 /// rule's), in both stores: `s`, then the tag with its length in front.
 pub fn slots_key(tag: &[u8]) -> Vec<u8> {
@@ -74,5 +89,26 @@ mod tests {
             "rls:{ab}:\\x01r\\x04edge"
         );
         assert_eq!(escaped(b"a\\b"), "a\\x5cb");
+    }
+
+    #[test]
+    fn an_attempt_keys_descriptor_part_is_every_record_of_that_descriptors() {
+        let long_tag = vec![7u8; 300]; // a two-byte length
+        for tag in [b"t".to_vec(), long_tag] {
+            let a = attempt_key(&tag, b"id-1");
+            let b = attempt_key(&tag, &[9u8; 200]);
+            assert_eq!(attempt_key_descriptor(&a), attempt_key_descriptor(&b));
+            let mut whole = attempt_key(&tag, b"");
+            whole.pop(); // the empty id's length
+            assert_eq!(attempt_key_descriptor(&a), &whole[..]);
+        }
+        assert_ne!(
+            attempt_key_descriptor(&attempt_key(b"t1", b"x")),
+            attempt_key_descriptor(&attempt_key(b"t2", b"x"))
+        );
+        // malformed bytes give a part, never a panic
+        for junk in [&b""[..], b"a", b"a\xff\xff", b"a\x05ab"] {
+            let _ = attempt_key_descriptor(junk);
+        }
     }
 }

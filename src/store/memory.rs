@@ -144,6 +144,13 @@ impl<C: Clock> MemoryStore<C> {
         (self.max_attempts / 4).max(1)
     }
 
+    /// Records one descriptor may hold at most: the bound less a quarter
+    /// kept for the others (the whole bound below 4), so that no one
+    /// descriptor takes the table.
+    fn max_per_descriptor(&self) -> usize {
+        self.max_attempts - self.max_attempts / 4
+    }
+
     /// Whether one more record or slot of `bytes` fits the bound: a
     /// done-only record (`done_only`) in its own room, anything else in
     /// the rest.
@@ -197,12 +204,36 @@ impl<C: Clock> MemoryStore<C> {
         if self.attempt_fits(bytes, done_only) {
             return true;
         }
+        self.sweep_if_due(attempts, now, expired);
+        self.attempt_fits(bytes, done_only)
+    }
+
+    /// Whether a new record under `key` fits its descriptor's share
+    /// ([`MemoryStore::max_per_descriptor`]) and the store's bound
+    /// ([`MemoryStore::attempt_room`]), sweeping first when due.
+    fn record_room(
+        &self,
+        attempts: &mut Attempts,
+        key: &[u8],
+        done_only: bool,
+        now: u64,
+        expired: &mut Vec<RuleId>,
+    ) -> bool {
+        if attempts.held_by_descriptor(key) >= self.max_per_descriptor() {
+            self.sweep_if_due(attempts, now, expired);
+            if attempts.held_by_descriptor(key) >= self.max_per_descriptor() {
+                return false;
+            }
+        }
+        self.attempt_room(attempts, record_bytes(key), done_only, now, expired)
+    }
+
+    fn sweep_if_due(&self, attempts: &mut Attempts, now: u64, expired: &mut Vec<RuleId>) {
         if attempts.due(now) {
             let before = attempts.footprint();
             attempts.sweep(now, expired);
             self.account(before, attempts.footprint());
         }
-        self.attempt_fits(bytes, done_only)
     }
 
     /// The most buckets the store holds.
@@ -280,9 +311,9 @@ impl<C: Clock> MemoryStore<C> {
                 if planned.records
                     && record.is_none()
                     && !shard.attempts.has(&key)
-                    && !self.attempt_room(
+                    && !self.record_room(
                         &mut shard.attempts,
-                        record_bytes(&key),
+                        &key,
                         call.phase == Phase::Done,
                         now,
                         &mut expired,

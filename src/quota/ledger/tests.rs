@@ -242,3 +242,24 @@ fn a_replica_counts_as_the_envoys_it_sums() {
     );
     assert_bounded(&l, TTL_MS + 2);
 }
+
+/// #65: a reply read back from a Redis someone else wrote to is kept
+/// within what the step asked: no share over the budget, no life past the
+/// time to live, no replica count past any fleet.
+#[test]
+fn a_forged_reply_is_kept_within_the_step() {
+    let forged = [i64::MAX, i64::MAX, 5, 0, 0, i64::MAX, i64::MAX];
+    let s = shared_from_reply(&forged)
+        .expect("seven values")
+        .within(BUDGET, TTL_MS);
+    assert!(
+        s.share.burst <= BUDGET.burst && s.share.rate <= BUDGET.rate,
+        "{s:?}"
+    );
+    assert_eq!(s.life_ms, TTL_MS);
+    assert_eq!(s.replicas, crate::instances::MAX_COUNTED_INSTANCES);
+    // an honest answer is unchanged
+    let mut l = Ledger::default();
+    let honest = step(&mut l, "a", Some(10.0), 0);
+    assert_eq!(honest.within(BUDGET, TTL_MS), honest);
+}

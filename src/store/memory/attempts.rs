@@ -13,7 +13,9 @@
 //! due time). Records of done calls whose attempt has no start here (what
 //! Envoy sends for a request it refused, or a client's made-up ids) have a
 //! room of their own, a quarter of that bound beside it ([`is_done_only`]):
-//! however many such calls come, a start still finds room.
+//! however many such calls come, a start still finds room. One descriptor
+//! holds at most three quarters of the bound, so that it never takes the
+//! table from the others.
 //! Then there is no room: the call says so
 //! ([`crate::attempt::AttemptResult::Full`]); no live record is ever
 //! dropped for a new one (it holds a reservation someone will settle, or
@@ -23,6 +25,7 @@ use std::collections::HashMap;
 
 use crate::attempt::{self, AttemptCall, AttemptRecord, AttemptResult, Phase, SlotOutcome, Slots};
 use crate::labels::RuleId;
+use crate::store::key::attempt_key_descriptor;
 
 /// Attempt records held at most unless told otherwise (`--max-attempts`).
 pub const DEFAULT_MAX_ATTEMPTS: usize = 1_000_000;
@@ -77,6 +80,10 @@ pub(super) struct Attempts {
     /// of them never takes the room of a start ([`Footprint`]).
     done_only: usize,
     done_only_bytes: usize,
+    /// Records per descriptor (by [`attempt_key_descriptor`]), done-only
+    /// ones aside (they have their own room): a descriptor holds at most
+    /// its share of the bound ([`super::MemoryStore`]).
+    per_descriptor: HashMap<Box<[u8]>, usize>,
     /// No record is forgotten nor slot returned before this: a full store
     /// sweeps a shard only from then (a sweep is a pass over the shard).
     next_due: u64,
@@ -123,6 +130,27 @@ impl Attempts {
             bytes: self.bytes - self.done_only_bytes,
             done_only: self.done_only,
             done_only_bytes: self.done_only_bytes,
+        }
+    }
+
+    /// Records held of the descriptor whose record keys start as `key`'s.
+    pub(super) fn held_by_descriptor(&self, key: &[u8]) -> usize {
+        self.per_descriptor
+            .get(attempt_key_descriptor(key))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// One record more (`add`) or fewer under `key`'s descriptor.
+    fn count_descriptor(&mut self, key: &[u8], add: bool) {
+        let descriptor = attempt_key_descriptor(key);
+        if add {
+            *self.per_descriptor.entry(descriptor.into()).or_default() += 1;
+        } else if let Some(n) = self.per_descriptor.get_mut(descriptor) {
+            *n -= 1;
+            if *n == 0 {
+                self.per_descriptor.remove(descriptor);
+            }
         }
     }
 
@@ -202,6 +230,9 @@ impl Attempts {
         if let Some((record, _)) = self.records.remove(key) {
             self.bytes -= record_bytes(key);
             self.count_done_only(key, &record, false);
+            if !is_done_only(&record) {
+                self.count_descriptor(key, false);
+            }
         }
     }
 
@@ -216,10 +247,16 @@ impl Attempts {
                 self.records.insert(key.into(), (record, rule));
             }
         }
+        let counted_before = before.is_some_and(|b| !is_done_only(&b));
         if let Some(before) = before {
             self.count_done_only(key, &before, false);
         }
         self.count_done_only(key, &record, true);
+        match (counted_before, !is_done_only(&record)) {
+            (false, true) => self.count_descriptor(key, true),
+            (true, false) => self.count_descriptor(key, false),
+            _ => {}
+        }
     }
 
     /// Counts each reservation whose time to live passed unsettled (once,
@@ -229,6 +266,7 @@ impl Attempts {
     pub(super) fn sweep(&mut self, now: u64, expired: &mut Vec<RuleId>) {
         let mut freed = 0;
         let (mut done_only, mut done_only_bytes) = (self.done_only, self.done_only_bytes);
+        let mut dropped: Vec<Box<[u8]>> = Vec::new();
         let mut next = u64::MAX;
         self.records.retain(|k, (r, rule)| {
             if r.expired_unsettled(now) {
@@ -249,12 +287,17 @@ impl Attempts {
                 if is_done_only(r) {
                     done_only -= 1;
                     done_only_bytes -= record_bytes(k);
+                } else {
+                    dropped.push(attempt_key_descriptor(k).into());
                 }
             }
             keep
         });
         self.bytes -= freed;
         (self.done_only, self.done_only_bytes) = (done_only, done_only_bytes);
+        for descriptor in dropped {
+            self.count_descriptor(&descriptor, false);
+        }
         let (mut held, mut bytes) = (self.held, self.bytes);
         self.slots.retain(|key, (slots, rule)| {
             let (n, id_bytes) = slots.expire(now);

@@ -529,15 +529,16 @@ fn a_full_attempt_table_refuses_reservations_and_keeps_its_live_records() {
 }
 
 /// The bound is the store's, not a shard's share: one hot descriptor may
-/// hold every record (with per-shard shares it held 1/32 of them and was
-/// refused past that, sweeping its shard on every call).
+/// hold three quarters of every record (with per-shard shares it held 1/32
+/// of them and was refused past that, sweeping its shard on every call),
+/// and since #65 no more: a quarter stays for the other descriptors.
 #[test]
-fn one_hot_descriptor_may_hold_the_whole_attempt_bound() {
+fn one_hot_descriptor_may_hold_three_quarters_of_the_attempt_bound() {
     let clock = ManualClock::new(1_000_000);
     let store = MemoryStore::with_cap(clock.clone(), 1_000_000, None).with_attempts(100, None);
     let mut d = slow("hot");
     d.buckets[0].params.capacity = 1_000;
-    for i in 0..100 {
+    for i in 0..75 {
         let o = store.decide_attempt_now(
             &d,
             Cost::Spend(1),
@@ -545,7 +546,7 @@ fn one_hot_descriptor_may_hold_the_whole_attempt_bound() {
         );
         assert_eq!(o.result, AttemptResult::First, "{i}");
     }
-    assert_eq!(store.attempts(), 100);
+    assert_eq!(store.attempts(), 75);
     let o = store.decide_attempt_now(
         &d,
         Cost::Spend(1),
@@ -555,6 +556,14 @@ fn one_hot_descriptor_may_hold_the_whole_attempt_bound() {
         (o.result, o.outcomes[0].admitted),
         (AttemptResult::Full, true)
     );
+    // another descriptor still finds room
+    let other = slow("other");
+    let o = store.decide_attempt_now(
+        &other,
+        Cost::Spend(1),
+        &attempt("o1", Phase::Start, AttemptMode::Dedupe),
+    );
+    assert_eq!(o.result, AttemptResult::First);
     // forgotten after twice the ttl: the sweep frees them all
     clock.advance_micros(21_000_000);
     store.evict_full();
@@ -694,21 +703,25 @@ fn done_calls_of_unknown_attempts_stay_within_the_attempt_bound() {
         &attempt("look", Phase::Start, AttemptMode::Dedupe),
     );
     assert_eq!(o.outcomes[0].remaining, 95);
-    // #65: the flood took none of the starts' room
-    for i in 0..8 {
+    // #65: the flood took none of the starts' room: this descriptor takes
+    // its share (6 of 8), another the rest, then the bound holds
+    let v = slow("v");
+    for (descriptor, n) in [(&d, 6), (&v, 2)] {
+        for i in 0..n {
+            let o = store.decide_attempt_now(
+                descriptor,
+                Cost::Spend(1),
+                &attempt(&format!("start-{i}"), Phase::Start, AttemptMode::Reserve),
+            );
+            assert_eq!(o.result, AttemptResult::First, "start {i}");
+        }
         let o = store.decide_attempt_now(
-            &d,
+            descriptor,
             Cost::Spend(1),
-            &attempt(&format!("start-{i}"), Phase::Start, AttemptMode::Reserve),
+            &attempt("one-too-many", Phase::Start, AttemptMode::Reserve),
         );
-        assert_eq!(o.result, AttemptResult::First, "start {i}");
+        assert_eq!(o.result, AttemptResult::Full, "a bound holds");
     }
-    let o = store.decide_attempt_now(
-        &d,
-        Cost::Spend(1),
-        &attempt("one-too-many", Phase::Start, AttemptMode::Reserve),
-    );
-    assert_eq!(o.result, AttemptResult::Full, "the starts' own bound holds");
 }
 
 /// #65 item 3: thousands of done calls for attempts never started (what
@@ -727,6 +740,17 @@ fn a_flood_of_done_calls_never_refuses_another_tenants_start() {
         );
     }
     assert!(store.attempts() <= 250, "{}", store.attempts());
+    // and its starts: at most three quarters of the bound
+    let mut flooder_starts = 0;
+    for i in 0..1000 {
+        let o = store.decide_attempt_now(
+            &flooder,
+            Cost::Spend(0),
+            &attempt(&format!("start-{i}"), Phase::Start, AttemptMode::Dedupe),
+        );
+        flooder_starts += usize::from(o.result == AttemptResult::First);
+    }
+    assert_eq!(flooder_starts, 750);
     let other = slow("other");
     let o = store.decide_attempt_now(
         &other,

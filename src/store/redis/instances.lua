@@ -15,6 +15,11 @@ else
   redis.call('ZREM', KEYS[1], ARGV[1])
 end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+-- no instance announces further ahead than its time to live: a member
+-- that lapses later was not written by one (ttl 0: withdrawn, keep them)
+if ttl > 0 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], '(' .. (now + ttl), '+inf')
+end
 local n = redis.call('ZCARD', KEYS[1])
 if n > 0 then
   redis.call('PEXPIRE', KEYS[1], math.max(ttl, 1000) * 2)
