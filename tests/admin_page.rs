@@ -187,6 +187,17 @@ async fn hashed_keys_never_show_their_values() {
     let s = tokenbucket_rls::server::start(&args).await.expect("start");
     let mut c = client(&s).await;
     flood(&mut c).await;
+    // the inspector would say whether any value asked is limited: with
+    // pseudonyms on and no credential, it is refused
+    let (status, _) = get(
+        &format!(
+            "http://{}/v1/buckets?domain=api&descriptor=tenant%3Dnoisy",
+            s.admin_addr
+        ),
+        None,
+    )
+    .await;
+    assert_eq!(status, 403);
     let (_, body) = get(&format!("http://{}/v1/hitters", s.admin_addr), None).await;
     assert!(!body.contains("noisy"), "{body}");
     let h: Value = serde_json::from_str(&body).expect("JSON");

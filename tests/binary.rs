@@ -272,3 +272,53 @@ async fn refusals_are_logged_at_most_the_rate_with_the_asked_values_hashed() {
     );
     assert!(!stderr.contains("secret-key"), "{stderr}");
 }
+
+/// #65 item 5: a descriptor value cannot forge a log line. A newline, ESC,
+/// NUL and BEL in a refused request's value are written escaped in the
+/// default text log; no line the client wrote stands on its own.
+#[tokio::test]
+async fn a_value_cannot_forge_a_log_line() {
+    use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+    let (grpc, admin) = (free_port(), free_port());
+    let child = ChildGuard(
+        common::binary_without_rls_env()
+            .env("RLS_CONFIG", concat!(env!("CARGO_MANIFEST_DIR"), "/config"))
+            .env_remove("RUST_LOG")
+            .args(["--grpc-addr", &format!("127.0.0.1:{grpc}")])
+            .args(["--admin-addr", &format!("127.0.0.1:{admin}")])
+            .args(["--refusal-log-rate", "100"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start"),
+    );
+    wait_ready(admin);
+    let mut c = RateLimitServiceClient::connect(format!("http://127.0.0.1:{grpc}"))
+        .await
+        .expect("connect");
+    let forged =
+        "evil\n2026-12-07T00:00:00Z  INFO tokenbucket_rls::service: forged\u{1b}[31m\u{0}\u{7}";
+    let mut refused = 0;
+    for _ in 0..4 {
+        let r = c
+            .should_rate_limit(common::request(
+                "edge",
+                vec![common::descriptor(&[("tenant", forged), ("user", "u")])],
+            ))
+            .await
+            .expect("answered")
+            .into_inner();
+        refused += u32::from(r.overall_code == 2);
+    }
+    let out = child.terminate();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(refused, 2, "a non-acme tenant's user: burst 2");
+    assert!(
+        !stderr
+            .lines()
+            .any(|l| l.contains("INFO tokenbucket_rls::service: forged") && !l.contains("refused")),
+        "a forged line: {stderr}"
+    );
+    assert!(stderr.contains("evil\\u{a}2026"), "{stderr}");
+    assert!(!stderr.contains('\u{1b}') && !stderr.contains('\u{0}') && !stderr.contains('\u{7}'));
+}

@@ -3404,3 +3404,30 @@ async fn a_refusal_names_its_limit_in_a_header() {
         Some("login-burst")
     );
 }
+
+/// #65 item 2: a tenant header padded past 1 KiB meets its `team-*` rule
+/// through a real Envoy (matching sees the whole value; only its key is a
+/// digest): 3 of 5 admitted where the rule allows 3, and another padded
+/// tenant has its own budget.
+#[tokio::test]
+async fn a_padded_header_does_not_escape_its_prefix_rule() {
+    let rules = common::rules_dir(
+        "domain: edge\ndescriptors:\n  - key: tenant_endpoint\n    value: \"team-*\"\n    descriptors:\n      - key: endpoint\n        rate_limit: {unit: hour, requests_per_unit: 3, name: team}\n",
+    );
+    let edge = Edge::start_full(rules.path(), "tenant-endpoint.yaml", &[vec![]]).await;
+    let padded = format!("team-{}", "a".repeat(1100));
+    assert_eq!(
+        edge.codes(5, "/orders", &[("x-tenant", padded.as_str())])
+            .await,
+        [200, 200, 200, 429, 429],
+        "the padded tenant is limited as its rule says"
+    );
+    let other = format!("team-{}b", "a".repeat(1100));
+    assert_eq!(
+        edge.get("/orders", &[("x-tenant", other.as_str())])
+            .await
+            .status,
+        200,
+        "another padded tenant: its own bucket"
+    );
+}

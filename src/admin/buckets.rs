@@ -86,6 +86,15 @@ pub(super) async fn inspect(
     State(state): State<AdminState>,
     Query(query): Query<HashMap<String, String>>,
 ) -> Response {
+    if state.pseudonymised && state.token_file.is_none() && !state.client_cert_required {
+        // it would tell anyone whether a value is limited: pseudonyms
+        // elsewhere would hide nothing
+        return (
+            StatusCode::FORBIDDEN,
+            Json(json!({ "error": "values are pseudonymised (--refusal-log-hash-keys): the inspector needs an operator credential (--admin-token-file or --admin-tls-client-ca)" })),
+        )
+            .into_response();
+    }
     let (a, rule, buckets) = match found(&state, &query) {
         Ok(found) => found,
         Err(refused) => return *refused,

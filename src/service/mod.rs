@@ -177,16 +177,9 @@ pub fn store_budget(deadline: Duration) -> Duration {
 impl RateLimitService for RateLimitGrpc {
     async fn should_rate_limit(
         &self,
-        mut request: Request<RateLimitRequest>,
+        request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
         let started = Instant::now();
-        // its strings read as the plain-TCP face reads the same bytes
-        let r = request.get_mut();
-        wire::marked_if_nul(&mut r.domain);
-        for e in r.descriptors.iter_mut().flat_map(|d| d.entries.iter_mut()) {
-            wire::marked_if_nul(&mut e.key);
-            wire::marked_if_nul(&mut e.value);
-        }
         let req = request.get_ref();
         let span = tracing::info_span!(
             target: SPAN_TARGET,

@@ -11,8 +11,8 @@
 //! is written marked, a NUL first, then each byte that is not part of
 //! valid UTF-8 as `\xNN` (its value in hex), a NUL as `\x00` and a
 //! backslash as `\\`, so that the descriptor is decided as any other, by
-//! a value its sender alone can produce: no text sent as UTF-8 (which
-//! [`marked_if_nul`] marks too when it holds a NUL) reads the same. Rules
+//! a value its sender alone can produce: no text sent as UTF-8 reads the
+//! same. Every listener reads `ShouldRateLimit` through this decoder. Rules
 //! match the text after the mark (`rules::matcher`), so that `team-*`
 //! still meets `team-` and a byte that is not UTF-8.
 //!
@@ -86,14 +86,6 @@ pub fn lenient_text(bytes: Vec<u8>) -> String {
         Ok(text) if !text.contains('\0') => text,
         Ok(text) => marked(text.as_bytes()),
         Err(e) => marked(&e.into_bytes()),
-    }
-}
-
-/// `text` (UTF-8 already: decoded by tonic) as [`lenient_text`] reads the
-/// same bytes: marked when it holds a NUL.
-pub fn marked_if_nul(text: &mut String) {
-    if text.contains('\0') {
-        *text = marked(text.as_bytes());
     }
 }
 
@@ -410,11 +402,8 @@ mod tests {
             lenient_text(b"a\0".to_vec()),
             lenient_text(b"a\\x00\xff".to_vec())
         );
-        // a NUL in text sent as UTF-8 is marked the same on both paths
-        let mut text = "a\0b".to_string();
-        marked_if_nul(&mut text);
-        assert_eq!(text, lenient_text(b"a\0b".to_vec()));
-        assert_ne!(text, "a\0b");
+        // a NUL in text sent as UTF-8 is marked too
+        assert_eq!(lenient_text(b"a\0b".to_vec()), "\0a\\x00b");
     }
 
     fn framed(flag: u8, message: &[u8]) -> Vec<u8> {
