@@ -246,6 +246,17 @@ async fn the_deployment_starts_the_binary_with_what_it_passes() {
         let target = p["targetPort"].as_str().expect("a named target");
         port_of(target);
     }
+    assert!(value("RLS_PROMETHEUS_ADDR").ends_with(&format!(":{}", port_of("http-metrics"))));
+    // #65: monitoring reaches /metrics alone, never the admin port
+    let admitted: Vec<u64> = resource("NetworkPolicy")["spec"]["ingress"]
+        .as_sequence()
+        .expect("ingress")
+        .iter()
+        .flat_map(|rule| rule["ports"].as_sequence().cloned().unwrap_or_default())
+        .filter_map(|p| p["port"].as_u64())
+        .collect();
+    assert!(admitted.contains(&port_of("http-metrics")), "{admitted:?}");
+    assert!(!admitted.contains(&port_of("http-admin")), "{admitted:?}");
     let monitor = resource("ServiceMonitor");
     let scraped = monitor["spec"]["endpoints"][0]["port"]
         .as_str()
@@ -275,6 +286,7 @@ async fn the_deployment_starts_the_binary_with_what_it_passes() {
             "RLS_REDIS_URL" => cluster.url(),
             "RLS_GRPC_ADDR" => format!("127.0.0.1:{grpc}"),
             "RLS_ADMIN_ADDR" => format!("127.0.0.1:{admin}"),
+            "RLS_PROMETHEUS_ADDR" => format!("127.0.0.1:{}", common::free_port()),
             "RLS_CONFIG" => rules.path().display().to_string(),
             _ => v.clone(),
         };
