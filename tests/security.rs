@@ -293,3 +293,44 @@ async fn a_poisoned_summary_in_redis_is_refused_and_the_instance_stays_up() {
     assert_eq!(call(&mut c, "tenant", "another").await, Code::Ok as i32);
     s.shutdown().await.expect("stop");
 }
+
+/// #65 item 7: a read stays small whatever the values: `n` at most 100
+/// (101 is refused by name), values shown cut at 64 bytes each, so that
+/// one rule's answer of 2,000 distinct 1 KiB values at the most counters
+/// (`--heavy-hitters 256`) stays under 100 KB.
+#[tokio::test]
+async fn a_read_of_the_heavy_hitters_is_bounded() {
+    let rules = rules_dir(RULES);
+    let mut args = serve_args(rules.path().to_path_buf());
+    args.heavy_hitters = 256;
+    let s = tokenbucket_rls::server::start(&args).await.expect("start");
+    let mut c = client(&s).await;
+    for i in 0..2000 {
+        let value = format!("{i:04}-{}", "v".repeat(1020));
+        let _ = call(&mut c, "tenant", &value).await;
+    }
+    let admin = format!("http://{}", s.admin_addr);
+    let r = reqwest::get(format!("{admin}/v1/hitters?n=101"))
+        .await
+        .expect("answered");
+    assert_eq!(r.status().as_u16(), 400);
+    let body = text(&format!("{admin}/v1/hitters?n=100")).await;
+    let h: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+    let admitted = h["rules"][0]["admitted"]["minute"]
+        .as_array()
+        .expect("rows");
+    assert_eq!(admitted.len(), 100);
+    assert!(
+        admitted.iter().all(|row| row["value"]
+            .as_str()
+            .is_some_and(|v| v.len() < 80 && v.contains('…'))),
+        "each value cut: {}",
+        admitted[0]
+    );
+    assert!(body.len() < 100_000, "{} bytes", body.len());
+    eprintln!(
+        "/v1/hitters?n=100, one rule of 2,000 values at K=256: {} bytes",
+        body.len()
+    );
+    s.shutdown().await.expect("stop");
+}
