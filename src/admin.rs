@@ -41,10 +41,6 @@ pub struct AdminState {
     /// `--admin-allowed-hosts`: names (beyond addresses and `localhost`)
     /// the guarded paths answer under ([`guard::host_allowed`]).
     pub allowed_hosts: Vec<String>,
-    /// `--refusal-log-hash-keys`: values are shown pseudonymised, so the
-    /// bucket inspector (which answers for any value asked: an oracle)
-    /// needs an operator credential.
-    pub pseudonymised: bool,
     /// The Redis store the instances share their heavy hitters in: the
     /// page shows them all, added up (`None`: this instance's own).
     pub shared_hitters: Option<Arc<crate::store::redis::RedisStore>>,

@@ -22,8 +22,10 @@
 
 use std::collections::HashMap;
 
-/// A value's bytes kept at most (cut at a character boundary).
-pub const MAX_VALUE_BYTES: usize = 128;
+/// A value's bytes kept at most (cut at a character boundary): a
+/// descriptor's entries as `crate::shown` writes them, each cut at 64
+/// bytes, so that a few entries fit whole.
+pub const MAX_VALUE_BYTES: usize = 256;
 
 /// Counters a summary keeps unless told otherwise.
 pub const DEFAULT_COUNTERS: usize = 16;
@@ -201,20 +203,21 @@ pub fn merged_with<'a>(
         .filter(|s| s.counters.len() >= s.k)
         .map(|s| s.counters.iter().map(|c| c.count).min().unwrap_or(0))
         .fold(0, u64::saturating_add);
+    let by_value: HashMap<&str, &Hitter> = all.iter().map(|h| (h.value.as_str(), h)).collect();
+    let mut shown: std::collections::HashSet<String> =
+        out.iter().map(|h| h.value.clone()).collect();
     for value in also.iter().map(|h| h.value.as_str()) {
-        if out.iter().any(|h| h.value == value) {
+        if !shown.insert(value.to_string()) {
             continue;
         }
-        out.push(
-            all.iter()
-                .find(|h| h.value == value)
-                .cloned()
-                .unwrap_or(Hitter {
-                    value: value.to_string(),
-                    count: least,
-                    error: least,
-                }),
-        );
+        out.push(by_value.get(value).map_or_else(
+            || Hitter {
+                value: value.to_string(),
+                count: least,
+                error: least,
+            },
+            |h| (*h).clone(),
+        ));
     }
     out
 }
@@ -470,5 +473,28 @@ mod tests {
         let top = w.top(3600 * 3, 10);
         assert_eq!((top.minute_hits, top.hour_hits), (0, 0));
         assert!(top.hour.is_empty());
+    }
+
+    /// #65 item 8: a value shown for the minute has its hour beside it,
+    /// asked of the hour's summaries, even when it is not among the hour's
+    /// largest.
+    #[test]
+    fn the_hour_of_each_minute_value_is_asked_for() {
+        let mut w = Windows::new(16);
+        // an hour of other values, heavier than the one refused now
+        for i in 0..10 {
+            w.add(&format!("old-{i}"), 100, 0);
+        }
+        w.add("now", 20, 3000);
+        let top = w.top(3000, 3);
+        assert_eq!(top.minute[0].value, "now");
+        let hour: Vec<&str> = top.hour.iter().map(|h| h.value.as_str()).collect();
+        assert_eq!(hour.len(), 4, "3 largest and the minute's own: {hour:?}");
+        let now = top
+            .hour
+            .iter()
+            .find(|h| h.value == "now")
+            .expect("asked for");
+        assert_eq!((now.count, now.error), (20, 0));
     }
 }

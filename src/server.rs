@@ -332,7 +332,6 @@ pub async fn start(args: &ServeArgs) -> Result<RunningServer> {
         token_file: args.admin_token_file.clone(),
         client_cert_required: args.admin_tls_client_ca.is_some(),
         allowed_hosts: args.admin_allowed_hosts.clone(),
-        pseudonymised: !args.refusal_log_hash_keys.is_empty(),
         shared_hitters,
     });
     let admin: futures::future::BoxFuture<'static, Result<()>> =

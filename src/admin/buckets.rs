@@ -86,7 +86,8 @@ pub(super) async fn inspect(
     State(state): State<AdminState>,
     Query(query): Query<HashMap<String, String>>,
 ) -> Response {
-    if state.pseudonymised && state.token_file.is_none() && !state.client_cert_required {
+    let credential = state.token_file.is_some() || state.client_cert_required;
+    if state.metrics.shown().pseudonymises() && !credential {
         // it would tell anyone whether a value is limited: pseudonyms
         // elsewhere would hide nothing
         return (
@@ -136,7 +137,7 @@ pub(super) async fn reset(
     match limiter.store().forget(&buckets).await {
         Ok(removed) => {
             state.metrics.bucket_reset(rule.id);
-            let shown = crate::shown::ShownValues::default();
+            let shown = state.metrics.shown();
             let shown: Vec<String> = a.entries.iter().map(|(k, v)| shown.show(k, v)).collect();
             tracing::warn!(
                 domain = %escaped(&a.domain),

@@ -376,3 +376,41 @@ where
     sort_tops(&mut out);
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// #65 item 8: twenty users behind one long first entry are twenty
+    /// rows, not one: each entry is cut on its own.
+    #[test]
+    fn users_behind_a_long_first_entry_stay_apart() {
+        let hitters = HeavyHitters::new(64, ShownValues::default());
+        let rule = RuleId::of("hitters-test", "path_user");
+        let path = format!("/api/{}", "x".repeat(1100));
+        for u in 0..20 {
+            let user = format!("user-{u}");
+            for _ in 0..=u {
+                hitters.record(
+                    rule,
+                    &[("path", path.as_str()), ("user", user.as_str())],
+                    false,
+                );
+            }
+        }
+        let top = hitters.top(100);
+        let refused = &top
+            .iter()
+            .find(|t| t.domain == "hitters-test")
+            .expect("the rule")
+            .refused;
+        assert_eq!(refused.minute.len(), 20);
+        assert_eq!(refused.minute[0].count, 20);
+        assert!(
+            refused.minute[0].value.ends_with(",user=user-19"),
+            "{}",
+            refused.minute[0].value
+        );
+        assert!(refused.minute.iter().all(|h| h.error == 0));
+    }
+}

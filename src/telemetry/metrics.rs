@@ -398,6 +398,12 @@ impl Metrics {
 
     /// Keeps each rule's heavy hitters in summaries of `k` counters (0:
     /// none), the values of `shown`'s keys hashed; the first call decides.
+    /// How request values are shown (escaped, cut, some pseudonymised), as
+    /// [`Metrics::enable_hitters`] was told.
+    pub fn shown(&self) -> &crate::shown::ShownValues {
+        self.shown.get_or_init(Default::default)
+    }
+
     pub fn enable_hitters(&self, k: usize, shown: crate::shown::ShownValues) {
         let _ = self.shown.set(shown.clone());
         if k > 0 {
@@ -533,7 +539,7 @@ impl Metrics {
                 .as_ref()
                 .filter(|r| r.detailed_metric || r.value_to_metric)
             {
-                let shown = self.shown.get_or_init(Default::default);
+                let shown = self.shown();
                 let mut descriptor = String::new();
                 for (i, e) in entries.iter().enumerate() {
                     if i > 0 {
