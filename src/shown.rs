@@ -49,6 +49,11 @@ fn hidden(c: char) -> bool {
 /// Writes `s` to `out` with [`hidden`] characters as `\u{…}` and `\` as
 /// `\\` (so that an escape in the output was never typed by a client).
 pub fn escape_into(out: &mut String, s: &str) {
+    // the usual value: printable ASCII, written as it is
+    if s.bytes().all(|b| (0x20..0x7f).contains(&b) && b != b'\\') {
+        out.push_str(s);
+        return;
+    }
     for c in s.chars() {
         if c == '\\' {
             out.push_str("\\\\");
