@@ -82,7 +82,8 @@ impl Shared {
     /// (the ledger's hash can be written by anyone who reaches that
     /// Redis), the share at most `budget`, its life at most `ttl_ms`, the
     /// replicas at most [`crate::instances::MAX_COUNTED_INSTANCES`]. An
-    /// answer the ledger's own script gave is unchanged.
+    /// answer the ledger's own script gave is unchanged; the caller counts
+    /// one that is not (`rls_untrusted_input_refused_total{source="ledger"}`).
     pub fn within(self, budget: Budget, ttl_ms: i64) -> Self {
         Self {
             share: Budget {
@@ -464,7 +465,7 @@ impl<C: crate::clock::Clock + Send + Sync + 'static> QuotaLedger for MemoryLedge
             StepArgs::new(demand, budget, ttl_ms).holding(held),
             now_ms,
         );
-        shared_from_reply(&reply).map(|s| s.within(budget, ttl_ms))
+        shared_from_reply(&reply)
     }
 }
 

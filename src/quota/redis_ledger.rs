@@ -102,7 +102,7 @@ impl QuotaLedger for RedisLedger {
                 redis.run_script(&self.script, key.clone(), &args, patience)
             })
             .await?;
-        shared_from_reply(&reply).map(|s| s.within(budget, ttl_ms))
+        shared_from_reply(&reply)
     }
 }
 

@@ -204,7 +204,16 @@ impl QuotaHub {
             let mut failed = Vec::new();
             for (step, answer) in chunk {
                 match answer {
-                    Ok(shared) => answers.push((step, shared)),
+                    Ok(shared) => {
+                        // read as untrusted: anyone who reaches the Redis
+                        // can write the ledger's hash
+                        let ttl_ms = i64::try_from(step.ttl_micros / 1000).unwrap_or(i64::MAX);
+                        let kept = shared.within(step.budget, ttl_ms);
+                        if kept != shared {
+                            self.metrics.untrusted_refused("ledger", "out_of_bounds");
+                        }
+                        answers.push((step, kept));
+                    }
                     Err(e) => {
                         self.metrics.store_error(e.kind());
                         tracing::debug!(domain = %crate::shown::escaped(&step.key.domain), error = %e, "RLQS ledger step failed");
