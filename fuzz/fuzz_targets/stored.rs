@@ -1,10 +1,16 @@
 //! Arbitrary bytes as what the service reads back from a Redis anyone may
-//! have written to (#65): a shared heavy-hitter summary, a quota ledger's
-//! reply, an instances count. Each decoder must refuse or clamp, never
-//! panic, and never allocate by a size the input claims.
+//! have written to, or a peer sent (#65): a shared heavy-hitter summary, a
+//! quota ledger's reply, an instances count, a global tier's assignments
+//! to a region. Each reader must refuse or clamp, never panic, and never
+//! allocate by a size the input claims.
 #![no_main]
 
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::RateLimitQuotaResponse;
 use libfuzzer_sys::fuzz_target;
+use prost::Message;
+use tokenbucket_rls::bucket::{Algorithm, BucketParams};
+use tokenbucket_rls::quota::region::{RegionLimit, RegionShares};
+use tokenbucket_rls::rules::FailureMode;
 use tokenbucket_rls::instances::{plausible, MAX_COUNTED_INSTANCES};
 use tokenbucket_rls::quota::ledger::shared_from_reply;
 use tokenbucket_rls::quota::allocation::Budget;
@@ -12,6 +18,41 @@ use tokenbucket_rls::telemetry::hitters::{merge_shared, SharedSummary};
 
 /// The counters this reader keeps: the most `--heavy-hitters` allows.
 const MAX_K: usize = 256;
+
+/// A global rule's bucket: B = 90, 30 a second.
+const RULE: BucketParams = BucketParams {
+    capacity: 90,
+    tokens_per_unit: 30,
+    unit_secs: 1,
+    max_debt: None,
+    algorithm: Algorithm::TokenBucket,
+    period: None,
+};
+
+/// What a region decides the bucket with after the global tier's answer
+/// `data`: never more than the rule's own budget.
+fn region_after(data: &[u8]) {
+    let Ok(answer) = RateLimitQuotaResponse::decode(data) else {
+        return;
+    };
+    let shares = RegionShares::new(3);
+    let limit = |now| {
+        shares.limit(
+            "d",
+            b"tag-a",
+            [("api_key", "a")].into_iter(),
+            RULE,
+            FailureMode::Local,
+            now,
+        )
+    };
+    let now = shares.now_micros();
+    let _ = limit(now);
+    shares.apply("d", &answer.bucket_action, now);
+    if let RegionLimit::Share(p) | RegionLimit::Floor(p) = limit(now) {
+        assert!(p.capacity <= RULE.capacity && p.tokens_per_unit <= RULE.tokens_per_unit);
+    }
+}
 
 fuzz_target!(|data: &[u8]| {
     // a summary: refused, or within what this reader keeps
@@ -32,6 +73,7 @@ fuzz_target!(|data: &[u8]| {
         assert!((0..=15_000).contains(&s.life_ms));
         assert!(s.replicas <= MAX_COUNTED_INSTANCES);
     }
+    region_after(data);
     // an instances count
     if let Some(&first) = ints.first() {
         let n = u32::try_from(first).unwrap_or(u32::MAX);
