@@ -318,13 +318,7 @@ pub async fn start(args: &ServeArgs) -> Result<RunningServer> {
                 })
             }
         };
-    if let Some(file) = &args.admin_token_file {
-        anyhow::ensure!(
-            admin::guard::read_token(file).is_some(),
-            "--admin-token-file {}: cannot be read, or is empty",
-            file.display()
-        );
-    }
+    check_admin_token(args)?;
     let admin_router = admin::router(AdminState {
         rules: rules.clone(),
         health,
@@ -443,6 +437,19 @@ fn load_rules(args: &ServeArgs) -> Result<(SharedRules, LoadOptions, Option<XdsS
     }
     let rules: SharedRules = Arc::new(ArcSwap::from_pointee(loaded.with_generation(1)));
     Ok((rules, opts, xds))
+}
+
+/// `--admin-token-file`, when given, holds a token now: a Secret that is
+/// missing stops the start instead of refusing every operator later.
+fn check_admin_token(args: &ServeArgs) -> Result<()> {
+    if let Some(file) = &args.admin_token_file {
+        anyhow::ensure!(
+            admin::guard::read_token(file).is_some(),
+            "--admin-token-file {}: cannot be read, or is empty",
+            file.display()
+        );
+    }
+    Ok(())
 }
 
 /// How request values are shown in logs, on the page and in metrics:
