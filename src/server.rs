@@ -101,10 +101,14 @@ impl RunningServer {
         Ok(())
     }
 
-    /// Waits until either server stops on its own (an error) .
+    /// Waits until either server stops on its own (an error). The tasks
+    /// stay here while it waits: when a signal ends the wait instead,
+    /// [`RunningServer::shutdown`] still has every one of them to drain
+    /// (it once moved them out, and a SIGTERM then dropped them with the
+    /// wait: the process exited with calls in flight, #66).
     pub async fn wait(&mut self) -> Result<()> {
-        let (result, _, rest) = futures::future::select_all(self.tasks.drain(..)).await;
-        self.tasks = rest;
+        let (result, index, _) = futures::future::select_all(self.tasks.iter_mut()).await;
+        self.tasks.remove(index);
         result.context("server task panicked")?
     }
 }

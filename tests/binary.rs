@@ -322,3 +322,78 @@ async fn a_value_cannot_forge_a_log_line() {
     assert!(stderr.contains("evil\\u{a}2026"), "{stderr}");
     assert!(!stderr.contains('\u{1b}') && !stderr.contains('\u{0}') && !stderr.contains('\u{7}'));
 }
+
+/// #66 (part): SIGTERM with calls in flight answers every one of them
+/// before the process exits. Redis is paused (CLIENT PAUSE) so that 40
+/// calls wait in the service when the signal comes; they are answered
+/// when Redis answers again, then the process exits 0. (The server's
+/// tasks were once dropped with the wait the signal ended: the process
+/// exited at once and every call was cut.)
+#[tokio::test]
+async fn sigterm_answers_the_calls_in_flight() {
+    use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+    let redis = common::redis::RedisServer::standalone();
+    let (grpc, admin) = (free_port(), free_port());
+    let child = ChildGuard(
+        common::binary_without_rls_env()
+            .env("RLS_CONFIG", concat!(env!("CARGO_MANIFEST_DIR"), "/config"))
+            .args(["--grpc-addr", &format!("127.0.0.1:{grpc}")])
+            .args(["--admin-addr", &format!("127.0.0.1:{admin}")])
+            .args(["--store", "redis", "--redis-url", &redis.url()])
+            .args(["--redis-timeout", "5s", "--instances", "1"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start"),
+    );
+    wait_ready(admin);
+    let c = RateLimitServiceClient::connect(format!("http://127.0.0.1:{grpc}"))
+        .await
+        .expect("connect");
+    // one call first: the store's connections are up
+    let _ = c
+        .clone()
+        .should_rate_limit(common::request(
+            "edge",
+            vec![common::descriptor(&[("plan", "free"), ("api_key", "warm")])],
+        ))
+        .await
+        .expect("answered");
+    redis.cli(&["CLIENT", "PAUSE", "1500"]);
+    let calls: Vec<_> = (0..40)
+        .map(|i| {
+            let mut c = c.clone();
+            tokio::spawn(async move {
+                c.should_rate_limit(common::request(
+                    "edge",
+                    vec![common::descriptor(&[
+                        ("plan", "free"),
+                        ("api_key", &format!("k{i}")),
+                    ])],
+                ))
+                .await
+                .map(|r| r.into_inner().overall_code)
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let out = tokio::task::spawn_blocking(move || child.terminate())
+        .await
+        .expect("joined");
+    let mut answered = 0;
+    for call in calls {
+        match call.await.expect("joined") {
+            Ok(code) => {
+                assert_eq!(code, 1, "admitted: a fresh key each");
+                answered += 1;
+            }
+            Err(status) => panic!("a call in flight was cut: {status}"),
+        }
+    }
+    assert_eq!(answered, 40);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
