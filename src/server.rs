@@ -50,6 +50,12 @@ pub const LEASE_SWEEP: Duration = Duration::from_millis(100);
 /// How long shutdown waits for unspent lease tokens to go back.
 const LEASE_RETURN_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// How long a shutdown waits for the calls in flight and for each
+/// connection's close: an HTTP/2 peer that never answers the GOAWAY's
+/// ping (hung, or cut off) would hold it for ever. Then what is left is
+/// ended. (#66 makes it a setting, `--shutdown-grace`.)
+const DRAIN_GRACE: Duration = Duration::from_secs(10);
+
 /// A started server: its bound addresses and a way to stop it.
 pub struct RunningServer {
     /// Where gRPC is served (port 0 when it is served on `--grpc-uds`).
@@ -83,8 +89,22 @@ impl RunningServer {
         if let Some(upstream) = &self.upstream {
             upstream.abort();
         }
-        for task in self.tasks {
-            task.await.context("server task panicked")??;
+        let mut tasks = self.tasks;
+        let drained = tokio::time::timeout(DRAIN_GRACE, async {
+            for task in &mut tasks {
+                task.await.context("server task panicked")??;
+            }
+            Ok::<(), anyhow::Error>(())
+        })
+        .await;
+        match drained {
+            Ok(result) => result?,
+            Err(_) => {
+                tracing::warn!("connections still open {DRAIN_GRACE:?} after the shutdown began (a peer that does not answer): ended");
+                for task in &tasks {
+                    task.abort();
+                }
+            }
         }
         let returned = tokio::time::timeout(LEASE_RETURN_TIMEOUT, self.limiter.leases().return_all())
             .await

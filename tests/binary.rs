@@ -252,7 +252,10 @@ async fn refusals_are_logged_at_most_the_rate_with_the_asked_values_hashed() {
     }
     // the clock seconds the calls touched: a run of 0.1 s may straddle two
     let secs = started.elapsed().as_secs() + 2;
-    let out = child.terminate();
+    // off this runtime's thread: the client answers the server's GOAWAY
+    let out = tokio::task::spawn_blocking(move || child.terminate())
+        .await
+        .expect("joined");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(refused, 37, "a burst of 3 a minute");
     let lines: Vec<&str> = stderr
@@ -310,7 +313,10 @@ async fn a_value_cannot_forge_a_log_line() {
             .into_inner();
         refused += u32::from(r.overall_code == 2);
     }
-    let out = child.terminate();
+    // off this runtime's thread: the client answers the server's GOAWAY
+    let out = tokio::task::spawn_blocking(move || child.terminate())
+        .await
+        .expect("joined");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(refused, 2, "a non-acme tenant's user: burst 2");
     assert!(
@@ -396,4 +402,46 @@ async fn sigterm_answers_the_calls_in_flight() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// A peer that opened an HTTP/2 connection and then never answers (hung,
+/// or cut off) does not hold a shutdown for ever: the process exits once
+/// the drain's grace (10 s) has passed, 0.
+#[tokio::test]
+async fn a_silent_peer_does_not_hold_the_shutdown() {
+    use std::io::Write;
+    let (grpc, admin) = (free_port(), free_port());
+    let child = ChildGuard(
+        Command::new(env!("CARGO_BIN_EXE_tokenbucket-rls"))
+            .env("RLS_CONFIG", concat!(env!("CARGO_MANIFEST_DIR"), "/config"))
+            .args(["--grpc-addr", &format!("127.0.0.1:{grpc}")])
+            .args(["--admin-addr", &format!("127.0.0.1:{admin}")])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start"),
+    );
+    wait_ready(admin);
+    let mut silent = std::net::TcpStream::connect(("127.0.0.1", grpc)).expect("connect");
+    // the client preface and an empty SETTINGS frame, then nothing: not
+    // even the SETTINGS ack nor the GOAWAY's ping
+    silent
+        .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+        .expect("preface");
+    std::thread::sleep(Duration::from_millis(200));
+    let out = tokio::task::spawn_blocking(move || {
+        let started = Instant::now();
+        let out = child.terminate();
+        (out, started.elapsed())
+    })
+    .await
+    .expect("joined");
+    let (out, took) = out;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!("exited {took:?} after SIGTERM with a silent peer");
+    drop(silent);
 }

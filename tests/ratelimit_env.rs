@@ -155,7 +155,10 @@ async fn started_with_istios_sample_environment() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 
-    let out = child.terminate();
+    // off this runtime's thread: the client answers the server's GOAWAY
+    let out = tokio::task::spawn_blocking(move || child.terminate())
+        .await
+        .expect("joined");
     let stderr = String::from_utf8_lossy(&out.stderr);
     let first = stderr.lines().next().unwrap_or_default();
     assert!(first.starts_with('{'), "RLS_LOG_FORMAT=json won: {first}");
