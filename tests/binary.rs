@@ -50,6 +50,27 @@ fn wait_ready(admin: u16) {
     }
 }
 
+/// The binary on `config/` (no RLS_* from the environment, RUST_LOG unset)
+/// on free loopback ports with `args`, its stderr piped, once its admin
+/// port answers: the child, its gRPC port.
+fn serving_config_with(args: &[&str]) -> (ChildGuard, u16) {
+    let (grpc, admin) = (free_port(), free_port());
+    let child = ChildGuard(
+        common::binary_without_rls_env()
+            .env("RLS_CONFIG", concat!(env!("CARGO_MANIFEST_DIR"), "/config"))
+            .env_remove("RUST_LOG")
+            .args(["--grpc-addr", &format!("127.0.0.1:{grpc}")])
+            .args(["--admin-addr", &format!("127.0.0.1:{admin}")])
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start"),
+    );
+    wait_ready(admin);
+    (child, grpc)
+}
+
 fn exits_cleanly_on(signal: &str) {
     let (mut child, admin) = start();
     wait_ready(admin);
@@ -207,30 +228,18 @@ fn attempts_on_the_memory_store_with_several_instances_are_warned_of() {
 #[tokio::test]
 async fn refusals_are_logged_at_most_the_rate_with_the_asked_values_hashed() {
     use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
-    let (grpc, admin) = (free_port(), free_port());
     let dir = tempfile::tempdir().expect("tempdir");
     let secret = dir.path().join("pseudonym-key");
     std::fs::write(&secret, "a secret of this deployment").expect("write");
-    let child = ChildGuard(
-        common::binary_without_rls_env()
-            .env("RLS_CONFIG", concat!(env!("CARGO_MANIFEST_DIR"), "/config"))
-            .env_remove("RUST_LOG")
-            .args(["--grpc-addr", &format!("127.0.0.1:{grpc}")])
-            .args(["--admin-addr", &format!("127.0.0.1:{admin}")])
-            .args([
-                "--refusal-log-rate",
-                "2",
-                "--refusal-log-hash-keys",
-                "api_key",
-            ])
-            .arg("--pseudonym-key-file")
-            .arg(&secret)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start"),
-    );
-    wait_ready(admin);
+    let secret = secret.to_str().expect("utf-8 path");
+    let (child, grpc) = serving_config_with(&[
+        "--refusal-log-rate",
+        "2",
+        "--refusal-log-hash-keys",
+        "api_key",
+        "--pseudonym-key-file",
+        secret,
+    ]);
     let mut c = RateLimitServiceClient::connect(format!("http://127.0.0.1:{grpc}"))
         .await
         .expect("connect");
@@ -282,20 +291,7 @@ async fn refusals_are_logged_at_most_the_rate_with_the_asked_values_hashed() {
 #[tokio::test]
 async fn a_value_cannot_forge_a_log_line() {
     use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
-    let (grpc, admin) = (free_port(), free_port());
-    let child = ChildGuard(
-        common::binary_without_rls_env()
-            .env("RLS_CONFIG", concat!(env!("CARGO_MANIFEST_DIR"), "/config"))
-            .env_remove("RUST_LOG")
-            .args(["--grpc-addr", &format!("127.0.0.1:{grpc}")])
-            .args(["--admin-addr", &format!("127.0.0.1:{admin}")])
-            .args(["--refusal-log-rate", "100"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start"),
-    );
-    wait_ready(admin);
+    let (child, grpc) = serving_config_with(&["--refusal-log-rate", "100"]);
     let mut c = RateLimitServiceClient::connect(format!("http://127.0.0.1:{grpc}"))
         .await
         .expect("connect");
@@ -339,20 +335,17 @@ async fn a_value_cannot_forge_a_log_line() {
 async fn sigterm_answers_the_calls_in_flight() {
     use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
     let redis = common::redis::RedisServer::standalone();
-    let (grpc, admin) = (free_port(), free_port());
-    let child = ChildGuard(
-        common::binary_without_rls_env()
-            .env("RLS_CONFIG", concat!(env!("CARGO_MANIFEST_DIR"), "/config"))
-            .args(["--grpc-addr", &format!("127.0.0.1:{grpc}")])
-            .args(["--admin-addr", &format!("127.0.0.1:{admin}")])
-            .args(["--store", "redis", "--redis-url", &redis.url()])
-            .args(["--redis-timeout", "5s", "--instances", "1"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start"),
-    );
-    wait_ready(admin);
+    let url = redis.url();
+    let (child, grpc) = serving_config_with(&[
+        "--store",
+        "redis",
+        "--redis-url",
+        &url,
+        "--redis-timeout",
+        "5s",
+        "--instances",
+        "1",
+    ]);
     let c = RateLimitServiceClient::connect(format!("http://127.0.0.1:{grpc}"))
         .await
         .expect("connect");
@@ -410,18 +403,7 @@ async fn sigterm_answers_the_calls_in_flight() {
 #[tokio::test]
 async fn a_silent_peer_does_not_hold_the_shutdown() {
     use std::io::Write;
-    let (grpc, admin) = (free_port(), free_port());
-    let child = ChildGuard(
-        Command::new(env!("CARGO_BIN_EXE_tokenbucket-rls"))
-            .env("RLS_CONFIG", concat!(env!("CARGO_MANIFEST_DIR"), "/config"))
-            .args(["--grpc-addr", &format!("127.0.0.1:{grpc}")])
-            .args(["--admin-addr", &format!("127.0.0.1:{admin}")])
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start"),
-    );
-    wait_ready(admin);
+    let (child, grpc) = serving_config_with(&[]);
     let mut silent = std::net::TcpStream::connect(("127.0.0.1", grpc)).expect("connect");
     // the client preface and an empty SETTINGS frame, then nothing: not
     // even the SETTINGS ack nor the GOAWAY's ping
