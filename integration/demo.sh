@@ -67,9 +67,11 @@ echo "tokenbucket-rls: gRPC 127.0.0.1:$RLS_PORT_1 and :$RLS_PORT_2 (admin :$((RL
 if $rlqs; then
   # One Envoy per instance, each streaming its usage to its own instance.
   start_envoy() { # edge upstream admin rls-port
-    sed -e "s/port_value: 10000/port_value: $1/" \
-        -e "s/port_value: 10001/port_value: $2/" \
-        -e "s/port_value: 9901/port_value: $3/" \
+    # `t` ends a line's edits after its one port is replaced: a chosen
+    # port equal to another default (an upstream on 8081) is left alone
+    sed -e "s/port_value: 10000}/port_value: $1}/" -e t \
+        -e "s/port_value: 10001}/port_value: $2}/" -e t \
+        -e "s/port_value: 9901}/port_value: $3}/" -e t \
         -e "s/port_value: 8081}/port_value: $4}/" \
         examples/envoy/rlqs.yaml >"$work/envoy-$1.yaml"
     envoy -c "$work/envoy-$1.yaml" --disable-hot-restart --log-level warn >"$work/envoy-$1.log" 2>&1 &
@@ -127,9 +129,10 @@ if $rlqs; then
 fi
 
 # The example bootstrap, with both instances behind the rate-limit cluster.
-sed -e "s/port_value: 10000/port_value: $EDGE_PORT/" \
-    -e "s/port_value: 10001/port_value: $UPSTREAM_PORT/" \
-    -e "s/port_value: 9901/port_value: $ENVOY_ADMIN_PORT/" \
+# (`t`: each line's one port is replaced once, as above)
+sed -e "s/port_value: 10000}/port_value: $EDGE_PORT}/" -e t \
+    -e "s/port_value: 10001}/port_value: $UPSTREAM_PORT}/" -e t \
+    -e "s/port_value: 9901}/port_value: $ENVOY_ADMIN_PORT}/" -e t \
     -e "s|        - endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: 8081}}}|        - endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: $RLS_PORT_1}}}\n        - endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: $RLS_PORT_2}}}|" \
     examples/envoy/envoy.yaml >"$work/envoy.yaml"
 envoy -c "$work/envoy.yaml" --disable-hot-restart --log-level warn >"$work/envoy.log" 2>&1 &
