@@ -17,12 +17,44 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::sync::Notify;
+
 use crate::limiter::Limiter;
 use crate::rules::SharedRules;
 use crate::service::quota::QuotaHub;
 
 /// The gRPC health service name Envoy and Kubernetes probes ask about.
 pub const SERVICE_NAME: &str = "ratelimit";
+
+/// Whether shutdown has begun: set once, by the first SIGTERM or SIGINT,
+/// and told to whoever waits on it.
+#[derive(Default)]
+pub struct Draining {
+    began: AtomicBool,
+    told: Notify,
+}
+
+impl Draining {
+    /// Shutdown begins: readiness turns false from now on.
+    pub fn begin(&self) {
+        self.began.store(true, Ordering::Release);
+        self.told.notify_waiters();
+    }
+
+    pub fn began(&self) -> bool {
+        self.began.load(Ordering::Acquire)
+    }
+
+    /// Resolves when [`Draining::begin`] is next called (at once if it
+    /// was, for a waiter that looks after it).
+    async fn notified(&self) {
+        let told = self.told.notified();
+        if self.began() {
+            return;
+        }
+        told.await;
+    }
+}
 
 #[derive(Clone)]
 pub struct Health {
@@ -31,7 +63,7 @@ pub struct Health {
     /// The RLQS face: whether it assigns without the shared ledger.
     pub quota: Option<Arc<QuotaHub>>,
     /// Set when shutdown begins.
-    pub draining: Arc<AtomicBool>,
+    pub draining: Arc<Draining>,
     /// Ready before any rules are loaded (rules over xDS, with
     /// `--xds-ready-without-rules`: envoyproxy/ratelimit's
     /// FORCE_START_WITHOUT_INITIAL_CONFIG).
@@ -41,7 +73,7 @@ pub struct Health {
 impl Health {
     /// `Ok(detail)` when ready, `Err(reason)` when not.
     pub fn readiness(&self) -> Result<String, String> {
-        if self.draining.load(Ordering::Acquire) {
+        if self.draining.began() {
             return Err("draining: shutting down".into());
         }
         let rules = self.rules.load();
@@ -77,7 +109,16 @@ impl Health {
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_secs(1));
             loop {
-                tick.tick().await;
+                // a shutdown is told at once (Envoy's health check and
+                // Kubernetes withdraw the instance while it still answers)
+                if self.draining.began() {
+                    tick.tick().await;
+                } else {
+                    tokio::select! {
+                        _ = tick.tick() => {}
+                        _ = self.draining.notified() => {}
+                    }
+                }
                 self.sync_grpc(&reporter, &mut last).await;
             }
         });

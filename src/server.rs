@@ -18,7 +18,7 @@ use tokio::task::JoinHandle;
 use crate::admin::{self, AdminState};
 use crate::cli::{ServeArgs, StoreKind};
 use crate::clock::MonotonicClock;
-use crate::health::Health;
+use crate::health::{Draining, Health};
 use crate::instances::{Instances, ANNOUNCE_EVERY, ANNOUNCE_TTL};
 use crate::limiter::Limiter;
 use crate::quota::ledger::QuotaLedger;
@@ -50,11 +50,10 @@ pub const LEASE_SWEEP: Duration = Duration::from_millis(100);
 /// How long shutdown waits for unspent lease tokens to go back.
 const LEASE_RETURN_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// How long a shutdown waits for the calls in flight and for each
-/// connection's close: an HTTP/2 peer that never answers the GOAWAY's
-/// ping (hung, or cut off) would hold it for ever. Then what is left is
-/// ended. (#66 makes it a setting, `--shutdown-grace`.)
-const DRAIN_GRACE: Duration = Duration::from_secs(10);
+/// How long a shutdown waits for what it flushes after the calls are
+/// answered (this instance's withdrawal from the count of instances, its
+/// last heavy-hitter summaries).
+const FLUSH_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// A started server: its bound addresses and a way to stop it.
 pub struct RunningServer {
@@ -68,20 +67,32 @@ pub struct RunningServer {
     pub metrics: Arc<Metrics>,
     limiter: Arc<Limiter>,
     quota_hub: Arc<QuotaHub>,
-    draining: Arc<std::sync::atomic::AtomicBool>,
+    draining: Arc<Draining>,
+    /// `--shutdown-grace`: how long the calls in flight have, and each
+    /// connection's close (an HTTP/2 peer that never answers the GOAWAY's
+    /// ping, hung or cut off, would hold the shutdown for ever).
+    grace: Duration,
     stop: watch::Sender<bool>,
     tasks: Vec<JoinHandle<Result<()>>>,
+    /// Tasks that write their last state when stopped: waited for.
+    flushers: Vec<JoinHandle<()>>,
     /// A region's client of the global tier: ended at shutdown, so that
     /// the region's streams close with it.
     upstream: Option<JoinHandle<()>>,
 }
 
 impl RunningServer {
-    /// Stops accepting, lets in-flight calls finish, waits for both servers,
-    /// and gives unspent lease tokens back to their buckets.
+    /// The shutdown's first step: `/readyz` and the gRPC health service
+    /// say not ready from now on, while every call is still answered.
+    pub fn begin_draining(&self) {
+        self.draining.begin();
+    }
+
+    /// Stops accepting, lets in-flight calls finish (within
+    /// `--shutdown-grace`), waits for the servers, gives unspent lease
+    /// tokens back to their buckets and flushes what is written at stop.
     pub async fn shutdown(self) -> Result<()> {
-        self.draining
-            .store(true, std::sync::atomic::Ordering::Release);
+        self.draining.begin();
         let _ = self.stop.send(true);
         // RLQS streams last as long as their Envoy: end them, or draining
         // would wait for them for ever
@@ -90,7 +101,8 @@ impl RunningServer {
             upstream.abort();
         }
         let mut tasks = self.tasks;
-        let drained = tokio::time::timeout(DRAIN_GRACE, async {
+        let grace = self.grace;
+        let drained = tokio::time::timeout(grace, async {
             for task in &mut tasks {
                 task.await.context("server task panicked")??;
             }
@@ -100,7 +112,7 @@ impl RunningServer {
         match drained {
             Ok(result) => result?,
             Err(_) => {
-                tracing::warn!("connections still open {DRAIN_GRACE:?} after the shutdown began (a peer that does not answer): ended");
+                tracing::warn!("connections still open {grace:?} (--shutdown-grace) after the shutdown began: ended");
                 for task in &tasks {
                     task.abort();
                 }
@@ -114,6 +126,13 @@ impl RunningServer {
             });
         if returned > 0 {
             tracing::info!(tokens = returned, "returned unspent lease tokens");
+        }
+        let flushed =
+            tokio::time::timeout(FLUSH_TIMEOUT, futures::future::join_all(self.flushers)).await;
+        if flushed.is_err() {
+            tracing::warn!(
+                "gave up writing this instance's last state to Redis after {FLUSH_TIMEOUT:?}"
+            );
         }
         if let Some(serving::UdsAddress::Path(path)) = &self.grpc_uds {
             let _ = std::fs::remove_file(path);
@@ -231,24 +250,25 @@ pub async fn start(args: &ServeArgs) -> Result<RunningServer> {
         let _ = rx.wait_for(|s| *s).await;
     };
 
+    let mut flushers = Vec::new();
     if let Some(redis) = &redis {
-        crate::store::redis::hitters::spawn_sharing(
+        flushers.extend(crate::store::redis::hitters::spawn_sharing(
             redis.clone(),
             metrics.clone(),
             instances.1.clone(),
             instances.0.clone(),
             stopped.clone(),
-        );
+        ));
     }
     let shared_hitters = redis.clone();
     if let (Some(redis), None) = (redis, args.instances) {
-        keep_counting_instances(
+        flushers.push(keep_counting_instances(
             redis,
             instances.0.clone(),
             instances.1,
             metrics.clone(),
             stopped.clone(),
-        );
+        ));
     }
     let quota_hub = QuotaHub::new(
         rules.clone(),
@@ -257,7 +277,7 @@ pub async fn start(args: &ServeArgs) -> Result<RunningServer> {
         quota_ledger,
     )?;
     quota_hub.spawn_ticker();
-    let draining = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let draining = Arc::new(Draining::default());
     let health = Health {
         rules: rules.clone(),
         limiter: limiter.clone(),
@@ -414,24 +434,39 @@ pub async fn start(args: &ServeArgs) -> Result<RunningServer> {
         limiter,
         quota_hub,
         draining,
+        grace: args.shutdown_grace,
         stop,
         tasks,
+        flushers,
         upstream: upstream_task,
     })
 }
 
-/// Serves until SIGTERM or SIGINT, then shuts down gracefully.
+/// Serves until SIGTERM or SIGINT, then shuts down gracefully: not ready
+/// at once, answering for `--shutdown-delay`, then draining within
+/// `--shutdown-grace` (docs/operations.md). A second signal exits at once.
 pub async fn run(args: ServeArgs) -> Result<()> {
     // watched before the ports open: a SIGTERM that comes while starting
     // (an orchestrator that gave up waiting) stops it cleanly, not by the
     // signal's default action
-    let stopping = shutdown_signal()?;
+    let mut signals = Signals::watch()?;
     let mut server = start(&args).await?;
     tokio::select! {
         result = server.wait() => return result,
-        signal = stopping => signal?,
+        signal = signals.next() => signal?,
     }
-    tracing::info!("shutting down: draining in-flight calls");
+    server.begin_draining();
+    tokio::spawn(async move {
+        if signals.next().await.is_ok() {
+            tracing::warn!("a second signal: exiting at once, calls in flight are cut");
+            std::process::exit(1);
+        }
+    });
+    if !args.shutdown_delay.is_zero() {
+        tracing::info!(delay = ?args.shutdown_delay, "shutting down: not ready, still answering while this instance is withdrawn (--shutdown-delay)");
+        tokio::time::sleep(args.shutdown_delay).await;
+    }
+    tracing::info!(grace = ?args.shutdown_grace, "shutting down: no new connections, draining the calls in flight");
     server.shutdown().await
 }
 
@@ -667,7 +702,7 @@ fn keep_counting_instances(
     id: String,
     metrics: Arc<Metrics>,
     mut stopped: watch::Receiver<bool>,
-) {
+) -> JoinHandle<()> {
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(ANNOUNCE_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -697,7 +732,7 @@ fn keep_counting_instances(
                 }
             }
         }
-    });
+    })
 }
 
 /// What the per-second Redis sets apart from the main one.
@@ -814,21 +849,39 @@ fn build_limiter(
     Ok((Arc::new(limiter), upstream_task))
 }
 
-/// SIGTERM or SIGINT, watched from the call on.
-fn shutdown_signal() -> Result<impl std::future::Future<Output = Result<()>>> {
+/// SIGTERM and SIGINT, watched from [`Signals::watch`] on.
+struct Signals {
     #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        let mut term = signal(SignalKind::terminate()).context("cannot watch SIGTERM")?;
-        let mut int = signal(SignalKind::interrupt()).context("cannot watch SIGINT")?;
-        Ok(async move {
+    term: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    int: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn watch() -> Result<Self> {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            Ok(Self {
+                term: signal(SignalKind::terminate()).context("cannot watch SIGTERM")?,
+                int: signal(SignalKind::interrupt()).context("cannot watch SIGINT")?,
+            })
+        }
+        #[cfg(not(unix))]
+        Ok(Self {})
+    }
+
+    /// The next SIGTERM or SIGINT.
+    async fn next(&mut self) -> Result<()> {
+        #[cfg(unix)]
+        {
             tokio::select! {
-                _ = term.recv() => {}
-                _ = int.recv() => {}
+                _ = self.term.recv() => {}
+                _ = self.int.recv() => {}
             }
             Ok(())
-        })
+        }
+        #[cfg(not(unix))]
+        tokio::signal::ctrl_c().await.context("cannot watch Ctrl-C")
     }
-    #[cfg(not(unix))]
-    Ok(async { tokio::signal::ctrl_c().await.context("cannot watch Ctrl-C") })
 }

@@ -54,6 +54,12 @@ fn wait_ready(admin: u16) {
 /// on free loopback ports with `args`, its stderr piped, once its admin
 /// port answers: the child, its gRPC port.
 fn serving_config_with(args: &[&str]) -> (ChildGuard, u16) {
+    let (child, grpc, _) = serving_config_on(args);
+    (child, grpc)
+}
+
+/// As [`serving_config_with`], with the admin port too.
+fn serving_config_on(args: &[&str]) -> (ChildGuard, u16, u16) {
     let (grpc, admin) = (free_port(), free_port());
     let child = ChildGuard(
         common::binary_without_rls_env()
@@ -68,7 +74,7 @@ fn serving_config_with(args: &[&str]) -> (ChildGuard, u16) {
             .expect("start"),
     );
     wait_ready(admin);
-    (child, grpc)
+    (child, grpc, admin)
 }
 
 fn exits_cleanly_on(signal: &str) {
@@ -79,7 +85,8 @@ fn exits_cleanly_on(signal: &str) {
         .status()
         .expect("run kill");
     assert!(sent.success());
-    let deadline = Instant::now() + Duration::from_secs(10);
+    // the default --shutdown-delay (5 s) first, then the drain
+    let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         if let Some(status) = child.0.try_wait().expect("wait") {
             assert!(status.success(), "{signal}: exit status {status}");
@@ -87,7 +94,7 @@ fn exits_cleanly_on(signal: &str) {
         }
         assert!(
             Instant::now() < deadline,
-            "{signal}: still running after 10 s"
+            "{signal}: still running after 30 s"
         );
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -336,6 +343,7 @@ async fn sigterm_answers_the_calls_in_flight() {
     use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
     let redis = common::redis::RedisServer::standalone();
     let url = redis.url();
+    // no delay: the drain itself meets the calls in flight
     let (child, grpc) = serving_config_with(&[
         "--store",
         "redis",
@@ -345,6 +353,8 @@ async fn sigterm_answers_the_calls_in_flight() {
         "5s",
         "--instances",
         "1",
+        "--shutdown-delay",
+        "0s",
     ]);
     let c = RateLimitServiceClient::connect(format!("http://127.0.0.1:{grpc}"))
         .await
@@ -399,11 +409,11 @@ async fn sigterm_answers_the_calls_in_flight() {
 
 /// A peer that opened an HTTP/2 connection and then never answers (hung,
 /// or cut off) does not hold a shutdown for ever: the process exits once
-/// the drain's grace (10 s) has passed, 0.
+/// `--shutdown-grace` has passed, 0.
 #[tokio::test]
 async fn a_silent_peer_does_not_hold_the_shutdown() {
     use std::io::Write;
-    let (child, grpc) = serving_config_with(&[]);
+    let (child, grpc) = serving_config_with(&["--shutdown-delay", "0s", "--shutdown-grace", "2s"]);
     let mut silent = std::net::TcpStream::connect(("127.0.0.1", grpc)).expect("connect");
     // the client preface and an empty SETTINGS frame, then nothing: not
     // even the SETTINGS ack nor the GOAWAY's ping
@@ -426,4 +436,107 @@ async fn a_silent_peer_does_not_hold_the_shutdown() {
     );
     eprintln!("exited {took:?} after SIGTERM with a silent peer");
     drop(silent);
+}
+
+/// SIGTERM: `/readyz` and the gRPC health service say not ready at once
+/// (before the next second's sync), calls are answered all through
+/// `--shutdown-delay`, then the process exits 0.
+#[tokio::test]
+async fn sigterm_turns_not_ready_at_once_and_answers_through_the_delay() {
+    use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+    use tonic_health::pb::health_client::HealthClient;
+    use tonic_health::pb::HealthCheckRequest;
+    let (mut child, grpc, admin) = serving_config_on(&["--shutdown-delay", "3s"]);
+    common::until_ok(&format!("http://127.0.0.1:{admin}/readyz"), "ready").await;
+    let channel = tonic::transport::Channel::from_shared(format!("http://127.0.0.1:{grpc}"))
+        .expect("uri")
+        .connect()
+        .await
+        .expect("connect");
+    let mut health = HealthClient::new(channel.clone());
+    let mut rls = RateLimitServiceClient::new(channel);
+    let status = |h: tonic_health::pb::HealthCheckResponse| h.status;
+    let check = HealthCheckRequest {
+        service: "ratelimit".into(),
+    };
+    let serving = health
+        .check(check.clone())
+        .await
+        .expect("check")
+        .into_inner();
+    assert_eq!(status(serving), 1, "SERVING before the signal");
+    let sent = Command::new("kill")
+        .args(["-TERM", &child.0.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(sent.success());
+    // told at once: polled from the signal on, well inside a second
+    let mut not_serving = false;
+    for _ in 0..20 {
+        let now = health
+            .check(check.clone())
+            .await
+            .expect("check")
+            .into_inner();
+        if status(now) == 2 {
+            not_serving = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert!(not_serving, "NOT_SERVING within 0.5 s of SIGTERM");
+    let readyz = reqwest::get(format!("http://127.0.0.1:{admin}/readyz"))
+        .await
+        .expect("readyz");
+    assert_eq!(readyz.status().as_u16(), 503);
+    // still answered through the delay
+    for i in 0..10 {
+        let answer = rls
+            .should_rate_limit(common::request(
+                "edge",
+                vec![common::descriptor(&[
+                    ("plan", "free"),
+                    ("api_key", &format!("d{i}")),
+                ])],
+            ))
+            .await
+            .expect("answered while draining");
+        assert_eq!(answer.into_inner().overall_code, 1);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let exited = tokio::task::spawn_blocking(move || child.0.wait())
+        .await
+        .expect("joined")
+        .expect("wait");
+    assert!(exited.success(), "{exited}");
+}
+
+/// A second signal during the delay ends the process at once, exit 1.
+#[test]
+fn a_second_signal_exits_at_once() {
+    let (mut child, _) = serving_config_with(&["--shutdown-delay", "10m"]);
+    let pid = child.0.id().to_string();
+    let kill = |signal: &str| {
+        let sent = Command::new("kill")
+            .args([signal, &pid])
+            .status()
+            .expect("kill");
+        assert!(sent.success());
+    };
+    kill("-TERM");
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        child.0.try_wait().expect("wait").is_none(),
+        "still answering in the delay"
+    );
+    kill("-INT");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = child.0.try_wait().expect("wait") {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "a second signal did not end it");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(status.code(), Some(1), "{status}");
 }

@@ -3431,3 +3431,142 @@ async fn a_padded_header_does_not_escape_its_prefix_rule() {
         "another padded tenant: its own bucket"
     );
 }
+
+/// One key's budget for the rolling restart: a run sends more than this,
+/// so the 200s are exactly it unless a failure mode admitted a call
+/// (`failure_mode_deny: false`) or refused one (`true`: a 503).
+const ROLLOUT_BUDGET: u64 = 1_500;
+
+const ROLLOUT_RULES: &str = r#"
+domain: edge
+descriptors:
+  - key: plan
+    value: rollout
+    descriptors:
+      - key: api_key
+        # 1 a day: no token comes back during a run
+        rate_limit: {unit: day, requests_per_unit: 1, burst: 1500}
+"#;
+
+/// #66: a rolling restart of two replicas on a Redis Cluster behind Envoy
+/// (the example bootstrap, its gRPC health check included), under steady
+/// load, each replica stopped with SIGTERM and started again in turn, with
+/// the service's default flags: no call is answered by Envoy's failure
+/// mode, whichever it is, and the key's budget is spent exactly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_rolling_restart_is_answered_by_no_failure_mode() {
+    for deny in [true, false] {
+        rolling_restart(deny).await;
+    }
+}
+
+async fn rolling_restart(deny: bool) {
+    let cluster = common::redis::RedisCluster::start();
+    let rules = common::rules_dir(ROLLOUT_RULES);
+    let bootstrap = tempfile::tempdir().expect("tempdir");
+    let path = bootstrap.path().join("envoy.yaml");
+    let example = std::fs::read_to_string(Path::new(ROOT).join("examples/envoy/envoy.yaml"))
+        .expect("example bootstrap")
+        .replace(
+            "failure_mode_deny: true",
+            &format!("failure_mode_deny: {deny}"),
+        );
+    std::fs::write(&path, example).expect("write bootstrap");
+    // the service's defaults: only where its buckets are
+    let env = vec![
+        ("RLS_STORE", "redis".to_string()),
+        ("RLS_REDIS_URL", cluster.url()),
+    ];
+    let mut edge = Edge::start_full(
+        rules.path(),
+        path.to_str().expect("utf-8 path"),
+        &[env.clone(), env],
+    )
+    .await;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let key = format!("rollout-{deny}");
+    let callers = steady_load(&edge, &key, 12, &stop);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let started = Instant::now();
+    for i in 0..2 {
+        let exit = edge.terminate_rls(i).await;
+        assert!(exit.success(), "replica {i} exited {exit} after SIGTERM");
+        edge.start_rls(i).await;
+        // Envoy's health check (each second) finds it serving again
+        tokio::time::sleep(Duration::from_secs(3)).await;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut codes = std::collections::BTreeMap::<String, u64>::new();
+    for caller in callers {
+        for (code, n) in caller.await.expect("caller") {
+            *codes.entry(code).or_default() += n;
+        }
+    }
+    let total: u64 = codes.values().sum();
+    eprintln!(
+        "rolling restart (failure_mode_deny: {deny}): {codes:?} in {:.1} s of restarts, {total} calls",
+        started.elapsed().as_secs_f64()
+    );
+    assert!(
+        total > ROLLOUT_BUDGET + 500,
+        "the load spent the budget and more: {codes:?}"
+    );
+    assert_eq!(codes.get("200"), Some(&ROLLOUT_BUDGET), "{codes:?}");
+    assert_eq!(
+        codes.get("429"),
+        Some(&(total - ROLLOUT_BUDGET)),
+        "every other call refused by the rule, none by a failure mode: {codes:?}"
+    );
+}
+
+/// `callers` clients sending the rollout key through `edge` until `stop`;
+/// each returns how many answers it got of each status (or transport error).
+fn steady_load(
+    edge: &Edge,
+    key: &str,
+    callers: usize,
+    stop: &std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> Vec<tokio::task::JoinHandle<std::collections::BTreeMap<String, u64>>> {
+    (0..callers)
+        .map(|_| {
+            let (client, url, key) = (
+                edge.client.clone(),
+                format!("{}/", edge.base),
+                key.to_string(),
+            );
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                let mut codes = std::collections::BTreeMap::<String, u64>::new();
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let answer = client
+                        .get(&url)
+                        .header("x-plan", "rollout")
+                        .header("x-api-key", &key)
+                        .send()
+                        .await;
+                    let code = match answer {
+                        Ok(resp) => resp.status().as_u16().to_string(),
+                        Err(e) => format!("error: {e}"),
+                    };
+                    *codes.entry(code).or_default() += 1;
+                }
+                codes
+            })
+        })
+        .collect()
+}
+
+impl Edge {
+    /// Stops instance `i` with SIGTERM, as Kubernetes does, and waits for
+    /// it to exit (see [`Edge::start_rls`]).
+    async fn terminate_rls(&mut self, i: usize) -> std::process::ExitStatus {
+        let child = std::mem::replace(
+            &mut self.rls[i],
+            ChildGuard(Command::new("true").spawn().expect("placeholder")),
+        );
+        tokio::task::spawn_blocking(move || child.terminate())
+            .await
+            .expect("terminate")
+            .status
+    }
+}

@@ -278,6 +278,33 @@ pub struct ServeArgs {
     /// always served on the shared runtime.
     #[arg(long, env = "RLS_SERVING_THREADS")]
     pub serving_threads: Option<usize>,
+    /// After SIGTERM or SIGINT: how long the service goes on answering
+    /// while it says it is not ready (`/readyz` 503, gRPC health
+    /// NOT_SERVING, both at once), so that Envoy's health check and
+    /// Kubernetes withdraw it before it stops accepting
+    /// (docs/operations.md). A second signal exits at once.
+    #[arg(long, env = "RLS_SHUTDOWN_DELAY", default_value = "5s", value_parser = parse_shutdown_time)]
+    pub shutdown_delay: Duration,
+    /// Then, with no new connections taken and each open one sent a
+    /// GOAWAY: how long the calls in flight have to be answered before
+    /// what is left is ended.
+    #[arg(long, env = "RLS_SHUTDOWN_GRACE", default_value = "20s", value_parser = parse_shutdown_time)]
+    pub shutdown_grace: Duration,
+    /// gRPC connections open at once, every listener together (TLS
+    /// handshakes included); past it the next is accepted when one closes.
+    #[arg(long, env = "RLS_MAX_CONNECTIONS", default_value_t = 10_000, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1_000_000))]
+    pub max_connections: usize,
+    /// A gRPC connection with no call open for this long is closed
+    /// (GOAWAY; Envoy opens another when it next needs one). 0s: never.
+    #[arg(long, env = "RLS_IDLE_TIMEOUT", default_value = "10m", value_parser = humantime::parse_duration)]
+    pub idle_timeout: Duration,
+    /// An HTTP/2 PING on a gRPC connection that has sent nothing for this
+    /// long; a peer that does not answer it within
+    /// `--http2-keepalive-timeout` is closed (a peer gone without a FIN).
+    #[arg(long, env = "RLS_HTTP2_KEEPALIVE_INTERVAL", default_value = "30s", value_parser = parse_keepalive)]
+    pub http2_keepalive_interval: Duration,
+    #[arg(long, env = "RLS_HTTP2_KEEPALIVE_TIMEOUT", default_value = "20s", value_parser = parse_keepalive)]
+    pub http2_keepalive_timeout: Duration,
     /// What rules without their own `failure_mode` do when the store fails.
     #[arg(long, env = "RLS_FAILURE_MODE", value_enum, default_value = "open")]
     pub failure_mode: FailureMode,
@@ -532,6 +559,27 @@ fn parse_header_name(raw: &str) -> Result<String, String> {
         ));
     }
     Ok(name)
+}
+
+/// `--shutdown-delay`, `--shutdown-grace`: a duration of at most 10 minutes
+/// (past Kubernetes' longest sensible `terminationGracePeriodSeconds`).
+fn parse_shutdown_time(text: &str) -> Result<Duration, String> {
+    let d = humantime::parse_duration(text).map_err(|e| e.to_string())?;
+    if d > Duration::from_secs(600) {
+        return Err(format!("{text}: at most 10m"));
+    }
+    Ok(d)
+}
+
+/// `--http2-keepalive-*`: 1 s to 1 hour (a PING more often than each second
+/// is traffic of its own; keepalive cannot be turned off: it is what
+/// closes a peer gone without a FIN).
+fn parse_keepalive(text: &str) -> Result<Duration, String> {
+    let d = humantime::parse_duration(text).map_err(|e| e.to_string())?;
+    if !(Duration::from_secs(1)..=Duration::from_secs(3600)).contains(&d) {
+        return Err(format!("{text}: between 1s and 1h"));
+    }
+    Ok(d)
 }
 
 /// `--grpc-uds-mode`: octal permission bits, at most 777.

@@ -140,8 +140,9 @@ impl RedisStore {
 pub const SHARE_EVERY: Duration = Duration::from_secs(2);
 
 /// Writes this instance's heavy hitters every [`SHARE_EVERY`] while
-/// `instances` counts more than one, until `stopped` (nothing when they
-/// are off: a lone instance's page shows its own). A write that fails is logged at
+/// `instances` counts more than one, until `stopped`, and once more then
+/// (what this instance counted since its last write is not lost with it;
+/// nothing when they are off: a lone instance's page shows its own). A write that fails is logged at
 /// debug level and tried again at the next tick: the page then shows what
 /// the others wrote, and this instance's own summaries.
 pub fn spawn_sharing(
@@ -150,20 +151,19 @@ pub fn spawn_sharing(
     instance: String,
     instances: crate::instances::Instances,
     mut stopped: tokio::sync::watch::Receiver<bool>,
-) {
-    if metrics.hitters().is_none() {
-        return;
-    }
-    tokio::spawn(async move {
+) -> Option<tokio::task::JoinHandle<()>> {
+    metrics.hitters()?;
+    Some(tokio::spawn(async move {
         let mut tick = tokio::time::interval(SHARE_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         // each summary's hits as last written (by its key)
         let mut written: HashMap<Vec<u8>, u64> = HashMap::new();
-        loop {
-            tokio::select! {
-                _ = tick.tick() => {}
-                _ = async { stopped.wait_for(|s| *s).await.map(|_| ()) } => return,
-            }
+        let mut last = false;
+        while !last {
+            last = tokio::select! {
+                _ = tick.tick() => false,
+                _ = async { stopped.wait_for(|s| *s).await.map(|_| ()) } => true,
+            };
             if instances.get() < 2 {
                 continue;
             }
@@ -203,5 +203,5 @@ pub fn spawn_sharing(
                 }
             }
         }
-    });
+    }))
 }
