@@ -14,6 +14,7 @@ pub mod bucket;
 pub mod calendar;
 pub mod cli;
 pub mod clock;
+pub mod connection_bounds;
 pub mod decision;
 pub mod health;
 pub mod hitters;

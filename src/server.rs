@@ -295,73 +295,13 @@ pub async fn start(args: &ServeArgs) -> Result<RunningServer> {
             .with_region_certificates(args.tls_cert.is_some() && args.tls_client_ca.is_some()),
     )
     .max_decoding_message_size(MAX_REQUEST_BYTES);
-    // every service but `ShouldRateLimit`, which plain TCP hands to `rls`
-    // by its path (serving::GrpcRoutes); for TLS and the Unix socket,
-    // tonic's server routes all three
+    // every service but `ShouldRateLimit`, which every listener hands to
+    // `rls` by its path (serving::GrpcRoutes)
     let routes = tonic::service::Routes::new(health_service)
         .add_service(rlqs)
         .prepare();
-    let router = {
-        let (routes, rls) = (routes.clone(), rls.clone());
-        move || {
-            tonic::transport::Server::builder()
-                .max_concurrent_streams(Some(MAX_STREAMS_PER_CONNECTION))
-                .add_routes(routes.clone().add_service(rls.clone()))
-        }
-    };
-    let plain_tcp = serving::GrpcRoutes::new(crate::service::wire::PATH, rls, routes);
-    let grpc_stopped = until_stopped(stopped.clone());
-    let threads = args.serving_threads();
-    let grpc: futures::future::BoxFuture<'static, Result<()>> =
-        match (grpc_listener, &args.tls_cert, &args.tls_key) {
-            // on the main runtime: a sidecar's one Envoy, no serving threads
-            (GrpcListener::Unix(listener), _, _) => {
-                let serve = router()
-                    .serve_with_incoming_shutdown(serving::unix_incoming(listener), grpc_stopped);
-                Box::pin(async move { serve.await.context("gRPC server failed") })
-            }
-            (GrpcListener::Tcp(grpc_listener), Some(cert), Some(key)) => {
-                let tls = ReloadingTls::load(TlsFiles {
-                    client_cert_optional: false,
-                    alpn: &[b"h2"],
-                    cert: cert.clone(),
-                    key: key.clone(),
-                    client_ca: args.tls_client_ca.clone(),
-                    client_san: args.tls_client_san.clone(),
-                })?;
-                tls.spawn_reloader();
-                let serve = router()
-                    .serve_with_incoming_shutdown(tls.incoming(grpc_listener), grpc_stopped);
-                Box::pin(async move { serve.await.context("gRPC server failed") })
-            }
-            (GrpcListener::Tcp(grpc_listener), _, _) if threads > 0 => {
-                let serving = serving::start(
-                    grpc_listener,
-                    threads,
-                    plain_tcp,
-                    MAX_STREAMS_PER_CONNECTION,
-                    stopped.clone(),
-                )?;
-                Box::pin(async move { serving.await.context("serving threads panicked")? })
-            }
-            // --serving-threads 0: the same connections, on the shared runtime
-            (GrpcListener::Tcp(grpc_listener), _, _) => {
-                let incoming: serving::Connections = Box::pin(
-                    tonic::transport::server::TcpIncoming::from(grpc_listener)
-                        .with_nodelay(Some(true)),
-                );
-                Box::pin(async move {
-                    serving::serve_connections(
-                        incoming,
-                        plain_tcp,
-                        MAX_STREAMS_PER_CONNECTION,
-                        Box::pin(grpc_stopped),
-                    )
-                    .await;
-                    Ok(())
-                })
-            }
-        };
+    let routes = serving::GrpcRoutes::new(crate::service::wire::PATH, rls, routes);
+    let grpc = serve_grpc(grpc_listener, args, routes, stopped.clone())?;
     check_admin_token(args)?;
     let admin_router = admin::router(AdminState {
         rules: rules.clone(),
@@ -468,6 +408,78 @@ pub async fn run(args: ServeArgs) -> Result<()> {
     }
     tracing::info!(grace = ?args.shutdown_grace, "shutting down: no new connections, draining the calls in flight");
     server.shutdown().await
+}
+
+/// The gRPC listener served within `--max-connections` and the other
+/// connection bounds (serving::bounds) until `stopped`.
+fn serve_grpc<M: serving::Method>(
+    listener: GrpcListener,
+    args: &ServeArgs,
+    routes: serving::GrpcRoutes<M>,
+    stopped: watch::Receiver<bool>,
+) -> Result<futures::future::BoxFuture<'static, Result<()>>> {
+    let bounds = serving::ConnectionBounds::new(
+        args.max_connections,
+        MAX_STREAMS_PER_CONNECTION,
+        args.idle_timeout,
+        (args.http2_keepalive_interval, args.http2_keepalive_timeout),
+    );
+    let until_stopped = {
+        let mut stopped = stopped.clone();
+        Box::pin(async move {
+            let _ = stopped.wait_for(|s| *s).await;
+        })
+    };
+    let threads = args.serving_threads();
+    Ok(match (listener, &args.tls_cert, &args.tls_key) {
+        // on the main runtime: a sidecar's one Envoy, no serving threads
+        (GrpcListener::Unix(listener), _, _) => {
+            let incoming = serving::unix_incoming(listener, bounds.clone());
+            Box::pin(async move {
+                serving::serve_connections(incoming, routes, &bounds, None, until_stopped).await;
+                Ok(())
+            })
+        }
+        (GrpcListener::Tcp(listener), Some(cert), Some(key)) => {
+            let tls = ReloadingTls::load(TlsFiles {
+                client_cert_optional: false,
+                alpn: &[b"h2"],
+                cert: cert.clone(),
+                key: key.clone(),
+                client_ca: args.tls_client_ca.clone(),
+                client_san: args.tls_client_san.clone(),
+            })?;
+            tls.spawn_reloader();
+            let incoming = tls.incoming(listener, bounds.clone(), stopped);
+            // each call is given its connection's certificates (a
+            // region's stream is named by them), as tonic's server does
+            let certificates =
+                <crate::tls::ServerTlsStream as tonic::transport::server::Connected>::connect_info;
+            Box::pin(async move {
+                serving::serve_connections(
+                    incoming,
+                    routes,
+                    &bounds,
+                    Some(certificates),
+                    until_stopped,
+                )
+                .await;
+                Ok(())
+            })
+        }
+        (GrpcListener::Tcp(listener), _, _) if threads > 0 => {
+            let serving = serving::start(listener, threads, routes, bounds, stopped)?;
+            Box::pin(async move { serving.await.context("serving threads panicked")? })
+        }
+        // --serving-threads 0: the same connections, on the shared runtime
+        (GrpcListener::Tcp(listener), _, _) => {
+            let incoming = serving::tcp_incoming(listener, bounds.clone());
+            Box::pin(async move {
+                serving::serve_connections(incoming, routes, &bounds, None, until_stopped).await;
+                Ok(())
+            })
+        }
+    })
 }
 
 /// Step 1: the rules to start with, from `--config` (or none yet, to come

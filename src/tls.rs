@@ -62,17 +62,28 @@ pub struct TlsPeer {
 /// ([`ReloadingTls::incoming`]), each with its [`TlsPeer`].
 pub struct TlsListener {
     local: std::net::SocketAddr,
-    incoming: std::pin::Pin<
-        Box<dyn futures::Stream<Item = std::io::Result<TlsStream<TcpStream>>> + Send>,
-    >,
+    incoming: crate::connection_bounds::Connections<ServerTlsStream>,
+    /// Dropped with the listener: the accepting task ends with it.
+    _open: tokio::sync::watch::Sender<bool>,
 }
+
+/// Admin connections handshaking at once (each accepted one is axum's).
+const ADMIN_HANDSHAKES: usize = 256;
 
 impl TlsListener {
     pub fn new(tls: &Arc<ReloadingTls>, listener: TcpListener) -> std::io::Result<Self> {
         let local = listener.local_addr()?;
+        let (open, closed) = tokio::sync::watch::channel(false);
+        let bounds = crate::connection_bounds::ConnectionBounds::new(
+            ADMIN_HANDSHAKES,
+            1,
+            Duration::ZERO,
+            (Duration::from_secs(30), Duration::from_secs(20)),
+        );
         Ok(Self {
             local,
-            incoming: Box::pin(tls.incoming(listener)),
+            incoming: tls.incoming(listener, bounds, closed),
+            _open: open,
         })
     }
 }
@@ -85,7 +96,8 @@ impl axum::serve::Listener for TlsListener {
         use futures::StreamExt;
         loop {
             match self.incoming.next().await {
-                Some(Ok(stream)) => {
+                // (its slot bounded the handshakes only)
+                Some(crate::connection_bounds::Admitted { io: stream, .. }) => {
                     let (tcp, session) = stream.get_ref();
                     let peer = TlsPeer {
                         addr: tcp.peer_addr().unwrap_or(self.local),
@@ -93,7 +105,6 @@ impl axum::serve::Listener for TlsListener {
                     };
                     return (stream, peer);
                 }
-                Some(Err(e)) => tracing::debug!(error = %e, "admin TLS connection failed"),
                 // the accepting task ended (never, while the listener lives)
                 None => std::future::pending::<()>().await,
             }
@@ -116,6 +127,9 @@ impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, TlsL
     }
 }
 
+/// A gRPC connection over TLS, as the listener yields it.
+pub type ServerTlsStream = TlsStream<TcpStream>;
+
 /// The server's TLS configuration, swapped whole when its files change.
 pub struct ReloadingTls {
     files: TlsFiles,
@@ -131,34 +145,40 @@ impl ReloadingTls {
         }))
     }
 
-    /// Accepts TCP connections on `listener` and yields those whose TLS
-    /// handshake succeeded, for tonic's `serve_with_incoming`.
+    /// Accepts TCP connections on `listener` within `bounds` (a slot
+    /// first, held through the handshake) and yields those whose TLS
+    /// handshake succeeded, until `stopped` (then the port closes).
     pub fn incoming(
         self: &Arc<Self>,
         listener: TcpListener,
-    ) -> impl futures::Stream<Item = std::io::Result<TlsStream<TcpStream>>> {
+        bounds: crate::connection_bounds::ConnectionBounds,
+        mut stopped: tokio::sync::watch::Receiver<bool>,
+    ) -> crate::connection_bounds::Connections<ServerTlsStream> {
         let (tx, rx) = tokio::sync::mpsc::channel(128);
         let this = self.clone();
         tokio::spawn(async move {
             loop {
-                let (tcp, peer) = match listener.accept().await {
-                    Ok(conn) => conn,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
+                let next = async {
+                    let slot = bounds.slot().await;
+                    let conn = crate::connection_bounds::accept_with_backoff("gRPC TLS", || {
+                        listener.accept()
+                    })
+                    .await;
+                    (slot, conn)
+                };
+                let (slot, (tcp, peer)) = tokio::select! {
+                    next = next => next,
+                    _ = stopped.wait_for(|s| *s) => return,
                 };
                 let _ = tcp.set_nodelay(true);
-                if tx.is_closed() {
-                    return;
-                }
                 let acceptor = TlsAcceptor::from(this.config.load_full());
                 let tx = tx.clone();
                 tokio::spawn(async move {
                     match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-                        Ok(Ok(stream)) => {
-                            let _ = tx.send(Ok(stream)).await;
+                        Ok(Ok(io)) => {
+                            let _ = tx
+                                .send(crate::connection_bounds::Admitted { io, slot })
+                                .await;
                         }
                         Ok(Err(e)) if refused_certificate(&e) => {
                             tracing::warn!(%peer, error = %e, "TLS handshake refused: the client's certificate is not accepted (expired, not yet valid, or not signed by --tls-client-ca)")
@@ -169,9 +189,9 @@ impl ReloadingTls {
                 });
             }
         });
-        futures::stream::unfold(rx, |mut rx| async move {
+        Box::pin(futures::stream::unfold(rx, |mut rx| async move {
             rx.recv().await.map(|item| (item, rx))
-        })
+        }))
     }
 
     /// Rebuilds the configuration whenever the files' contents change.

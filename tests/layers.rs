@@ -33,6 +33,7 @@ const ROOMS: &[&[&str]] = &[
         "bucket",
         "calendar",
         "clock",
+        "connection_bounds",
         "hitters",
         "instances",
         "labels",

@@ -126,22 +126,27 @@ fn bind_abstract(name: &str) -> Result<tokio::net::UnixListener> {
     anyhow::bail!("--grpc-uds @{name}: abstract sockets are Linux's; give a path")
 }
 
-/// The connections `listener` accepts, for tonic (a failed accept is
-/// logged and skipped, as on TCP).
+/// The connections `listener` accepts within `bounds`, for
+/// [`super::serve_connections`] (a failed accept is logged and skipped, as
+/// on TCP; out of descriptors, it backs off).
 pub fn unix_incoming(
     listener: tokio::net::UnixListener,
-) -> impl futures::Stream<Item = Result<tokio::net::UnixStream, std::io::Error>> {
-    futures::stream::unfold(listener, |listener| async move {
-        loop {
-            match listener.accept().await {
-                Ok((stream, _)) => return Some((Ok(stream), listener)),
-                Err(e) => {
-                    tracing::debug!(error = %e, "cannot accept a gRPC connection on the unix socket");
-                    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-                }
-            }
-        }
-    })
+    bounds: crate::connection_bounds::ConnectionBounds,
+) -> crate::connection_bounds::Connections<tokio::net::UnixStream> {
+    Box::pin(futures::stream::unfold(
+        (listener, bounds),
+        |(listener, bounds)| async move {
+            let slot = bounds.slot().await;
+            let (io, _) = crate::connection_bounds::accept_with_backoff("gRPC unix socket", || {
+                listener.accept()
+            })
+            .await;
+            Some((
+                crate::connection_bounds::Admitted { io, slot },
+                (listener, bounds),
+            ))
+        },
+    ))
 }
 
 #[cfg(test)]
