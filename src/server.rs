@@ -43,7 +43,7 @@ use crate::tls::{ReloadingTls, TlsFiles, TlsListener, TlsPeer};
 /// past it). Envoy's requests are a few hundred bytes.
 pub const MAX_REQUEST_BYTES: usize = 1024 * 1024;
 /// HTTP/2 streams one connection may have open at once.
-pub const MAX_STREAMS_PER_CONNECTION: u32 = 1024;
+pub const MAX_STREAMS_PER_CONNECTION: u32 = 256;
 
 /// How often leases are checked for expired or outdated tokens.
 pub const LEASE_SWEEP: Duration = Duration::from_millis(100);

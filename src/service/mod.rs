@@ -7,6 +7,7 @@
 //! under `serving`; uses `limiter` (and its `decision`), `quota`, `rules`,
 //! `telemetry`, `tls` and leaves.
 
+pub mod body;
 pub mod ledger_watch;
 pub mod mailbox;
 pub mod quota;

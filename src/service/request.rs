@@ -104,8 +104,12 @@ pub fn descriptor_inputs(
 /// The caller's deadline from its `grpc-timeout` header (`<digits><unit>`,
 /// unit one of H M S m u n), if it sent a valid one.
 pub fn grpc_timeout(metadata: &tonic::metadata::MetadataMap) -> Option<std::time::Duration> {
+    parse_grpc_timeout(metadata.get("grpc-timeout")?.to_str().ok()?)
+}
+
+/// A `grpc-timeout` value read: `<digits><unit>`, at most 8 digits.
+pub fn parse_grpc_timeout(text: &str) -> Option<std::time::Duration> {
     use std::time::Duration;
-    let text = metadata.get("grpc-timeout")?.to_str().ok()?;
     let (digits, unit) = text.split_at(text.len().checked_sub(1)?);
     if digits.is_empty() || digits.len() > 8 {
         return None;
@@ -120,6 +124,16 @@ pub fn grpc_timeout(metadata: &tonic::metadata::MetadataMap) -> Option<std::time
         "n" => Duration::from_nanos(n),
         _ => return None,
     })
+}
+
+/// `d` as a `grpc-timeout` value, in the finest unit that fits 8 digits.
+pub fn grpc_timeout_text(d: std::time::Duration) -> String {
+    const MOST: u128 = 99_999_999;
+    match (d.as_micros(), d.as_millis()) {
+        (us, _) if us <= MOST => format!("{us}u"),
+        (_, ms) if ms <= MOST => format!("{ms}m"),
+        _ => format!("{}S", d.as_secs().min(99_999_999)),
+    }
 }
 
 #[cfg(test)]

@@ -32,7 +32,7 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use bytes::{Buf, BufMut, Bytes, BytesMut};
+use bytes::{BufMut, Bytes, BytesMut};
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
     Entry, RateLimitOverride,
 };
@@ -41,10 +41,14 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::R
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::UInt64Value;
 use futures::future::BoxFuture;
-use http_body_util::BodyExt;
 use prost::Message;
 use tonic::codegen::http;
 use tonic::Status;
+
+use super::body::{
+    declared_length, timed_out, too_large, ReadBody, RequestMemory, MAX_BODY_WAIT, PREFIX,
+    REQUEST_MEMORY,
+};
 
 /// The gRPC path of the method.
 pub const PATH: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
@@ -141,6 +145,7 @@ impl From<RawRequest> for RateLimitRequest {
 pub struct RateLimitServer<T> {
     inner: Arc<T>,
     max_decoding_message_size: usize,
+    memory: Arc<RequestMemory>,
 }
 
 impl<T> Clone for RateLimitServer<T> {
@@ -148,6 +153,7 @@ impl<T> Clone for RateLimitServer<T> {
         Self {
             inner: self.inner.clone(),
             max_decoding_message_size: self.max_decoding_message_size,
+            memory: self.memory.clone(),
         }
     }
 }
@@ -157,6 +163,7 @@ impl<T: RateLimitService> RateLimitServer<T> {
         Self {
             inner: Arc::new(inner),
             max_decoding_message_size,
+            memory: RequestMemory::new(REQUEST_MEMORY),
         }
     }
 }
@@ -187,9 +194,11 @@ where
         }
         let inner = self.inner.clone();
         let max = self.max_decoding_message_size;
+        let memory = self.memory.clone();
         Box::pin(async move {
-            let answer = match read_request(req, max).await {
-                Ok(request) => inner.should_rate_limit(request).await,
+            let answer = match read_request(req, max, &memory).await {
+                // (the body's bytes are held until the answer)
+                Ok((request, _body)) => inner.should_rate_limit(request).await,
                 Err(status) => Err(status),
             };
             Ok(match answer {
@@ -201,11 +210,13 @@ where
 }
 
 /// The call's one message, read leniently, with the call's metadata (the
-/// service reads `grpc-timeout` and a trace's parent from it).
+/// service reads `grpc-timeout` and a trace's parent from it), and what
+/// its body holds of [`RequestMemory`].
 async fn read_request<B>(
     req: http::Request<B>,
     max: usize,
-) -> Result<tonic::Request<RateLimitRequest>, Status>
+    memory: &Arc<RequestMemory>,
+) -> Result<(tonic::Request<RateLimitRequest>, ReadBody), Status>
 where
     B: http_body::Body,
     B::Error: std::fmt::Display,
@@ -223,53 +234,53 @@ where
             return Err(status);
         }
     }
-    let (parts, body) = req.into_parts();
-    let bytes = read_body(body, max).await?;
-    let message = one_message(&bytes, max)?;
+    let (mut parts, body) = req.into_parts();
+    let read = read_in_time(body, max, memory, &mut parts.headers).await?;
+    let message = one_message(&read.bytes, max)?;
     let raw = RawRequest::decode(message)
         .map_err(|e| Status::internal(format!("decoding the request: {e}")))?;
-    Ok(tonic::Request::from_http(http::Request::from_parts(
+    let request = tonic::Request::from_http(http::Request::from_parts(
         parts,
         RateLimitRequest::from(raw),
-    )))
+    ));
+    Ok((request, read))
 }
 
-/// The body's bytes, up to one message of `max` bytes and its prefix (a
-/// body past that is refused as soon as it passes it, not read whole).
-async fn read_body<B>(body: B, max: usize) -> Result<Bytes, Status>
+/// The body, read within the caller's deadline (`grpc-timeout`, from the
+/// call's first byte) or [`MAX_BODY_WAIT`]. A body that came with its
+/// headers (every call Envoy makes) is read without a timer; one that did
+/// not leaves the decision what is left of the deadline (`headers`'
+/// `grpc-timeout` is set to it).
+async fn read_in_time<B>(
+    body: B,
+    max: usize,
+    memory: &Arc<RequestMemory>,
+    headers: &mut http::HeaderMap,
+) -> Result<ReadBody, Status>
 where
     B: http_body::Body,
     B::Error: std::fmt::Display,
 {
-    let mut body = std::pin::pin!(body);
-    // the first frame as it came, until a second one comes; then all of
-    // them joined
-    let mut only: Option<Bytes> = None;
-    let mut joined = BytesMut::new();
-    while let Some(frame) = body.frame().await {
-        let frame = frame.map_err(|e| Status::cancelled(format!("reading the request: {e}")))?;
-        let Ok(mut data) = frame.into_data() else {
-            continue; // trailers: a unary request's metadata is its headers
-        };
-        let len = only.as_ref().map_or(joined.len(), Bytes::len) + data.remaining();
-        if len > PREFIX + max {
-            return Err(too_large(len - PREFIX, max));
-        }
-        match only.take() {
-            None if joined.is_empty() => only = Some(data.copy_to_bytes(data.remaining())),
-            None => joined.put(data),
-            Some(first) => {
-                joined.reserve(len);
-                joined.extend_from_slice(&first);
-                joined.put(data);
-            }
+    let mut read = std::pin::pin!(super::body::read_body(body, max, memory));
+    if let Poll::Ready(read) = futures::poll!(read.as_mut()) {
+        return read;
+    }
+    let began = std::time::Instant::now();
+    let deadline = headers
+        .get("grpc-timeout")
+        .and_then(|v| v.to_str().ok())
+        .and_then(super::request::parse_grpc_timeout);
+    let read = tokio::time::timeout(deadline.unwrap_or(MAX_BODY_WAIT), read)
+        .await
+        .map_err(|_| timed_out())??;
+    if let Some(deadline) = deadline {
+        let left = deadline.saturating_sub(began.elapsed());
+        if let Ok(value) = http::HeaderValue::from_str(&super::request::grpc_timeout_text(left)) {
+            headers.insert("grpc-timeout", value);
         }
     }
-    Ok(only.unwrap_or_else(|| joined.freeze()))
+    Ok(read)
 }
-
-/// A gRPC message's prefix: a compression flag and a length.
-const PREFIX: usize = 5;
 
 /// The first message of a unary call's body. What follows it must be
 /// whole messages too, which are not read (tonic's server decoded and
@@ -302,7 +313,7 @@ fn next_message(bytes: &[u8], max: usize) -> Result<(&[u8], &[u8]), Status> {
             )))
         }
     }
-    let len = u32::from_be_bytes([prefix[1], prefix[2], prefix[3], prefix[4]]) as usize;
+    let len = declared_length(prefix);
     if len > max {
         return Err(too_large(len, max));
     }
@@ -310,12 +321,6 @@ fn next_message(bytes: &[u8], max: usize) -> Result<(&[u8], &[u8]), Status> {
         return Err(eof());
     }
     Ok(rest.split_at(len))
-}
-
-fn too_large(len: usize, max: usize) -> Status {
-    Status::out_of_range(format!(
-        "Error, decoded message length too large: found {len} bytes, the limit is: {max} bytes"
-    ))
 }
 
 /// The answer as a unary gRPC response: its metadata and content type, one
@@ -443,24 +448,6 @@ mod tests {
         );
         let over = [framed(0, b"a"), framed(0, b"abc")].concat();
         assert_eq!(code(one_message(&over, 2)), Err(tonic::Code::OutOfRange));
-    }
-
-    #[tokio::test]
-    async fn a_body_is_read_across_its_frames_up_to_the_limit() {
-        use http_body_util::{BodyExt, StreamBody};
-        let body = |chunks: Vec<&'static [u8]>| {
-            StreamBody::new(futures::stream::iter(chunks.into_iter().map(|c| {
-                Ok::<_, std::convert::Infallible>(http_body::Frame::data(Bytes::from_static(c)))
-            })))
-            .boxed()
-        };
-        let one = read_body(body(vec![b"\0\0\0\0\x02ab"]), 10).await;
-        assert_eq!(one.expect("read").as_ref(), b"\0\0\0\0\x02ab");
-        let cut = read_body(body(vec![b"\0\0", b"\0\0\x02", b"a", b"b"]), 10).await;
-        assert_eq!(cut.expect("read").as_ref(), b"\0\0\0\0\x02ab");
-        assert_eq!(read_body(body(vec![]), 10).await.expect("read").len(), 0);
-        let over = read_body(body(vec![b"\0\0\0\0\x03", b"abc"]), 2).await;
-        assert_eq!(over.map_err(|s| s.code()), Err(tonic::Code::OutOfRange));
     }
 
     #[test]
