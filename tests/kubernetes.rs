@@ -257,6 +257,24 @@ async fn the_deployment_starts_the_binary_with_what_it_passes() {
         .collect();
     assert!(admitted.contains(&port_of("http-metrics")), "{admitted:?}");
     assert!(!admitted.contains(&port_of("http-admin")), "{admitted:?}");
+    // #66: the pod is given the whole shutdown (the binary's delay and
+    // grace, as the Deployment sets them or by default, and 4 s of flushing)
+    let seconds = |name: &str, default: u64| {
+        env.iter()
+            .find(|(k, _)| k == name)
+            .map_or(default, |(_, v)| {
+                humantime_secs(v).unwrap_or_else(|| panic!("{name}: {v}"))
+            })
+    };
+    let shutdown = seconds("RLS_SHUTDOWN_DELAY", 5) + seconds("RLS_SHUTDOWN_GRACE", 20) + 4;
+    let grace_period = resource("Deployment")["spec"]["template"]["spec"]
+        ["terminationGracePeriodSeconds"]
+        .as_u64()
+        .unwrap_or(30);
+    assert!(
+        grace_period > shutdown,
+        "terminationGracePeriodSeconds {grace_period} does not cover the shutdown's {shutdown} s"
+    );
     let monitor = resource("ServiceMonitor");
     let scraped = monitor["spec"]["endpoints"][0]["port"]
         .as_str()
@@ -511,4 +529,15 @@ fn the_istio_example_installs_from_the_kit_with_its_redis() {
         .and_then(|e| e["value"].as_str())
         .expect("RLS_REDIS_URL");
     assert_eq!(url, format!("redis://{name}:{port}"));
+}
+
+/// Whole seconds of a duration as the binary takes it (`5s`, `1m`).
+fn humantime_secs(text: &str) -> Option<u64> {
+    let (n, unit) = text.split_at(text.find(|c: char| !c.is_ascii_digit())?);
+    let n: u64 = n.parse().ok()?;
+    match unit {
+        "s" => Some(n),
+        "m" => Some(n * 60),
+        _ => None,
+    }
 }
