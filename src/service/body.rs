@@ -233,13 +233,13 @@ mod tests {
     use super::*;
     use http_body_util::StreamBody;
 
-    fn frames(
-        parts: Vec<Vec<u8>>,
-    ) -> StreamBody<
+    type Frames = StreamBody<
         futures::stream::Iter<
             std::vec::IntoIter<Result<http_body::Frame<Bytes>, std::convert::Infallible>>,
         >,
-    > {
+    >;
+
+    fn frames(parts: Vec<Vec<u8>>) -> Frames {
         let frames: Vec<_> = parts
             .into_iter()
             .map(|p| Ok(http_body::Frame::data(Bytes::from(p))))
