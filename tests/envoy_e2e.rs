@@ -3446,6 +3446,12 @@ descriptors:
       - key: api_key
         # 1 a day: no token comes back during a run
         rate_limit: {unit: day, requests_per_unit: 1, burst: 1500}
+  # the RLQS Envoy's key: never spent, so any 429 is Envoy's fallback
+  - key: plan
+    value: gold
+    descriptors:
+      - key: api_key
+        rate_limit: {unit: second, requests_per_unit: 100000, burst: 100000}
 "#;
 
 /// #66: a rolling restart of two replicas on a Redis Cluster behind Envoy
@@ -3456,11 +3462,23 @@ descriptors:
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_rolling_restart_is_answered_by_no_failure_mode() {
     for deny in [true, false] {
-        rolling_restart(deny).await;
+        rolling_restart(deny, false).await;
     }
 }
 
-async fn rolling_restart(deny: bool) {
+/// The same with an RLQS Envoy on both replicas whose fallback (no
+/// assignment) is DENY_ALL: its stream must move without a 429. Not yet:
+/// when the replica its stream moved to is stopped seconds later, that
+/// stream is still a newcomer whose assignments live 3 s, and Envoy 1.40
+/// reconnects on its next report (about 5 s): about 2,500 requests fall
+/// back (#66, left open for this).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "#66: a newcomer's 3 s assignment does not outlive Envoy's reconnect"]
+async fn a_rolling_restart_moves_rlqs_streams_without_a_fallback() {
+    rolling_restart(true, true).await;
+}
+
+async fn rolling_restart(deny: bool, with_rlqs: bool) {
     let cluster = common::redis::RedisCluster::start();
     let rules = common::rules_dir(ROLLOUT_RULES);
     let bootstrap = tempfile::tempdir().expect("tempdir");
@@ -3483,9 +3501,17 @@ async fn rolling_restart(deny: bool) {
         &[env.clone(), env],
     )
     .await;
+    let rlqs = match with_rlqs {
+        true => Some(rlqs_envoy_without_fallback(&edge, bootstrap.path()).await),
+        false => None,
+    };
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let key = format!("rollout-{deny}");
-    let callers = steady_load(&edge, &key, 12, &stop);
+    let callers = steady_load(&edge.client, &edge.base, ("rollout", &key), 10, &stop);
+    let streamed = match &rlqs {
+        Some(rlqs) => steady_load(&edge.client, &rlqs.base, ("gold", "rollout"), 2, &stop),
+        None => Vec::new(),
+    };
     tokio::time::sleep(Duration::from_secs(2)).await;
     let started = Instant::now();
     for i in 0..2 {
@@ -3496,11 +3522,15 @@ async fn rolling_restart(deny: bool) {
         tokio::time::sleep(Duration::from_secs(3)).await;
     }
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let mut codes = std::collections::BTreeMap::<String, u64>::new();
-    for caller in callers {
-        for (code, n) in caller.await.expect("caller") {
-            *codes.entry(code).or_default() += n;
-        }
+    let codes = tally_codes(callers).await;
+    if with_rlqs {
+        let streamed = tally_codes(streamed).await;
+        eprintln!("RLQS Envoy through the restarts: {streamed:?}");
+        assert_eq!(
+            streamed.keys().collect::<Vec<_>>(),
+            ["200"],
+            "the RLQS Envoy never fell back (no assignment: DENY_ALL): {streamed:?}"
+        );
     }
     let total: u64 = codes.values().sum();
     eprintln!(
@@ -3519,28 +3549,27 @@ async fn rolling_restart(deny: bool) {
     );
 }
 
-/// `callers` clients sending the rollout key through `edge` until `stop`;
-/// each returns how many answers it got of each status (or transport error).
+/// `callers` clients sending `(plan, api_key)` through the Envoy at
+/// `base` until `stop`; each returns how many answers it got of each
+/// status (or transport error).
 fn steady_load(
-    edge: &Edge,
-    key: &str,
+    client: &reqwest::Client,
+    base: &str,
+    (plan, key): (&str, &str),
     callers: usize,
     stop: &std::sync::Arc<std::sync::atomic::AtomicBool>,
 ) -> Vec<tokio::task::JoinHandle<std::collections::BTreeMap<String, u64>>> {
     (0..callers)
         .map(|_| {
-            let (client, url, key) = (
-                edge.client.clone(),
-                format!("{}/", edge.base),
-                key.to_string(),
-            );
+            let (client, url) = (client.clone(), format!("{base}/"));
+            let (plan, key) = (plan.to_string(), key.to_string());
             let stop = stop.clone();
             tokio::spawn(async move {
                 let mut codes = std::collections::BTreeMap::<String, u64>::new();
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                     let answer = client
                         .get(&url)
-                        .header("x-plan", "rollout")
+                        .header("x-plan", &plan)
                         .header("x-api-key", &key)
                         .send()
                         .await;
@@ -3554,6 +3583,59 @@ fn steady_load(
             })
         })
         .collect()
+}
+
+/// The answers of [`steady_load`]'s callers, added up.
+async fn tally_codes(
+    callers: Vec<tokio::task::JoinHandle<std::collections::BTreeMap<String, u64>>>,
+) -> std::collections::BTreeMap<String, u64> {
+    let mut codes = std::collections::BTreeMap::<String, u64>::new();
+    for caller in callers {
+        for (code, n) in caller.await.expect("caller") {
+            *codes.entry(code).or_default() += n;
+        }
+    }
+    codes
+}
+
+/// An Envoy with the RLQS bootstrap on both of `edge`'s replicas, refusing
+/// everything it has no assignment for (and an expired one's fallback
+/// kept), once its gold key has been assigned: from then on, a 429 is
+/// Envoy falling back. The bootstrap is written in `dir`.
+async fn rlqs_envoy_without_fallback(edge: &Edge, dir: &Path) -> RunningEnvoy {
+    let path = dir.join("rlqs.yaml");
+    let bootstrap = std::fs::read_to_string(Path::new(ROOT).join("examples/envoy/rlqs.yaml"))
+        .expect("rlqs bootstrap")
+        .replace(
+            "fallback_rate_limit: {blanket_rule: ALLOW_ALL}",
+            "fallback_rate_limit: {blanket_rule: DENY_ALL}",
+        );
+    std::fs::write(&path, bootstrap).expect("write");
+    let path = path.to_str().expect("utf-8 path").to_string();
+    let mut envoy = None;
+    for _ in 0..4 {
+        envoy = RunningEnvoy::start_with(&edge.client, &path, &edge.grpc_ports, 1).await;
+        if envoy.is_some() {
+            break;
+        }
+    }
+    let envoy = envoy.expect("the RLQS Envoy started");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let answer = edge
+            .client
+            .get(format!("{}/", envoy.base))
+            .header("x-plan", "gold")
+            .header("x-api-key", "rollout")
+            .send()
+            .await
+            .expect("envoy answers");
+        if answer.status() == 200 {
+            return envoy;
+        }
+        assert!(Instant::now() < deadline, "the gold key was never assigned");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 impl Edge {
