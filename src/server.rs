@@ -95,7 +95,16 @@ impl RunningServer {
         self.draining.begin();
         let _ = self.stop.send(true);
         // RLQS streams last as long as their Envoy: end them, or draining
-        // would wait for them for ever
+        // would wait for them for ever; first, what each Envoy holds is
+        // made to last until it has reconnected elsewhere
+        if tokio::time::timeout(FLUSH_TIMEOUT, self.quota_hub.farewell())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                "RLQS: the farewell assignments took over {FLUSH_TIMEOUT:?}; streams end now"
+            );
+        }
         self.quota_hub.close_all();
         if let Some(upstream) = &self.upstream {
             upstream.abort();

@@ -84,6 +84,10 @@ pub const MIN_QUIET_MICROS: u64 = 15_000_000;
 /// An assignment counts as live this long beyond its time to live: Envoy
 /// starts its clock when the message arrives, a little after it was planned.
 pub const LIVE_MARGIN_MICROS: u64 = 500_000;
+/// How often Envoy 1.40 reports a bucket, whatever its
+/// `reporting_interval` says (see [`MIN_QUIET_MICROS`]): so, at most how
+/// long it takes to open a new stream after its stream ended.
+pub const ENVOY_REPORT_MICROS: u64 = 5_000_000;
 /// A share that moved by less than this fraction is not re-sent early.
 pub const RESEND_THRESHOLD: f64 = 0.05;
 /// Buckets one stream may hold; reports of more are not taken (Envoy
@@ -246,6 +250,8 @@ pub struct Quotas {
     without_ledger: usize,
     /// The regions reporting here, at the global tier (see [`hub`]).
     regions: RegionStreams,
+    /// This replica is shutting down ([`Quotas::farewell`]).
+    leaving: bool,
 }
 
 /// Messages to write, per stream.
@@ -596,6 +602,29 @@ impl Quotas {
         outbox(pending)
     }
 
+    /// This replica is leaving (shutdown, after its delay): each stream
+    /// will end, and its Envoy reconnect to another replica on its next
+    /// report, up to [`ENVOY_REPORT_MICROS`] away. What a stream was sent
+    /// must outlive that, even a stream that came here seconds ago and
+    /// whose assignments live [`MIN_TTL_MICROS`]: from now on every
+    /// stream's cadence is taken as at least Envoy's, so what it is sent
+    /// lives three of its reports (reserved that long in the shared ledger
+    /// first, where there is one), and is sent again at once when that is
+    /// longer than what it holds. Every bucket is looked at now.
+    pub fn farewell(&mut self, rules: &RuleSet, now_micros: u64) -> Outbox {
+        self.leaving = true;
+        for (key, bucket) in &mut self.buckets {
+            for sub in &mut bucket.subs {
+                sub.interval_micros = sub.interval_micros.max(ENVOY_REPORT_MICROS);
+            }
+            // a ledger step is due at once, for the longer life
+            bucket.stepped_micros = 0;
+            bucket.due_micros = now_micros;
+            queue(&mut self.due, key, bucket);
+        }
+        self.tick(rules, now_micros)
+    }
+
     /// Periodic work: every bucket that is due (a member fell quiet or
     /// idle, a refresh or an expiry came, the rules were reloaded) is
     /// looked at again; buckets nobody holds are forgotten.
@@ -845,7 +874,7 @@ impl Quotas {
             };
             let exact = self.regions.contains(pair.0);
             let ttl = ttl_of(sub);
-            if let Some(a) = offer(sub, key, what, ttl, now_micros, exact) {
+            if let Some(a) = offer(sub, key, what, ttl, now_micros, exact, self.leaving) {
                 pending.entry(pair.0).or_default().push(a);
             }
         }
@@ -949,10 +978,11 @@ fn split(
 
 /// The action to send `stream` for `key` if `what` moved from what it
 /// was last sent, or a third of the sent one's time to live has passed
-/// (re-sending the same only extends it); records it as sent.
-/// `exact`: the member is a region (our own client), which refills
-/// continuously and takes a share's rate as precisely as whole numbers
-/// can say it; an Envoy gets [`token_bucket`]'s rounding.
+/// (re-sending the same only extends it), or (`leaving`, see
+/// [`Quotas::farewell`]) it would live longer than what was sent; records
+/// it as sent. `exact`: the member is a region (our own client), which
+/// refills continuously and takes a share's rate as precisely as whole
+/// numbers can say it; an Envoy gets [`token_bucket`]'s rounding.
 fn offer(
     sub: &mut Subscription,
     key: &BucketKey,
@@ -960,6 +990,7 @@ fn offer(
     ttl: u64,
     now_micros: u64,
     exact: bool,
+    leaving: bool,
 ) -> Option<BucketAction> {
     // the refresh is due by the life of what Envoy holds: when the
     // cadence was just learnt, the new time to live is longer
@@ -968,6 +999,7 @@ fn offer(
         Some((before, at, sent_ttl)) => {
             moved(before, what)
                 || now_micros.saturating_sub(at) >= ttl.min(sent_ttl) / TTL_INTERVALS
+                || (leaving && ttl > sent_ttl.saturating_sub(now_micros.saturating_sub(at)))
         }
     };
     due.then(|| {

@@ -802,3 +802,46 @@ fn a_regions_demand_is_the_sum_of_its_instances() {
     let (a, b) = (current(&q, 1), current(&q, 2));
     assert!(a.rate < 0.75 * b.rate, "{a:?} {b:?}");
 }
+
+/// #66: a replica leaving says farewell: an Envoy that came seconds ago
+/// (its cadence not known, its assignments living 3 s) is sent what it
+/// holds again at once, living 15 s (three of Envoy's 5 s reports: it
+/// reconnects elsewhere on the next), reserved that long in the shared
+/// ledger first; an Envoy already on 15 s keeps what it has. Both the
+/// local split and the shared ledger.
+#[test]
+fn a_leaving_replica_makes_what_each_envoy_holds_outlive_its_reconnection() {
+    let r = rules(RULES);
+    let bucket = [("tenant", "acme"), ("api_key", "k1")];
+    for shared in [false, true] {
+        let mut q = if shared {
+            Quotas::shared()
+        } else {
+            Quotas::default()
+        };
+        let mut ledgers = HashMap::new();
+        let now = SEC;
+        let mut first = q
+            .report(1, "edge", &[usage(&bucket, 500, 5)], &r, now)
+            .expect("report");
+        first.extend(answer_steps(&mut q, &mut ledgers, now));
+        assert_eq!(
+            lives_until(&first, 1, now),
+            Some(now + 3 * SEC),
+            "a newcomer's assignment lives 3 s (shared: {shared})"
+        );
+        let later = now + SEC / 2;
+        let mut farewell = q.farewell(&r, later);
+        farewell.extend(answer_steps(&mut q, &mut ledgers, later));
+        assert_eq!(
+            lives_until(&farewell, 1, later),
+            Some(later + 15 * SEC),
+            "sent again, living 15 s (shared: {shared})"
+        );
+        assert_eq!(
+            last_share(&[first], 1),
+            last_share(&[farewell], 1),
+            "the same share (shared: {shared})"
+        );
+    }
+}

@@ -48,6 +48,9 @@ pub const TICK: Duration = Duration::from_secs(1);
 /// its bounds is dropped (`reason="outbox_full"`): what Envoy holds then
 /// expires, and the split counts it as live until it does.
 pub const MAX_STREAMS: usize = 50_000;
+/// How long [`QuotaHub::farewell`] waits for its messages to be written.
+pub const FAREWELL_FLUSH: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Ledger steps in flight at once (a tick's batch is one step per bucket);
 /// answers are handed back in chunks of at most this many, as they come.
 /// Few: the steps go over the decisions' own connections, and Redis runs a
@@ -507,6 +510,23 @@ impl QuotaHub {
             if let Some((mailbox, domain)) = streams.get(&id) {
                 self.put(mailbox, domain, response);
             }
+        }
+    }
+
+    /// The shutdown's last word to every stream before it ends (see
+    /// [`Quotas::farewell`]): what each Envoy holds is sent again to live
+    /// until it has reconnected to another replica (reserved that long in
+    /// the shared ledger first), and the outboxes are given up to
+    /// [`FAREWELL_FLUSH`] to reach the Envoys.
+    pub async fn farewell(&self) {
+        let now = self.clock.now_micros();
+        let rules = self.rules.load();
+        let out = self.quotas.lock().farewell(&rules, now);
+        self.send(out);
+        self.take_steps().await;
+        let flushed = std::time::Instant::now() + FAREWELL_FLUSH;
+        while self.outbox_bytes() > 0 && std::time::Instant::now() < flushed {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         }
     }
 
