@@ -22,22 +22,15 @@ fn start() -> (ChildGuard, u16) {
 }
 
 /// Starts the server on `config/` with `args` (RUST_LOG unset), waits until
-/// it serves, stops it with SIGTERM, and returns what it wrote to stderr.
+/// it serves, stops it with SIGTERM (no shutdown delay), and returns what
+/// it wrote to stderr.
 fn stderr_of_a_run(args: &[&str]) -> String {
-    let (grpc, admin) = (free_port(), free_port());
-    let child = ChildGuard(
-        Command::new(env!("CARGO_BIN_EXE_tokenbucket-rls"))
-            .env("RLS_CONFIG", concat!(env!("CARGO_MANIFEST_DIR"), "/config"))
-            .env_remove("RUST_LOG")
-            .args(["--grpc-addr", &format!("127.0.0.1:{grpc}")])
-            .args(["--admin-addr", &format!("127.0.0.1:{admin}")])
-            .args(args)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start"),
-    );
-    wait_ready(admin);
+    let args: Vec<&str> = args
+        .iter()
+        .copied()
+        .chain(["--shutdown-delay", "0s"])
+        .collect();
+    let (child, _, _) = serving_config_on(&args);
     let out = child.terminate();
     String::from_utf8_lossy(&out.stderr).to_string()
 }
