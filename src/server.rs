@@ -310,7 +310,7 @@ pub async fn start(args: &ServeArgs) -> Result<RunningServer> {
         .add_service(rlqs)
         .prepare();
     let routes = serving::GrpcRoutes::new(crate::service::wire::PATH, rls, routes);
-    let grpc = serve_grpc(grpc_listener, args, routes, stopped.clone())?;
+    let grpc = serve_grpc(grpc_listener, args, routes, &metrics, stopped.clone())?;
     check_admin_token(args)?;
     let admin_router = admin::router(AdminState {
         rules: rules.clone(),
@@ -425,6 +425,7 @@ fn serve_grpc<M: serving::Method>(
     listener: GrpcListener,
     args: &ServeArgs,
     routes: serving::GrpcRoutes<M>,
+    metrics: &Arc<Metrics>,
     stopped: watch::Receiver<bool>,
 ) -> Result<futures::future::BoxFuture<'static, Result<()>>> {
     let bounds = serving::ConnectionBounds::new(
@@ -433,6 +434,7 @@ fn serve_grpc<M: serving::Method>(
         args.idle_timeout,
         (args.http2_keepalive_interval, args.http2_keepalive_timeout),
     );
+    keep_counting_connections(&bounds, args.max_connections, metrics, stopped.clone());
     let until_stopped = {
         let mut stopped = stopped.clone();
         Box::pin(async move {
@@ -489,6 +491,29 @@ fn serve_grpc<M: serving::Method>(
             })
         }
     })
+}
+
+/// Sets `rls_grpc_connections` each second from the slots `bounds` has
+/// given out, until `stopped`.
+fn keep_counting_connections(
+    bounds: &serving::ConnectionBounds,
+    limit: usize,
+    metrics: &Arc<Metrics>,
+    mut stopped: watch::Receiver<bool>,
+) {
+    let (gate, metrics) = (bounds.gate.clone(), metrics.clone());
+    metrics.grpc_connections(0, limit);
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = stopped.wait_for(|s| *s) => return,
+            }
+            let open = limit.saturating_sub(gate.available_permits());
+            metrics.grpc_connections(open, limit);
+        }
+    });
 }
 
 /// Step 1: the rules to start with, from `--config` (or none yet, to come

@@ -107,6 +107,7 @@ async fn the_connection_past_the_limit_waits_for_a_slot() {
             a.serving_threads = threads;
         })
         .await;
+        let admin = server.admin_addr;
         let (mut first, first_conn) = connect(server.grpc_addr).await;
         let (mut second, _second_conn) = connect(server.grpc_addr).await;
         for client in [&mut first, &mut second] {
@@ -125,6 +126,26 @@ async fn the_connection_past_the_limit_waits_for_a_slot() {
             !third.is_finished(),
             "{threads:?}: a third connection was served"
         );
+        // the gauge operators size the limit by (counted each second)
+        let mut open = None;
+        for _ in 0..50 {
+            let text = reqwest::get(format!("http://{admin}/metrics"))
+                .await
+                .expect("metrics")
+                .text()
+                .await
+                .expect("text");
+            open = common::sample(&text, "rls_grpc_connections");
+            if open == Some(2.0) {
+                assert_eq!(
+                    common::sample(&text, "rls_grpc_connections_limit"),
+                    Some(2.0)
+                );
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert_eq!(open, Some(2.0), "{threads:?}: two open, the third waiting");
         drop(first);
         first_conn.abort();
         let (status, server) = tokio::time::timeout(Duration::from_secs(20), third)

@@ -92,6 +92,8 @@ pub struct Metrics {
     config_reloads: IntCounterVec,
     config_generation: IntGauge,
     instances: IntGauge,
+    grpc_connections: IntGauge,
+    grpc_connections_limit: IntGauge,
     buckets: IntGaugeVec,
     buckets_evicted: IntCounterVec,
     node_memory: IntGaugeVec,
@@ -212,6 +214,16 @@ impl Metrics {
         )
         .expect("valid metric");
         instances.set(1);
+        let grpc_connections = IntGauge::new(
+            "rls_grpc_connections",
+            "gRPC connections open now, every listener together (TLS handshakes included), counted each second",
+        )
+        .expect("valid metric");
+        let grpc_connections_limit = IntGauge::new(
+            "rls_grpc_connections_limit",
+            "--max-connections: past it the next connection waits until one closes",
+        )
+        .expect("valid metric");
         let config_generation =
             IntGauge::new("rls_config_generation", "Generation of the rules in force")
                 .expect("valid metric");
@@ -282,6 +294,8 @@ impl Metrics {
             Box::new(config_reloads.clone()),
             Box::new(config_generation.clone()),
             Box::new(instances.clone()),
+            Box::new(grpc_connections.clone()),
+            Box::new(grpc_connections_limit.clone()),
             Box::new(buckets.clone()),
             Box::new(buckets_evicted.clone()),
             Box::new(node_memory.clone()),
@@ -326,6 +340,8 @@ impl Metrics {
             config_reloads,
             config_generation,
             instances,
+            grpc_connections,
+            grpc_connections_limit,
             buckets,
             buckets_evicted,
             node_memory,
@@ -759,6 +775,14 @@ impl Metrics {
             stats.config_load(ok);
         }
         self.set_generation(generation);
+    }
+
+    /// `rls_grpc_connections` and `rls_grpc_connections_limit`.
+    pub fn grpc_connections(&self, open: usize, limit: usize) {
+        self.grpc_connections
+            .set(i64::try_from(open).unwrap_or(i64::MAX));
+        self.grpc_connections_limit
+            .set(i64::try_from(limit).unwrap_or(i64::MAX));
     }
 
     /// `rls_instances`.
