@@ -19,11 +19,13 @@ use crate::labels::RuleId;
 use crate::rules::{DescriptorEntry, FailureMode, RuleSet};
 
 mod attempt;
+mod connections;
 mod lease;
 mod quota;
 mod region;
 
 use self::attempt::AttemptMetrics;
+use self::connections::ConnectionMetrics;
 pub use self::lease::LeaseCounts;
 use self::lease::LeaseMetrics;
 use self::quota::QuotaMetrics;
@@ -92,8 +94,7 @@ pub struct Metrics {
     config_reloads: IntCounterVec,
     config_generation: IntGauge,
     instances: IntGauge,
-    grpc_connections: IntGauge,
-    grpc_connections_limit: IntGauge,
+    connections: ConnectionMetrics,
     buckets: IntGaugeVec,
     buckets_evicted: IntCounterVec,
     node_memory: IntGaugeVec,
@@ -214,16 +215,6 @@ impl Metrics {
         )
         .expect("valid metric");
         instances.set(1);
-        let grpc_connections = IntGauge::new(
-            "rls_grpc_connections",
-            "gRPC connections open now, every listener together (TLS handshakes included), counted each second",
-        )
-        .expect("valid metric");
-        let grpc_connections_limit = IntGauge::new(
-            "rls_grpc_connections_limit",
-            "--max-connections: past it the next connection waits until one closes",
-        )
-        .expect("valid metric");
         let config_generation =
             IntGauge::new("rls_config_generation", "Generation of the rules in force")
                 .expect("valid metric");
@@ -276,6 +267,7 @@ impl Metrics {
         )
         .expect("valid metric");
         let lease = LeaseMetrics::new();
+        let connections = ConnectionMetrics::new();
         let attempt = AttemptMetrics::new();
         let quota = QuotaMetrics::new();
         let region = RegionMetrics::new();
@@ -294,8 +286,6 @@ impl Metrics {
             Box::new(config_reloads.clone()),
             Box::new(config_generation.clone()),
             Box::new(instances.clone()),
-            Box::new(grpc_connections.clone()),
-            Box::new(grpc_connections_limit.clone()),
             Box::new(buckets.clone()),
             Box::new(buckets_evicted.clone()),
             Box::new(node_memory.clone()),
@@ -305,6 +295,7 @@ impl Metrics {
         ]
         .into_iter()
         .chain(lease.collectors())
+        .chain(connections.collectors())
         .chain(attempt.collectors())
         .chain(quota.collectors())
         .chain(region.collectors())
@@ -340,8 +331,7 @@ impl Metrics {
             config_reloads,
             config_generation,
             instances,
-            grpc_connections,
-            grpc_connections_limit,
+            connections,
             buckets,
             buckets_evicted,
             node_memory,
@@ -779,10 +769,7 @@ impl Metrics {
 
     /// `rls_grpc_connections` and `rls_grpc_connections_limit`.
     pub fn grpc_connections(&self, open: usize, limit: usize) {
-        self.grpc_connections
-            .set(i64::try_from(open).unwrap_or(i64::MAX));
-        self.grpc_connections_limit
-            .set(i64::try_from(limit).unwrap_or(i64::MAX));
+        self.connections.set(open, limit);
     }
 
     /// `rls_instances`.
@@ -798,46 +785,6 @@ impl Metrics {
     /// `rls_config_reloads_total{result}`.
     pub fn reloads(&self, result: &str) -> u64 {
         self.config_reloads.with_label_values(&[result]).get()
-    }
-
-    /// A lease call took `tokens` from a shared bucket.
-    pub fn lease_granted(&self, tokens: u64) {
-        self.lease.grants.inc();
-        self.lease.granted.inc_by(tokens);
-        self.lease
-            .held
-            .add(i64::try_from(tokens).unwrap_or(i64::MAX));
-    }
-
-    /// A decision spent `tokens` from a lease.
-    pub fn lease_local_hit(&self, tokens: u64) {
-        self.lease.local_hits.inc();
-        self.lease
-            .held
-            .sub(i64::try_from(tokens).unwrap_or(i64::MAX));
-    }
-
-    /// Tokens a decision spent from a lease are back in it (its request
-    /// was refused): held again.
-    pub fn lease_put_back(&self, tokens: u64) {
-        self.lease
-            .held
-            .add(i64::try_from(tokens).unwrap_or(i64::MAX));
-    }
-
-    /// Unspent tokens left a lease, to be given back.
-    pub fn lease_released(&self, tokens: u64) {
-        self.lease
-            .held
-            .sub(i64::try_from(tokens).unwrap_or(i64::MAX));
-    }
-
-    pub fn lease_returned(&self, tokens: u64) {
-        self.lease.returned.inc_by(tokens);
-    }
-
-    pub fn lease_lost(&self, tokens: u64) {
-        self.lease.lost.inc_by(tokens);
     }
 
     pub fn quota_streams(&self, open: usize) {
@@ -993,17 +940,6 @@ impl Metrics {
     pub fn quota_dropped(&self, reason: &str, n: u64) {
         if n > 0 {
             self.quota.dropped.with_label_values(&[reason]).inc_by(n);
-        }
-    }
-
-    pub fn lease_counts(&self) -> LeaseCounts {
-        LeaseCounts {
-            grants: self.lease.grants.get(),
-            granted: self.lease.granted.get(),
-            returned: self.lease.returned.get(),
-            lost: self.lease.lost.get(),
-            local_hits: self.lease.local_hits.get(),
-            held: self.lease.held.get(),
         }
     }
 

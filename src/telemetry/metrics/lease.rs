@@ -67,3 +67,57 @@ pub struct LeaseCounts {
     pub local_hits: u64,
     pub held: i64,
 }
+
+/// What the leases tell the metrics.
+impl super::Metrics {
+    /// A lease call took `tokens` from a shared bucket.
+    pub fn lease_granted(&self, tokens: u64) {
+        self.lease.grants.inc();
+        self.lease.granted.inc_by(tokens);
+        self.lease
+            .held
+            .add(i64::try_from(tokens).unwrap_or(i64::MAX));
+    }
+
+    /// A decision spent `tokens` from a lease.
+    pub fn lease_local_hit(&self, tokens: u64) {
+        self.lease.local_hits.inc();
+        self.lease
+            .held
+            .sub(i64::try_from(tokens).unwrap_or(i64::MAX));
+    }
+
+    /// Tokens a decision spent from a lease are back in it (its request
+    /// was refused): held again.
+    pub fn lease_put_back(&self, tokens: u64) {
+        self.lease
+            .held
+            .add(i64::try_from(tokens).unwrap_or(i64::MAX));
+    }
+
+    /// Unspent tokens left a lease, to be given back.
+    pub fn lease_released(&self, tokens: u64) {
+        self.lease
+            .held
+            .sub(i64::try_from(tokens).unwrap_or(i64::MAX));
+    }
+
+    pub fn lease_returned(&self, tokens: u64) {
+        self.lease.returned.inc_by(tokens);
+    }
+
+    pub fn lease_lost(&self, tokens: u64) {
+        self.lease.lost.inc_by(tokens);
+    }
+
+    pub fn lease_counts(&self) -> LeaseCounts {
+        LeaseCounts {
+            grants: self.lease.grants.get(),
+            granted: self.lease.granted.get(),
+            returned: self.lease.returned.get(),
+            lost: self.lease.lost.get(),
+            local_hits: self.lease.local_hits.get(),
+            held: self.lease.held.get(),
+        }
+    }
+}
