@@ -30,6 +30,16 @@
 //! Redis: a withdrawal follows it on the same connection, which finds its
 //! record if it ran (and nothing if it did not).
 //!
+//! **Failed requests.** A request answered with an error (a
+//! `failure_mode: closed` rule whose store call failed, on any of its
+//! descriptors) holds nothing either: what its other descriptors took is
+//! given back as for a late answer (an attempt's start withdrawn: the
+//! caller's failure mode may have let the request run). So is what the
+//! store took for a call whose answer the failure mode replaced: an
+//! admission that its replicas did not acknowledge (`not_replicated`), and
+//! in a detached decision ([`super::Limiter::decide_request`]) a call
+//! answered after its budget, given back when its answer arrives.
+//!
 //! The calls run on a task of their own (on the serving thread's runtime,
 //! so a Redis call follows the decisions on the same connection): Envoy
 //! dropping the call at its deadline cannot cut a give-back in half. A
@@ -91,16 +101,21 @@ pub(super) fn tokens_taken(
     if !matches!(cost, Cost::Spend(_)) {
         return None;
     }
-    if buckets
-        .buckets
-        .iter()
-        .all(|b| b.params.algorithm == Algorithm::FixedWindow)
-    {
+    if !takes_tokens(buckets) {
         return None;
     }
     let admitted = !outcomes.is_empty() && outcomes.iter().all(|o| o.admitted);
     let taken = outcomes.iter().map(|o| o.taken).max().unwrap_or(0);
     (admitted && taken > 0).then_some(SpentKind::Tokens(taken))
+}
+
+/// Whether a spend from `buckets` takes tokens that can be given back:
+/// not when every bucket is a fixed window (which counts every hit).
+pub(super) fn takes_tokens(buckets: &DescriptorBuckets) -> bool {
+    !buckets
+        .buckets
+        .iter()
+        .all(|b| b.params.algorithm == Algorithm::FixedWindow)
 }
 
 /// The call that gives back an admitted start of `call`: a done call that
@@ -142,17 +157,28 @@ pub(super) const LATE_PATIENCE: std::time::Duration = std::time::Duration::from_
 pub(super) enum Reason {
     /// The request was answered OVER_LIMIT.
     Refused,
-    /// The answer came after the caller's deadline, or the store call
-    /// for an attempt's start timed out.
+    /// The answer came after the caller's deadline (or the caller gave
+    /// up), or the store call for an attempt's start timed out.
     Late,
+    /// The request was answered with an error, or the store's answer
+    /// was replaced by the failure mode's.
+    Failed,
 }
 
 impl Reason {
-    fn label(self) -> &'static str {
+    pub(super) fn label(self) -> &'static str {
         match self {
             Reason::Refused => "refused",
             Reason::Late => "late",
+            Reason::Failed => "error",
         }
+    }
+
+    /// Whether nobody waits for the answer (the request was answered, or
+    /// given up): an attempt's start is withdrawn rather than settled, and
+    /// the give-back may wait for a slow node.
+    fn unwatched(self) -> bool {
+        !matches!(self, Reason::Refused)
     }
 }
 
@@ -183,6 +209,11 @@ enum What {
 }
 
 impl Job {
+    /// The rule whose descriptor took what this gives back.
+    pub(super) fn rule(&self) -> RuleId {
+        self.rule
+    }
+
     /// What gives back `spent`, taken by `plan`'s descriptor.
     pub(super) fn of(plan: &Plan<'_>, spent: Spent) -> Option<Job> {
         let (rule, what) = match (plan, spent.kind) {
@@ -235,6 +266,18 @@ impl Job {
         })
     }
 
+    /// Refunds `n` tokens of `buckets` taken in the store by `rule`.
+    pub(super) fn refund(rule: RuleId, buckets: &DescriptorBuckets, n: u64) -> Job {
+        Job {
+            rule,
+            source: Source::Store,
+            what: What::Tokens {
+                buckets: buckets.clone(),
+                n,
+            },
+        }
+    }
+
     /// Withdraws an attempt's start whose store call timed out (it may
     /// have run): a start of `buckets`, or a slot of at most `max`.
     pub(super) fn withdraw_start(
@@ -271,6 +314,26 @@ pub(super) struct Places {
     pub(super) leases: Arc<Leases<MonotonicClock>>,
     pub(super) metrics: Arc<Metrics>,
     pub(super) instances: u32,
+    /// When a give-back that failed was last logged.
+    pub(super) said: Arc<OnceASecond>,
+}
+
+/// A gate that opens at most once a second (a log line's).
+#[derive(Debug, Default)]
+pub(super) struct OnceASecond(parking_lot::Mutex<Option<std::time::Instant>>);
+
+impl OnceASecond {
+    /// Whether a line may be written at `now`: none in the last second.
+    pub(super) fn admit(&self, now: std::time::Instant) -> bool {
+        let mut last = self.0.lock();
+        match *last {
+            Some(t) if now.duration_since(t) < std::time::Duration::from_secs(1) => false,
+            _ => {
+                *last = Some(now);
+                true
+            }
+        }
+    }
 }
 
 impl Places {
@@ -284,12 +347,12 @@ impl Places {
         budget: Option<std::time::Duration>,
     ) -> Option<u64> {
         // nobody waits for a late one: it may wait for a slow node
-        let budget = match reason {
-            Reason::Refused => budget,
-            Reason::Late => Some(LATE_PATIENCE),
+        let budget = match reason.unwatched() {
+            false => budget,
+            true => Some(LATE_PATIENCE),
         };
         let result: Result<u64, StoreError> = match (job.what, job.source) {
-            (What::Tokens { buckets, n }, Source::Store) => super::within(
+            (What::Tokens { buckets, n }, Source::Store) => super::store_call::within(
                 budget,
                 self.store
                     .decide_patiently(&buckets, Cost::Refund(n), budget),
@@ -312,16 +375,16 @@ impl Places {
                 },
                 source,
             ) => {
-                let (call, cost) = match reason {
-                    Reason::Refused => settle_unused(&call),
-                    Reason::Late => (withdrawal(&call), Cost::Check),
+                let (call, cost) = match reason.unwatched() {
+                    false => settle_unused(&call),
+                    true => (withdrawal(&call), Cost::Check),
                 };
                 match source {
                     Source::Local => {
                         self.local.decide_attempt_now(&buckets, cost, &call);
                         Ok(taken)
                     }
-                    _ => super::within(
+                    _ => super::store_call::within(
                         budget,
                         self.store.decide_attempt(&buckets, cost, &call, budget),
                     )
@@ -332,9 +395,9 @@ impl Places {
             (What::Slot { slots, max, call }, source) => {
                 // a late one is a withdrawal: released all the same, and
                 // sent after the start whatever the node's breaker says
-                let release = match reason {
-                    Reason::Refused => release(&call),
-                    Reason::Late => withdrawal(&call),
+                let release = match reason.unwatched() {
+                    false => release(&call),
+                    true => withdrawal(&call),
                 };
                 match source {
                     Source::Local => {
@@ -343,7 +406,7 @@ impl Places {
                             .decide_slot_now(&slots, share, &release, job.rule);
                         Ok(1)
                     }
-                    _ => super::within(
+                    _ => super::store_call::within(
                         budget,
                         self.store
                             .decide_slot(&slots, max, &release, job.rule, budget),
@@ -364,12 +427,17 @@ impl Places {
                 let sent = matches!(e, StoreError::Timeout | StoreError::Connection(_));
                 let result = if sent { "unanswered" } else { "failed" };
                 self.metrics.given_back(job.rule, reason.label(), result);
-                tracing::debug!(
-                    rule = %job.rule.labels().1,
-                    reason = reason.label(),
-                    error = %e,
-                    "could not give back what a descriptor took; it stays spent"
-                );
+                if self.said.admit(std::time::Instant::now()) {
+                    let (domain, rule) = job.rule.labels();
+                    tracing::warn!(
+                        %domain,
+                        %rule,
+                        reason = reason.label(),
+                        result,
+                        error = %e,
+                        "could not give back what a descriptor took; it stays spent (rls_given_back_total; logged at most once a second)"
+                    );
+                }
                 None
             }
         }

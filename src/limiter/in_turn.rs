@@ -6,7 +6,9 @@
 use futures::future::join_all;
 
 use super::plan::Plan;
-use super::{slot_decision, Decided, Limiter, Unavailable};
+use std::time::Instant;
+
+use super::{slot_decision, Decided, Limiter, Turn, Unavailable};
 use crate::attempt::Phase;
 use crate::bucket::Cost;
 use crate::decision::{Decision, Verdict};
@@ -55,54 +57,65 @@ impl Limiter {
     /// Decides `plans` one at a time in `order` ([`order`]),
     /// stopping at the first refusal: those after it take nothing, and are
     /// answered by what a check finds (a bucket's tokens left, spending
-    /// none) or, for a `concurrency` rule, as undecided (OK, 0 left).
+    /// none) or, for a `concurrency` rule, as undecided (OK, 0 left). An
+    /// error stops the turn too: it answers the request, and those after
+    /// it are not asked. Each step has what is left of `turn`'s budget:
+    /// the turn never outruns its caller.
     pub(super) async fn decide_in_turn(
         &self,
         plans: &[Plan<'_>],
         order: &[usize],
-        generation: u64,
-        budget: Option<std::time::Duration>,
-    ) -> Result<Vec<Decided>, Unavailable> {
-        let mut decided: Vec<Option<Decided>> = plans.iter().map(|_| None).collect();
+        turn: Turn,
+    ) -> Vec<Result<Decided, Unavailable>> {
+        let started = Instant::now();
+        let left = || Turn {
+            budget: turn.budget.map(|b| b.saturating_sub(started.elapsed())),
+            ..turn
+        };
+        let mut decided: Vec<Option<Result<Decided, Unavailable>>> =
+            plans.iter().map(|_| None).collect();
         for &i in order {
-            let d = self.decide_plan(&plans[i], generation, budget).await?;
-            let refused = d.decision.verdict == Verdict::OverLimit;
+            let d = self.decide_plan(&plans[i], left()).await;
+            let stop = d
+                .as_ref()
+                .map_or(true, |d| d.decision.verdict == Verdict::OverLimit);
             decided[i] = Some(d);
-            if refused {
+            if stop {
                 break;
             }
         }
-        let checks = join_all(
-            plans
-                .iter()
-                .zip(&decided)
-                .filter(|(_, d)| d.is_none())
-                .map(|(p, _)| self.check_plan(p, generation, budget)),
-        )
-        .await;
+        let failed = decided.iter().any(|d| matches!(d, Some(Err(_))));
+        let checks = match failed {
+            true => Vec::new(),
+            false => {
+                let step = left();
+                join_all(
+                    plans
+                        .iter()
+                        .zip(&decided)
+                        .filter(|(_, d)| d.is_none())
+                        .map(|(p, _)| self.check_plan(p, step)),
+                )
+                .await
+            }
+        };
         let mut checks = checks.into_iter();
         decided
             .into_iter()
-            .map(|d| match d {
-                Some(d) => Ok(d),
-                None => checks.next().unwrap_or_else(|| {
+            .map(|d| {
+                d.or_else(|| checks.next()).unwrap_or_else(|| {
                     Ok(Decided::kept(Decision::without_limit(
                         Verdict::NoRule,
                         None,
                     )))
-                }),
+                })
             })
             .collect()
     }
 
     /// What `plan` would answer, taking nothing: a check of its buckets (its
     /// attempt left out), a slot rule undecided.
-    async fn check_plan(
-        &self,
-        plan: &Plan<'_>,
-        generation: u64,
-        budget: Option<std::time::Duration>,
-    ) -> Result<Decided, Unavailable> {
+    async fn check_plan(&self, plan: &Plan<'_>, turn: Turn) -> Result<Decided, Unavailable> {
         match plan {
             Plan::Done(decision) => Ok(Decided::kept(decision.clone())),
             Plan::Slots { rule, max, .. } => {
@@ -114,16 +127,8 @@ impl Limiter {
                 buckets,
                 ..
             } => {
-                self.decide_buckets(
-                    *rule,
-                    limits,
-                    buckets,
-                    Cost::Check,
-                    None,
-                    generation,
-                    budget,
-                )
-                .await
+                self.decide_buckets(*rule, limits, buckets, Cost::Check, None, turn)
+                    .await
             }
         }
     }

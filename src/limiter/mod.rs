@@ -17,15 +17,14 @@ pub use self::inspect::parse_descriptor;
 pub mod key;
 pub mod lease;
 mod plan;
+mod request;
+mod store_call;
 pub mod values;
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use std::time::Instant;
-
-use futures::future::join_all;
-use tracing::Instrument;
 
 use crate::attempt::{AttemptCall, AttemptResult, Phase};
 use crate::bucket::{Algorithm, BucketOutcome, BucketParams, Cost};
@@ -34,15 +33,14 @@ pub use crate::decision::{Decision, ShownLimit, Verdict};
 use crate::instances::Instances;
 use crate::labels::RuleId;
 use crate::quota::region::{RegionLimit, RegionShares};
-use crate::rules::{BucketValue, DescriptorEntry, FailureMode, Rule, RuleSet, Unit};
+use crate::rules::{BucketValue, FailureMode, Rule, Unit};
 use crate::store::memory::MemoryStore;
 use crate::store::{AttemptOutcome, BucketRef, DescriptorBuckets, Store, StoreError};
-use crate::telemetry::tracing::SPAN_TARGET;
 use crate::telemetry::Metrics;
-use give_back::{Job, Places, Reason, Source, Spent, SpentKind};
+use give_back::{Places, Source, Spent, SpentKind};
 use key::KeyOrigin;
 use lease::Leases;
-use plan::{plan, CalendarNow, LimitRef, Plan};
+use plan::{CalendarNow, LimitRef, Plan};
 use values::RuleValues;
 
 /// One descriptor of a request, as the limiter needs it.
@@ -78,6 +76,35 @@ impl Decided {
     }
 }
 
+/// How one request's store calls are made.
+#[derive(Debug, Clone, Copy)]
+struct Turn {
+    /// The generation of the rules the request was planned by (a lease's).
+    generation: u64,
+    /// The part of the caller's deadline left to the store.
+    budget: Option<std::time::Duration>,
+    /// A detached decision's ([`request`]): a store call cut off at
+    /// `budget` runs on, and what it took is given back when its answer
+    /// arrives.
+    lingering: bool,
+}
+
+impl Turn {
+    fn new(generation: u64, budget: Option<std::time::Duration>) -> Self {
+        Self {
+            generation,
+            budget,
+            lingering: false,
+        }
+    }
+}
+
+/// Default bound on detached work at once: decisions that run on their
+/// own ([`request`]), store calls that linger past their budget, and
+/// give-backs nobody waits for. Past it, a decision is made in its
+/// caller's call, and a give-back is counted `overloaded`, not run.
+pub const MAX_DETACHED: usize = 10_000;
+
 /// Default bound on store calls in flight at once.
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 10_000;
 
@@ -110,6 +137,10 @@ pub struct Limiter {
     give_back: bool,
     /// The rules whose reused attempt ids were logged (once each).
     reused_said: parking_lot::Mutex<std::collections::HashSet<RuleId>>,
+    /// Detached work running now, at most [`MAX_DETACHED`].
+    detached: Arc<tokio::sync::Semaphore>,
+    /// When a give-back that failed was last logged.
+    give_back_said: Arc<give_back::OnceASecond>,
 }
 
 impl Limiter {
@@ -167,6 +198,8 @@ impl Limiter {
             calendar_offset_secs: 0,
             give_back: true,
             reused_said: parking_lot::Mutex::default(),
+            detached: Arc::new(tokio::sync::Semaphore::new(MAX_DETACHED)),
+            give_back_said: Arc::default(),
         }
     }
 
@@ -235,146 +268,6 @@ impl Limiter {
         self.local.len()
     }
 
-    /// Decides every descriptor of one request. Each descriptor is decided
-    /// in its own store call (the buckets of one descriptor together), side
-    /// by side, or one at a time for a request that starts an attempt
-    /// (`in_turn`); when one refuses, what the others took is given
-    /// back ([`give_back`]), unless each spends on its own
-    /// (`--per-descriptor-spending`).
-    pub async fn decide<E: DescriptorEntry>(
-        &self,
-        rules: &RuleSet,
-        domain: &str,
-        descriptors: &[DescriptorInput<'_, E>],
-    ) -> Result<Vec<Decision>, Unavailable> {
-        self.decide_within(rules, domain, descriptors, None).await
-    }
-
-    /// [`Limiter::decide`], with store calls cut off after `budget` (the
-    /// part of the caller's deadline left to the store): the rule's failure
-    /// mode answers a call that would take longer, before the caller gives up.
-    pub async fn decide_within<E: DescriptorEntry>(
-        &self,
-        rules: &RuleSet,
-        domain: &str,
-        descriptors: &[DescriptorInput<'_, E>],
-        budget: Option<std::time::Duration>,
-    ) -> Result<Vec<Decision>, Unavailable> {
-        self.decide_by(rules, domain, descriptors, budget, None)
-            .await
-    }
-
-    /// [`Limiter::decide_within`] for a caller that gives up at `deadline`
-    /// (Envoy answers by its failure mode then): what a decision that
-    /// completes after it took is given back ([`give_back`], "Late
-    /// answers").
-    pub async fn decide_by<E: DescriptorEntry>(
-        &self,
-        rules: &RuleSet,
-        domain: &str,
-        descriptors: &[DescriptorInput<'_, E>],
-        budget: Option<std::time::Duration>,
-        deadline: Option<Instant>,
-    ) -> Result<Vec<Decision>, Unavailable> {
-        let mut plans = plan(rules, domain, descriptors, self.calendar_now());
-        self.bound_values(domain, &mut plans);
-        let generation = rules.generation();
-        let in_turn = if self.give_back {
-            in_turn::order(&plans)
-        } else {
-            None
-        };
-        let decided = if let [only] = plans.as_slice() {
-            vec![self.decide_plan(only, generation, budget).await?]
-        } else if let Some(order) = in_turn {
-            self.decide_in_turn(&plans, &order, generation, budget)
-                .await?
-        } else {
-            join_all(
-                plans
-                    .iter()
-                    .map(|p| self.decide_plan(p, generation, budget)),
-            )
-            .await
-            .into_iter()
-            .collect::<Result<Vec<Decided>, Unavailable>>()?
-        };
-        let nothing_taken = decided.iter().all(|d| d.spent.is_none());
-        if nothing_taken || !self.give_back || plans.iter().any(Plan::is_stream_done) {
-            return Ok(decided.into_iter().map(|d| d.decision).collect());
-        }
-        let reason = if deadline.is_some_and(|d| Instant::now() >= d) {
-            Reason::Late
-        } else if decided
-            .iter()
-            .any(|d| d.decision.verdict == Verdict::OverLimit)
-        {
-            Reason::Refused
-        } else {
-            return Ok(decided.into_iter().map(|d| d.decision).collect());
-        };
-        let mut decisions = Vec::with_capacity(decided.len());
-        let mut jobs = Vec::new();
-        for (i, (plan, d)) in plans.iter().zip(decided).enumerate() {
-            if let Some(job) = d.spent.and_then(|s| Job::of(plan, s)) {
-                jobs.push((i, job));
-            }
-            decisions.push(d.decision);
-        }
-        let given = self.give_back(jobs, reason, budget);
-        if reason == Reason::Late {
-            return Ok(decisions); // nobody reads this answer
-        }
-        // the answer says what is left once given back
-        for (i, back) in given.await.unwrap_or_default() {
-            if let (Some(n), Some(d)) = (back, decisions.get_mut(i)) {
-                d.remaining = d.remaining.saturating_add(n);
-            }
-        }
-        Ok(decisions)
-    }
-
-    /// Runs `jobs` for `reason` on a task of their own ([`give_back`]): a
-    /// caller that gives up cannot cut them in half. Each answer with its
-    /// descriptor's index.
-    fn give_back(
-        &self,
-        jobs: Vec<(usize, Job)>,
-        reason: Reason,
-        budget: Option<std::time::Duration>,
-    ) -> tokio::task::JoinHandle<Vec<(usize, Option<u64>)>> {
-        let places = self.places();
-        // on this thread's runtime: a Redis call follows the decisions on
-        // their connection
-        tokio::spawn(async move {
-            join_all(jobs.into_iter().map(|(i, job)| {
-                let places = &places;
-                async move { (i, places.run(job, reason, budget).await) }
-            }))
-            .await
-        })
-    }
-
-    /// An attempt's start whose store call failed after it may have been
-    /// sent (a timeout, a connection lost) may still run in Redis, where
-    /// the failure mode answered instead: a withdrawal follows it
-    /// ([`give_back`], "Late answers"), not waited for.
-    fn withdraw_if_sent(
-        &self,
-        rule: Option<RuleId>,
-        buckets: &DescriptorBuckets,
-        call: &AttemptCall,
-        slot_max: Option<u64>,
-        error: &StoreError,
-        budget: Option<std::time::Duration>,
-    ) {
-        let sent = matches!(error, StoreError::Timeout | StoreError::Connection(_));
-        if self.give_back && sent && call.phase == Phase::Start {
-            let job = Job::withdraw_start(rule.unwrap_or_default(), buckets, call, slot_max);
-            drop(self.give_back(vec![(0, job)], Reason::Late, budget));
-        }
-    }
-
     fn places(&self) -> Places {
         Places {
             store: self.store.clone(),
@@ -382,6 +275,7 @@ impl Limiter {
             leases: self.leases.clone(),
             metrics: self.metrics.clone(),
             instances: self.instances.get(),
+            said: self.give_back_said.clone(),
         }
     }
 
@@ -436,12 +330,7 @@ impl Limiter {
         }
     }
 
-    async fn decide_plan(
-        &self,
-        plan: &Plan<'_>,
-        generation: u64,
-        budget: Option<std::time::Duration>,
-    ) -> Result<Decided, Unavailable> {
+    async fn decide_plan(&self, plan: &Plan<'_>, turn: Turn) -> Result<Decided, Unavailable> {
         match plan {
             Plan::Done(decision) => Ok(Decided::kept(decision.clone())),
             Plan::Slots {
@@ -450,7 +339,7 @@ impl Limiter {
                 max,
                 attempt,
             } => {
-                self.decide_slot(rule, slots, *max, attempt.as_ref(), budget)
+                self.decide_slot(rule, slots, *max, attempt.as_ref(), turn)
                     .await
             }
             Plan::Buckets {
@@ -461,7 +350,7 @@ impl Limiter {
                 global: Some(id),
                 ..
             } if self.regions.is_some() => {
-                self.decide_global(rule, limits, buckets, *cost, id, generation, budget)
+                self.decide_global(rule, limits, buckets, *cost, id, turn)
                     .await
             }
             Plan::Buckets {
@@ -477,16 +366,8 @@ impl Limiter {
                     self.metrics
                         .attempts(rule.id, AttemptResult::NoId.label(), 1);
                 }
-                self.decide_buckets(
-                    *rule,
-                    limits,
-                    buckets,
-                    *cost,
-                    attempt.as_ref(),
-                    generation,
-                    budget,
-                )
-                .await
+                self.decide_buckets(*rule, limits, buckets, *cost, attempt.as_ref(), turn)
+                    .await
             }
         }
     }
@@ -502,12 +383,11 @@ impl Limiter {
         buckets: &DescriptorBuckets,
         cost: Cost,
         id: &[(&str, std::borrow::Cow<'_, str>)],
-        generation: u64,
-        budget: Option<std::time::Duration>,
+        turn: Turn,
     ) -> Result<Decided, Unavailable> {
         let Some(shares) = &self.regions else {
             return self
-                .decide_buckets(Some(rule), limits, buckets, cost, None, generation, budget)
+                .decide_buckets(Some(rule), limits, buckets, cost, None, turn)
                 .await;
         };
         let Some(own) = buckets.buckets.first() else {
@@ -554,7 +434,7 @@ impl Limiter {
             ratelimit_key: None,
         };
         let mut decided = self
-            .decide_buckets(Some(rule), limits, &share, cost, None, generation, budget)
+            .decide_buckets(Some(rule), limits, &share, cost, None, turn)
             .await?;
         let admitted = matches!(decided.decision.verdict, Verdict::Ok | Verdict::FailedOpen);
         shares.record(&buckets.tag, admitted);
@@ -565,7 +445,6 @@ impl Limiter {
         Ok(decided)
     }
 
-    #[allow(clippy::too_many_arguments)]
     async fn decide_buckets(
         &self,
         rule: Option<&Arc<Rule>>,
@@ -573,75 +452,80 @@ impl Limiter {
         buckets: &DescriptorBuckets,
         cost: Cost,
         attempt: Option<&AttemptCall>,
-        generation: u64,
-        budget: Option<std::time::Duration>,
+        turn: Turn,
     ) -> Result<Decided, Unavailable> {
+        if let Some(leased) = self.decide_leased(rule, limits, buckets, cost, turn).await {
+            return leased;
+        }
+        let started = Instant::now();
+        let Ok(_permit) = self.in_flight.try_acquire() else {
+            self.metrics.store_error(StoreError::Overloaded.kind());
+            return self.on_store_error(
+                rule,
+                limits,
+                buckets,
+                cost,
+                attempt,
+                StoreError::Overloaded,
+            );
+        };
+        if let Some(call) = attempt {
+            return self
+                .decide_attempt(rule, limits, buckets, cost, call, turn, started)
+                .await;
+        }
+        let rule_id = rule.map(|r| r.id).unwrap_or_default();
+        match self
+            .spend_in_store(rule_id, buckets, cost, turn, started)
+            .await
         {
-            {
-                let leased = match (rule.and_then(|r| r.lease), cost) {
-                    (Some(lease), Cost::Spend(n)) if n <= lease.size => {
-                        self.leases.spend(buckets, lease, generation, n).await
-                    }
-                    (Some(_), Cost::Check) => self.leases.peek(buckets, generation).map(Ok),
-                    _ => None,
-                };
-                match leased {
-                    Some(Ok(outcomes)) => {
-                        return Ok(Decided {
-                            decision: decision_from(rule, limits, &outcomes),
-                            spent: spent(
-                                Source::Lease { generation },
-                                give_back::tokens_taken(cost, buckets, &outcomes),
-                            ),
-                        })
-                    }
-                    Some(Err(e)) => {
-                        return self.on_store_error(rule, limits, buckets, cost, None, e)
-                    }
-                    None => {}
-                }
-                let started = Instant::now();
-                let Ok(_permit) = self.in_flight.try_acquire() else {
-                    self.metrics.store_error(StoreError::Overloaded.kind());
-                    return self.on_store_error(
-                        rule,
-                        limits,
-                        buckets,
-                        cost,
-                        attempt,
-                        StoreError::Overloaded,
-                    );
-                };
-                if let Some(call) = attempt {
-                    return self
-                        .decide_attempt(rule, limits, buckets, cost, call, budget, started)
-                        .await;
-                }
-                let result = self
-                    .store_call(
-                        started,
-                        budget,
-                        self.store.decide_patiently(buckets, cost, budget),
-                    )
-                    .await;
-                match result {
-                    Ok(outcomes) => {
-                        self.count_forgiven(rule, &outcomes);
-                        Ok(Decided {
-                            decision: decision_from(rule, limits, &outcomes),
-                            spent: spent(
-                                Source::Store,
-                                give_back::tokens_taken(cost, buckets, &outcomes),
-                            ),
-                        })
-                    }
-                    Err(e) => {
-                        self.metrics.store_error(e.kind());
-                        self.on_store_error(rule, limits, buckets, cost, None, e)
-                    }
-                }
+            Ok(outcomes) => {
+                self.count_forgiven(rule, &outcomes);
+                Ok(Decided {
+                    decision: decision_from(rule, limits, &outcomes),
+                    spent: spent(
+                        Source::Store,
+                        give_back::tokens_taken(cost, buckets, &outcomes),
+                    ),
+                })
+            }
+            Err(e) => {
+                self.metrics.store_error(e.kind());
+                let taking = store_call::Taking::Tokens(cost);
+                self.follow_failed_call(rule_id, buckets, taking, &e, turn);
+                self.on_store_error(rule, limits, buckets, cost, None, e)
             }
         }
+    }
+
+    /// A rule with `lease:` spends from this instance's lease (`None`:
+    /// not leased, or a cost over the lease's size: the store decides).
+    async fn decide_leased(
+        &self,
+        rule: Option<&Arc<Rule>>,
+        limits: &[LimitRef<'_>],
+        buckets: &DescriptorBuckets,
+        cost: Cost,
+        turn: Turn,
+    ) -> Option<Result<Decided, Unavailable>> {
+        let generation = turn.generation;
+        let leased = match (rule.and_then(|r| r.lease), cost) {
+            (Some(lease), Cost::Spend(n)) if n <= lease.size => {
+                self.leases.spend(buckets, lease, generation, n).await
+            }
+            (Some(_), Cost::Check) => self.leases.peek(buckets, generation).map(Ok),
+            _ => None,
+        }?;
+        Some(match leased {
+            Ok(outcomes) => Ok(Decided {
+                decision: decision_from(rule, limits, &outcomes),
+                spent: spent(
+                    Source::Lease { generation },
+                    give_back::tokens_taken(cost, buckets, &outcomes),
+                ),
+            }),
+            Err(e) => self.on_store_error(rule, limits, buckets, cost, None, e),
+        })
     }
 
     /// One call of an attempt, through the store's attempt records (see
@@ -654,15 +538,12 @@ impl Limiter {
         buckets: &DescriptorBuckets,
         cost: Cost,
         call: &AttemptCall,
-        budget: Option<std::time::Duration>,
+        turn: Turn,
         started: Instant,
     ) -> Result<Decided, Unavailable> {
+        let rule_id = rule.map(|r| r.id).unwrap_or_default();
         let result = self
-            .store_call(
-                started,
-                budget,
-                self.store.decide_attempt(buckets, cost, call, budget),
-            )
+            .attempt_in_store(rule_id, buckets, cost, call, turn, started)
             .await;
         match result {
             Ok(outcome) => {
@@ -681,7 +562,8 @@ impl Limiter {
             }
             Err(e) => {
                 self.metrics.store_error(e.kind());
-                self.withdraw_if_sent(rule.map(|r| r.id), buckets, call, None, &e, budget);
+                let taking = store_call::Taking::Start(call);
+                self.follow_failed_call(rule_id, buckets, taking, &e, turn);
                 self.on_store_error(rule, limits, buckets, cost, Some(call), e)
             }
         }
@@ -696,7 +578,7 @@ impl Limiter {
         slots: &DescriptorBuckets,
         max: u64,
         attempt: Option<&AttemptCall>,
-        budget: Option<std::time::Duration>,
+        turn: Turn,
     ) -> Result<Decided, Unavailable> {
         let Some(call) = attempt else {
             self.metrics
@@ -706,12 +588,8 @@ impl Limiter {
         let started = Instant::now();
         let result = match self.in_flight.try_acquire() {
             Ok(_permit) => {
-                self.store_call(
-                    started,
-                    budget,
-                    self.store.decide_slot(slots, max, call, rule.id, budget),
-                )
-                .await
+                self.slot_in_store(rule.id, slots, max, call, turn, started)
+                    .await
             }
             Err(_) => Err(StoreError::Overloaded),
         };
@@ -719,7 +597,8 @@ impl Limiter {
             Ok(outcome) => (outcome, Source::Store),
             Err(e) => {
                 self.metrics.store_error(e.kind());
-                self.withdraw_if_sent(Some(rule.id), slots, call, Some(max), &e, budget);
+                let taking = store_call::Taking::Slot(call, max);
+                self.follow_failed_call(rule.id, slots, taking, &e, turn);
                 let mode = rule.failure_mode.unwrap_or(self.default_failure_mode);
                 self.metrics.failure_policy(mode);
                 match mode {
@@ -755,23 +634,6 @@ impl Limiter {
             decision,
             spent: spent(source, took.then_some(SpentKind::Slot)),
         })
-    }
-
-    /// `call` to the store, traced, cut off after `budget`, its time
-    /// observed from `started`.
-    async fn store_call<T>(
-        &self,
-        started: Instant,
-        budget: Option<std::time::Duration>,
-        call: impl std::future::Future<Output = Result<T, StoreError>>,
-    ) -> Result<T, StoreError> {
-        let call = call.instrument(
-            tracing::info_span!(target: SPAN_TARGET, "store.decide", store = self.store.name()),
-        );
-        let result = within(budget, call).await;
-        self.metrics
-            .observe_store_call(self.store.name(), started.elapsed().as_secs_f64());
-        result
     }
 
     /// Counts one call of `rule`'s attempts as `result`, and the attempts
@@ -914,19 +776,6 @@ fn start_taken(call: &AttemptCall, outcome: &AttemptOutcome) -> Option<SpentKind
     let taken = outcome.outcomes.iter().map(|o| o.taken).max().unwrap_or(0);
     (call.phase == Phase::Start && outcome.result == AttemptResult::First && admitted && taken > 0)
         .then_some(SpentKind::Start(taken))
-}
-
-/// `call`, cut off after `budget` (a timeout) when there is one.
-async fn within<T>(
-    budget: Option<std::time::Duration>,
-    call: impl std::future::Future<Output = Result<T, StoreError>>,
-) -> Result<T, StoreError> {
-    match budget {
-        Some(budget) => tokio::time::timeout(budget, call)
-            .await
-            .unwrap_or(Err(StoreError::Timeout)),
-        None => call.await,
-    }
 }
 
 /// A slot call's answer: OK while it holds (or released) a slot, else over

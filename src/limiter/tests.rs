@@ -7,7 +7,7 @@ use async_trait::async_trait;
 
 use super::*;
 use crate::clock::ManualClock;
-use crate::rules::{load_sources, LoadOptions};
+use crate::rules::{load_sources, LoadOptions, RuleSet};
 
 const RULES: &str = r#"
 domain: d

@@ -82,7 +82,7 @@ impl RateLimitGrpc {
         let rules = self.rules.load();
         let mut decisions = self
             .limiter
-            .decide_by(
+            .decide_request(
                 &rules,
                 &request.domain,
                 &inputs,

@@ -626,6 +626,10 @@ fn rule_of(descriptor: &DescriptorBuckets) -> RuleId {
 
 #[async_trait]
 impl<C: Clock> Store for MemoryStore<C> {
+    fn answers_at_once(&self) -> bool {
+        true
+    }
+
     async fn decide(
         &self,
         descriptor: &DescriptorBuckets,

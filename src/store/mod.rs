@@ -238,6 +238,13 @@ pub trait Store: Send + Sync + 'static {
         true
     }
 
+    /// Whether every call is answered without waiting (the memory store):
+    /// a caller that gives up cannot cut such a call, or a request's
+    /// calls, in half.
+    fn answers_at_once(&self) -> bool {
+        false
+    }
+
     /// Problems an operator should fix, shown at `/readyz`.
     fn warnings(&self) -> Vec<String> {
         Vec::new()

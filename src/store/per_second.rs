@@ -50,6 +50,10 @@ pub fn is_per_second(descriptor: &DescriptorBuckets) -> bool {
 
 #[async_trait]
 impl Store for PerSecondSplit {
+    fn answers_at_once(&self) -> bool {
+        self.main.answers_at_once() && self.per_second.answers_at_once()
+    }
+
     async fn decide(
         &self,
         descriptor: &DescriptorBuckets,
