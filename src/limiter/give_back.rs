@@ -208,6 +208,17 @@ enum What {
     },
 }
 
+impl What {
+    /// What comes back when it is given back: its tokens, or a slot.
+    fn given(&self) -> u64 {
+        match self {
+            What::Tokens { n, .. } => *n,
+            What::Start { taken, .. } => *taken,
+            What::Slot { .. } => 1,
+        }
+    }
+}
+
 impl Job {
     /// The rule whose descriptor took what this gives back.
     pub(super) fn rule(&self) -> RuleId {
@@ -351,6 +362,7 @@ impl Places {
             false => budget,
             true => Some(LATE_PATIENCE),
         };
+        let given = job.what.given();
         let result: Result<u64, StoreError> = match (job.what, job.source) {
             (What::Tokens { buckets, n }, Source::Store) => super::store_call::within(
                 budget,
@@ -415,6 +427,11 @@ impl Places {
                     .map(|_| 1),
                 }
             }
+        };
+        // applied on the primary, as what it gives back was taken there
+        let result = match result {
+            Err(StoreError::NotReplicated(_)) => Ok(given),
+            other => other,
         };
         match result {
             Ok(n) => {

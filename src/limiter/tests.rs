@@ -561,3 +561,4 @@ fn a_refused_slot_start_reports_no_slot_left() {
 }
 
 mod give_back;
+mod half_way;
