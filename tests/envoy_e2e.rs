@@ -1670,6 +1670,99 @@ async fn a_slow_chat_past_the_services_timeout_is_charged_once() {
     gw.both_slots_free().await;
 }
 
+/// `/chat/gateway` on a Redis Cluster whose per-operation count's shard
+/// is paused under a chat (issue 67): the count is decided last, so the
+/// slot, the minute's and the month's reservations were taken when it
+/// failed. The service answers an error; Envoy denies the chat
+/// (`failure_mode_deny: true`) and nothing stays taken, or lets it run
+/// (`false`) and it is charged once, by its done calls.
+#[tokio::test]
+async fn a_chat_whose_last_limit_fails_holds_nothing_when_envoy_denies_it() {
+    a_chat_failing_half_way(true).await;
+}
+
+#[tokio::test]
+async fn a_chat_whose_last_limit_fails_is_charged_once_when_envoy_lets_it_run() {
+    a_chat_failing_half_way(false).await;
+}
+
+/// The primary of `entries`' keys in domain `llm`, by `owners` (a
+/// cluster's slot owners).
+fn llm_shard(owners: &[usize], entries: &[(&str, &str)]) -> usize {
+    let tag = descriptor_tag(
+        KeyOrigin::Rule,
+        "llm",
+        entries.iter().map(|(k, v)| (*k, BucketValue::Value(v))),
+    );
+    owners[usize::from(slot_of(tag_hash(&tag)))]
+}
+
+async fn a_chat_failing_half_way(deny: bool) {
+    let cluster = common::redis::RedisCluster::start();
+    let owners = cluster.slot_owners();
+    let minute = llm_shard(&owners, &[("gateway_user", "ann")]);
+    let month = llm_shard(&owners, &[("gateway_tenant", "acme")]);
+    let streams = llm_shard(&owners, &[("gateway_streams", "ann")]);
+    // an operation whose count lives apart from the reservations (and
+    // from the slot, where the cluster leaves room)
+    let op_shard =
+        |op: &String| llm_shard(&owners, &[("gateway_op_user", "ann"), ("operation", op)]);
+    let ops: Vec<String> = (0..1000).map(|i| format!("op{i}")).collect();
+    let apart = |op: &&String| ![minute, month].contains(&op_shard(op));
+    let op = ops
+        .iter()
+        .filter(apart)
+        .find(|op| op_shard(op) != streams)
+        .or_else(|| ops.iter().find(apart))
+        .expect("an operation apart");
+    let rules = gateway_rules();
+    let envoy_dir = tempfile::tempdir().expect("tempdir");
+    let bootstrap = llm_bootstrap_with_a_long_answer(envoy_dir.path());
+    if !deny {
+        let text = std::fs::read_to_string(&bootstrap)
+            .expect("bootstrap")
+            .replace("failure_mode_deny: true", "failure_mode_deny: false");
+        std::fs::write(&bootstrap, text).expect("bootstrap");
+    }
+    let env = vec![
+        ("RLS_STORE", "redis".to_string()),
+        ("RLS_REDIS_URL", cluster.url()),
+        ("RLS_REDIS_TIMEOUT", "200ms".to_string()),
+        ("RLS_FAILURE_MODE", "closed".to_string()),
+    ];
+    let edge = Edge::start_full(rules.path(), bootstrap.to_str().expect("utf-8"), &[env]).await;
+    let gw = Gateway::new(&edge).await;
+    // a first chat loads the scripts on every shard it touches
+    assert_eq!(gw.chat(op, "0").await, 200);
+    gw.settled_at(900, 99_900).await;
+    let paused = cluster.nodes[op_shard(op)].cli(&["CLIENT", "PAUSE", "1500", "WRITE"]);
+    assert!(paused.contains("OK"), "{paused}");
+    let (status, minute_left, month_left) = match deny {
+        true => (503, 900, 99_900),
+        false => (200, 800, 99_800),
+    };
+    assert_eq!(gw.chat(op, "0").await, status, "Envoy's failure mode");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    gw.settled_at(minute_left, month_left).await;
+    gw.both_slots_free().await;
+    if !deny {
+        return;
+    }
+    gw.release_probes().await;
+    // the month's shard paused past Envoy's 0.25 s: the chat's slot and
+    // minute come back at once, the month's start when Redis runs it
+    let paused = cluster.nodes[month].cli(&["CLIENT", "PAUSE", "3000", "WRITE"]);
+    assert!(paused.contains("OK"), "{paused}");
+    let other = ops
+        .iter()
+        .find(|o| *o != op && apart(o))
+        .expect("another operation");
+    assert_eq!(gw.chat(other, "0").await, 503);
+    tokio::time::sleep(Duration::from_millis(3000)).await;
+    gw.settled_at(900, 99_900).await;
+    gw.both_slots_free().await;
+}
+
 /// The example's rules, the minute made a day (no refill during a test)
 /// and 3 requests per operation a day.
 fn gateway_rules() -> tempfile::TempDir {
@@ -1774,6 +1867,22 @@ impl<'a> Gateway<'a> {
                 (1, free_after),
                 "{id}"
             );
+        }
+    }
+
+    /// Releases the slots [`Gateway::both_slots_free`] took.
+    async fn release_probes(&self) {
+        for id in ["probe-1", "probe-2"] {
+            let done = common::descriptor(&[
+                ("gateway_streams", "ann"),
+                ("request_id", id),
+                ("phase", "done"),
+            ]);
+            self.rls
+                .clone()
+                .should_rate_limit(common::request("llm", vec![done]))
+                .await
+                .expect("released");
         }
     }
 }
