@@ -364,7 +364,7 @@ impl Places {
         };
         let given = job.what.given();
         let result: Result<u64, StoreError> = match (job.what, job.source) {
-            (What::Tokens { buckets, n }, Source::Store) => super::store_call::within(
+            (What::Tokens { buckets, n }, Source::Store) => super::within(
                 budget,
                 self.store
                     .decide_patiently(&buckets, Cost::Refund(n), budget),
@@ -396,7 +396,7 @@ impl Places {
                         self.local.decide_attempt_now(&buckets, cost, &call);
                         Ok(taken)
                     }
-                    _ => super::store_call::within(
+                    _ => super::within(
                         budget,
                         self.store.decide_attempt(&buckets, cost, &call, budget),
                     )
@@ -418,7 +418,7 @@ impl Places {
                             .decide_slot_now(&slots, share, &release, job.rule);
                         Ok(1)
                     }
-                    _ => super::store_call::within(
+                    _ => super::within(
                         budget,
                         self.store
                             .decide_slot(&slots, max, &release, job.rule, budget),

@@ -778,6 +778,19 @@ fn start_taken(call: &AttemptCall, outcome: &AttemptOutcome) -> Option<SpentKind
         .then_some(SpentKind::Start(taken))
 }
 
+/// `call`, cut off after `budget` (a timeout) when there is one.
+async fn within<T>(
+    budget: Option<std::time::Duration>,
+    call: impl std::future::Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    match budget {
+        Some(budget) => tokio::time::timeout(budget, call)
+            .await
+            .unwrap_or(Err(StoreError::Timeout)),
+        None => call.await,
+    }
+}
+
 /// A slot call's answer: OK while it holds (or released) a slot, else over
 /// the limit with a retry in a second (a slot frees when a request in
 /// flight finishes, which nobody can foresee); the slots left free as

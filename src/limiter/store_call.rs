@@ -21,7 +21,7 @@ use futures::future::BoxFuture;
 use tracing::Instrument;
 
 use super::give_back::{self, Job, Reason, LATE_PATIENCE};
-use super::{Limiter, Turn};
+use super::{within, Limiter, Turn};
 use crate::attempt::{AttemptCall, Phase};
 use crate::attempt::{AttemptResult, SlotOutcome};
 use crate::bucket::{BucketOutcome, Cost};
@@ -291,17 +291,4 @@ impl Limiter {
 /// the limiter's and the answer can still arrive.
 fn lingering_patience(budget: Option<Duration>) -> Option<Duration> {
     budget.map(|b| b.saturating_add(LATE_PATIENCE))
-}
-
-/// `call`, cut off after `budget` (a timeout) when there is one.
-pub(super) async fn within<T>(
-    budget: Option<Duration>,
-    call: impl Future<Output = Result<T, StoreError>>,
-) -> Result<T, StoreError> {
-    match budget {
-        Some(budget) => tokio::time::timeout(budget, call)
-            .await
-            .unwrap_or(Err(StoreError::Timeout)),
-        None => call.await,
-    }
 }
