@@ -29,6 +29,12 @@ descriptors:
   - key: plain
     failure_mode: closed
     rate_limit: {unit: day, requests_per_unit: 1, burst: 100000}
+  - key: reserved
+    failure_mode: closed
+    replication: {replicas: 2, timeout: 1s}
+    overdraft: true
+    rate_limit: {unit: day, requests_per_unit: 1000}
+    attempts: {key: request_id, ttl: 1m, reserve: 100}
 ";
 
 const BURST: f64 = 100_000.0;
@@ -114,12 +120,69 @@ async fn an_admission_waits_for_both_replicas_and_fails_closed_without_one() {
         assert_eq!(decide(&mut c, "plain", "a").await, Ok(Code::Ok as i32));
     }
     assert_eq!(store_errors(&s, "not_replicated"), 5.0);
+    // issue 67: the failure mode's answer replaced each admission, so
+    // what it took on the primary is given back, and what `plain` took
+    // beside it in one request; a reservation's start is withdrawn
+    for _ in 0..3 {
+        let both = vec![descriptor(&[("plain", "b")]), descriptor(&[("hot", "b")])];
+        let r = c.should_rate_limit(request("d", both)).await;
+        assert_eq!(
+            r.map_err(|e| e.code()).err(),
+            Some(tonic::Code::Unavailable)
+        );
+    }
+    let start = descriptor(&[("reserved", "r"), ("request_id", "r1")]);
+    let r = c.should_rate_limit(request("d", vec![start])).await;
+    assert_eq!(
+        r.map_err(|e| e.code()).err(),
+        Some(tonic::Code::Unavailable)
+    );
+    let port = set.servers[primary].port;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        // a bucket given back to full may be dropped: full
+        let full = |t: Option<f64>| t.unwrap_or(BURST).round();
+        let on = common::redis::stored_tokens_on;
+        let held = (
+            full(on(port, "d", &[("hot", "a")], "0").await),
+            full(on(port, "d", &[("hot", "b")], "0").await),
+            full(on(port, "d", &[("plain", "b")], "0").await),
+        );
+        if held == (BURST - 20.0, BURST, BURST) || Instant::now() > deadline {
+            assert_eq!(
+                held,
+                (BURST - 20.0, BURST, BURST),
+                "(hot a, hot b, plain b)"
+            );
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     set.servers[frozen].signal("-CONT");
     let deadline = Instant::now() + Duration::from_secs(10);
     while decide(&mut c, "hot", "a").await != Ok(Code::Ok as i32) {
         assert!(Instant::now() < deadline, "admissions never resumed");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    let mut check = descriptor(&[("reserved", "r")]);
+    check.hits_addend = Some(envoy_types::pb::google::protobuf::UInt64Value { value: 0 });
+    let r = c
+        .should_rate_limit(request("d", vec![check]))
+        .await
+        .expect("checked");
+    assert_eq!(
+        r.into_inner().statuses[0].limit_remaining,
+        1000,
+        "withdrawn"
+    );
+    // withdrawn, not settled: its done call is charged in full
+    let mut done = descriptor(&[("reserved", "r"), ("request_id", "r1"), ("phase", "done")]);
+    done.hits_addend = Some(envoy_types::pb::google::protobuf::UInt64Value { value: 100 });
+    let r = c
+        .should_rate_limit(request("d", vec![done]))
+        .await
+        .expect("charged");
+    assert_eq!(r.into_inner().statuses[0].limit_remaining, 900);
     s.shutdown().await.expect("stop");
 }
 

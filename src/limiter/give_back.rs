@@ -217,6 +217,19 @@ impl What {
             What::Slot { .. } => 1,
         }
     }
+
+    /// The same give-back without waiting for the rule's replicas
+    /// (`replication:`): one lost in a failover leaves what it gives back
+    /// spent, the safe side, and a give-back never holds the connection
+    /// that admissions wait for their replicas on.
+    fn unreplicated(mut self) -> Self {
+        let buckets = match &mut self {
+            What::Tokens { buckets, .. } | What::Start { buckets, .. } => buckets,
+            What::Slot { slots, .. } => slots,
+        };
+        buckets.replication = None;
+        self
+    }
 }
 
 impl Job {
@@ -363,7 +376,7 @@ impl Places {
             true => Some(LATE_PATIENCE),
         };
         let given = job.what.given();
-        let result: Result<u64, StoreError> = match (job.what, job.source) {
+        let result: Result<u64, StoreError> = match (job.what.unreplicated(), job.source) {
             (What::Tokens { buckets, n }, Source::Store) => super::within(
                 budget,
                 self.store

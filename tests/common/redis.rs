@@ -403,6 +403,20 @@ pub fn bucket_key_in(domain: &str, entries: &[(&str, &str)], id: &str) -> fred::
 /// read on the standalone server at `port`.
 #[allow(dead_code)] // not every test binary reads buckets
 pub async fn tokens_on(port: u16, domain: &str, entries: &[(&str, &str)], id: &str) -> f64 {
+    stored_tokens_on(port, domain, entries, id)
+        .await
+        .expect("the bucket is there")
+}
+
+/// [`tokens_on`], `None` where the bucket is not stored (a full bucket
+/// may be dropped).
+#[allow(dead_code)] // not every test binary reads buckets
+pub async fn stored_tokens_on(
+    port: u16,
+    domain: &str,
+    entries: &[(&str, &str)],
+    id: &str,
+) -> Option<f64> {
     use fred::prelude::*;
     let config = tokenbucket_rls::store::redis::url::parse(&format!("redis://127.0.0.1:{port}"))
         .expect("url");
@@ -410,8 +424,7 @@ pub async fn tokens_on(port: u16, domain: &str, entries: &[(&str, &str)], id: &s
     raw.init().await.expect("raw client connects");
     stored_bucket(&raw, &bucket_key_in(domain, entries, id))
         .await
-        .expect("the bucket is there")
-        .0
+        .map(|b| b.0)
 }
 
 /// Rules of one closed rule of 5 a day, for [`three_decisions_on`].
