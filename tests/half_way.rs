@@ -39,6 +39,10 @@ descriptors:
     rate_limit: {unit: day, requests_per_unit: 10, name: requests}
   - key: guarded
     rate_limit: {unit: day, requests_per_unit: 10, name: guarded}
+  - key: bulk
+    rate_limit: {unit: day, requests_per_unit: 1, burst: 100000, name: bulk}
+  - key: bulk_guarded
+    rate_limit: {unit: day, requests_per_unit: 1, burst: 100000, name: bulk_guarded}
 "#;
 
 /// How long a shard is paused: longer than a call's deadline.
@@ -122,7 +126,7 @@ async fn free_slots(c: &mut Client, user: &str) -> usize {
 
 /// `rls_given_back_total` with `reason` and `result` summed over rules.
 fn given_back(server: &RunningServer, reason: &str, result: &str) -> f64 {
-    ["tokens", "month", "streams", "requests", "guarded"]
+    ["tokens", "month", "streams", "requests", "guarded", "bulk", "bulk_guarded"]
         .iter()
         .filter_map(|rule| {
             sample(
@@ -250,6 +254,51 @@ async fn every_case(cluster: &RedisCluster, server: &RunningServer, prefix: &str
     assert_eq!(free_slots(&mut c, &u).await, 3, "{prefix}: abandoned slots");
 }
 
+/// A commanded failover of one shard under a stream of two-descriptor
+/// requests: whatever each got (admitted, or an error while the shard
+/// moved), both budgets have lost exactly one token per admitted request.
+async fn failing_over(cluster: &RedisCluster, server: &RunningServer) {
+    let mut c = client(server).await;
+    let u = user_across(cluster, "failover", "bulk", "bulk_guarded");
+    for key in ["bulk", "bulk_guarded"] {
+        left(&mut c, &[(key, &u)]).await;
+    }
+    let shard = shard_of(cluster, &[("bulk_guarded", &u)]);
+    let replica = cluster.replica_of(shard);
+    let out = cluster.nodes[replica].cli(&["CLUSTER", "FAILOVER"]);
+    assert!(out.contains("OK"), "CLUSTER FAILOVER: {out}");
+    let (mut admitted, mut failed) = (0u32, 0u32);
+    let until = Instant::now() + Duration::from_secs(4);
+    while Instant::now() < until {
+        let both = vec![
+            descriptor(&[("bulk", &u)]),
+            descriptor(&[("bulk_guarded", &u)]),
+        ];
+        match call(&mut c, both, Some(DEADLINE)).await {
+            Ok(codes) => {
+                assert_eq!(codes, [Code::Ok as i32; 2]);
+                admitted += 1;
+            }
+            Err(_) => failed += 1,
+        }
+    }
+    let until = Instant::now() + Duration::from_secs(10);
+    while !cluster.nodes[replica].cli(&["ROLE"]).starts_with("master") {
+        assert!(Instant::now() < until, "the replica never took over");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // the give-backs of the failed ones, and any call followed past its budget
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    eprintln!("through the failover: {admitted} admitted, {failed} failed");
+    for key in ["bulk", "bulk_guarded"] {
+        assert_eq!(
+            left(&mut c, &[(key, &u)]).await,
+            100_000 - admitted,
+            "{key}: {admitted} admitted, {failed} failed"
+        );
+    }
+}
+
 /// `n` processes that spin a core each until dropped.
 struct BusyLoops(Vec<Child>);
 
@@ -287,6 +336,8 @@ async fn a_request_that_fails_half_way_on_a_redis_cluster_holds_nothing() {
         let _busy = BusyLoops::start(4);
         every_case(&cluster, &server, "busy").await;
     }
+
+    failing_over(&cluster, &server).await;
 
     // a killed shard: what the other descriptor took is given back, and
     // the killed one's call (which may have run) is counted, not guessed
