@@ -99,11 +99,15 @@ impl Turn {
     }
 }
 
-/// Default bound on detached work at once: decisions that run on their
-/// own ([`request`]), store calls that linger past their budget, and
-/// give-backs nobody waits for. Past it, a decision is made in its
-/// caller's call, and a give-back is counted `overloaded`, not run.
+/// Default bound on decisions that run on their own at once
+/// ([`request`]); past it, a decision is made in its caller's call.
 pub const MAX_DETACHED: usize = 10_000;
+
+/// Default bound on follow-ups at once: store calls that linger past
+/// their budget, and give-backs nobody waits for (apart from the
+/// decisions, which cannot starve them). Past it, one is counted
+/// `overloaded`, not run.
+pub const MAX_FOLLOW_UPS: usize = 10_000;
 
 /// Default bound on store calls in flight at once.
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 10_000;
@@ -137,8 +141,10 @@ pub struct Limiter {
     give_back: bool,
     /// The rules whose reused attempt ids were logged (once each).
     reused_said: parking_lot::Mutex<std::collections::HashSet<RuleId>>,
-    /// Detached work running now, at most [`MAX_DETACHED`].
+    /// Detached decisions running now, at most [`MAX_DETACHED`].
     detached: Arc<tokio::sync::Semaphore>,
+    /// Follow-ups running now, at most [`MAX_FOLLOW_UPS`].
+    follow_ups: Arc<tokio::sync::Semaphore>,
     /// When a give-back that failed was last logged.
     give_back_said: Arc<give_back::OnceASecond>,
 }
@@ -199,6 +205,7 @@ impl Limiter {
             give_back: true,
             reused_said: parking_lot::Mutex::default(),
             detached: Arc::new(tokio::sync::Semaphore::new(MAX_DETACHED)),
+            follow_ups: Arc::new(tokio::sync::Semaphore::new(MAX_FOLLOW_UPS)),
             give_back_said: Arc::default(),
         }
     }

@@ -12,7 +12,7 @@
 //! of its own ([`Limiter::decide_request`]): it completes whether or not
 //! anybody waits, gives back everything when nobody does, and its store
 //! calls cut off at their budget linger ([`super::store_call`]). At most
-//! [`super::MAX_DETACHED`] detached things at once: past it a decision is
+//! [`super::MAX_DETACHED`] such decisions at once: past it a decision is
 //! made in its caller's call, as on the memory store (whose calls never
 //! wait: nothing can cut them in half).
 
@@ -297,7 +297,8 @@ impl Limiter {
     /// Runs `jobs` for `reason` on a task of their own ([`give_back`]): a
     /// caller that gives up cannot cut them in half. Each answer with its
     /// descriptor's index. One that nobody waits for needs room among the
-    /// detached work, or is counted `overloaded` and not run.
+    /// follow-ups ([`super::MAX_FOLLOW_UPS`]), or is counted `overloaded`
+    /// and not run.
     pub(super) fn give_back(
         &self,
         jobs: Vec<(usize, Job)>,
@@ -307,7 +308,7 @@ impl Limiter {
         if jobs.is_empty() {
             return None;
         }
-        let permit = match self.detached.clone().try_acquire_owned() {
+        let permit = match self.follow_ups.clone().try_acquire_owned() {
             Ok(permit) => Some(permit),
             // its caller waits for it: bounded by the calls in flight
             Err(_) if reason == Reason::Refused => None,

@@ -209,7 +209,7 @@ impl Limiter {
         call: BoxFuture<'static, Result<T, StoreError>>,
         late: Late<T>,
     ) {
-        let Ok(permit) = self.detached.clone().try_acquire_owned() else {
+        let Ok(permit) = self.follow_ups.clone().try_acquire_owned() else {
             self.metrics
                 .given_back(rule, Reason::Late.label(), "overloaded");
             return;
