@@ -376,7 +376,27 @@ impl Places {
             true => Some(LATE_PATIENCE),
         };
         let given = job.what.given();
-        let result: Result<u64, StoreError> = match (job.what.unreplicated(), job.source) {
+        let result = self
+            .give(job.rule, job.what, job.source, reason, budget)
+            .await;
+        // applied on the primary, as what it gives back was taken there
+        let result = match result {
+            Err(StoreError::NotReplicated(_)) => Ok(given),
+            other => other,
+        };
+        self.count(job.rule, reason, result)
+    }
+
+    /// Gives `what` back to `source`: what came back (tokens, or a slot).
+    async fn give(
+        &self,
+        rule: RuleId,
+        what: What,
+        source: Source,
+        reason: Reason,
+        budget: Option<std::time::Duration>,
+    ) -> Result<u64, StoreError> {
+        match (what.unreplicated(), source) {
             (What::Tokens { buckets, n }, Source::Store) => super::within(
                 budget,
                 self.store
@@ -404,18 +424,12 @@ impl Places {
                     false => settle_unused(&call),
                     true => (withdrawal(&call), Cost::Check),
                 };
-                match source {
-                    Source::Local => {
-                        self.local.decide_attempt_now(&buckets, cost, &call);
-                        Ok(taken)
-                    }
-                    _ => super::within(
-                        budget,
-                        self.store.decide_attempt(&buckets, cost, &call, budget),
-                    )
-                    .await
-                    .map(|_| taken),
+                if source == Source::Local {
+                    self.local.decide_attempt_now(&buckets, cost, &call);
+                    return Ok(taken);
                 }
+                let call = self.store.decide_attempt(&buckets, cost, &call, budget);
+                super::within(budget, call).await.map(|_| taken)
             }
             (What::Slot { slots, max, call }, source) => {
                 // a late one is a withdrawal: released all the same, and
@@ -424,53 +438,44 @@ impl Places {
                     false => release(&call),
                     true => withdrawal(&call),
                 };
-                match source {
-                    Source::Local => {
-                        let share = (max / u64::from(self.instances.max(1))).max(1);
-                        self.local
-                            .decide_slot_now(&slots, share, &release, job.rule);
-                        Ok(1)
-                    }
-                    _ => super::within(
-                        budget,
-                        self.store
-                            .decide_slot(&slots, max, &release, job.rule, budget),
-                    )
-                    .await
-                    .map(|_| 1),
+                if source == Source::Local {
+                    let share = (max / u64::from(self.instances.max(1))).max(1);
+                    self.local.decide_slot_now(&slots, share, &release, rule);
+                    return Ok(1);
                 }
-            }
-        };
-        // applied on the primary, as what it gives back was taken there
-        let result = match result {
-            Err(StoreError::NotReplicated(_)) => Ok(given),
-            other => other,
-        };
-        match result {
-            Ok(n) => {
-                self.metrics.given_back(job.rule, reason.label(), "ok");
-                Some(n)
-            }
-            Err(e) => {
-                // sent, and no answer in time: it may still run (after the
-                // call it follows, on the same connection)
-                let sent = matches!(e, StoreError::Timeout | StoreError::Connection(_));
-                let result = if sent { "unanswered" } else { "failed" };
-                self.metrics.given_back(job.rule, reason.label(), result);
-                if self.said.admit(std::time::Instant::now()) {
-                    let (domain, rule) = job.rule.labels();
-                    tracing::warn!(
-                        %domain,
-                        %rule,
-                        reason = reason.label(),
-                        result,
-                        error = %e,
-                        "could not give back what a descriptor took; it stays spent (rls_given_back_total; logged at most once a second)"
-                    );
-                }
-                None
+                let call = self.store.decide_slot(&slots, max, &release, rule, budget);
+                super::within(budget, call).await.map(|_| 1)
             }
         }
+    }
+
+    /// Counts a give-back of `rule` by its `result` (a failed one also
+    /// logged, at most once a second): what came back, if it did.
+    fn count(&self, rule: RuleId, reason: Reason, result: Result<u64, StoreError>) -> Option<u64> {
+        let e = match result {
+            Ok(n) => {
+                self.metrics.given_back(rule, reason.label(), "ok");
+                return Some(n);
+            }
+            Err(e) => e,
+        };
+        // sent, and no answer in time: it may still run (after the call it
+        // follows, on the same connection)
+        let sent = matches!(e, StoreError::Timeout | StoreError::Connection(_));
+        let result = if sent { "unanswered" } else { "failed" };
+        self.metrics.given_back(rule, reason.label(), result);
+        if self.said.admit(std::time::Instant::now()) {
+            let (domain, rule) = rule.labels();
+            tracing::warn!(
+                %domain,
+                %rule,
+                reason = reason.label(),
+                result,
+                error = %e,
+                "could not give back what a descriptor took; it stays spent (rls_given_back_total; logged at most once a second)"
+            );
+        }
+        None
     }
 }
 

@@ -172,7 +172,8 @@ impl Limiter {
         let owned: Vec<OwnedInput<E>> = descriptors.iter().map(OwnedInput::of).collect();
         let (this, rules, domain) = (self.clone(), rules.clone(), domain.to_owned());
         let (answer, answered) = tokio::sync::oneshot::channel();
-        tokio::spawn(async move {
+        let span = tracing::Span::current();
+        let decision = async move {
             let _permit = permit;
             let inputs: Vec<_> = owned.iter().map(OwnedInput::input).collect();
             let mut plans = plan(&rules, &domain, &inputs, this.calendar_now());
@@ -185,7 +186,9 @@ impl Limiter {
                 .decide_planned(&plans, turn, deadline, &|| answer.is_closed())
                 .await;
             let _ = answer.send(decided);
-        });
+        };
+        // its store calls' spans stay the request's
+        tokio::spawn(tracing::Instrument::instrument(decision, span));
         answered.await.unwrap_or_else(|_| {
             Err(Unavailable(StoreError::Connection(
                 "the request's decision ended without an answer".into(),

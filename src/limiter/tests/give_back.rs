@@ -54,9 +54,9 @@ fn give_back_rules() -> RuleSet {
     .expect("valid rules")
 }
 
-type Descriptor = (Entries, Cost);
+pub(super) type Descriptor = (Entries, Cost);
 
-fn own(entries: &[(&'static str, &'static str)], cost: Cost) -> Descriptor {
+pub(super) fn own(entries: &[(&'static str, &'static str)], cost: Cost) -> Descriptor {
     (entries.to_vec(), cost)
 }
 
@@ -110,7 +110,7 @@ async fn beside_spent_op(l: &Limiter, r: &RuleSet, first: Descriptor) -> Vec<Dec
 
 /// `rls_given_back_total` summed over every series whose labels hold each
 /// of `labels` (`result="ok"`, …).
-fn counted(l: &Limiter, labels: &[&str]) -> u64 {
+pub(super) fn counted(l: &Limiter, labels: &[&str]) -> u64 {
     l.metrics
         .render()
         .lines()

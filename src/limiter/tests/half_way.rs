@@ -6,6 +6,7 @@
 
 use std::time::{Duration, Instant};
 
+use super::give_back::{own, Descriptor};
 use super::*;
 use crate::attempt::{AttemptCall, SlotOutcome};
 
@@ -128,12 +129,6 @@ fn rules() -> Arc<RuleSet> {
     )
 }
 
-type Descriptor = (Entries, Cost);
-
-fn own(entries: &[(&'static str, &'static str)], cost: Cost) -> Descriptor {
-    (entries.to_vec(), cost)
-}
-
 /// Decides `descriptors` as the service does ([`Limiter::decide_request`]),
 /// the store's calls cut off after `budget`.
 async fn request(
@@ -166,16 +161,7 @@ fn counted(l: &Limiter, reason: &str, result: &str) -> u64 {
         format!("reason=\"{reason}\""),
         format!("result=\"{result}\""),
     );
-    l.metrics
-        .render()
-        .lines()
-        .filter(|line| {
-            line.starts_with("rls_given_back_total{")
-                && line.contains(&reason)
-                && line.contains(&result)
-        })
-        .filter_map(|line| line.rsplit(' ').next()?.parse::<u64>().ok())
-        .sum()
+    super::give_back::counted(l, &[&reason, &result])
 }
 
 /// Waits (bounded) until `n` give-backs for `reason` came back, and
