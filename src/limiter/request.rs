@@ -133,9 +133,10 @@ impl Limiter {
         if self.may_be_cut(&plans) {
             if let Ok(permit) = self.detached.clone().try_acquire_owned() {
                 drop(plans);
-                return self
-                    .decide_detached(permit, rules, domain, descriptors, turn, deadline)
-                    .await;
+                // boxed: the plain path's future stays as small as it was
+                let detached =
+                    self.decide_detached(permit, rules, domain, descriptors, turn, deadline);
+                return Box::pin(detached).await;
             }
         }
         self.bound_values(domain, &mut plans);

@@ -72,8 +72,8 @@ impl Limiter {
                 _ => None,
             }
         });
-        self.lingering_call(started, turn.budget, rule, call, late)
-            .await
+        // boxed: a decision that does not linger keeps its future small
+        Box::pin(self.lingering_call(started, turn.budget, rule, call, late)).await
     }
 
     /// One call of an attempt in the store's attempt records.
@@ -105,8 +105,7 @@ impl Limiter {
             };
             took.then(|| Job::withdraw_start(rule, &owned, &call, None))
         });
-        self.lingering_call(started, turn.budget, rule, store_call, late)
-            .await
+        Box::pin(self.lingering_call(started, turn.budget, rule, store_call, late)).await
     }
 
     /// One call of a `concurrency` rule's attempt in the store.
@@ -136,8 +135,7 @@ impl Limiter {
                 && answer.is_none_or(|o| o.admitted && o.result == AttemptResult::First);
             took.then(|| Job::withdraw_start(rule, &owned, &call, Some(max)))
         });
-        self.lingering_call(started, turn.budget, rule, store_call, late)
-            .await
+        Box::pin(self.lingering_call(started, turn.budget, rule, store_call, late)).await
     }
 
     /// `call` to the store, traced, cut off after `budget`, its time
