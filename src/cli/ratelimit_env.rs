@@ -620,8 +620,11 @@ pub fn translate(env: &BTreeMap<String, String>) -> Result<Translated, String> {
     if theirs {
         set("RLS_ALGORITHM", "fixed_window".into());
     }
-    if let Some(v) = get("EXPIRATION_JITTER_MAX_SECONDS") {
-        set("RLS_REDIS_EXPIRATION_JITTER_MAX_SECONDS", v.to_string());
+    // its default when unset is 300 s (settings.go), not ours (0)
+    match get("EXPIRATION_JITTER_MAX_SECONDS") {
+        Some(v) => set("RLS_REDIS_EXPIRATION_JITTER_MAX_SECONDS", v.to_string()),
+        None if theirs => set("RLS_REDIS_EXPIRATION_JITTER_MAX_SECONDS", "300".into()),
+        None => {}
     }
 
     // Redis

@@ -797,7 +797,14 @@ fn its_expiry_jitter_is_kept() {
         Some("300")
     );
     assert!(t.unused.is_empty(), "{:?}", t.unused);
+    // unset under its environment: its own default, 300 s
+    let t = translate(&env(&[("REDIS_URL", "redis:6379")])).expect("translated");
+    assert_eq!(
+        setting(&t, "RLS_REDIS_EXPIRATION_JITTER_MAX_SECONDS").as_deref(),
+        Some("300")
+    );
     // without its environment, the service's own default stands
     let t = translate(&env(&[("GRPC_PORT", "8081")])).expect("translated");
     assert_eq!(setting(&t, "RLS_ALGORITHM"), None);
+    assert_eq!(setting(&t, "RLS_REDIS_EXPIRATION_JITTER_MAX_SECONDS"), None);
 }
