@@ -18,7 +18,9 @@ pub enum Verdict {
     OverLimit,
     /// Over the limit, but the rule is in shadow mode: answered OK.
     Shadow,
-    /// Over the limit, but the rule is in quota mode: answered OK and reported.
+    /// Over a quota-mode limit while another quota-mode descriptor of the
+    /// request has room: its status says OVER_LIMIT, the request passes
+    /// ([`settle_quotas`]).
     QuotaExceeded,
     Unlimited,
     /// No rule applies (or its only limits were replaced).
@@ -120,6 +122,39 @@ impl Decision {
     }
 }
 
+/// envoyproxy/ratelimit's quota mode (its `service/ratelimit.go`): a
+/// descriptor over a quota-mode limit refuses nothing alone, and the
+/// request is refused once *every* quota-mode descriptor in it is over
+/// (none left with room). Those are then over the limit. With `all_quota`
+/// (`--quota-mode`, its `QUOTA_MODE`) every descriptor is one, first
+/// turned from over the limit to over its quota, a descriptor of no rule
+/// included (it has room), an unlimited one never. A shadow-mode limit
+/// over is not over here either, as there.
+pub fn settle_quotas(decisions: &mut [&mut Decision], all_quota: bool) {
+    if all_quota {
+        for d in decisions.iter_mut() {
+            if d.verdict == Verdict::OverLimit {
+                d.verdict = Verdict::QuotaExceeded;
+            }
+        }
+    }
+    let is_quota = |d: &Decision| match d.verdict {
+        Verdict::Unlimited => false,
+        Verdict::QuotaExceeded => true,
+        Verdict::NoRule => all_quota,
+        _ => all_quota || d.rule.as_ref().is_some_and(|r| r.quota_mode),
+    };
+    let mut quotas = decisions.iter().filter(|d| is_quota(d)).peekable();
+    if quotas.peek().is_none() || !quotas.all(|d| d.verdict == Verdict::QuotaExceeded) {
+        return;
+    }
+    for d in decisions.iter_mut() {
+        if d.verdict == Verdict::QuotaExceeded {
+            d.verdict = Verdict::OverLimit;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -133,6 +168,40 @@ mod tests {
             burst: u64::from(rpu),
         }
         .on_the_wire()
+    }
+
+    fn decision(verdict: Verdict) -> Decision {
+        Decision::without_limit(verdict, None)
+    }
+
+    fn settled(verdicts: &[Verdict], all_quota: bool) -> Vec<Verdict> {
+        let mut ds: Vec<Decision> = verdicts.iter().map(|v| decision(*v)).collect();
+        settle_quotas(&mut ds.iter_mut().collect::<Vec<_>>(), all_quota);
+        ds.iter().map(|d| d.verdict).collect()
+    }
+
+    /// `--quota-mode` (its `TestServiceGlobalQuotaMode`): every descriptor
+    /// a quota; one of no rule has room, an unlimited one is none.
+    #[test]
+    fn under_global_quota_mode_a_request_is_refused_once_all_are_over() {
+        use Verdict::*;
+        assert_eq!(
+            settled(&[OverLimit, OverLimit], true),
+            [OverLimit, OverLimit]
+        );
+        assert_eq!(settled(&[OverLimit, Ok], true), [QuotaExceeded, Ok]);
+        assert_eq!(settled(&[OverLimit, NoRule], true), [QuotaExceeded, NoRule]);
+        assert_eq!(
+            settled(&[OverLimit, Unlimited], true),
+            [OverLimit, Unlimited]
+        );
+        assert_eq!(settled(&[Shadow, OverLimit], true), [Shadow, QuotaExceeded]);
+        // without it, a descriptor of no rule is no quota
+        assert_eq!(
+            settled(&[QuotaExceeded, NoRule], false),
+            [OverLimit, NoRule]
+        );
+        assert_eq!(settled(&[OverLimit, Ok], false), [OverLimit, Ok]);
     }
 
     #[test]

@@ -876,7 +876,9 @@ fn build_limiter(
         usize::try_from(args.max_in_flight).unwrap_or(usize::MAX),
     )
     .with_calendar_offset(args.calendar_clock_offset)
-    // nothing is refused in shadow or quota mode: nothing to give back
+    .with_quota_mode(args.quota_mode)
+    // nothing is refused in shadow mode, and each descriptor spends on its
+    // own in envoyproxy/ratelimit's quota mode: nothing to give back
     .with_per_descriptor_spending(
         args.per_descriptor_spending || args.shadow_mode || args.quota_mode,
     );

@@ -1419,6 +1419,9 @@ descriptors:
   - key: team
     quota_mode: true
     rate_limit: {unit: day, requests_per_unit: 2, name: team-requests}
+  - key: org_pool
+    quota_mode: true
+    rate_limit: {unit: day, requests_per_unit: 4, name: org-pool}
 "#,
     )
     .expect("rules");
@@ -1457,8 +1460,10 @@ descriptors:
     let (_, remaining, _) = check.x_ratelimit.expect("x-ratelimit headers");
     assert_eq!(remaining, "630", "1,000 less 10 × 37, exactly");
 
-    // a team's soft budget (quota_mode): over it, still 200, and Envoy has
-    // the violation (descriptor 1 of the request) in its dynamic metadata
+    // a team's budget and the pool it overflows into (both quota_mode):
+    // over the team's, still 200 while the pool has room, and Envoy has
+    // the violation (descriptor 1 of the request) in its dynamic metadata;
+    // once the pool is spent too, refused
     let team = |user: &'static str| {
         let edge = &edge;
         async move {
@@ -1475,9 +1480,11 @@ descriptors:
         assert_eq!(within.quota_violations.as_deref(), Some("[]"));
     }
     let over = team("frank").await;
-    assert_eq!(over.status, 200, "quota_mode reports, never refuses");
+    assert_eq!(over.status, 200, "the pool has room");
     assert_eq!(over.quota_violations.as_deref(), Some("[1]"));
-    settled(35.0).await;
+    assert_eq!(team("gina").await.status, 200, "the pool's last");
+    assert_eq!(team("hank").await.status, 429, "every quota spent");
+    settled(38.0).await;
 
     // a client that gives up before the (slow) answer: checked, and not
     // charged, since no usage was reported (Envoy skips the charge)
@@ -1492,11 +1499,11 @@ descriptors:
         .await;
     assert!(aborted.is_err(), "the client gave up");
     tokio::time::sleep(Duration::from_millis(3500)).await;
-    settled(36.0).await;
+    settled(39.0).await;
     let check = chat("hal", "0").await;
     let (_, remaining, _) = check.x_ratelimit.expect("x-ratelimit headers");
     assert_eq!(remaining, "1000", "nothing charged");
-    settled(38.0).await;
+    settled(41.0).await;
 
     // twenty chats of one user at once, 100 tokens each, on a budget of
     // 1,000: checks race the charges of the others, so more than ten may
@@ -1509,7 +1516,7 @@ descriptors:
         statuses.iter().filter(|s| **s == 429).count() as u64
     );
     assert!(started >= 10, "{statuses:?}");
-    settled(38.0 + 20.0 + started as f64).await;
+    settled(41.0 + 20.0 + started as f64).await;
     let next = chat("ivy", "0").await;
     let debt = started * 100 - 1000;
     assert_eq!(next.status, 429, "{debt} in debt (or nothing left)");
@@ -1521,7 +1528,7 @@ descriptors:
         "{started} started: {debt} owed, a wait of {wait} s ({exact} s)"
     );
     // (the refused check made no stream-done call)
-    let made = 38.0 + 20.0 + started as f64 + 1.0;
+    let made = 41.0 + 20.0 + started as f64 + 1.0;
     settled(made).await;
 
     // a client that gives up while the answer streams (its headers, with

@@ -218,7 +218,7 @@ async fn unlimited_unknown_nested_shadow_and_blocked() {
 }
 
 #[tokio::test]
-async fn quota_mode_reports_violations_in_metadata() {
+async fn quota_mode_reports_violations_and_refuses_once_every_quota_is_over() {
     let mut h = Harness::start().await;
     let req = || {
         request(
@@ -230,7 +230,10 @@ async fn quota_mode_reports_violations_in_metadata() {
     let meta = r.dynamic_metadata.expect("quota metadata");
     assert!(meta.fields.contains_key("quotaModeEnabled"));
     let r = h.ok(req()).await;
-    assert_eq!(r.overall_code, Code::Ok as i32, "quota mode admits");
+    // its only quota-mode descriptor is over: none has room (as
+    // envoyproxy/ratelimit decides), and the status says which
+    assert_eq!(r.overall_code, Code::OverLimit as i32);
+    assert_eq!(r.statuses[1].code, Code::OverLimit as i32);
     let meta = r.dynamic_metadata.expect("quota metadata");
     let violations = format!("{:?}", meta.fields.get("quotaModeViolations"));
     assert!(violations.contains("NumberValue(1.0)"), "{violations}");

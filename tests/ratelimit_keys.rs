@@ -10,8 +10,7 @@
 
 mod common;
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
-
+use common::ratelimit_peer::hour_with_room;
 use common::redis::{redis_cli, RedisCluster, RedisServer};
 use common::{descriptor, request, rules_dir};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
@@ -38,21 +37,6 @@ descriptors:
 "#;
 
 type Client = RateLimitServiceClient<tonic::transport::Channel>;
-
-/// The start of the current hour (Unix seconds), once at least 20 s of it
-/// are left: a test's calls all fall in that window.
-async fn hour_with_room() -> u64 {
-    loop {
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .expect("clock")
-            .as_secs();
-        if 3600 - now % 3600 > 20 {
-            return now - now % 3600;
-        }
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    }
-}
 
 /// One call: its code and what is left of its limit.
 async fn call(c: &mut Client, entries: &[(&str, &str)]) -> (i32, u32) {

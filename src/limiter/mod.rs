@@ -139,6 +139,9 @@ pub struct Limiter {
     /// descriptors took ([`give_back`]); false: each descriptor spends on
     /// its own (`--per-descriptor-spending`).
     give_back: bool,
+    /// `--quota-mode`: every descriptor in quota mode
+    /// ([`crate::decision::settle_quotas`]).
+    all_quota: bool,
     /// The rules whose reused attempt ids were logged (once each).
     reused_said: parking_lot::Mutex<std::collections::HashSet<RuleId>>,
     /// Detached decisions running now, at most [`MAX_DETACHED`].
@@ -203,6 +206,7 @@ impl Limiter {
             regions: None,
             calendar_offset_secs: 0,
             give_back: true,
+            all_quota: false,
             reused_said: parking_lot::Mutex::default(),
             detached: Arc::new(tokio::sync::Semaphore::new(MAX_DETACHED)),
             follow_ups: Arc::new(tokio::sync::Semaphore::new(MAX_FOLLOW_UPS)),
@@ -215,6 +219,13 @@ impl Limiter {
     /// `--shadow-mode` and `--quota-mode` need: nothing is refused there).
     pub fn with_per_descriptor_spending(mut self, on: bool) -> Self {
         self.give_back = !on;
+        self
+    }
+
+    /// Every descriptor in quota mode (`--quota-mode`, envoyproxy/ratelimit's
+    /// `QUOTA_MODE`): a request is refused once all of them are over.
+    pub fn with_quota_mode(mut self, on: bool) -> Self {
+        self.all_quota = on;
         self
     }
 

@@ -100,7 +100,6 @@ pub(super) fn plan<'a, E: DescriptorEntry>(
     // looked up once for every descriptor of the call
     let rules_of_domain = rules.domain(domain);
     let known_domain = rules_of_domain.is_some();
-    let usage_domain = rules_of_domain.is_some_and(|d| d.usage);
     // a domain's attempt entries take no part in matching or bucket keys
     let attempt_keys: &[String] = rules_of_domain.map_or(&[], |d| &d.attempt_keys);
     let matching = |e: &&E| attempt_keys.is_empty() || !attempt_keys.iter().any(|k| k == e.key());
@@ -139,51 +138,8 @@ pub(super) fn plan<'a, E: DescriptorEntry>(
         .iter()
         .zip(matches)
         .map(|(d, m)| {
-            if let (Some((rpu, unit)), true) = (d.limit_override, known_domain) {
-                let tag = key::descriptor_tag(
-                    KeyOrigin::Override,
-                    domain,
-                    d.entries
-                        .iter()
-                        .filter(matching)
-                        .map(|e| (e.key(), BucketValue::Value(e.value()))),
-                );
-                let params = BucketParams {
-                    capacity: u64::from(rpu),
-                    tokens_per_unit: u64::from(rpu),
-                    unit_secs: unit.seconds(),
-                    max_debt: None,
-                    algorithm: Algorithm::TokenBucket,
-                    period: None,
-                };
-                return Plan::Buckets {
-                    rule: None,
-                    limits: vec![LimitRef::Override(rpu, unit)],
-                    buckets: DescriptorBuckets {
-                        // The override's numbers are part of its id: two
-                        // different overrides on the same entries are two buckets.
-                        buckets: vec![BucketRef {
-                            key: key::bucket_key(
-                                &tag,
-                                &format!("override/{rpu}/{}", unit.seconds()),
-                            ),
-                            params,
-                            rule: RuleId::of(domain, "override"),
-                        }],
-                        tag,
-                        replication: None,
-                        ratelimit_key: None,
-                    },
-                    cost: match d.cost {
-                        Cost::Spend(n) if d.own_hits_addend && rpu > 0 && usage_domain => {
-                            Cost::Charge(n)
-                        }
-                        other => other,
-                    },
-                    global: None,
-                    attempt: None,
-                    no_id: false,
-                };
+            if let (Some(limit), Some(of_domain)) = (d.limit_override, rules_of_domain) {
+                return override_plan(of_domain, domain, d, limit, &matching);
             }
             let Some(m) = m else {
                 return Plan::Done(Decision::without_limit(Verdict::NoRule, None));
@@ -316,6 +272,61 @@ pub(super) fn plan<'a, E: DescriptorEntry>(
             }
         })
         .collect()
+}
+
+/// A descriptor carrying Envoy's `limit` override: a bucket of the
+/// override's own (its numbers part of the key: two overrides on the same
+/// entries are two buckets). Where the domain counts envoyproxy/ratelimit's
+/// way (`--algorithm fixed_window`, which its environment sets), a fixed
+/// window in its key (`domain_key_value_…_` and the window's start, as its
+/// `GetLimit` keys an override), so that both services count one budget.
+fn override_plan<'a, E: DescriptorEntry>(
+    of_domain: &crate::rules::Domain,
+    domain: &str,
+    d: &'a DescriptorInput<'a, E>,
+    (rpu, unit): (u32, Unit),
+    matching: &impl Fn(&&E) -> bool,
+) -> Plan<'a> {
+    let entries = || {
+        d.entries
+            .iter()
+            .filter(matching)
+            .map(|e| (e.key(), BucketValue::Value(e.value())))
+    };
+    let tag = key::descriptor_tag(KeyOrigin::Override, domain, entries());
+    let fixed = of_domain.override_algorithm == Algorithm::FixedWindow;
+    let params = BucketParams {
+        capacity: u64::from(rpu),
+        tokens_per_unit: u64::from(rpu),
+        unit_secs: unit.seconds(),
+        max_debt: None,
+        algorithm: match fixed {
+            true => Algorithm::FixedWindow,
+            false => Algorithm::TokenBucket,
+        },
+        period: None,
+    };
+    Plan::Buckets {
+        rule: None,
+        limits: vec![LimitRef::Override(rpu, unit)],
+        buckets: DescriptorBuckets {
+            buckets: vec![BucketRef {
+                key: key::bucket_key(&tag, &format!("override/{rpu}/{}", unit.seconds())),
+                params,
+                rule: RuleId::of(domain, "override"),
+            }],
+            tag,
+            replication: None,
+            ratelimit_key: fixed.then(|| key::ratelimit_key(domain, entries())),
+        },
+        cost: match d.cost {
+            Cost::Spend(n) if d.own_hits_addend && rpu > 0 && of_domain.usage => Cost::Charge(n),
+            other => other,
+        },
+        global: None,
+        attempt: None,
+        no_id: false,
+    }
 }
 
 /// The call of an attempt a descriptor makes on a rule with `attempts`:

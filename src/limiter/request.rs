@@ -237,10 +237,16 @@ impl Limiter {
     async fn settle(
         &self,
         plans: &[Plan<'_>],
-        decided: Vec<Result<Decided, Unavailable>>,
+        mut decided: Vec<Result<Decided, Unavailable>>,
         late: bool,
         budget: Option<Duration>,
     ) -> Result<Vec<Decision>, Unavailable> {
+        let mut answers: Vec<&mut Decision> = decided
+            .iter_mut()
+            .flatten()
+            .map(|d| &mut d.decision)
+            .collect();
+        crate::decision::settle_quotas(&mut answers, self.all_quota);
         let keeps = !self.give_back
             || plans.iter().any(Plan::is_stream_done)
             || decided

@@ -22,6 +22,9 @@ descriptors:
   - key: quota
     quota_mode: true
     rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: quota2
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 2}
   - key: free
     rate_limit: {unlimited: true}
   - key: login
@@ -154,7 +157,7 @@ async fn replaces_drops_the_named_limit_of_another_descriptor() {
 }
 
 #[tokio::test]
-async fn shadow_and_quota_answer_ok_when_over() {
+async fn shadow_answers_ok_when_over_and_a_lone_quota_refuses() {
     let (l, r) = (memory_limiter(), rules());
     let s = vec![("shadow", "x")];
     let q = vec![("quota", "x")];
@@ -162,9 +165,47 @@ async fn shadow_and_quota_answer_ok_when_over() {
         verdicts(&l, &r, &[s.clone(), q.clone()]).await,
         [Verdict::Ok, Verdict::Ok]
     );
+    // the request's only quota-mode descriptor is over: none has room
     assert_eq!(
         verdicts(&l, &r, &[s, q]).await,
-        [Verdict::Shadow, Verdict::QuotaExceeded]
+        [Verdict::Shadow, Verdict::OverLimit]
+    );
+}
+
+/// envoyproxy/ratelimit's quota mode (`TestServiceMixedPerDescriptorModes`,
+/// `TestServiceQuotaModeOnlySomeOverTheLimit`): a request is refused once
+/// every quota-mode descriptor in it is over; a regular limit as usual.
+#[tokio::test]
+async fn a_request_is_refused_once_every_quota_is_over() {
+    let (l, r) = (memory_limiter(), rules());
+    let (q1, q2) = (vec![("quota", "a")], vec![("quota2", "a")]);
+    let both = [q1.clone(), q2.clone()];
+    assert_eq!(verdicts(&l, &r, &both).await, [Verdict::Ok, Verdict::Ok]);
+    // one over, the other with room: passes, and says which is over
+    assert_eq!(
+        verdicts(&l, &r, &both).await,
+        [Verdict::QuotaExceeded, Verdict::Ok]
+    );
+    // both over: refused
+    assert_eq!(
+        verdicts(&l, &r, &both).await,
+        [Verdict::OverLimit, Verdict::OverLimit]
+    );
+    // a regular limit with room beside an exhausted quota: refused
+    let user = vec![("user", "quota-fan")];
+    assert_eq!(
+        verdicts(&l, &r, &[user.clone(), q1.clone()]).await,
+        [Verdict::Ok, Verdict::OverLimit]
+    );
+    // (that refused request took nothing: the user has both tokens)
+    for _ in 0..2 {
+        assert_eq!(verdicts(&l, &r, std::slice::from_ref(&user)).await, [Verdict::Ok]);
+    }
+    // a regular limit over refuses whatever the quotas say
+    let fresh = vec![("quota2", "fresh")];
+    assert_eq!(
+        verdicts(&l, &r, &[user.clone(), fresh.clone()]).await,
+        [Verdict::OverLimit, Verdict::Ok]
     );
 }
 

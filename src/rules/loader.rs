@@ -14,6 +14,7 @@ use super::schema::RulesFile;
 use super::watch::is_rule_file_name;
 use super::wildcard::Wildcard;
 use super::{Domain, LoadedFile, RuleSet};
+use crate::bucket::Algorithm;
 
 /// Knobs of one load.
 #[derive(Debug, Clone, Default)]
@@ -184,6 +185,10 @@ pub fn load_sources(
                 usage,
                 attempt_keys,
                 retired_attempts: Vec::new(),
+                override_algorithm: match opts.default_algorithm {
+                    Algorithm::FixedWindow => Algorithm::FixedWindow,
+                    _ => Algorithm::TokenBucket,
+                },
             },
         );
     }

@@ -44,6 +44,10 @@ pub struct Domain {
     /// The `attempts:` of rules a reload took it from, kept while their
     /// records may still be settled ([`RuleSet::succeeding`]).
     pub retired_attempts: Vec<RetiredAttempts>,
+    /// How a request's `limit` override counts: `--algorithm` (a fixed
+    /// window in envoyproxy/ratelimit's key under its environment, else a
+    /// token bucket).
+    pub override_algorithm: crate::bucket::Algorithm,
 }
 
 impl Domain {

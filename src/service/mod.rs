@@ -80,7 +80,7 @@ impl RateLimitGrpc {
         tracing::debug!(?request, "ShouldRateLimit");
         let inputs = request::descriptor_inputs(request).map_err(Status::invalid_argument)?;
         let rules = self.rules.load();
-        let mut decisions = self
+        let decisions = self
             .limiter
             .decide_request(
                 &rules,
@@ -97,14 +97,6 @@ impl RateLimitGrpc {
             && !rules.has_domain(&request.domain)
         {
             self.unknown_domains.log(&request.domain);
-        }
-        if self.options.quota_mode {
-            // `--quota-mode`: every limit is a soft one
-            for d in &mut decisions {
-                if d.verdict == Verdict::OverLimit {
-                    d.verdict = Verdict::QuotaExceeded;
-                }
-            }
         }
         let entries: Vec<_> = inputs.iter().map(|i| i.entries).collect();
         self.metrics

@@ -302,7 +302,9 @@ fn sf_string(name: &str) -> String {
 }
 
 fn status(d: &Decision) -> DescriptorStatus {
-    let code = if d.verdict.is_over_limit() {
+    // over a quota-mode limit says so, the request passing or not (as
+    // envoyproxy/ratelimit's statuses do)
+    let code = if d.verdict.is_over_limit() || d.verdict == Verdict::QuotaExceeded {
         Code::OverLimit
     } else {
         Code::Ok
@@ -337,8 +339,8 @@ fn header(key: &str, value: String) -> HeaderValue {
     }
 }
 
-/// For rules in `quota_mode` (envoyproxy/ratelimit's soft limits): which
-/// descriptors exceeded their quota, in the response's dynamic metadata.
+/// For rules in `quota_mode`: which descriptors exceeded their quota (the
+/// request refused once all did), in the response's dynamic metadata.
 fn quota_metadata(decisions: &[Decision], all_quota: bool) -> Option<Struct> {
     let enabled = all_quota
         || decisions
@@ -350,7 +352,10 @@ fn quota_metadata(decisions: &[Decision], all_quota: bool) -> Option<Struct> {
     let violations = decisions
         .iter()
         .enumerate()
-        .filter(|(_, d)| d.verdict == Verdict::QuotaExceeded)
+        .filter(|(_, d)| {
+            let quota = all_quota || d.rule.as_ref().is_some_and(|r| r.quota_mode);
+            d.verdict == Verdict::QuotaExceeded || (quota && d.verdict.is_over_limit())
+        })
         .map(|(i, _)| Value {
             kind: Some(Kind::NumberValue(i as f64)),
         })

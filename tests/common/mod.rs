@@ -8,6 +8,7 @@ use std::process::Child;
 
 pub mod ads;
 pub mod footprint;
+pub mod ratelimit_peer;
 pub mod redis;
 pub mod rlqs;
 pub mod sentinel;
