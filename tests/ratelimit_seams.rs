@@ -173,6 +173,27 @@ async fn quota_mode_is_one_budget(c: &mut Client, peer: &Peer<'_>) {
     }
 }
 
+/// `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=true`: a request that would go
+/// over one limit counts its hits there only (`INCRBY key 0` on the
+/// others), so a descriptor alone still has what the refused requests did
+/// not take.
+async fn stop_increment_is_one_budget(c: &mut Client, peer: &Peer<'_>) {
+    let hour = hour_with_room().await;
+    let both = [
+        one(&[("a", "s")], PeerLimit::per(5, HOUR)),
+        one(&[("b", "s")], PeerLimit::per(7, HOUR)),
+    ];
+    let expected: Vec<bool> = (0..10).map(|i| i >= 5).collect();
+    let answers = rolling(c, peer, &both, None, &expected).await;
+    assert_eq!(answers[9].statuses, [(true, 0), (false, 2)], "b untouched");
+    let b = [one(&[("b", "s")], PeerLimit::per(7, HOUR))];
+    rolling(c, peer, &b, None, &[false, false, true]).await;
+    for (key, count) in [("a_s", "10"), ("b_s", "8")] {
+        let key = format!("rl:seams_{key}_{hour}");
+        assert_eq!((peer.cli)(&["GET", &key]).trim(), count, "{key}");
+    }
+}
+
 /// The variables of a pod of either service on `redis_url`.
 fn environment(redis: &[(&'static str, String)]) -> Vec<(&'static str, String)> {
     let mut env = vec![
@@ -231,4 +252,59 @@ async fn overrides_and_quota_mode_are_one_budget_on_a_redis_cluster() {
     };
     override_is_one_budget(&mut c, &peer).await;
     quota_mode_is_one_budget(&mut c, &peer).await;
+}
+
+#[tokio::test]
+async fn stop_cache_key_increment_when_overlimit_is_one_budget_on_one_redis() {
+    let redis = RedisServer::standalone();
+    let rules = rules_dir(RULES);
+    let env = environment(&[
+        ("REDIS_URL", format!("127.0.0.1:{}", redis.port)),
+        (
+            "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT",
+            "true".to_string(),
+        ),
+    ]);
+    let (_child, mut c) = common::ratelimit_binary(rules.path(), &env).await;
+    let cli = |args: &[&str]| redis.cli(args);
+    let peer = Peer {
+        prefix: "rl:",
+        stop_increment: true,
+        quota_mode: false,
+        cli: &cli,
+    };
+    stop_increment_is_one_budget(&mut c, &peer).await;
+}
+
+#[tokio::test]
+async fn stop_cache_key_increment_when_overlimit_is_one_budget_on_a_redis_cluster() {
+    let cluster = RedisCluster::start();
+    let rules = rules_dir(RULES);
+    let seeds: Vec<String> = cluster
+        .nodes
+        .iter()
+        .map(|n| format!("127.0.0.1:{}", n.port))
+        .collect();
+    let env = environment(&[
+        ("REDIS_TYPE", "cluster".to_string()),
+        ("REDIS_URL", seeds.join(",")),
+        (
+            "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT",
+            "true".to_string(),
+        ),
+    ]);
+    let (_child, mut c) = common::ratelimit_binary(rules.path(), &env).await;
+    let port = cluster.nodes[0].port;
+    let cli = |args: &[&str]| {
+        let mut all = vec!["-c"];
+        all.extend_from_slice(args);
+        redis_cli(port, &all)
+    };
+    let peer = Peer {
+        prefix: "rl:",
+        stop_increment: true,
+        quota_mode: false,
+        cli: &cli,
+    };
+    stop_increment_is_one_budget(&mut c, &peer).await;
 }

@@ -115,7 +115,11 @@ impl Limiter {
 
     /// What `plan` would answer, taking nothing: a check of its buckets (its
     /// attempt left out), a slot rule undecided.
-    async fn check_plan(&self, plan: &Plan<'_>, turn: Turn) -> Result<Decided, Unavailable> {
+    pub(super) async fn check_plan(
+        &self,
+        plan: &Plan<'_>,
+        turn: Turn,
+    ) -> Result<Decided, Unavailable> {
         match plan {
             Plan::Done(decision) => Ok(Decided::kept(decision.clone())),
             Plan::Slots { rule, max, .. } => {

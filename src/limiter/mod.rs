@@ -20,6 +20,7 @@ mod plan;
 mod request;
 mod store_call;
 pub mod values;
+mod window_peek;
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -24,7 +24,7 @@ use tokio::sync::OwnedSemaphorePermit;
 
 use super::give_back::{Job, Reason};
 use super::plan::{plan, Plan};
-use super::{in_turn, Decided, DescriptorInput, Limiter, Turn, Unavailable};
+use super::{in_turn, window_peek, Decided, DescriptorInput, Limiter, Turn, Unavailable};
 use crate::attempt::Phase;
 use crate::bucket::Cost;
 use crate::decision::{Decision, Verdict};
@@ -226,6 +226,9 @@ impl Limiter {
         };
         match order {
             Some(order) => self.decide_in_turn(plans, &order, turn).await,
+            None if self.give_back && window_peek::peeks_first(plans) => {
+                self.decide_peeking(plans, turn).await
+            }
             None => join_all(plans.iter().map(|p| self.decide_plan(p, turn))).await,
         }
     }

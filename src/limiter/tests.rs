@@ -199,7 +199,10 @@ async fn a_request_is_refused_once_every_quota_is_over() {
     );
     // (that refused request took nothing: the user has both tokens)
     for _ in 0..2 {
-        assert_eq!(verdicts(&l, &r, std::slice::from_ref(&user)).await, [Verdict::Ok]);
+        assert_eq!(
+            verdicts(&l, &r, std::slice::from_ref(&user)).await,
+            [Verdict::Ok]
+        );
     }
     // a regular limit over refuses whatever the quotas say
     let fresh = vec![("quota2", "fresh")];
@@ -603,3 +606,48 @@ fn a_refused_slot_start_reports_no_slot_left() {
 
 mod give_back;
 mod half_way;
+
+/// Fixed windows in envoyproxy/ratelimit's keys, where a refused request
+/// keeps nothing of the others (its `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`):
+/// a request over one window counts its hit there only, never on the
+/// others, which a window could not give back.
+#[tokio::test]
+async fn a_request_over_one_window_counts_nothing_on_the_others() {
+    let rules = load_sources(
+        vec![(
+            PathBuf::from("w.yaml"),
+            r#"
+domain: d
+descriptors:
+  - key: a
+    algorithm: fixed_window
+    rate_limit: {unit: hour, requests_per_unit: 5}
+  - key: b
+    algorithm: fixed_window
+    rate_limit: {unit: hour, requests_per_unit: 7}
+"#
+            .to_string(),
+        )],
+        LoadOptions::default(),
+    )
+    .expect("valid rules");
+    let l = memory_limiter();
+    let both = [vec![("a", "x")], vec![("b", "x")]];
+    for _ in 0..5 {
+        assert_eq!(
+            verdicts(&l, &rules, &both).await,
+            [Verdict::Ok, Verdict::Ok]
+        );
+    }
+    for _ in 0..3 {
+        assert_eq!(
+            verdicts(&l, &rules, &both).await,
+            [Verdict::OverLimit, Verdict::Ok]
+        );
+    }
+    // b counted 5: two more alone, as there
+    let b = [vec![("b", "x")]];
+    for verdict in [Verdict::Ok, Verdict::Ok, Verdict::OverLimit] {
+        assert_eq!(verdicts(&l, &rules, &b).await, [verdict]);
+    }
+}
