@@ -223,6 +223,7 @@ pub async fn start(args: &ServeArgs) -> Result<RunningServer> {
             dynamic_metadata: args.response_dynamic_metadata,
             quota_mode: args.quota_mode,
             refused_by_header: args.refused_by_header.clone(),
+            retry_after: args.retry_after,
         },
     )
     .with_refusal_log(args.refusal_log_rate, shown_values(args)?);

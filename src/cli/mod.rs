@@ -329,6 +329,12 @@ pub struct ServeArgs {
         default_value = "draft"
     )]
     pub response_headers_format: HeaderFormat,
+    /// A `retry-after` header (whole seconds until a retry can pass) on
+    /// OVER_LIMIT answers. envoyproxy/ratelimit's environment turns it off
+    /// unless LIMIT_RESPONSE_HEADERS_ENABLED is on, as its answers carry
+    /// none otherwise.
+    #[arg(long, env = "RLS_RETRY_AFTER", default_value_t = true, action = clap::ArgAction::Set)]
+    pub retry_after: bool,
     /// The `legacy` format's three header names: limit, remaining, reset
     /// (envoyproxy/ratelimit's LIMIT_LIMIT_HEADER, LIMIT_REMAINING_HEADER,
     /// LIMIT_RESET_HEADER).

@@ -740,6 +740,9 @@ pub fn translate(env: &BTreeMap<String, String>) -> Result<Translated, String> {
     if on("LIMIT_RESPONSE_HEADERS_ENABLED") {
         set("RLS_RESPONSE_HEADERS", "true".into());
         set("RLS_RESPONSE_HEADERS_FORMAT", "legacy".into());
+    } else if theirs {
+        // its answers carry no rate-limit header unless asked to
+        set("RLS_RETRY_AFTER", "false".into());
     }
 
     // traces: envoyproxy/ratelimit's TRACING_ENABLED decides where it is

@@ -43,7 +43,7 @@ impl Default for LegacyHeaderNames {
 }
 
 /// What to add beyond the statuses, and service-wide modes.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct ResponseOptions {
     /// Rate-limit fields for the descriptor closest to its limit, in this
     /// shape; `None`: none.
@@ -64,6 +64,22 @@ pub struct ResponseOptions {
     /// `--refused-by-header`: the header naming the limits that refused an
     /// OVER_LIMIT answer (also `refused_by` in the dynamic metadata).
     pub refused_by_header: Option<String>,
+    /// `--retry-after`: a `retry-after` header on OVER_LIMIT answers.
+    pub retry_after: bool,
+}
+
+impl Default for ResponseOptions {
+    fn default() -> Self {
+        Self {
+            rate_limit_headers: None,
+            legacy_header_names: LegacyHeaderNames::default(),
+            shadow_mode: false,
+            dynamic_metadata: false,
+            quota_mode: false,
+            refused_by_header: None,
+            retry_after: true,
+        }
+    }
 }
 
 /// The limits that refused: each over-limit descriptor's limit `name`, else
@@ -106,7 +122,7 @@ pub fn build(
             .map(|d| d.reset_secs)
             .collect::<Option<Vec<u64>>>()
             .and_then(|waits| waits.into_iter().max());
-        if let Some(secs) = retry {
+        if let Some(secs) = retry.filter(|_| opts.retry_after) {
             headers.push(header("retry-after", secs.to_string()));
         }
         if let Some(name) = &opts.refused_by_header {
@@ -320,15 +336,24 @@ fn status(d: &Decision) -> DescriptorStatus {
             }
         }),
         limit_remaining: u32::try_from(d.remaining).unwrap_or(u32::MAX),
-        duration_until_reset: match (&d.limit, d.reset_secs) {
-            (Some(_), Some(secs)) => Some(Duration {
-                seconds: i64::try_from(secs).unwrap_or(i64::MAX),
-                nanos: 0,
-            }),
-            _ => None,
-        },
+        duration_until_reset: d.limit.as_ref().map(|limit| Duration {
+            seconds: i64::try_from(d.reset_secs.unwrap_or_else(|| window_left(limit)))
+                .unwrap_or(i64::MAX),
+            nanos: 0,
+        }),
         quota: None,
     }
+}
+
+/// Where no wait can be told (a limit of 0, more hits than it holds): the
+/// time until the limit's window ends, as envoyproxy/ratelimit's
+/// `CalculateReset` always says (its statuses always carry one).
+fn window_left(limit: &ShownLimit) -> u64 {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let window = limit.window_secs.max(1);
+    window - now % window
 }
 
 fn header(key: &str, value: String) -> HeaderValue {
@@ -408,6 +433,34 @@ mod tests {
         .iter()
         .find(|h| h.key == "retry-after")
         .map(|h| h.value.clone())
+    }
+
+    /// As envoyproxy/ratelimit's statuses: a limit always comes with a
+    /// `duration_until_reset`, the end of its window where no wait can be
+    /// told; `--retry-after false` leaves the header out.
+    #[test]
+    fn a_limit_always_says_when_it_resets() {
+        let never = Decision {
+            limit: Some(ShownLimit {
+                name: String::new(),
+                requests_per_unit: 0,
+                unit: crate::rules::Unit::Minute,
+                window_secs: 60,
+                burst: 0,
+            }),
+            ..over(None)
+        };
+        let status = status(&never);
+        let secs = status.duration_until_reset.expect("always set").seconds;
+        assert!((1..=60).contains(&secs), "{secs}");
+        assert_eq!(status.code, Code::OverLimit as i32);
+        let plain = ResponseOptions {
+            retry_after: false,
+            ..ResponseOptions::default()
+        };
+        let answer = build(&RateLimitRequest::default(), &[over(Some(5))], &plain);
+        assert!(answer.response_headers_to_add.is_empty());
+        assert_eq!(retry_after(&[over(Some(5))]).as_deref(), Some("5"));
     }
 
     fn over_named(name: &str) -> Decision {

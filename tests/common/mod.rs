@@ -74,6 +74,7 @@ pub fn serve_args(config: PathBuf) -> ServeArgs {
         instances: Some(1),
         response_headers: false,
         response_headers_format: Default::default(),
+        retry_after: true,
         ratelimit_metrics: false,
         quota_upstream: None,
         region: None,

@@ -808,3 +808,21 @@ fn its_expiry_jitter_is_kept() {
     assert_eq!(setting(&t, "RLS_ALGORITHM"), None);
     assert_eq!(setting(&t, "RLS_REDIS_EXPIRATION_JITTER_MAX_SECONDS"), None);
 }
+
+/// Its answers carry no rate-limit header unless LIMIT_RESPONSE_HEADERS_ENABLED
+/// asks for them: no `retry-after` either, under its environment.
+#[test]
+fn retry_after_only_with_its_response_headers() {
+    let t = translate(&env(&[("REDIS_URL", "redis:6379")])).expect("translated");
+    assert_eq!(setting(&t, "RLS_RETRY_AFTER").as_deref(), Some("false"));
+    let t = translate(&env(&[
+        ("REDIS_URL", "redis:6379"),
+        ("LIMIT_RESPONSE_HEADERS_ENABLED", "true"),
+    ]))
+    .expect("translated");
+    assert_eq!(setting(&t, "RLS_RETRY_AFTER"), None);
+    assert_eq!(setting(&t, "RLS_RESPONSE_HEADERS").as_deref(), Some("true"));
+    // without its environment, the service's own default stands
+    let t = translate(&env(&[("GRPC_PORT", "8081")])).expect("translated");
+    assert_eq!(setting(&t, "RLS_RETRY_AFTER"), None);
+}
