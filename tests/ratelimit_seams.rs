@@ -37,6 +37,9 @@ descriptors:
     rate_limit: {unit: hour, requests_per_unit: 5}
   - key: b
     rate_limit: {unit: hour, requests_per_unit: 7}
+  - key: bucket
+    algorithm: token_bucket
+    rate_limit: {unit: hour, requests_per_unit: 3}
 "#;
 
 const HOUR: u64 = 3600;
@@ -189,17 +192,25 @@ async fn stop_increment_is_one_budget(c: &mut Client, peer: &Peer<'_>) {
     let b = [one(&[("b", "s")], PeerLimit::per(7, HOUR))];
     rolling(c, peer, &b, None, &[false, false, true]).await;
     for (key, count) in [("a_s", "10"), ("b_s", "8")] {
-        let key = format!("rl:seams_{key}_{hour}");
+        let key = format!("{}seams_{key}_{hour}", peer.prefix);
         assert_eq!((peer.cli)(&["GET", &key]).trim(), count, "{key}");
     }
+    // a token bucket of ours, in keys of its own behind the same prefix
+    let bucket = [one(&[("bucket", "s")], PeerLimit::per(3, HOUR))];
+    for over in [false, false, false, true] {
+        assert_eq!(ours(c, &bucket, None).await.over, over);
+    }
+    let pattern = format!("{}rls:*", peer.prefix);
+    let ours = (peer.cli)(&["--scan", "--pattern", &pattern]);
+    assert!(!ours.trim().is_empty(), "{ours}");
 }
 
 /// The variables of a pod of either service on `redis_url`.
 fn environment(redis: &[(&'static str, String)]) -> Vec<(&'static str, String)> {
-    let mut env = vec![
-        ("REDIS_SOCKET_TYPE", "tcp".to_string()),
-        ("CACHE_KEY_PREFIX", "rl:".to_string()),
-    ];
+    let mut env = vec![("REDIS_SOCKET_TYPE", "tcp".to_string())];
+    if !redis.iter().any(|(k, _)| *k == "CACHE_KEY_PREFIX") {
+        env.push(("CACHE_KEY_PREFIX", "rl:".to_string()));
+    }
     env.extend_from_slice(redis);
     env
 }
@@ -292,6 +303,9 @@ async fn stop_cache_key_increment_when_overlimit_is_one_budget_on_a_redis_cluste
             "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT",
             "true".to_string(),
         ),
+        // a hash tag in the prefix, as some deployments write it: every
+        // key of both services in the slot of `rl`
+        ("CACHE_KEY_PREFIX", "{rl}:".to_string()),
     ]);
     let (_child, mut c) = common::ratelimit_binary(rules.path(), &env).await;
     let port = cluster.nodes[0].port;
@@ -301,7 +315,7 @@ async fn stop_cache_key_increment_when_overlimit_is_one_budget_on_a_redis_cluste
         redis_cli(port, &all)
     };
     let peer = Peer {
-        prefix: "rl:",
+        prefix: "{rl}:",
         stop_increment: true,
         quota_mode: false,
         cli: &cli,

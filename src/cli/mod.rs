@@ -239,7 +239,8 @@ pub struct ServeArgs {
     )]
     pub redis_bucket_layout: crate::store::redis::BucketLayout,
     /// Put in front of every Redis key, to share a Redis with others
-    /// (envoyproxy/ratelimit's CACHE_KEY_PREFIX); no braces.
+    /// (envoyproxy/ratelimit's CACHE_KEY_PREFIX). A brace is kept (each key
+    /// goes to the slot Redis finds for it); an empty `{}` is refused.
     #[arg(long, env = "RLS_REDIS_KEY_PREFIX", default_value = "")]
     pub redis_key_prefix: String,
     /// The most seconds added at random to the expiry of a fixed window

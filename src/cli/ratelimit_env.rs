@@ -504,13 +504,8 @@ pub fn translate(env: &BTreeMap<String, String>) -> Result<Translated, String> {
         );
     }
     if let Some(prefix) = get("CACHE_KEY_PREFIX") {
-        if prefix.contains(['{', '}']) {
-            return Err(refused(
-                "CACHE_KEY_PREFIX",
-                prefix,
-                "a brace would make Redis Cluster hash every key by the prefix, moving them off their slots",
-            ));
-        }
+        // a brace is kept, as there: the store routes each key to the slot
+        // Redis finds for it (an empty `{}` is refused when it connects)
         set("RLS_REDIS_KEY_PREFIX", prefix.to_string());
     }
     let names = [

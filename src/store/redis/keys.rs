@@ -18,6 +18,27 @@ pub fn redis_key(tag_hash: u64, key: &[u8]) -> Bytes {
     Bytes::from(out)
 }
 
+/// The slot of `rls:{<hash>}:…` keys behind `prefix`: Redis hashes the
+/// first `{…}` of a key, which may begin in the prefix and then holds the
+/// prefix's part and (if it does not close there) ours up to our `}`; the
+/// rest of the key never counts.
+pub fn slot_behind(prefix: &[u8], tag_hash: u64) -> u16 {
+    let mut key = Vec::with_capacity(prefix.len() + 22);
+    key.extend_from_slice(prefix);
+    key.extend_from_slice(b"rls:{");
+    key.extend_from_slice(&hex16(tag_hash));
+    key.push(b'}');
+    fred::util::redis_keyslot(&key)
+}
+
+/// Whether `prefix`'s first `{` is closed at once (`{}`): Redis then
+/// hashes each key whole, so one descriptor's keys would not share a slot.
+pub fn empty_hash_tag(prefix: &str) -> bool {
+    prefix
+        .find('{')
+        .is_some_and(|at| prefix[at + 1..].starts_with('}'))
+}
+
 /// `n` as 16 lower-case hex digits (`format!("{n:016x}")` without the
 /// formatting machinery: this is on every decision's path).
 pub(super) fn hex16(n: u64) -> [u8; 16] {

@@ -199,9 +199,9 @@ impl RedisStore {
     /// start-up is the failure policy's business, not a reason not to start),
     /// and checks the servers' eviction policy.
     pub async fn connect(settings: &RedisSettings) -> Result<Self, String> {
-        if settings.key_prefix.contains(['{', '}']) {
+        if keys::empty_hash_tag(&settings.key_prefix) {
             return Err(format!(
-                "the Redis key prefix {:?} holds a brace: Redis Cluster would hash the keys by it, moving them off their slots; use one without braces",
+                "the Redis key prefix {:?} holds an empty hash tag (`{{}}`): Redis Cluster would hash each key whole, putting one descriptor's keys in different slots; use one without it",
                 settings.key_prefix
             ));
         }
@@ -725,7 +725,7 @@ impl RedisStore {
             wait,
         };
         let mut reply = self
-            .run(work, slot_of(hash), options)
+            .run(work, self.slot_of_hash(hash), options)
             .await
             .map_err(store_error)?;
         if let Some(w) = wait {
@@ -755,8 +755,17 @@ impl RedisStore {
             })
     }
 
-    /// `key` behind the `--redis-key-prefix` (the slot stays the same: the
-    /// hash tag is in `key`, and a prefix has no braces).
+    /// The slot of a descriptor's keys (their tag hashing to `hash`): the
+    /// hash tag's, or, behind a prefix holding a brace (envoyproxy/ratelimit's
+    /// `CACHE_KEY_PREFIX` may), the one Redis finds from the prefix on.
+    fn slot_of_hash(&self, hash: u64) -> u16 {
+        if !self.key_prefix.contains(&b'{') {
+            return slot_of(hash);
+        }
+        keys::slot_behind(&self.key_prefix, hash)
+    }
+
+    /// `key` behind the `--redis-key-prefix` (the slot: [`Self::slot_of_hash`]).
     fn prefixed(&self, key: Bytes) -> Bytes {
         if self.key_prefix.is_empty() {
             return key;
@@ -790,7 +799,7 @@ impl Nodes for RedisStore {
         if let Some(slot) = self.counted_slot(descriptor) {
             return self.primary_of(slot);
         }
-        self.primary_of(slot_of(tag_hash(&descriptor.tag)))
+        self.primary_of(self.slot_of_hash(tag_hash(&descriptor.tag)))
     }
 
     /// PING `node` on its probe client's own connection, fail fast, within
@@ -933,7 +942,7 @@ impl Store for RedisStore {
         let reply = self
             .run(
                 work,
-                slot_of(hash),
+                self.slot_of_hash(hash),
                 patient.as_ref().unwrap_or(&self.options),
             )
             .await

@@ -14,6 +14,39 @@ fn keys_of_one_descriptor_share_a_slot() {
     assert_eq!(fred::util::redis_keyslot(&a), fred::util::redis_keyslot(&c));
 }
 
+/// envoyproxy/ratelimit's `CACHE_KEY_PREFIX` may hold a brace: a
+/// descriptor's keys then go to the slot Redis finds for the whole key
+/// (the prefix's hash tag, or one that begins there and ends in ours), and
+/// an empty `{}`, which would scatter them, is told apart.
+#[test]
+fn a_prefix_with_a_brace_moves_the_slot_where_redis_finds_it() {
+    let h = tag_hash(b"some descriptor");
+    let full = |prefix: &str, rest: &[u8]| {
+        let mut key = prefix.as_bytes().to_vec();
+        key.extend_from_slice(&redis_key(h, rest));
+        fred::util::redis_keyslot(&key)
+    };
+    for prefix in ["", "rl:", "{rl}:", "a{", "}{x", "a{b}c{d}"] {
+        let slot = keys::slot_behind(prefix.as_bytes(), h);
+        assert_eq!(slot, full(prefix, b"#0"), "{prefix}");
+        assert_eq!(slot, full(prefix, b"other#1"), "{prefix}");
+    }
+    assert_eq!(keys::slot_behind(b"", h), slot_of(h));
+    assert_eq!(
+        keys::slot_behind(b"{rl}:", h),
+        fred::util::redis_keyslot(b"rl")
+    );
+    for (prefix, empty) in [
+        ("{}", true),
+        ("x{}y", true),
+        ("{rl}", false),
+        ("}{}", true),
+        ("a", false),
+    ] {
+        assert_eq!(keys::empty_hash_tag(prefix), empty, "{prefix}");
+    }
+}
+
 #[test]
 fn hex16_is_the_formatted_hash() {
     for n in [
