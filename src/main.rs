@@ -60,8 +60,9 @@ fn main() -> ExitCode {
             path,
             merge_domains,
             algorithm,
+            ratelimit_rules,
             rlqs,
-        }) => check_config(&path, merge_domains, algorithm, rlqs),
+        }) => check_config(&path, (merge_domains, ratelimit_rules), algorithm, rlqs),
         Some(Command::Inspect {
             admin,
             redis_url,
@@ -273,17 +274,21 @@ fn short(rate: f64) -> String {
 
 fn check_config(
     path: &std::path::Path,
-    merge_domains: bool,
+    (merge_domains, ratelimit_files): (bool, bool),
     algorithm: tokenbucket_rls::bucket::Algorithm,
     rlqs: bool,
 ) -> ExitCode {
     let opts = LoadOptions {
         merge_domains,
         default_algorithm: algorithm,
+        ratelimit_files,
         ..LoadOptions::default()
     };
     match rules::load_path(path, opts) {
         Ok(set) => {
+            for w in set.warnings() {
+                eprintln!("warning: {w}");
+            }
             let files = set.files().len();
             let domains = set.domains().count();
             println!(

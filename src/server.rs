@@ -525,6 +525,7 @@ fn load_rules(args: &ServeArgs) -> Result<(SharedRules, LoadOptions, Option<XdsS
         merge_domains: args.merge_domains,
         usage_domains: DomainPatterns::new(&args.usage_domains),
         default_algorithm: args.algorithm,
+        ratelimit_files: args.ratelimit_rules,
     };
     let xds = args.xds_settings();
     if let Some(settings) = &xds {
@@ -538,6 +539,7 @@ fn load_rules(args: &ServeArgs) -> Result<(SharedRules, LoadOptions, Option<XdsS
             anyhow::anyhow!("cannot load rules from {}:\n{e}", args.config.display())
         })?,
     };
+    loaded.say_warnings();
     if loaded.domains().count() == 0 && xds.is_none() {
         tracing::warn!(config = %args.config.display(), "no rules loaded: every request will be answered OK");
     }

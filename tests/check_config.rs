@@ -364,3 +364,97 @@ fn check_config_shows_replication_and_refuses_a_timeout_too_long() {
         "{stdout}"
     );
 }
+
+/// Under envoyproxy/ratelimit's environment (`--ratelimit-rules`, which it
+/// sets) every fixture loads or fails as there: as above, but for
+/// `duplicate_domain.yaml`, a domain whose `descriptors:` is null, which
+/// loads alone there too (its test fails it beside `basic_config.yaml`,
+/// for the domain defined twice: so here).
+#[test]
+fn every_peer_fixture_loads_or_fails_as_there_under_its_rules() {
+    let mut checked = 0;
+    for (pattern, valid) in expectations() {
+        for file in files_of(&pattern) {
+            let path = file.to_str().expect("utf-8 path");
+            let out = check_config(&["--ratelimit-rules", path]);
+            let alone_there = path.ends_with("duplicate_domain.yaml");
+            assert_eq!(out.status.success(), valid || alone_there, "{path}");
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, 26);
+    let both = tempfile::tempdir().expect("tempdir");
+    for name in ["basic_config.yaml", "duplicate_domain.yaml"] {
+        let from = Path::new(FIXTURES).join("config").join(name);
+        std::fs::copy(from, both.path().join(name)).expect("copy");
+    }
+    let out = check_config(&["--ratelimit-rules", both.path().to_str().expect("utf-8")]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success());
+    assert!(
+        stdout.contains("duplicate_domain.yaml: domain 'test-domain' is already defined"),
+        "{stdout}"
+    );
+}
+
+/// Files envoyproxy/ratelimit loads that this service refuses by default
+/// (a file cut short looks like the first two): under its rules they load
+/// as there, and a warning says what is ignored; `share_threshold` without
+/// a `*`, which it refuses, is refused either way.
+#[test]
+fn what_it_loads_loads_under_its_rules_with_a_warning() {
+    let cases = [
+        ("null", "domain: a\ndescriptors:\n", "`descriptors` is null or missing"),
+        ("missing", "domain: b\n", "`descriptors` is null or missing"),
+        (
+            "unlimited",
+            "domain: c\ndescriptors:\n  - key: k\n    rate_limit: {unlimited: true, requests_per_unit: 5}\n",
+            "requests_per_unit 5 beside `unlimited: true` is ignored",
+        ),
+        (
+            "two",
+            "domain: d\ndescriptors: []\n---\ndomain: e\ndescriptors: []\n",
+            "1 YAML document(s) after the first are ignored",
+        ),
+    ];
+    let dir = tempfile::tempdir().expect("tempdir");
+    for (name, text, warning) in cases {
+        let file = dir.path().join(format!("{name}.yaml"));
+        std::fs::write(&file, text).expect("write");
+        let path = file.to_str().expect("utf-8");
+        let strict = check_config(&[path]);
+        assert!(!strict.status.success(), "{name}: refused by default");
+        let theirs = check_config(&["--ratelimit-rules", path]);
+        let stderr = String::from_utf8_lossy(&theirs.stderr);
+        assert!(theirs.status.success(), "{name}: {stderr}");
+        assert!(
+            stderr.contains(&format!("warning: {path}: ")) && stderr.contains(warning),
+            "{name}: {stderr}"
+        );
+    }
+    // with a unit beside `unlimited`, refused there and here alike
+    let file = dir.path().join("unit.yaml");
+    std::fs::write(
+        &file,
+        "domain: f\ndescriptors:\n  - key: k\n    rate_limit: {unlimited: true, unit: day}\n",
+    )
+    .expect("write");
+    let path = file.to_str().expect("utf-8");
+    assert!(!check_config(&["--ratelimit-rules", path]).status.success());
+    let file = dir.path().join("share.yaml");
+    std::fs::write(
+        &file,
+        "domain: g\ndescriptors:\n  - key: k\n    value: v\n    share_threshold: true\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
+    )
+    .expect("write");
+    let path = file.to_str().expect("utf-8");
+    for args in [vec![path], vec!["--ratelimit-rules", path]] {
+        let out = check_config(&args);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(!out.status.success());
+        assert!(
+            stdout.contains("`share_threshold: true` needs a value with `*`"),
+            "{stdout}"
+        );
+    }
+}

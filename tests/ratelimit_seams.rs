@@ -322,3 +322,30 @@ async fn stop_cache_key_increment_when_overlimit_is_one_budget_on_a_redis_cluste
     };
     stop_increment_is_one_budget(&mut c, &peer).await;
 }
+
+/// Files envoyproxy/ratelimit loads start our pods under its environment
+/// (a rollout does not stall on them): a domain whose `descriptors:` is
+/// null, `requests_per_unit` beside `unlimited: true`, a second YAML
+/// document (ignored, as there), and the first document's rules decide.
+#[tokio::test]
+async fn files_it_loads_start_our_pods() {
+    let rules = tempfile::tempdir().expect("tempdir");
+    for (name, text) in [
+        ("empty.yaml", "domain: empty\ndescriptors:\n"),
+        (
+            "open.yaml",
+            "domain: open\ndescriptors:\n  - key: k\n    rate_limit:\n      unlimited: true\n      requests_per_unit: 5\n",
+        ),
+        (
+            "two.yaml",
+            "domain: seams\ndescriptors:\n  - key: a\n    rate_limit: {unit: hour, requests_per_unit: 1}\n---\ndomain: other\ndescriptors: []\n",
+        ),
+    ] {
+        std::fs::write(rules.path().join(name), text).expect("write");
+    }
+    let env = [("USE_STATSD", "false".to_string())];
+    let (_child, mut c) = common::ratelimit_binary(rules.path(), &env).await;
+    let a = [one(&[("a", "x")], PeerLimit::per(1, HOUR))];
+    assert!(!ours(&mut c, &a, None).await.over);
+    assert!(ours(&mut c, &a, None).await.over);
+}

@@ -54,6 +54,10 @@ pub enum Command {
         /// --algorithm.
         #[arg(long, env = "RLS_ALGORITHM", default_value = "token_bucket", value_parser = parse_algorithm)]
         algorithm: Algorithm,
+        /// Load what envoyproxy/ratelimit loads, as the server's
+        /// --ratelimit-rules; what is ignored is printed as a warning.
+        #[arg(long, env = "RLS_RATELIMIT_RULES")]
+        ratelimit_rules: bool,
         /// Also print what RLQS assigns the buckets of each rule (the bucket
         /// id keys that reach it) and where it differs from ShouldRateLimit.
         #[arg(long)]
@@ -353,6 +357,13 @@ pub struct ServeArgs {
     /// Every limit in quota mode (envoyproxy/ratelimit's QUOTA_MODE).
     #[arg(long, env = "RLS_QUOTA_MODE")]
     pub quota_mode: bool,
+    /// Load rule files as envoyproxy/ratelimit loads them: a domain whose
+    /// `descriptors:` is null or missing has no rules, `requests_per_unit`
+    /// beside `unlimited: true` without a unit is ignored, a file's YAML
+    /// documents after its first are ignored; each said in a warning at
+    /// every load. Its environment sets it.
+    #[arg(long, env = "RLS_RATELIMIT_RULES")]
+    pub ratelimit_rules: bool,
     /// Each descriptor of a request spends on its own: a request one limit
     /// refuses keeps what its other descriptors took (envoyproxy/ratelimit
     /// without STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT). Off by default: a

@@ -614,6 +614,8 @@ pub fn translate(env: &BTreeMap<String, String>) -> Result<Translated, String> {
     // a rule is the step to token buckets
     if theirs {
         set("RLS_ALGORITHM", "fixed_window".into());
+        // its files load as there (what it ignores said in a warning)
+        set("RLS_RATELIMIT_RULES", "true".into());
     }
     // its default when unset is 300 s (settings.go), not ours (0)
     match get("EXPIRATION_JITTER_MAX_SECONDS") {

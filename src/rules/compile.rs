@@ -4,6 +4,7 @@
 //! problem is reported (not just the first) with its file and its place in
 //! the tree, e.g. `domain 'edge', descriptor tenant=acme > api_key: …`.
 
+use std::cell::RefCell;
 use std::collections::HashSet;
 use std::path::Path;
 use std::sync::Arc;
@@ -25,6 +26,10 @@ mod replication;
 #[derive(Clone)]
 struct Scope<'a> {
     file: &'a Path,
+    /// `--ratelimit-rules`: what envoyproxy/ratelimit ignores is ignored
+    /// here too, said in `warnings`.
+    ratelimit_files: bool,
+    warnings: &'a RefCell<Vec<ConfigError>>,
     domain: &'a Arc<str>,
     /// Human-readable place, for error messages.
     place: String,
@@ -49,6 +54,13 @@ impl Scope<'_> {
             format!("{}: {}", self.place, message.as_ref()),
         ));
     }
+
+    fn warn(&self, message: impl AsRef<str>) {
+        self.warnings.borrow_mut().push(ConfigError::new(
+            self.file,
+            format!("{}: {}", self.place, message.as_ref()),
+        ));
+    }
 }
 
 /// Compiles the top-level descriptors of one domain, which may come from
@@ -57,12 +69,14 @@ pub(super) fn compile_top_level(
     root: &mut Level,
     domain: &Arc<str>,
     (usage, default_algorithm): (bool, Algorithm),
-    file: &Path,
+    (file, ratelimit_files, warnings): (&Path, bool, &RefCell<Vec<ConfigError>>),
     docs: &[DescriptorDoc],
     errors: &mut ConfigErrors,
 ) {
     let scope = Scope {
         file,
+        ratelimit_files,
+        warnings,
         domain,
         place: format!("domain '{domain}'"),
         path: String::new(),
@@ -150,6 +164,12 @@ fn compile_level(
             detailed_metric: here.detailed_metric || doc.detailed_metric,
             ..here
         };
+        if doc.share_threshold && !value.is_some_and(|v| v.contains('*')) {
+            here.error(
+                errors,
+                "`share_threshold: true` needs a value with `*` (the values the pattern matches share one bucket); without one it would share nothing, and envoyproxy/ratelimit refuses it too",
+            );
+        }
 
         let mut node = Node {
             rule: compile_rule(&here, doc, errors).map(Arc::new),
@@ -747,7 +767,10 @@ fn compile_action(
         }
         (None, None) => return None,
         (Some(rl), None) if rl.unlimited => {
-            if rl.unit.is_some() || rl.requests_per_unit.is_some() || rl.burst.is_some() {
+            let ignored = rl.unit.is_none() && rl.burst.is_none() && scope.ratelimit_files;
+            if let (Some(n), true) = (rl.requests_per_unit, ignored) {
+                scope.warn(format!("requests_per_unit {n} beside `unlimited: true` is ignored, as envoyproxy/ratelimit ignores it; remove it"));
+            } else if rl.unit.is_some() || rl.requests_per_unit.is_some() || rl.burst.is_some() {
                 scope.error(
                     errors,
                     "rate_limit has `unlimited: true` and also a unit, requests_per_unit or burst; an unlimited rule has none",

@@ -26,6 +26,12 @@ pub struct LoadOptions {
     pub usage_domains: DomainPatterns,
     /// `--algorithm`: how a rule that names none counts.
     pub default_algorithm: crate::bucket::Algorithm,
+    /// `--ratelimit-rules`: load what envoyproxy/ratelimit loads, saying in
+    /// a warning what is ignored ([`RuleSet::warnings`]): a domain whose
+    /// `descriptors:` is null or missing (no rules), `requests_per_unit`
+    /// beside `unlimited: true` without a unit, YAML documents after a
+    /// file's first.
+    pub ratelimit_files: bool,
 }
 
 /// Domain names, exact or with `*` (any run of characters), e.g. `*` for
@@ -99,9 +105,14 @@ pub fn load_sources(
     opts: LoadOptions,
 ) -> Result<RuleSet, ConfigErrors> {
     let mut errors = ConfigErrors::default();
+    let warnings = std::cell::RefCell::new(Vec::new());
     let mut parsed: Vec<LoadedFile> = Vec::new();
     for (path, text) in sources {
-        match serde_yaml::from_str::<Option<RulesFile>>(&text) {
+        let first = match opts.ratelimit_files {
+            true => first_document(&path, &text, &mut warnings.borrow_mut()),
+            false => serde_yaml::from_str::<Option<RulesFile>>(&text),
+        };
+        match first {
             Ok(Some(doc)) => parsed.push(LoadedFile { path, doc }),
             // Rejected at start-up, by check-config and on reload alike: a
             // file caught mid-write, or an emptied ConfigMap key, looks so.
@@ -130,6 +141,10 @@ pub fn load_sources(
             continue;
         }
         match file.doc.descriptors {
+            None | Some(None) if opts.ratelimit_files => warnings.borrow_mut().push(ConfigError::new(
+                &file.path,
+                format!("domain '{domain}': `descriptors` is null or missing; loaded with no rules, as envoyproxy/ratelimit loads it (write `descriptors: []` to say so)"),
+            )),
             None => errors.push(ConfigError::new(
                 &file.path,
                 format!("domain '{domain}': `descriptors` is missing; list the domain's descriptors (or write `descriptors: []`)"),
@@ -168,7 +183,7 @@ pub fn load_sources(
                     &mut root,
                     &name,
                     (usage, opts.default_algorithm),
-                    &file.path,
+                    (&file.path, opts.ratelimit_files, &warnings),
                     docs,
                     &mut errors,
                 );
@@ -199,10 +214,34 @@ pub fn load_sources(
             files: parsed,
             generation: 0,
             in_force_since: 0,
+            warnings: warnings.into_inner(),
         })
     } else {
         Err(errors)
     }
+}
+
+/// A file's first YAML document, as envoyproxy/ratelimit's yaml.v2 reads
+/// it; the documents after it are named in a warning.
+fn first_document(
+    path: &Path,
+    text: &str,
+    warnings: &mut Vec<ConfigError>,
+) -> Result<Option<RulesFile>, serde_yaml::Error> {
+    use serde::Deserialize;
+    let mut documents = serde_yaml::Deserializer::from_str(text);
+    let Some(first) = documents.next() else {
+        return Ok(None);
+    };
+    let doc = Option::<RulesFile>::deserialize(first)?;
+    let rest = documents.count();
+    if rest > 0 {
+        warnings.push(ConfigError::new(
+            path,
+            format!("{rest} YAML document(s) after the first are ignored, as envoyproxy/ratelimit reads only a file's first; put each domain in a file of its own"),
+        ));
+    }
+    Ok(doc)
 }
 
 /// The entry keys that name attempts and their phase in a domain's rules

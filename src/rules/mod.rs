@@ -113,9 +113,24 @@ pub struct RuleSet {
     generation: u64,
     /// When this generation was put in force (Unix seconds; 0: not yet).
     in_force_since: u64,
+    /// What the load passed over (`--ratelimit-rules`), to be said.
+    warnings: Vec<error::ConfigError>,
 }
 
 impl RuleSet {
+    /// What loading these rules passed over, as envoyproxy/ratelimit does
+    /// (`--ratelimit-rules`): for the log and `check-config`.
+    pub fn warnings(&self) -> &[error::ConfigError] {
+        &self.warnings
+    }
+
+    /// Logs [`Self::warnings`], one line each, at every load that has them.
+    pub fn say_warnings(&self) {
+        for w in &self.warnings {
+            tracing::warn!(file = %w.file.display(), "rules loaded as envoyproxy/ratelimit loads them: {}", w.message);
+        }
+    }
+
     /// The rule `entries` reach in `domain`, if any.
     pub fn lookup<'a, E: DescriptorEntry>(
         &'a self,

@@ -88,6 +88,7 @@ impl Reloader {
         let result = print.and_then(|_| self.load());
         match result {
             Ok(set) => {
+                set.say_warnings();
                 let generation = self.rules.load().generation() + 1;
                 let domains = set.domains().count();
                 let set = set

@@ -75,6 +75,7 @@ pub fn serve_args(config: PathBuf) -> ServeArgs {
         response_headers: false,
         response_headers_format: Default::default(),
         retry_after: true,
+        ratelimit_rules: false,
         ratelimit_metrics: false,
         quota_upstream: None,
         region: None,

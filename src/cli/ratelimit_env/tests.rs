@@ -826,3 +826,12 @@ fn retry_after_only_with_its_response_headers() {
     let t = translate(&env(&[("GRPC_PORT", "8081")])).expect("translated");
     assert_eq!(setting(&t, "RLS_RETRY_AFTER"), None);
 }
+
+/// Its environment loads its files as it does (`--ratelimit-rules`).
+#[test]
+fn its_files_load_as_there() {
+    let t = translate(&env(&[("RUNTIME_ROOT", "/data")])).expect("translated");
+    assert_eq!(setting(&t, "RLS_RATELIMIT_RULES").as_deref(), Some("true"));
+    let t = translate(&env(&[("GRPC_PORT", "8081")])).expect("translated");
+    assert_eq!(setting(&t, "RLS_RATELIMIT_RULES"), None);
+}
