@@ -412,3 +412,94 @@ async fn what_a_commanded_failover_loses() {
     );
     s.shutdown().await.expect("stop");
 }
+
+/// A Redis failover during a rollout from envoyproxy/ratelimit (#68): its
+/// pod (replayed from its source, `common::ratelimit_peer`, writing to the
+/// primary the sentinels name) and ours, started with its environment,
+/// alternate calls on one window; a commanded failover comes between, the
+/// replicas caught up, and both follow the new primary: 10 of 16 calls on
+/// a limit of 10 admitted, the key counting every one on the new primary.
+#[tokio::test]
+async fn a_failover_during_a_rollout_keeps_one_budget() {
+    use common::ratelimit_peer::{hour_with_room, Peer, PeerDescriptor, PeerLimit};
+    let set = SentinelSet::start();
+    let rules = rules_dir(
+        "domain: d\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: hour, requests_per_unit: 10}\n",
+    );
+    let sentinels: Vec<String> = set
+        .sentinels
+        .iter()
+        .map(|s| format!("127.0.0.1:{}", s.port))
+        .collect();
+    let (_child, mut c) = common::ratelimit_binary(
+        rules.path(),
+        &[
+            ("REDIS_TYPE", "sentinel".to_string()),
+            ("REDIS_URL", format!("{MASTER},{}", sentinels.join(","))),
+            ("CACHE_KEY_PREFIX", "rl:".to_string()),
+        ],
+    )
+    .await;
+    let hour = hour_with_room().await;
+    let entries = [("tenant", "acme")];
+    let theirs = [PeerDescriptor::new(
+        &entries,
+        Some(PeerLimit::per(10, 3600)),
+    )];
+    let (mut admitted, mut calls) = (0, 0);
+    for half in 0..2 {
+        let port = set.servers[set.primary()].port;
+        let cli = move |args: &[&str]| common::redis::redis_cli(port, args);
+        let peer = Peer {
+            prefix: "rl:",
+            stop_increment: false,
+            quota_mode: false,
+            cli: &cli,
+        };
+        for i in 0..[4, 12][half] {
+            let over = match i % 2 {
+                0 => peer.call("d", &theirs, 1).over,
+                _ => ours_through_a_failover(&mut c, &entries).await,
+            };
+            admitted += usize::from(!over);
+            calls += 1;
+        }
+        if half == 0 {
+            let old = set.primary();
+            let old_port = set.servers[old].port;
+            set.replicas_caught_up(old);
+            let first = set.answering().next().expect("a sentinel answers");
+            assert_eq!(first.cli(&["SENTINEL", "FAILOVER", MASTER]).trim(), "OK");
+            set.named_other_than(old_port).await;
+        }
+    }
+    assert_eq!((admitted, calls), (10, 16), "one budget");
+    let key = format!("rl:d_tenant_acme_{hour}");
+    let primary = set.servers[set.primary()].port;
+    assert_eq!(
+        common::redis::redis_cli(primary, &["GET", &key]).trim(),
+        "16"
+    );
+}
+
+/// Our answer (true: OVER_LIMIT), asked again while the failover is
+/// under way (an error answers a call then: Envoy's failure_mode_deny
+/// decides; a later call is the one counted).
+async fn ours_through_a_failover(
+    c: &mut envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient<tonic::transport::Channel>,
+    entries: &[(&str, &str)],
+) -> bool {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        match c
+            .should_rate_limit(request("d", vec![descriptor(entries)]))
+            .await
+        {
+            Ok(r) => return r.into_inner().overall_code == Code::OverLimit as i32,
+            Err(status) => {
+                assert!(std::time::Instant::now() < deadline, "{status:?}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}

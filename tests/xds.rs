@@ -760,3 +760,79 @@ async fn the_binary_honours_use_tls_and_a_config_flag() {
     }
     assert_eq!(codes, [Code::Ok as i32, Code::OverLimit as i32]);
 }
+
+/// A rollout with rules over xDS (#68): envoyproxy/ratelimit's pods and
+/// ours take one snapshot (`CONFIG_TYPE=GRPC_XDS_SOTW`, over mTLS) and
+/// count in its keys on one Redis; calls alternate between its decision
+/// (replayed from its source, `common::ratelimit_peer`) and ours, and the
+/// two admit one budget: 5 of 12 on a limit of 5 an hour.
+#[tokio::test]
+async fn a_rollout_with_rules_over_xds_is_one_budget() {
+    use common::ratelimit_peer::{hour_with_room, Peer, PeerDescriptor, PeerLimit};
+    let redis = common::redis::RedisServer::standalone();
+    let mut m = mtls_ads().await;
+    let p = |path: &std::path::Path| path.display().to_string();
+    let env = [
+        ("CONFIG_TYPE", "GRPC_XDS_SOTW".to_string()),
+        (
+            "CONFIG_GRPC_XDS_SERVER_URL",
+            format!("localhost:{}", m.port),
+        ),
+        ("CONFIG_GRPC_XDS_NODE_ID", "envoy-ratelimit".into()),
+        ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true".into()),
+        ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", p(&m.client_pem)),
+        ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", p(&m.client_key)),
+        ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", p(&m.ca.pem())),
+        ("FORCE_START_WITHOUT_INITIAL_CONFIG", "true".into()),
+        ("REDIS_SOCKET_TYPE", "tcp".into()),
+        ("REDIS_URL", format!("127.0.0.1:{}", redis.port)),
+        ("CACHE_KEY_PREFIX", "rl:".into()),
+    ];
+    let unused = tempfile::tempdir().expect("tempdir");
+    let snapshot = async {
+        m.ads.next_request().await;
+        m.ads
+            .snapshot(
+                "1",
+                "a",
+                &[eg_config(&[("rule-0-match-0", 5)], RateLimitUnit::Hour)],
+            )
+            .await
+    };
+    let ((_child, mut c), ack) =
+        tokio::join!(common::ratelimit_binary(unused.path(), &env), snapshot);
+    assert!(ack.error_detail.is_none(), "{ack:?}");
+    let hour = hour_with_room().await;
+    let entries = [
+        ("first-route", "first-route"),
+        ("rule-0-match-0", "rule-0-match-0"),
+    ];
+    let cli = |args: &[&str]| redis.cli(args);
+    let peer = Peer {
+        prefix: "rl:",
+        stop_increment: false,
+        quota_mode: false,
+        cli: &cli,
+    };
+    let theirs = [PeerDescriptor::new(&entries, Some(PeerLimit::per(5, 3600)))];
+    let mut admitted = 0;
+    for i in 0..12 {
+        let over = match i % 2 {
+            0 => peer.call("default/eg/http", &theirs, 1).over,
+            _ => {
+                let r = c
+                    .should_rate_limit(request("default/eg/http", vec![descriptor(&entries)]))
+                    .await
+                    .expect("decided")
+                    .into_inner();
+                r.overall_code == Code::OverLimit as i32
+            }
+        };
+        admitted += usize::from(!over);
+    }
+    assert_eq!(admitted, 5, "one budget");
+    let key =
+        format!("rl:default/eg/http_first-route_first-route_rule-0-match-0_rule-0-match-0_{hour}");
+    assert_eq!(redis.cli(&["GET", &key]).trim(), "12");
+    m.ads.stop().await;
+}

@@ -16,6 +16,8 @@ fuzz_target!(|data: &[u8]| {
         // bits 2 and 4 of the first byte: token bucket, fixed, sliding
         default_algorithm: tokenbucket_rls::bucket::Algorithm::ALL
             [usize::from(data.first().map_or(0, |b| (b >> 1) & 3)) % 3],
+        // bit 8: as envoyproxy/ratelimit loads files
+        ratelimit_files: data.first().is_some_and(|b| b & 0x80 != 0),
     };
     match load_sources(vec![(PathBuf::from("fuzz.yaml"), text.clone())], opts) {
         Ok(rules) => {
