@@ -3768,3 +3768,84 @@ impl Edge {
             .status
     }
 }
+
+/// docs/replacing-ratelimit.md's swap, step by step, as written: the
+/// environment of `examples/ratelimit-swap/ratelimit.env` (its Redis and
+/// ports moved to the test's), its rules, `examples/envoy/envoy.yaml` in
+/// front. The walkthrough's requests give the codes it shows, its Redis
+/// key the count it shows (every hit, the refused one too), `/metrics` on
+/// PROMETHEUS_ADDR the line it shows; and a call of envoyproxy/ratelimit
+/// (replayed from its source) on the same key counts in the same budget.
+#[tokio::test]
+async fn the_swap_walkthrough_runs_as_written() {
+    use common::ratelimit_peer::{Peer, PeerDescriptor, PeerLimit};
+    let redis = common::redis::RedisServer::standalone();
+    let prometheus = free_port();
+    let text = std::fs::read_to_string(Path::new(ROOT).join("examples/ratelimit-swap/ratelimit.env"))
+        .expect("the env file");
+    let mut env: Vec<(&str, String)> = text
+        .lines()
+        .filter(|l| !l.trim().is_empty() && !l.starts_with('#'))
+        .map(|l| l.split_once('=').expect("KEY=VALUE"))
+        .map(|(k, v)| match k {
+            "REDIS_URL" => (k, format!("127.0.0.1:{}", redis.port)),
+            "PROMETHEUS_ADDR" => (k, format!("127.0.0.1:{prometheus}")),
+            _ => (k, v.to_string()),
+        })
+        .collect();
+    // its RUNTIME_ROOT is relative to the repository, where the doc runs
+    env.retain(|(k, _)| !k.starts_with("RUNTIME_"));
+    let rules = Path::new(ROOT).join("examples/ratelimit-swap/config");
+    let bootstrap = Path::new(ROOT).join("examples/envoy/envoy.yaml");
+    let edge = Edge::start_full(&rules, bootstrap.to_str().expect("utf-8"), &[env]).await;
+    // a minute with room for the calls below
+    let minute = loop {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock")
+            .as_secs();
+        if 60 - now % 60 > 10 {
+            break now - now % 60;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    };
+    let free = [("x-plan", "free"), ("x-api-key", "k1")];
+    let mut codes = Vec::new();
+    for _ in 0..4 {
+        codes.push(edge.get("/", &free).await.status);
+    }
+    assert_eq!(codes, [200, 200, 200, 429]);
+    let key = format!("rl:edge_plan_free_api_key_k1_{minute}");
+    assert_eq!(redis.cli(&["GET", &key]).trim(), "4");
+    // an old pod's call on another key of the plan: the same budget of 3
+    let cli = |args: &[&str]| redis.cli(args);
+    let peer = Peer {
+        prefix: "rl:",
+        stop_increment: false,
+        quota_mode: false,
+        cli: &cli,
+    };
+    let k2 = [PeerDescriptor::new(
+        &[("plan", "free"), ("api_key", "k2")],
+        Some(PeerLimit::per(3, 60)),
+    )];
+    let k2_headers = [("x-plan", "free"), ("x-api-key", "k2")];
+    assert!(!peer.call("edge", &k2, 1).over);
+    assert_eq!(edge.get("/", &k2_headers).await.status, 200);
+    assert!(!peer.call("edge", &k2, 1).over);
+    assert_eq!(edge.get("/", &k2_headers).await.status, 429);
+    let metrics = reqwest::get(format!("http://127.0.0.1:{prometheus}/metrics"))
+        .await
+        .expect("scrape")
+        .text()
+        .await
+        .expect("text");
+    assert_eq!(
+        common::sample(
+            &metrics,
+            "ratelimit_service_rate_limit_over_limit{domain=\"edge\",key1=\"plan_free\",key2=\"api_key\"}"
+        ),
+        Some(2.0),
+        "{metrics}"
+    );
+}
