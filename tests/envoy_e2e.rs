@@ -3781,8 +3781,9 @@ async fn the_swap_walkthrough_runs_as_written() {
     use common::ratelimit_peer::{Peer, PeerDescriptor, PeerLimit};
     let redis = common::redis::RedisServer::standalone();
     let prometheus = free_port();
-    let text = std::fs::read_to_string(Path::new(ROOT).join("examples/ratelimit-swap/ratelimit.env"))
-        .expect("the env file");
+    let text =
+        std::fs::read_to_string(Path::new(ROOT).join("examples/ratelimit-swap/ratelimit.env"))
+            .expect("the env file");
     let mut env: Vec<(&str, String)> = text
         .lines()
         .filter(|l| !l.trim().is_empty() && !l.starts_with('#'))

@@ -46,8 +46,12 @@ const HOUR: u64 = 3600;
 
 type Client = RateLimitServiceClient<tonic::transport::Channel>;
 
-/// A descriptor as Envoy sends it; `limit`: its override, per hour.
-fn wire(d: &PeerDescriptor, limit: Option<u32>) -> RateLimitDescriptor {
+/// An override's unit on the wire.
+const PER_SECOND: i32 = 1;
+const PER_HOUR: i32 = 3;
+
+/// A descriptor as Envoy sends it; `limit`: its override (requests, unit).
+fn wire(d: &PeerDescriptor, limit: Option<(u32, i32)>) -> RateLimitDescriptor {
     RateLimitDescriptor {
         entries: d
             .entries
@@ -57,16 +61,20 @@ fn wire(d: &PeerDescriptor, limit: Option<u32>) -> RateLimitDescriptor {
                 value: value.clone(),
             })
             .collect(),
-        limit: limit.map(|requests_per_unit| RateLimitOverride {
+        limit: limit.map(|(requests_per_unit, unit)| RateLimitOverride {
             requests_per_unit,
-            unit: 3, // HOUR
+            unit,
         }),
         ..Default::default()
     }
 }
 
 /// Our binary's answer, in the peer's terms.
-async fn ours(c: &mut Client, descriptors: &[PeerDescriptor], limit: Option<u32>) -> PeerAnswer {
+async fn ours(
+    c: &mut Client,
+    descriptors: &[PeerDescriptor],
+    limit: Option<(u32, i32)>,
+) -> PeerAnswer {
     let r = c
         .should_rate_limit(request(
             "seams",
@@ -97,7 +105,7 @@ async fn rolling(
     c: &mut Client,
     peer: &Peer<'_>,
     descriptors: &[PeerDescriptor],
-    limit: Option<u32>,
+    limit: Option<(u32, i32)>,
     expected: &[bool],
 ) -> Vec<PeerAnswer> {
     let mut answers = Vec::new();
@@ -123,7 +131,7 @@ async fn override_is_one_budget(c: &mut Client, peer: &Peer<'_>) {
     let hour = hour_with_room().await;
     let d = [one(&[("route", "r1")], PeerLimit::per(5, HOUR))];
     let expected: Vec<bool> = (0..12).map(|i| i >= 5).collect();
-    rolling(c, peer, &d, Some(5), &expected).await;
+    rolling(c, peer, &d, Some((5, PER_HOUR)), &expected).await;
     let key = format!("rl:seams_route_r1_{hour}");
     assert_eq!((peer.cli)(&["GET", &key]).trim(), "12");
     let ttl: i64 = (peer.cli)(&["TTL", &key]).trim().parse().expect("TTL");
@@ -134,6 +142,41 @@ async fn override_is_one_budget(c: &mut Client, peer: &Peer<'_>) {
     rolling(c, peer, &rule, None, &[false; 4]).await;
     let key = format!("rl:seams_route_r2_{hour}");
     assert_eq!((peer.cli)(&["GET", &key]).trim(), "4");
+}
+
+/// A per-second override counts in the per-second Redis (`REDIS_PERSECOND`),
+/// in its key there too: 3 of 5 calls alternating in one second. Calls
+/// that straddle a second's end are tried again on a fresh value.
+async fn per_second_override_is_one_budget(c: &mut Client, per_second: &Peer<'_>) {
+    let now = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock")
+    };
+    for attempt in 0..10 {
+        // start just after a second begins
+        let into = now().subsec_millis();
+        tokio::time::sleep(std::time::Duration::from_millis(u64::from(1005 - into))).await;
+        let second = now().as_secs();
+        let value = format!("ps{attempt}");
+        let d = [one(&[("route", &value)], PeerLimit::per(3, 1))];
+        let mut admitted = 0;
+        for i in 0..5 {
+            let answer = match i % 2 {
+                0 => per_second.call("seams", &d, 1),
+                _ => ours(c, &d, Some((3, PER_SECOND))).await,
+            };
+            admitted += usize::from(!answer.over);
+        }
+        if now().as_secs() != second {
+            continue; // the window ended on the way
+        }
+        assert_eq!(admitted, 3, "one budget");
+        let key = format!("rl:seams_route_{value}_{second}");
+        assert_eq!((per_second.cli)(&["GET", &key]).trim(), "5");
+        return;
+    }
+    panic!("no try fell within one second");
 }
 
 /// `quota_mode`: a request passes while one of its quota-mode descriptors
@@ -218,8 +261,17 @@ fn environment(redis: &[(&'static str, String)]) -> Vec<(&'static str, String)> 
 #[tokio::test]
 async fn overrides_and_quota_mode_are_one_budget_on_one_redis() {
     let redis = RedisServer::standalone();
+    let per_second = RedisServer::standalone();
     let rules = rules_dir(RULES);
-    let env = environment(&[("REDIS_URL", format!("127.0.0.1:{}", redis.port))]);
+    let env = environment(&[
+        ("REDIS_URL", format!("127.0.0.1:{}", redis.port)),
+        ("REDIS_PERSECOND", "true".to_string()),
+        ("REDIS_PERSECOND_SOCKET_TYPE", "tcp".to_string()),
+        (
+            "REDIS_PERSECOND_URL",
+            format!("127.0.0.1:{}", per_second.port),
+        ),
+    ]);
     let (_child, mut c) = common::ratelimit_binary(rules.path(), &env).await;
     let cli = |args: &[&str]| redis.cli(args);
     let peer = Peer {
@@ -230,6 +282,14 @@ async fn overrides_and_quota_mode_are_one_budget_on_one_redis() {
     };
     override_is_one_budget(&mut c, &peer).await;
     quota_mode_is_one_budget(&mut c, &peer).await;
+    let cli = |args: &[&str]| per_second.cli(args);
+    let peer = Peer {
+        prefix: "rl:",
+        stop_increment: false,
+        quota_mode: false,
+        cli: &cli,
+    };
+    per_second_override_is_one_budget(&mut c, &peer).await;
     // no bucket in keys of our own
     assert_eq!(redis.cli(&["KEYS", "rl:rls:{*"]).trim(), "");
 }
