@@ -417,8 +417,10 @@ async fn what_a_commanded_failover_loses() {
 /// pod (replayed from its source, `common::ratelimit_peer`, writing to the
 /// primary the sentinels name) and ours, started with its environment,
 /// alternate calls on one window; a commanded failover comes between, the
-/// replicas caught up, and both follow the new primary: 10 of 16 calls on
-/// a limit of 10 admitted, the key counting every one on the new primary.
+/// replicas caught up (and the old primary turned replica before the next
+/// call: what reaches it before is lost to either service alike), and both
+/// follow the new primary: 10 of 16 calls on a limit of 10 admitted, the
+/// key counting every one on the new primary.
 #[tokio::test]
 async fn a_failover_during_a_rollout_keeps_one_budget() {
     use common::ratelimit_peer::{hour_with_room, Peer, PeerDescriptor, PeerLimit};
@@ -471,6 +473,18 @@ async fn a_failover_during_a_rollout_keeps_one_budget() {
             let first = set.answering().next().expect("a sentinel answers");
             assert_eq!(first.cli(&["SENTINEL", "FAILOVER", MASTER]).trim(), "OK");
             set.named_other_than(old_port).await;
+            // until the sentinels turn the old primary into a replica, a
+            // write that reaches it is lost (asynchronous replication: the
+            // window docs/failure-modes.md measures), for either service
+            // alike; once it is one, it refuses writes and both follow
+            let deadline = std::time::Instant::now() + Duration::from_secs(30);
+            while !set.servers[old]
+                .cli(&["INFO", "replication"])
+                .contains("role:slave")
+            {
+                assert!(std::time::Instant::now() < deadline, "never demoted");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
         }
     }
     assert_eq!((admitted, calls), (10, 16), "one budget");

@@ -505,7 +505,14 @@ pub fn translate(env: &BTreeMap<String, String>) -> Result<Translated, String> {
     }
     if let Some(prefix) = get("CACHE_KEY_PREFIX") {
         // a brace is kept, as there: the store routes each key to the slot
-        // Redis finds for it (an empty `{}` is refused when it connects)
+        // Redis finds for it; an empty `{}` would scatter them
+        if crate::store::redis::empty_hash_tag(prefix) {
+            return Err(refused(
+                "CACHE_KEY_PREFIX",
+                prefix,
+                "an empty hash tag `{}` makes Redis Cluster hash each key whole, putting one descriptor's keys in different slots",
+            ));
+        }
         set("RLS_REDIS_KEY_PREFIX", prefix.to_string());
     }
     let names = [

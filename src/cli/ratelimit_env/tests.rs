@@ -835,3 +835,26 @@ fn its_files_load_as_there() {
     let t = translate(&env(&[("GRPC_PORT", "8081")])).expect("translated");
     assert_eq!(setting(&t, "RLS_RATELIMIT_RULES"), None);
 }
+
+/// A hash tag in CACHE_KEY_PREFIX is kept, as there; an empty one, which
+/// would scatter a descriptor's keys over slots, stops the start.
+#[test]
+fn a_hash_tag_in_its_prefix_is_kept() {
+    let t = translate(&env(&[
+        ("REDIS_URL", "redis:6379"),
+        ("CACHE_KEY_PREFIX", "{rl}:"),
+    ]))
+    .expect("translated");
+    assert_eq!(
+        setting(&t, "RLS_REDIS_KEY_PREFIX").as_deref(),
+        Some("{rl}:")
+    );
+    let refused = translate(&env(&[
+        ("REDIS_URL", "redis:6379"),
+        ("CACHE_KEY_PREFIX", "x{}"),
+    ]))
+    .map(|_| ())
+    .expect_err("refused")
+    .to_string();
+    assert!(refused.contains("CACHE_KEY_PREFIX=x{}"), "{refused}");
+}

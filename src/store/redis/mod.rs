@@ -41,7 +41,7 @@ mod work;
 
 #[cfg(test)]
 use self::keys::hex16;
-pub use self::keys::{redis_key, slot_of, tag_hash};
+pub use self::keys::{empty_hash_tag, redis_key, slot_of, tag_hash};
 use self::redirect::{redirect_of, Redirect, MAX_REDIRECTIONS};
 use self::reply::{outcomes, store_error};
 use self::tls_config::tls_client_config;
