@@ -244,12 +244,22 @@ impl Limiter {
         late: bool,
         budget: Option<Duration>,
     ) -> Result<Vec<Decision>, Unavailable> {
-        let mut answers: Vec<&mut Decision> = decided
-            .iter_mut()
-            .flatten()
-            .map(|d| &mut d.decision)
-            .collect();
-        crate::decision::settle_quotas(&mut answers, self.all_quota);
+        // (only a request over a quota has one to settle: nothing else
+        // allocates here)
+        let over_a_quota = || {
+            decided
+                .iter()
+                .flatten()
+                .any(|d| d.decision.verdict == Verdict::QuotaExceeded)
+        };
+        if self.all_quota || over_a_quota() {
+            let mut answers: Vec<&mut Decision> = decided
+                .iter_mut()
+                .flatten()
+                .map(|d| &mut d.decision)
+                .collect();
+            crate::decision::settle_quotas(&mut answers, self.all_quota);
+        }
         let keeps = !self.give_back
             || plans.iter().any(Plan::is_stream_done)
             || decided
