@@ -135,6 +135,8 @@ fn a_wrong_value_is_refused_at_render_naming_it() {
             "terminationGracePeriodSeconds=5",
             "terminationGracePeriodSeconds",
         ),
+        // a region needs the upstream that keeps the global budgets
+        ("region.name=eu", "region"),
     ] {
         let out = helm(&["template", "rls", CHART, "--set", set]);
         let stderr = String::from_utf8_lossy(&out.stderr);

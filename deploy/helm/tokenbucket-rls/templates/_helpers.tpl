@@ -28,6 +28,14 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- .Values.admin.token.existingSecret | default (printf "%s-admin" (include "rls.fullname" .)) -}}
 {{- end -}}
 
+{{- define "rls.redisUrl" -}}
+{{- if .Values.redis.enabled -}}
+{{- printf "redis://%s-redis:6379" (include "rls.fullname" .) -}}
+{{- else -}}
+{{- .Values.store.redis.url -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "rls.adminToken" -}}
 {{- or .Values.admin.token.create .Values.admin.token.existingSecret -}}
 {{- end -}}
