@@ -164,12 +164,7 @@ fn compile_level(
             detailed_metric: here.detailed_metric || doc.detailed_metric,
             ..here
         };
-        if doc.share_threshold && !value.is_some_and(|v| v.contains('*')) {
-            here.error(
-                errors,
-                "`share_threshold: true` needs a value with `*` (the values the pattern matches share one bucket); without one it would share nothing, and envoyproxy/ratelimit refuses it too",
-            );
-        }
+        check_share_threshold(&here, doc, value, errors);
 
         let mut node = Node {
             rule: compile_rule(&here, doc, errors).map(Arc::new),
@@ -212,6 +207,22 @@ fn compile_level(
                 "defined twice at the same level (each key/value pair may appear once per level)",
             );
         }
+    }
+}
+
+/// `share_threshold: true` shares the values a `*` pattern matches: on a
+/// value without one it would share nothing (refused there too).
+fn check_share_threshold(
+    here: &Scope<'_>,
+    doc: &DescriptorDoc,
+    value: Option<&str>,
+    errors: &mut ConfigErrors,
+) {
+    if doc.share_threshold && !value.is_some_and(|v| v.contains('*')) {
+        here.error(
+            errors,
+            "`share_threshold: true` needs a value with `*` (the values the pattern matches share one bucket); without one it would share nothing, and envoyproxy/ratelimit refuses it too",
+        );
     }
 }
 

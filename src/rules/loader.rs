@@ -106,28 +106,7 @@ pub fn load_sources(
 ) -> Result<RuleSet, ConfigErrors> {
     let mut errors = ConfigErrors::default();
     let warnings = std::cell::RefCell::new(Vec::new());
-    let mut parsed: Vec<LoadedFile> = Vec::new();
-    for (path, text) in sources {
-        let first = match opts.ratelimit_files {
-            true => first_document(&path, &text, &mut warnings.borrow_mut()),
-            false => serde_yaml::from_str::<Option<RulesFile>>(&text),
-        };
-        match first {
-            Ok(Some(doc)) => parsed.push(LoadedFile { path, doc }),
-            // Rejected at start-up, by check-config and on reload alike: a
-            // file caught mid-write, or an emptied ConfigMap key, looks so.
-            Ok(None) => errors.push(ConfigError::new(
-                &path,
-                "the file holds no rules (it is empty, or only comments); give it a `domain:` and `descriptors:`, or remove it",
-            )),
-            // serde stops at the first error: say that the rest of the
-            // file was not looked at (the other files still are)
-            Err(e) => errors.push(ConfigError::new(
-                &path,
-                format!("invalid rules file: {e} (the first error only: the rest of this file is checked once it parses)"),
-            )),
-        }
-    }
+    let parsed = parse_files(sources, &opts, &mut errors, &mut warnings.borrow_mut());
 
     // Group files by domain, in file order.
     let mut by_domain: BTreeMap<String, Vec<usize>> = BTreeMap::new();
@@ -219,6 +198,39 @@ pub fn load_sources(
     } else {
         Err(errors)
     }
+}
+
+/// Step 1: each file's rules, parsed (its first YAML document only under
+/// `--ratelimit-rules`); what does not parse is an error naming the file.
+fn parse_files(
+    sources: Vec<(PathBuf, String)>,
+    opts: &LoadOptions,
+    errors: &mut ConfigErrors,
+    warnings: &mut Vec<ConfigError>,
+) -> Vec<LoadedFile> {
+    let mut parsed = Vec::new();
+    for (path, text) in sources {
+        let first = match opts.ratelimit_files {
+            true => first_document(&path, &text, warnings),
+            false => serde_yaml::from_str::<Option<RulesFile>>(&text),
+        };
+        match first {
+            Ok(Some(doc)) => parsed.push(LoadedFile { path, doc }),
+            // Rejected at start-up, by check-config and on reload alike: a
+            // file caught mid-write, or an emptied ConfigMap key, looks so.
+            Ok(None) => errors.push(ConfigError::new(
+                &path,
+                "the file holds no rules (it is empty, or only comments); give it a `domain:` and `descriptors:`, or remove it",
+            )),
+            // serde stops at the first error: say that the rest of the
+            // file was not looked at (the other files still are)
+            Err(e) => errors.push(ConfigError::new(
+                &path,
+                format!("invalid rules file: {e} (the first error only: the rest of this file is checked once it parses)"),
+            )),
+        }
+    }
+    parsed
 }
 
 /// A file's first YAML document, as envoyproxy/ratelimit's yaml.v2 reads

@@ -3,6 +3,8 @@
 
 use fred::bytes::Bytes;
 
+use super::RedisStore;
+
 /// The slot of a descriptor whose tag hashes to `tag_hash`.
 pub fn slot_of(tag_hash: u64) -> u16 {
     fred::util::redis_keyslot(&hex16(tag_hash))
@@ -56,4 +58,27 @@ pub fn tag_hash(tag: &[u8]) -> u64 {
     tag.iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
         (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
     })
+}
+
+impl RedisStore {
+    /// The slot of a descriptor's keys (their tag hashing to `hash`): the
+    /// hash tag's, or, behind a prefix holding a brace (envoyproxy/ratelimit's
+    /// `CACHE_KEY_PREFIX` may), the one Redis finds from the prefix on.
+    pub(super) fn slot_of_hash(&self, hash: u64) -> u16 {
+        if !self.key_prefix.contains(&b'{') {
+            return slot_of(hash);
+        }
+        slot_behind(&self.key_prefix, hash)
+    }
+
+    /// `key` behind the `--redis-key-prefix` (the slot: [`Self::slot_of_hash`]).
+    pub(super) fn prefixed(&self, key: Bytes) -> Bytes {
+        if self.key_prefix.is_empty() {
+            return key;
+        }
+        let mut out = Vec::with_capacity(self.key_prefix.len() + key.len());
+        out.extend_from_slice(&self.key_prefix);
+        out.extend_from_slice(&key);
+        Bytes::from(out)
+    }
 }

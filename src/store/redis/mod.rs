@@ -754,27 +754,6 @@ impl RedisStore {
                 ..self.options.clone()
             })
     }
-
-    /// The slot of a descriptor's keys (their tag hashing to `hash`): the
-    /// hash tag's, or, behind a prefix holding a brace (envoyproxy/ratelimit's
-    /// `CACHE_KEY_PREFIX` may), the one Redis finds from the prefix on.
-    fn slot_of_hash(&self, hash: u64) -> u16 {
-        if !self.key_prefix.contains(&b'{') {
-            return slot_of(hash);
-        }
-        keys::slot_behind(&self.key_prefix, hash)
-    }
-
-    /// `key` behind the `--redis-key-prefix` (the slot: [`Self::slot_of_hash`]).
-    fn prefixed(&self, key: Bytes) -> Bytes {
-        if self.key_prefix.is_empty() {
-            return key;
-        }
-        let mut out = Vec::with_capacity(self.key_prefix.len() + key.len());
-        out.extend_from_slice(&self.key_prefix);
-        out.extend_from_slice(&key);
-        Bytes::from(out)
-    }
 }
 
 /// `call`, cut at `limit` (a timeout error then): fred 10 cuts a command
