@@ -85,11 +85,30 @@ fn the_chart_lints_strictly_with_every_values_file() {
     }
 }
 
+/// The binary's `--help`, which names each of its variables (`env: RLS_…`).
+fn binary_help() -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_tokenbucket-rls"))
+        .arg("--help")
+        .output()
+        .expect("--help");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 #[test]
 fn every_rendering_validates_against_the_kubernetes_schemas() {
     let dir = tempfile::tempdir().expect("tempdir");
+    let help = binary_help();
     for (i, values) in matrix().into_iter().enumerate() {
-        let docs: Vec<Value> = render(values.as_deref(), &[])
+        let rendered = render(values.as_deref(), &[]);
+        // every RLS_ variable it sets is one the binary reads
+        let container = &kind(&rendered, "Deployment")["spec"]["template"]["spec"]["containers"][0];
+        for name in env_names(container)
+            .iter()
+            .filter(|n| n.starts_with("RLS_"))
+        {
+            assert!(help.contains(&format!("env: {name}")), "{values:?}: {name}");
+        }
+        let docs: Vec<Value> = rendered
             .into_iter()
             // the Prometheus Operator's kinds have the operator's schemas
             .filter(|d| {
@@ -255,11 +274,7 @@ async fn the_rendered_deployment_starts_the_binary_to_a_decision() {
     let url = format!("store.redis.url={}", cluster.url().replace(',', "\\,"));
     let docs = render(None, &[&url]);
     let c = kind(&docs, "Deployment")["spec"]["template"]["spec"]["containers"][0].clone();
-    let help = Command::new(env!("CARGO_BIN_EXE_tokenbucket-rls"))
-        .arg("--help")
-        .output()
-        .expect("--help");
-    let help = String::from_utf8_lossy(&help.stdout).into_owned();
+    let help = binary_help();
     let rules = tempfile::tempdir().expect("tempdir");
     for (name, text) in kind(&docs, "ConfigMap")["data"].as_mapping().expect("data") {
         let name = name.as_str().expect("name");
