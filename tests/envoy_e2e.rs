@@ -3823,12 +3823,7 @@ async fn the_swap_walkthrough_runs_as_written() {
     assert_eq!(redis.cli(&["GET", &key]).trim(), "4");
     // an old pod's call on another key of the plan: the same budget of 3
     let cli = |args: &[&str]| redis.cli(args);
-    let peer = Peer {
-        prefix: "rl:",
-        stop_increment: false,
-        quota_mode: false,
-        cli: &cli,
-    };
+    let peer = Peer::on("rl:", &cli);
     let k2 = [PeerDescriptor::new(
         &[("plan", "free"), ("api_key", "k2")],
         Some(PeerLimit::per(3, 60)),

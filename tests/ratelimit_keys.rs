@@ -11,7 +11,7 @@
 mod common;
 
 use common::ratelimit_peer::hour_with_room;
-use common::redis::{redis_cli, RedisCluster, RedisServer};
+use common::redis::{RedisCluster, RedisServer};
 use common::{descriptor, request, rules_dir};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
@@ -143,28 +143,17 @@ async fn envoyproxy_ratelimits_counts_are_one_budget_on_one_redis() {
 async fn envoyproxy_ratelimits_counts_are_one_budget_on_a_redis_cluster() {
     let cluster = RedisCluster::start();
     let rules = rules_dir(RULES);
-    let seeds: Vec<String> = cluster
-        .nodes
-        .iter()
-        .map(|n| format!("127.0.0.1:{}", n.port))
-        .collect();
     let (_child, mut c) = common::ratelimit_binary(
         rules.path(),
         &[
             ("REDIS_SOCKET_TYPE", "tcp".to_string()),
             ("REDIS_TYPE", "cluster".to_string()),
-            ("REDIS_URL", seeds.join(",")),
+            ("REDIS_URL", cluster.seeds()),
             ("CACHE_KEY_PREFIX", "rl:".to_string()),
             ("EXPIRATION_JITTER_MAX_SECONDS", "300".to_string()),
         ],
     )
     .await;
-    let port = cluster.nodes[0].port;
     // redis-cli -c follows MOVED, as envoyproxy/ratelimit's cluster client
-    one_budget(&mut c, &|args: &[&str]| {
-        let mut all = vec!["-c"];
-        all.extend_from_slice(args);
-        redis_cli(port, &all)
-    })
-    .await;
+    one_budget(&mut c, &|args: &[&str]| cluster.cli(args)).await;
 }

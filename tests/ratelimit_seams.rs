@@ -11,7 +11,7 @@
 mod common;
 
 use common::ratelimit_peer::{hour_with_room, Peer, PeerAnswer, PeerDescriptor, PeerLimit};
-use common::redis::{redis_cli, RedisCluster, RedisServer};
+use common::redis::{RedisCluster, RedisServer};
 use common::{request, rules_dir};
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
     Entry, RateLimitOverride,
@@ -274,21 +274,11 @@ async fn overrides_and_quota_mode_are_one_budget_on_one_redis() {
     ]);
     let (_child, mut c) = common::ratelimit_binary(rules.path(), &env).await;
     let cli = |args: &[&str]| redis.cli(args);
-    let peer = Peer {
-        prefix: "rl:",
-        stop_increment: false,
-        quota_mode: false,
-        cli: &cli,
-    };
+    let peer = Peer::on("rl:", &cli);
     override_is_one_budget(&mut c, &peer).await;
     quota_mode_is_one_budget(&mut c, &peer).await;
     let cli = |args: &[&str]| per_second.cli(args);
-    let peer = Peer {
-        prefix: "rl:",
-        stop_increment: false,
-        quota_mode: false,
-        cli: &cli,
-    };
+    let peer = Peer::on("rl:", &cli);
     per_second_override_is_one_budget(&mut c, &peer).await;
     // no bucket in keys of our own
     assert_eq!(redis.cli(&["KEYS", "rl:rls:{*"]).trim(), "");
@@ -298,29 +288,13 @@ async fn overrides_and_quota_mode_are_one_budget_on_one_redis() {
 async fn overrides_and_quota_mode_are_one_budget_on_a_redis_cluster() {
     let cluster = RedisCluster::start();
     let rules = rules_dir(RULES);
-    let seeds: Vec<String> = cluster
-        .nodes
-        .iter()
-        .map(|n| format!("127.0.0.1:{}", n.port))
-        .collect();
     let env = environment(&[
         ("REDIS_TYPE", "cluster".to_string()),
-        ("REDIS_URL", seeds.join(",")),
+        ("REDIS_URL", cluster.seeds()),
     ]);
     let (_child, mut c) = common::ratelimit_binary(rules.path(), &env).await;
-    let port = cluster.nodes[0].port;
-    // redis-cli -c follows MOVED, as its cluster client does
-    let cli = |args: &[&str]| {
-        let mut all = vec!["-c"];
-        all.extend_from_slice(args);
-        redis_cli(port, &all)
-    };
-    let peer = Peer {
-        prefix: "rl:",
-        stop_increment: false,
-        quota_mode: false,
-        cli: &cli,
-    };
+    let cli = |args: &[&str]| cluster.cli(args);
+    let peer = Peer::on("rl:", &cli);
     override_is_one_budget(&mut c, &peer).await;
     quota_mode_is_one_budget(&mut c, &peer).await;
 }
@@ -338,12 +312,7 @@ async fn stop_cache_key_increment_when_overlimit_is_one_budget_on_one_redis() {
     ]);
     let (_child, mut c) = common::ratelimit_binary(rules.path(), &env).await;
     let cli = |args: &[&str]| redis.cli(args);
-    let peer = Peer {
-        prefix: "rl:",
-        stop_increment: true,
-        quota_mode: false,
-        cli: &cli,
-    };
+    let peer = Peer::on("rl:", &cli).stopping();
     stop_increment_is_one_budget(&mut c, &peer).await;
 }
 
@@ -351,14 +320,9 @@ async fn stop_cache_key_increment_when_overlimit_is_one_budget_on_one_redis() {
 async fn stop_cache_key_increment_when_overlimit_is_one_budget_on_a_redis_cluster() {
     let cluster = RedisCluster::start();
     let rules = rules_dir(RULES);
-    let seeds: Vec<String> = cluster
-        .nodes
-        .iter()
-        .map(|n| format!("127.0.0.1:{}", n.port))
-        .collect();
     let env = environment(&[
         ("REDIS_TYPE", "cluster".to_string()),
-        ("REDIS_URL", seeds.join(",")),
+        ("REDIS_URL", cluster.seeds()),
         (
             "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT",
             "true".to_string(),
@@ -368,18 +332,8 @@ async fn stop_cache_key_increment_when_overlimit_is_one_budget_on_a_redis_cluste
         ("CACHE_KEY_PREFIX", "{rl}:".to_string()),
     ]);
     let (_child, mut c) = common::ratelimit_binary(rules.path(), &env).await;
-    let port = cluster.nodes[0].port;
-    let cli = |args: &[&str]| {
-        let mut all = vec!["-c"];
-        all.extend_from_slice(args);
-        redis_cli(port, &all)
-    };
-    let peer = Peer {
-        prefix: "{rl}:",
-        stop_increment: true,
-        quota_mode: false,
-        cli: &cli,
-    };
+    let cli = |args: &[&str]| cluster.cli(args);
+    let peer = Peer::on("{rl}:", &cli).stopping();
     stop_increment_is_one_budget(&mut c, &peer).await;
 }
 

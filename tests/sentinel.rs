@@ -452,12 +452,7 @@ async fn a_failover_during_a_rollout_keeps_one_budget() {
     for half in 0..2 {
         let port = set.servers[set.primary()].port;
         let cli = move |args: &[&str]| common::redis::redis_cli(port, args);
-        let peer = Peer {
-            prefix: "rl:",
-            stop_increment: false,
-            quota_mode: false,
-            cli: &cli,
-        };
+        let peer = Peer::on("rl:", &cli);
         for i in 0..[4, 12][half] {
             let over = match i % 2 {
                 0 => peer.call("d", &theirs, 1).over,

@@ -808,12 +808,7 @@ async fn a_rollout_with_rules_over_xds_is_one_budget() {
         ("rule-0-match-0", "rule-0-match-0"),
     ];
     let cli = |args: &[&str]| redis.cli(args);
-    let peer = Peer {
-        prefix: "rl:",
-        stop_increment: false,
-        quota_mode: false,
-        cli: &cli,
-    };
+    let peer = Peer::on("rl:", &cli);
     let theirs = [PeerDescriptor::new(&entries, Some(PeerLimit::per(5, 3600)))];
     let mut admitted = 0;
     for i in 0..12 {

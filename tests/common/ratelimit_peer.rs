@@ -81,7 +81,27 @@ pub struct Peer<'a> {
     pub cli: &'a dyn Fn(&[&str]) -> String,
 }
 
-impl Peer<'_> {
+impl<'a> Peer<'a> {
+    /// A pod with `prefix` on the Redis `cli` reaches, its settings at
+    /// their defaults (`STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT` and
+    /// `QUOTA_MODE` off).
+    pub fn on(prefix: &'a str, cli: &'a dyn Fn(&[&str]) -> String) -> Self {
+        Self {
+            prefix,
+            stop_increment: false,
+            quota_mode: false,
+            cli,
+        }
+    }
+
+    /// The same, with `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=true`.
+    pub fn stopping(self) -> Self {
+        Self {
+            stop_increment: true,
+            ..self
+        }
+    }
+
     /// Its key for `d` at `now` (Unix seconds), as `GenerateCacheKey`.
     pub fn key(&self, domain: &str, d: &PeerDescriptor, now: u64) -> Option<String> {
         let limit = d.limit?;

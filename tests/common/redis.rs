@@ -267,12 +267,26 @@ impl RedisCluster {
 
     /// `redis-cluster://h:p,h:p,…` with every node as a seed.
     pub fn url(&self) -> String {
+        format!("redis-cluster://{}", self.seeds())
+    }
+
+    /// Every node as `h:p`, comma-separated (envoyproxy/ratelimit's
+    /// `REDIS_URL` with `REDIS_TYPE=cluster`).
+    pub fn seeds(&self) -> String {
         let hosts: Vec<String> = self
             .nodes
             .iter()
             .map(|n| format!("127.0.0.1:{}", n.port))
             .collect();
-        format!("redis-cluster://{}", hosts.join(","))
+        hosts.join(",")
+    }
+
+    /// `redis-cli -c` against the first node: it follows MOVED, as a
+    /// cluster client does.
+    pub fn cli(&self, args: &[&str]) -> String {
+        let mut all = vec!["-c"];
+        all.extend_from_slice(args);
+        redis_cli(self.nodes[0].port, &all)
     }
 
     /// Nodes that are primaries right now.
